@@ -1,0 +1,56 @@
+# Two entry points for a fresh machine: `make run` (the reduced-size Table 1) and `make test`.
+# Both create .venv, install the pinned requirements and the Fashion-MNIST data set if missing,
+# and skip whatever is already installed.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+CORES ?= 2
+CONFIG ?= experiments/ci.yaml
+export OMP_NUM_THREADS ?= 1
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: run test setup data ui lint clean-results
+
+run: setup data
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
+
+test: setup data
+	$(BIN)/python -m pytest
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt requirements-fairseq.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -r requirements.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -c "import torch, torchvision, mlflow, snakemake, seaborn" \
+	  || { echo "error: pip install -r requirements.txt failed; see the messages above" >&2; exit 1; }
+	$(BIN)/pip install -q --no-build-isolation -r requirements-fairseq.txt 2>&1 | grep -v "^WARNING: Location" || true
+	$(BIN)/python -c "import fairseq" \
+	  || { echo "error: fairseq-fixed did not install; see the messages above" >&2; exit 1; }
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e . 2>&1 | grep -v "^WARNING: Location" || true
+	touch $(STAMP)
+
+data: $(FMNIST)
+
+$(FMNIST):
+	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	  echo "error: Fashion-MNIST is missing and apt is not allowed here; run as root: apt-get install dataset-fashion-mnist" >&2; exit 1; fi; \
+	$$SUDO apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1 \
+	  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q dataset-fashion-mnist; } \
+	  || { echo "error: could not apt-get install dataset-fashion-mnist; install it by hand (Debian package)" >&2; exit 1; }
+	@test -f $(FMNIST)
+
+ui: setup
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port 5000
+
+lint: setup
+	$(BIN)/ruff check pipedream tests benchmarks
+	$(BIN)/snakemake --lint --configfile $(CONFIG)
+
+clean-results:
+	rm -rf results/*/ results/*.md results/*.csv results/mlflow.db .snakemake
+	git checkout -- results/README.md

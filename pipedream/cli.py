@@ -1,0 +1,50 @@
+"""The ``pipedream`` command line: ``pipedream profile | plan | simulate | train | report``.
+
+Each subcommand lives in :mod:`pipedream.commands` as a module with ``HELP`` (one line),
+``add_arguments(parser)`` and ``run(args) -> int``. Bad input raises
+:class:`pipedream.errors.PipeDreamError`, which is printed as one ``error:`` line with exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pipedream.errors import EXIT_USAGE, PipeDreamError
+
+COMMANDS = ("profile", "plan", "simulate", "train", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one subparser per command."""
+    parser = argparse.ArgumentParser(
+        prog="pipedream",
+        description="PipeDream reproduction: profile a model, plan a pipeline for a cluster, simulate it, "
+        "train it (PipeDream or data parallelism) and report Table 1.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"pipedream.commands.{name}")
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except PipeDreamError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

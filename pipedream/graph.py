@@ -1,0 +1,229 @@
+"""Layer graphs: the profile that the planner and the simulator consume.
+
+A :class:`LayerGraph` is a DAG of :class:`Node` objects (one per profiled layer) with real edges, read
+from and written to the original PipeDream release's ``graph.txt`` format:
+
+    <node_id> -- <module repr> -- forward_compute_time=F, backward_compute_time=B, activation_size=A, parameter_size=P[ -- stage_id=K]
+    \t<src_id> -- <dst_id>
+
+F and B are milliseconds per profiled minibatch, A is bytes of the node's output for the whole
+minibatch (a list ``[a1; a2]`` for several outputs, which counts as their sum), P is parameter bytes.
+In memory, times are seconds (``fwd_s``, ``bwd_s``) and sizes bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipedream.errors import PipeDreamError
+
+_NODE_RE = re.compile(
+    r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<f>[^,]+), "
+    r"backward_compute_time=(?P<b>[^,]+), activation_size=(?P<a>\[[^\]]*\]|[^,]+), "
+    r"parameter_size=(?P<p>[^ ,]+)(?: -- stage_id=(?P<stage>\d+))?\s*$"
+)
+_EDGE_RE = re.compile(r"^\t(?P<src>\S+) -- (?P<dst>\S+)\s*$")
+
+
+@dataclass
+class Node:
+    """One profiled layer.
+
+    Attributes:
+        node_id: unique name, e.g. ``"node4"``.
+        desc: the module's repr, e.g. ``"Conv2d(3, 64, kernel_size=(3, 3))"``; ``"Input..."`` for inputs.
+        fwd_s: forward compute time for one profiled minibatch, seconds.
+        bwd_s: backward compute time for one profiled minibatch, seconds.
+        activation_bytes: bytes of each output tensor for the whole minibatch (usually one entry).
+        param_bytes: bytes of the layer's parameters.
+        stage_id: stage this node belongs to in a partitioned graph, else ``None``.
+    """
+
+    node_id: str
+    desc: str
+    fwd_s: float
+    bwd_s: float
+    activation_bytes: tuple[float, ...]
+    param_bytes: float
+    stage_id: int | None = None
+
+    @property
+    def output_bytes(self) -> float:
+        """Total bytes of all outputs for one profiled minibatch."""
+        return float(sum(self.activation_bytes))
+
+    @property
+    def is_input(self) -> bool:
+        """True for the data-input nodes, whose compute time planners ignore."""
+        return self.desc.startswith("Input")
+
+
+@dataclass
+class LayerGraph:
+    """A DAG of profiled layers.
+
+    Attributes:
+        nodes: node id -> :class:`Node`, in file order.
+        edges: ``(src_id, dst_id)`` pairs, in file order.
+        minibatch_size: samples in the profiled minibatch (not stored in graph.txt; 0 if unknown).
+    """
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+    edges: list[tuple[str, str]] = field(default_factory=list)
+    minibatch_size: int = 0
+
+    def add_node(self, node: Node) -> None:
+        """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""
+        if node.node_id in self.nodes:
+            raise PipeDreamError(f"duplicate node id {node.node_id!r} in layer graph")
+        self.nodes[node.node_id] = node
+
+    def add_edge(self, src: str, dst: str) -> None:
+        """Add the edge ``src -> dst``; both nodes must exist."""
+        for end in (src, dst):
+            if end not in self.nodes:
+                raise PipeDreamError(f"edge {src} -- {dst} names unknown node {end!r}")
+        self.edges.append((src, dst))
+
+    def predecessors(self, node_id: str) -> list[str]:
+        """Ids of nodes with an edge into ``node_id``, in edge order."""
+        return [s for s, d in self.edges if d == node_id]
+
+    def successors(self, node_id: str) -> list[str]:
+        """Ids of nodes with an edge out of ``node_id``, in edge order."""
+        return [d for s, d in self.edges if s == node_id]
+
+    def topological_order(self) -> list[str]:
+        """Node ids in a topological order (Kahn's algorithm, ties by file order).
+
+        Raises:
+            PipeDreamError: if the graph has a cycle (names one node on it).
+        """
+        position = {n: i for i, n in enumerate(self.nodes)}
+        indegree = {n: 0 for n in self.nodes}
+        out: dict[str, list[str]] = {n: [] for n in self.nodes}
+        for s, d in self.edges:
+            indegree[d] += 1
+            out[s].append(d)
+        ready = sorted((n for n, k in indegree.items() if k == 0), key=position.__getitem__)
+        order: list[str] = []
+        while ready:
+            n = ready.pop(0)
+            order.append(n)
+            for d in out[n]:
+                indegree[d] -= 1
+                if indegree[d] == 0:
+                    ready.append(d)
+                    ready.sort(key=position.__getitem__)
+        if len(order) != len(self.nodes):
+            stuck = next(n for n in self.nodes if indegree[n] > 0)
+            raise PipeDreamError(f"layer graph has a cycle through node {stuck!r}; a profile must be a DAG")
+        return order
+
+    def is_chain(self) -> bool:
+        """True if every node has at most one predecessor and one successor."""
+        ins = [d for _, d in self.edges]
+        outs = [s for s, _ in self.edges]
+        return len(set(ins)) == len(ins) and len(set(outs)) == len(outs)
+
+    def totals(self) -> dict[str, float]:
+        """Sums over all nodes: ``fwd_s``, ``bwd_s``, ``activation_bytes``, ``param_bytes``, ``nodes``."""
+        return {
+            "nodes": float(len(self.nodes)),
+            "fwd_s": sum(n.fwd_s for n in self.nodes.values()),
+            "bwd_s": sum(n.bwd_s for n in self.nodes.values()),
+            "activation_bytes": sum(n.output_bytes for n in self.nodes.values()),
+            "param_bytes": sum(n.param_bytes for n in self.nodes.values()),
+        }
+
+    # ----------------------------------------------------------------------------------- I/O
+
+    @classmethod
+    def read(cls, path: str | Path, minibatch_size: int = 0) -> LayerGraph:
+        """Read a graph.txt file.
+
+        Args:
+            path: the file.
+            minibatch_size: samples in the profiled minibatch, if known.
+        Raises:
+            PipeDreamError: on a missing file, a malformed line (names the line number), a duplicate
+                node, an edge to an unknown node, or a cycle.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise PipeDreamError(f"profile {path} not found; run `pipedream profile` first or check the path")
+        return cls.parse(path.read_text(), source=str(path), minibatch_size=minibatch_size)
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<string>", minibatch_size: int = 0) -> LayerGraph:
+        """Parse graph.txt text; see :meth:`read` for errors."""
+        graph = cls(minibatch_size=minibatch_size)
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            if line.startswith("\t"):
+                m = _EDGE_RE.match(line)
+                if not m:
+                    raise PipeDreamError(f"{source}:{lineno}: malformed edge line {line.strip()!r}; expected '<src> -- <dst>'")
+                try:
+                    graph.add_edge(m["src"], m["dst"])
+                except PipeDreamError as e:
+                    raise PipeDreamError(f"{source}:{lineno}: {e}") from None
+                continue
+            m = _NODE_RE.match(line)
+            if not m:
+                raise PipeDreamError(
+                    f"{source}:{lineno}: malformed node line; expected '<id> -- <module> -- forward_compute_time=F, "
+                    "backward_compute_time=B, activation_size=A, parameter_size=P'"
+                )
+            try:
+                fwd_ms, bwd_ms, param = float(m["f"]), float(m["b"]), float(m["p"])
+                a = m["a"].strip()
+                acts = tuple(float(x) for x in a[1:-1].split(";")) if a.startswith("[") else (float(a),)
+            except ValueError:
+                raise PipeDreamError(f"{source}:{lineno}: a number on this node line does not parse") from None
+            if min(fwd_ms, bwd_ms, param, *acts) < 0:
+                raise PipeDreamError(f"{source}:{lineno}: negative time or size for node {m['id']!r}")
+            node = Node(
+                node_id=m["id"],
+                desc=m["desc"],
+                fwd_s=fwd_ms / 1e3,
+                bwd_s=bwd_ms / 1e3,
+                activation_bytes=acts,
+                param_bytes=param,
+                stage_id=int(m["stage"]) if m["stage"] is not None else None,
+            )
+            try:
+                graph.add_node(node)
+            except PipeDreamError as e:
+                raise PipeDreamError(f"{source}:{lineno}: {e}") from None
+        if not graph.nodes:
+            raise PipeDreamError(f"{source}: no nodes; is this a graph.txt profile?")
+        graph.topological_order()  # raises on a cycle
+        return graph
+
+    def to_text(self) -> str:
+        """The graph in graph.txt format (times in ms with 6 decimals, sizes with 1)."""
+        lines = []
+        for n in self.nodes.values():
+            if len(n.activation_bytes) == 1:
+                acts = f"{n.activation_bytes[0]:.1f}"
+            else:
+                acts = "[" + "; ".join(f"{a:.1f}" for a in n.activation_bytes) + "]"
+            line = (
+                f"{n.node_id} -- {n.desc} -- forward_compute_time={n.fwd_s * 1e3:.6f}, "
+                f"backward_compute_time={n.bwd_s * 1e3:.6f}, activation_size={acts}, parameter_size={n.param_bytes:.1f}"
+            )
+            if n.stage_id is not None:
+                line += f" -- stage_id={n.stage_id}"
+            lines.append(line)
+        lines.extend(f"\t{s} -- {d}" for s, d in self.edges)
+        return "\n".join(lines) + "\n"
+
+    def write(self, path: str | Path) -> None:
+        """Write graph.txt atomically (a temporary file renamed into place)."""
+        from pipedream.io import atomic_write_text
+
+        atomic_write_text(Path(path), self.to_text())
