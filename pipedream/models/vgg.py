@@ -1,0 +1,55 @@
+"""VGG-16 (Simonyan & Zisserman 2015) from torchvision's layer definitions.
+
+``full``: torchvision's ``vgg16`` (configuration "D"), 224x224x3 input, 1000 classes.
+``reduced``: the same 13 conv + 5 max-pool + 3 linear structure with channels divided by 4, a 1x1
+adaptive pool and a 256-wide classifier, on 32x32x3 input with 10 classes (Fashion-MNIST padded to
+32x32 and repeated over 3 channels).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torchvision.models import vgg as tv_vgg
+
+from pipedream.models import ModelSpec, register
+
+REDUCED_WIDTH_DIVISOR = 4
+REDUCED_HIDDEN = 256
+REDUCED_CLASSES = 10
+
+
+def build_vgg16(preset: str) -> nn.Sequential:
+    """VGG-16 flattened into one ``nn.Sequential``: features, pool, flatten, classifier layers."""
+    if preset == "full":
+        m = tv_vgg.vgg16(weights=None)
+        return nn.Sequential(*m.features, m.avgpool, nn.Flatten(1), *m.classifier)
+    cfg = [v if v == "M" else v // REDUCED_WIDTH_DIVISOR for v in tv_vgg.cfgs["D"]]
+    features = tv_vgg.make_layers(cfg, batch_norm=False)
+    last = cfg[-2]
+    classifier = [
+        nn.Linear(last, REDUCED_HIDDEN), nn.ReLU(True), nn.Dropout(0.5),
+        nn.Linear(REDUCED_HIDDEN, REDUCED_HIDDEN), nn.ReLU(True), nn.Dropout(0.5),
+        nn.Linear(REDUCED_HIDDEN, REDUCED_CLASSES),
+    ]
+    layers = [*features, nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), *classifier]
+    for layer in layers:  # torchvision's VGG initialisation
+        if isinstance(layer, nn.Conv2d):
+            nn.init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
+            nn.init.zeros_(layer.bias)
+        elif isinstance(layer, nn.Linear):
+            nn.init.normal_(layer.weight, 0, 0.01)
+            nn.init.zeros_(layer.bias)
+    # in-place ReLUs would overwrite a stage's output that the next stage's backward still needs
+    for layer in layers:
+        if isinstance(layer, nn.ReLU):
+            layer.inplace = False
+    return nn.Sequential(*layers)
+
+
+register(ModelSpec(
+    name="vgg16",
+    task="image_classification",
+    build=build_vgg16,
+    input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, 32, 32),
+    dataset="fashion_mnist",
+))
