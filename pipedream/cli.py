@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
+import pipedream.commands
 from pipedream.errors import EXIT_USAGE, PipeDreamError
 
-COMMANDS = ("profile", "plan", "simulate", "train", "report")
+ORDER = ("profile", "plan", "simulate", "train", "report")
+
+
+def command_names() -> list[str]:
+    """Subcommands present in :mod:`pipedream.commands`, in flow order (profile → report)."""
+    found = {m.name for m in pkgutil.iter_modules(pipedream.commands.__path__)}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train it (PipeDream or data parallelism) and report Table 1.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    for name in command_names():
         module = importlib.import_module(f"pipedream.commands.{name}")
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)

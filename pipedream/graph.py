@@ -3,7 +3,7 @@
 A :class:`LayerGraph` is a DAG of :class:`Node` objects (one per profiled layer) with real edges, read
 from and written to the original PipeDream release's ``graph.txt`` format:
 
-    <node_id> -- <module repr> -- forward_compute_time=F, backward_compute_time=B, activation_size=A, parameter_size=P[ -- stage_id=K]
+    <id> -- <module> -- forward_compute_time=F, backward_compute_time=B, activation_size=A, parameter_size=P[ -- stage_id=K]
     \t<src_id> -- <dst_id>
 
 F and B are milliseconds per profiled minibatch, A is bytes of the node's output for the whole

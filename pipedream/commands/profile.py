@@ -1,0 +1,43 @@
+"""Profile a registered model layer by layer (forward and backward seconds, activation and
+parameter bytes) and write graph.txt in the original PipeDream format, plus graph.json and meta.json."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipedream.errors import PipeDreamError
+from pipedream.models import build_model, example_input, get_spec
+from pipedream.profiler import ProfileSettings, profile_module, write_profile
+
+HELP = "profile a model per layer and write graph.txt"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``pipedream profile``."""
+    p.add_argument("--model", required=True, help="registered model name, e.g. vgg16")
+    p.add_argument("--preset", default="reduced", choices=["reduced", "full"], help="model size")
+    p.add_argument("--batch-size", type=int, default=32, help="samples in the profiled minibatch")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device to profile on")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs per layer")
+    p.add_argument("--iters", type=int, default=5, help="timed runs per layer (mean)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
+    p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile and write; returns 0."""
+    spec = get_spec(args.model)
+    if args.batch_size < 1 or args.iters < 1 or args.warmup < 0:
+        raise PipeDreamError("--batch-size and --iters must be >= 1 and --warmup >= 0")
+    model = build_model(args.model, args.preset, args.seed)
+    x = example_input(args.model, args.batch_size, args.preset, args.seed)
+    settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
+    graph = profile_module(model, x, settings, name=args.model)
+    meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
+            "iters": args.iters}
+    write_profile(graph, args.out_dir, meta)
+    t = graph.totals()
+    print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
+          f"per minibatch of {args.batch_size}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
+    return 0

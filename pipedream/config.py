@@ -1,0 +1,43 @@
+"""Experiment configuration files (experiments/*.yaml), validated against the workflow's JSON schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from pipedream.errors import PipeDreamError
+
+SCHEMA = Path(__file__).resolve().parent.parent / "workflows" / "schemas" / "config.schema.yaml"
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Parse a YAML file; raises PipeDreamError naming the file and line on a syntax error."""
+    path = Path(path)
+    if not path.is_file():
+        raise PipeDreamError(f"config file {path} not found")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise PipeDreamError(f"{path}{where}: broken YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+
+
+def load_config(path: str | Path) -> dict[str, Any]:
+    """Load and validate an experiment config.
+
+    Raises:
+        PipeDreamError: broken YAML, or a key that violates workflows/schemas/config.schema.yaml
+            (the message names the key path and the rule).
+    """
+    cfg = load_yaml(path)
+    schema = yaml.safe_load(SCHEMA.read_text())
+    try:
+        jsonschema.validate(cfg, schema)
+    except jsonschema.ValidationError as e:
+        key = "/".join(str(p) for p in e.absolute_path) or "<top level>"
+        raise PipeDreamError(f"{path}: invalid value at '{key}': {e.message}") from None
+    return cfg

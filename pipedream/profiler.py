@@ -1,0 +1,228 @@
+"""Per-layer profiling of any ``torch.nn.Module`` with stock PyTorch (paper §3.1, "Profiling").
+
+The model is traced with ``torch.fx``; every operation node (a leaf module, a function such as
+``torch.add`` for a residual connection, or a tensor method) becomes one :class:`~pipedream.graph.Node`
+and every data dependency an edge, so branching models (ResNet's skip connections) give a real DAG.
+Each node is then timed in isolation on its recorded inputs:
+
+- forward: ``warmup`` untimed calls, then the mean of ``iters`` timed calls;
+- backward: ``torch.autograd.backward`` of the node's outputs with random output gradients, timed
+  the same way (the graph is rebuilt by an untimed forward before each timed backward);
+- activation bytes: bytes of each output tensor for the whole minibatch;
+- parameter bytes: bytes of the node's own parameters (4 per fp32 parameter).
+
+On CUDA every timed region is bracketed by ``torch.cuda.synchronize``. The original release needed a
+patched PyTorch for this; here only public APIs are used.
+
+Node ids follow the original format: ``node0`` is the input and operation nodes are ``node1``,
+``node2``, ... in execution order, so for an ``nn.Sequential`` layer ``i`` is ``node{i+1}``
+(:func:`pipedream.models.layer_node_id`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph, Node
+from pipedream.io import atomic_write_json
+
+
+@dataclass
+class ProfileSettings:
+    """How to profile.
+
+    Attributes:
+        warmup: untimed calls before timing each node.
+        iters: timed calls averaged per node.
+        device: ``"cpu"`` or ``"cuda"``.
+    """
+
+    warmup: int = 2
+    iters: int = 5
+    device: str = "cpu"
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """All tensors in a (possibly nested) output value, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of ``value`` whose floating-point tensors are new graph leaves that require grad."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            return value.detach().requires_grad_(True).clone()  # clone: in-place layers act on a non-leaf
+        return value
+    if isinstance(value, tuple):
+        return tuple(_fresh(v) for v in value)
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _fresh(v) for k, v in value.items()}
+    return value
+
+
+def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return repr(gm.get_submodule(str(node.target))).replace("\n", " ")
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
+    if node.op == "call_module":
+        mod = gm.get_submodule(str(node.target))
+        return sum(p.numel() * p.element_size() for p in mod.parameters())
+    if node.op == "get_attr":
+        t = getattr(gm, str(node.target), None)
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    return 0
+
+
+def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[], Any] | None = None) -> float:
+    """Mean seconds of ``fn(prepared)`` over ``settings.iters`` calls after ``settings.warmup``."""
+    cuda = settings.device.startswith("cuda")
+    total = 0.0
+    for i in range(settings.warmup + settings.iters):
+        arg = prepare() if prepare else None
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn(arg) if prepare else fn()
+        if cuda:
+            torch.cuda.synchronize()
+        if i >= settings.warmup:
+            total += time.perf_counter() - start
+    return total / settings.iters
+
+
+def _progress(items: list[fx.Node], desc: str) -> Iterator[fx.Node]:
+    try:
+        from tqdm import tqdm
+
+        return iter(tqdm(items, desc=desc, unit="layer", leave=False))
+    except ImportError:  # pragma: no cover - tqdm is a pinned requirement
+        return iter(items)
+
+
+def profile_module(
+    model: nn.Module,
+    example_input: torch.Tensor | tuple[torch.Tensor, ...],
+    settings: ProfileSettings | None = None,
+    name: str = "model",
+) -> LayerGraph:
+    """Profile ``model`` on ``example_input`` (a whole minibatch) and return its layer graph.
+
+    Args:
+        model: any module ``torch.fx.symbolic_trace`` can trace.
+        example_input: one minibatch, e.g. shape ``(batch, 3, 32, 32)``; a tuple for several inputs.
+        settings: warm-up, iterations and device.
+        name: shown on the progress bar.
+    Returns:
+        A :class:`LayerGraph` with ``minibatch_size`` set to the first input's batch dimension; node
+        times in seconds per minibatch, activations and parameters in bytes.
+    Raises:
+        PipeDreamError: if the model cannot be traced or the device is unavailable.
+    """
+    settings = settings or ProfileSettings()
+    if settings.device.startswith("cuda") and not torch.cuda.is_available():
+        raise PipeDreamError("--device cuda requested but no CUDA device is available; use --device cpu")
+    device = torch.device(settings.device)
+    inputs = example_input if isinstance(example_input, tuple) else (example_input,)
+    inputs = tuple(t.to(device) for t in inputs)
+    model = model.to(device).train()
+    try:
+        gm = fx.symbolic_trace(model)
+    except Exception as e:  # fx raises many types for untraceable code
+        raise PipeDreamError(f"cannot trace {name} with torch.fx ({type(e).__name__}: {e})") from None
+
+    graph = LayerGraph(minibatch_size=int(inputs[0].shape[0]))
+    values: dict[fx.Node, Any] = {}
+    ids: dict[fx.Node, str] = {}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(inputs):
+        raise PipeDreamError(f"{name} takes {len(placeholders)} inputs but {len(inputs)} were given")
+    for k, (ph, x) in enumerate(zip(placeholders, inputs, strict=True)):
+        values[ph] = x
+        ids[ph] = f"node{k}" if k else "node0"
+        suffix = str(k) if len(placeholders) > 1 else ""
+        graph.add_node(Node(ids[ph], f"Input{suffix}", 0.0, 0.0, (float(x.numel() * x.element_size()),), 0.0))
+    # node ids for inputs beyond the first would collide with operation ids: number operations after them
+    next_id = len(placeholders) if len(placeholders) > 1 else 1
+    ops = [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method", "get_attr")]
+    for node in _progress(ops, f"profile {name}"):
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
+        run = _runner(gm, node)
+        with torch.no_grad():
+            out = run(*args, **kwargs)
+        values[node] = out
+        fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings) if node.op != "get_attr" else 0.0
+        bwd_s = _backward_time(run, args, kwargs, settings)
+        ids[node] = f"node{next_id}"
+        next_id += 1
+        acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
+        graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
+        for src in node.all_input_nodes:
+            graph.add_edge(ids[src], ids[node])
+    return graph
+
+
+def _runner(gm: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:
+    if node.op == "call_module":
+        return gm.get_submodule(str(node.target))
+    if node.op == "call_function":
+        return node.target  # type: ignore[return-value]
+    if node.op == "call_method":
+        method = str(node.target)
+        return lambda self, *a, **k: getattr(self, method)(*a, **k)
+    attr = getattr(gm, str(node.target))
+    return lambda: attr
+
+
+def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: ProfileSettings) -> float:
+    """Mean seconds of the backward pass of one node; 0 if nothing it outputs needs a gradient."""
+
+    def prepare() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        a, k = _fresh(args), _fresh(kwargs)
+        outs = [t for t in _tensors(run(*a, **k)) if t.requires_grad]
+        return outs, [torch.randn_like(t) for t in outs]
+
+    outs, _ = prepare()
+    if not outs:
+        return 0.0
+    return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare)
+
+
+def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:
+    """Write ``graph.txt``, ``graph.json`` and ``meta.json`` (minibatch size, device, ...) into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nodes = [
+        {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
+         "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes}
+        for n in graph.nodes.values()
+    ]
+    atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges, **meta})
+    atomic_write_json(out_dir / "meta.json", {"minibatch_size": graph.minibatch_size, **meta})
+    graph.write(out_dir / "graph.txt")  # last: the Snakemake output that marks completion
+
+
+def read_meta(profile_path: Path) -> dict[str, Any]:
+    """The ``meta.json`` beside a graph.txt, or ``{}`` if there is none."""
+    meta = Path(profile_path).parent / "meta.json"
+    return json.loads(meta.read_text()) if meta.is_file() else {}

@@ -1,0 +1,13 @@
+rule plan:
+    """PipeDream's partitioner (paper §3.1) for one model on one cluster."""
+    input:
+        graph=f"{RESULTS}/profiles/{{model}}/graph.txt",
+        clusters=config.get("clusters_file", "experiments/clusters.yaml"),
+    output:
+        f"{RESULTS}/plans/{{model}}/{{cluster}}.json",
+    log:
+        f"{RESULTS}/logs/plan/{{model}}_{{cluster}}.log",
+    threads: 1
+    shell:
+        "{PD} plan --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
+        "--model {wildcards.model} --out {output} > {log} 2>&1"

@@ -1,0 +1,18 @@
+rule profile:
+    """Per-layer profile of one model (forward/backward seconds, activation and parameter bytes)."""
+    output:
+        graph=f"{RESULTS}/profiles/{{model}}/graph.txt",
+        meta=f"{RESULTS}/profiles/{{model}}/meta.json",
+    log:
+        f"{RESULTS}/logs/profile/{{model}}.log",
+    params:
+        preset=lambda w: config["models"][w.model]["preset"],
+        batch=config["profile"]["batch_size"],
+        warmup=config["profile"]["warmup"],
+        iters=config["profile"]["iters"],
+        device=config["profile"]["device"],
+    threads: 1
+    shell:
+        "{PD} profile --model {wildcards.model} --preset {params.preset} --batch-size {params.batch} "
+        "--warmup {params.warmup} --iters {params.iters} --device {params.device} "
+        "--out-dir $(dirname {output.graph}) > {log} 2>&1"

@@ -1,0 +1,35 @@
+def _train(model, key, default=None):
+    return config["models"][model]["train"].get(key, default)
+
+
+rule train:
+    """Train one model with PipeDream (1F1B, weight stashing) or data parallelism (DDP); log to MLflow."""
+    input:
+        plan=f"{RESULTS}/plans/{{model}}/{CLUSTER}.json",
+    output:
+        f"{RESULTS}/runs/{{model}}/{{mode}}/run.json",
+    log:
+        f"{RESULTS}/logs/train/{{model}}_{{mode}}.log",
+    wildcard_constraints:
+        mode="pipedream|dp",
+    params:
+        preset=lambda w: config["models"][w.model]["preset"],
+        workers=config["workers"],
+        epochs=lambda w: _train(w.model, "epochs"),
+        batch=lambda w: _train(w.model, "batch_size"),
+        lr=lambda w: _train(w.model, "lr"),
+        momentum=lambda w: _train(w.model, "momentum", 0.9),
+        wd=lambda w: _train(w.model, "weight_decay", 0.0),
+        train_subset=lambda w: _train(w.model, "train_subset", 0),
+        val_subset=lambda w: _train(w.model, "val_subset", 0),
+        seed=lambda w: _train(w.model, "seed", 0),
+        experiment=lambda w: f"{w.model}/{CLUSTER}",
+    threads: workflow.cores
+    resources:
+        workers=config["workers"],
+    shell:
+        "{PD} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
+        "--plan {input.plan} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
+        "--lr {params.lr} --momentum {params.momentum} --weight-decay {params.wd} --seed {params.seed} "
+        "--train-subset {params.train_subset} --val-subset {params.val_subset} "
+        "--experiment {params.experiment} --out-dir $(dirname {output}) > {log} 2>&1"
