@@ -1,0 +1,19 @@
+"""Shared fixtures: paths to the shipped V100 profiles and an isolated MLflow store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO / "experiments" / "data" / "profiles"
+PROFILE_NAMES = ["alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large"]
+
+
+@pytest.fixture
+def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty sqlite MLflow store in a temporary folder (also the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    return tmp_path

@@ -1,0 +1,59 @@
+"""Profiler: exact sizes and real DAG edges from torch.fx, positive times, graph.txt round trip."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pipedream.graph import LayerGraph
+from pipedream.models import build_model, example_input, layer_node_id
+from pipedream.profiler import ProfileSettings, profile_module, read_meta, write_profile
+
+FAST = ProfileSettings(warmup=0, iters=1)
+
+
+class Skip(nn.Module):
+    """y = relu(fc(x)) + x: one skip connection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.act = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.fc(x)) + x
+
+
+def test_chain_sizes_and_edges() -> None:
+    model = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3))
+    g = profile_module(model, torch.randn(8, 4), FAST)
+    assert list(g.nodes) == ["node0", "node1", "node2", "node3"]
+    assert g.edges == [("node0", "node1"), ("node1", "node2"), ("node2", "node3")]
+    assert g.minibatch_size == 8
+    # fp32: output bytes = 4 * batch * features; parameter bytes = 4 * (in*out + out)
+    assert [n.activation_bytes for n in g.nodes.values()] == [(128.0,), (160.0,), (160.0,), (96.0,)]
+    assert [n.param_bytes for n in g.nodes.values()] == [0.0, 4.0 * 25, 0.0, 4.0 * 18]
+    assert all(n.fwd_s > 0 and n.bwd_s > 0 for n in list(g.nodes.values())[1:])
+    assert g.nodes["node1"].desc.startswith("Linear(in_features=4")
+
+
+def test_skip_connection_gives_a_dag() -> None:
+    g = profile_module(Skip(), torch.randn(2, 6), FAST)
+    assert [n.desc for n in g.nodes.values()][:3] == ["Input", "Linear(in_features=6, out_features=6, bias=True)", "ReLU()"]
+    assert g.nodes["node3"].desc == "add"
+    assert sorted(g.edges) == sorted([("node0", "node1"), ("node1", "node2"), ("node2", "node3"), ("node0", "node3")])
+    assert not g.is_chain()
+
+
+def test_vgg16_reduced_profile_matches_layers(tmp_path) -> None:
+    model = build_model("vgg16")
+    g = profile_module(model, example_input("vgg16", 4), FAST)
+    assert len(g.nodes) == len(model) + 1
+    for i, layer in enumerate(model):
+        node = g.nodes[layer_node_id(i)]
+        assert node.param_bytes == sum(4 * p.numel() for p in layer.parameters())
+    assert g.nodes[layer_node_id(len(model) - 1)].activation_bytes == (4 * 4 * 10.0,)
+    write_profile(g, tmp_path, {"model": "vgg16"})
+    back = LayerGraph.read(tmp_path / "graph.txt")
+    assert back.totals()["param_bytes"] == g.totals()["param_bytes"]
+    assert read_meta(tmp_path / "graph.txt") == {"minibatch_size": 4, "model": "vgg16"}

@@ -1,0 +1,34 @@
+"""MLflow: a run is written and read back; rerunning the same target replaces it (no duplicate)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipedream.tracking import load_runs, log_training_run
+
+
+def test_run_written_and_read_back(mlflow_store: Path) -> None:
+    artifact = mlflow_store / "plan.json"
+    artifact.write_text("{}")
+    epochs = [{"epoch_time_s": 2.0, "val_accuracy": 0.5}, {"epoch_time_s": 1.5, "val_accuracy": 0.75}]
+    rid = log_training_run("vgg16/cpu4", "dp", {"model": "vgg16", "lr": 0.01}, epochs,
+                           {"time_to_accuracy_s": 3.5}, {"mode": "dp"}, [artifact])
+    runs = load_runs("vgg16/cpu4")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run["run_id"] == rid and run["run_name"] == "dp"
+    assert run["params"] == {"model": "vgg16", "lr": "0.01"}
+    assert run["tags"]["mode"] == "dp" and "git_commit" in run["tags"]
+    assert run["history"]["val_accuracy"] == [(1, 0.5), (2, 0.75)]
+    assert run["history"]["time_to_accuracy_s"] == [(0, 3.5)]
+    assert list((mlflow_store / "results" / "mlartifacts").rglob("plan.json"))
+
+
+def test_rerun_does_not_duplicate(mlflow_store: Path) -> None:
+    for acc in (0.1, 0.2):
+        log_training_run("exp", "pipedream", {"seed": 0}, [{"val_accuracy": acc}])
+    log_training_run("exp", "dp", {"seed": 0}, [{"val_accuracy": 0.3}])
+    runs = load_runs("exp")
+    assert sorted(r["run_name"] for r in runs) == ["dp", "pipedream"]
+    pd_run = next(r for r in runs if r["run_name"] == "pipedream")
+    assert pd_run["history"]["val_accuracy"] == [(1, 0.2)]
