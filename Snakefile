@@ -17,6 +17,7 @@ MODES = ["pipedream", "dp"]
 PD = f"{sys.executable} -m pipedream.cli"
 
 
+include: "workflows/rules/common.smk"
 include: "workflows/rules/profile.smk"
 include: "workflows/rules/plan.smk"
 include: "workflows/rules/train.smk"

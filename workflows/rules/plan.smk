@@ -7,7 +7,11 @@ rule plan:
         f"{RESULTS}/plans/{{model}}/{{cluster}}.json",
     log:
         f"{RESULTS}/logs/plan/{{model}}_{{cluster}}.log",
+    params:
+        pd=PD,
+    conda:
+        "../../environment.yml"
     threads: 1
     shell:
-        "{PD} plan --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
+        "{params.pd} plan --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
         "--model {wildcards.model} --out {output} > {log} 2>&1"

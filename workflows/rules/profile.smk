@@ -6,13 +6,16 @@ rule profile:
     log:
         f"{RESULTS}/logs/profile/{{model}}.log",
     params:
+        pd=PD,
         preset=lambda w: config["models"][w.model]["preset"],
         batch=config["profile"]["batch_size"],
         warmup=config["profile"]["warmup"],
         iters=config["profile"]["iters"],
         device=config["profile"]["device"],
+    conda:
+        "../../environment.yml"
     threads: 1
     shell:
-        "{PD} profile --model {wildcards.model} --preset {params.preset} --batch-size {params.batch} "
+        "{params.pd} profile --model {wildcards.model} --preset {params.preset} --batch-size {params.batch} "
         "--warmup {params.warmup} --iters {params.iters} --device {params.device} "
         "--out-dir $(dirname {output.graph}) > {log} 2>&1"

@@ -11,7 +11,10 @@ rule report:
     log:
         f"{RESULTS}/logs/report.log",
     params:
+        pd=PD,
         config_file=workflow.configfiles[-1] if workflow.configfiles else "experiments/ci.yaml",
+    conda:
+        "../../environment.yml"
     threads: 1
     shell:
-        "{PD} report --config {params.config_file} > {log} 2>&1"
+        "{params.pd} report --config {params.config_file} > {log} 2>&1"

@@ -1,7 +1,3 @@
-def _train(model, key, default=None):
-    return config["models"][model]["train"].get(key, default)
-
-
 rule train:
     """Train one model with PipeDream (1F1B, weight stashing) or data parallelism (DDP); log to MLflow."""
     input:
@@ -13,6 +9,7 @@ rule train:
     wildcard_constraints:
         mode="pipedream|dp",
     params:
+        pd=PD,
         preset=lambda w: config["models"][w.model]["preset"],
         workers=config["workers"],
         epochs=lambda w: _train(w.model, "epochs"),
@@ -24,11 +21,13 @@ rule train:
         val_subset=lambda w: _train(w.model, "val_subset", 0),
         seed=lambda w: _train(w.model, "seed", 0),
         experiment=lambda w: f"{w.model}/{CLUSTER}",
+    conda:
+        "../../environment.yml"
     threads: workflow.cores
     resources:
         workers=config["workers"],
     shell:
-        "{PD} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
+        "{params.pd} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
         "--plan {input.plan} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
         "--lr {params.lr} --momentum {params.momentum} --weight-decay {params.wd} --seed {params.seed} "
         "--train-subset {params.train_subset} --val-subset {params.val_subset} "
