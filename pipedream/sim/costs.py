@@ -1,0 +1,131 @@
+"""What each action of a schedule costs, from a layer-graph profile (paper §3.1's profile: T_l, a_l, w_l).
+
+Compute scales linearly with the number of samples an action processes (the profile is per profiled
+minibatch, as in the release optimizer). Input nodes carry data-loading time, which is ignored, as the
+planners do. The activations crossing the boundary after stage ``s`` are the outputs of every node in
+stages ``<= s`` with a consumer in stages ``> s`` (skip connections included); the gradient sent back
+has the same size, minus the outputs of input nodes (data needs no gradient). A stage's allreduce
+moves its parameter bytes; for wait-free backpropagation the backward is split into its layers in
+reverse topological order, each layer's gradients ready when that layer's backward ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+
+
+@dataclass
+class StageCost:
+    """Costs of one stage for one action of ``samples`` samples.
+
+    Attributes:
+        fwd_s: forward time of one (micro)batch on one worker, seconds.
+        bwd_s: backward time of one (micro)batch on one worker, seconds.
+        send_fwd_bytes: activation bytes sent to the next stage per (micro)batch (0 for the last stage).
+        send_bwd_bytes: gradient bytes sent to the previous stage per (micro)batch (0 for the first stage).
+        param_bytes: parameter bytes of the stage (what its allreduce moves).
+        grad_chunks: ``(seconds into the backward when ready, bytes)`` per layer with parameters, in
+            backward order (reverse topological), for overlapped allreduce.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    send_fwd_bytes: float
+    send_bwd_bytes: float
+    param_bytes: float
+    grad_chunks: list[tuple[float, float]] = field(default_factory=list)
+
+
+def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, int]:
+    """Node id -> stage index; nodes a plan leaves out go to stage 0 (inputs) or their latest producer's stage.
+
+    Raises:
+        PipeDreamError: a plan names an unknown node, names a node twice, or a node lands before its producer.
+    """
+    where: dict[str, int] = {}
+    for s, nodes in enumerate(stage_nodes):
+        for n in nodes:
+            if n not in graph.nodes:
+                raise PipeDreamError(f"plan stage {s} names node {n!r}, which the profile does not have; "
+                                     "was the plan made from this profile?")
+            if n in where:
+                raise PipeDreamError(f"plan puts node {n!r} in stages {where[n]} and {s}")
+            where[n] = s
+    for n in graph.topological_order():
+        if n not in where:
+            preds = [where[p] for p in graph.predecessors(n) if p in where]
+            where[n] = max(preds) if preds else 0
+    for src, dst in graph.edges:
+        if where[dst] < where[src]:
+            raise PipeDreamError(f"plan puts node {dst!r} (stage {where[dst]}) before its producer {src!r} "
+                                 f"(stage {where[src]}); stages must follow the graph's order")
+    return where
+
+
+def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float) -> list[StageCost]:
+    """Per-stage costs for actions of ``samples`` samples each.
+
+    Args:
+        graph: the profile; ``graph.minibatch_size`` must be the profiled minibatch (samples).
+        stage_nodes: node ids of each stage in pipeline order (e.g. ``[s.nodes for s in plan.stages]``).
+        samples: samples one forward/backward action processes (the per-worker (micro)batch).
+    Raises:
+        PipeDreamError: unknown profiled minibatch size, non-positive ``samples``, or a bad stage split.
+    """
+    if graph.minibatch_size <= 0:
+        raise PipeDreamError("the profile's minibatch size is unknown; pass the profiled minibatch (samples) "
+                             "when reading graph.txt")
+    if samples <= 0:
+        raise PipeDreamError(f"batch size must be positive, got {samples}")
+    if not stage_nodes:
+        raise PipeDreamError("no stages to simulate")
+    scale = samples / graph.minibatch_size
+    where = assign_stages(graph, stage_nodes)
+    order = graph.topological_order()
+    n_stages = len(stage_nodes)
+    costs = []
+    for s in range(n_stages):
+        mine = [n for n in order if where[n] == s]
+        compute = [graph.nodes[n] for n in mine if not graph.nodes[n].is_input]
+        chunks: list[tuple[float, float]] = []
+        elapsed = 0.0
+        for node in reversed(compute):
+            elapsed += node.bwd_s * scale
+            if node.param_bytes > 0:
+                chunks.append((elapsed, node.param_bytes))
+        costs.append(StageCost(
+            fwd_s=sum(n.fwd_s for n in compute) * scale,
+            bwd_s=elapsed,
+            send_fwd_bytes=0.0,
+            send_bwd_bytes=0.0,
+            param_bytes=sum(n.param_bytes for n in compute),
+            grad_chunks=chunks,
+        ))
+    for s in range(n_stages - 1):
+        fwd = bwd = 0.0
+        for n in order:
+            if where[n] <= s and any(where[d] > s for d in graph.successors(n)):
+                nbytes = graph.nodes[n].output_bytes * scale
+                fwd += nbytes
+                bwd += 0.0 if graph.nodes[n].is_input else nbytes
+        costs[s].send_fwd_bytes = fwd
+        costs[s + 1].send_bwd_bytes = bwd
+    return costs
+
+
+def uniform_costs(stages: int, fwd_s: float, bwd_s: float, boundary_bytes: float = 0.0,
+                  param_bytes: float = 0.0) -> list[StageCost]:
+    """``stages`` identical stages (for balanced-pipeline checks such as GPipe's bubble formula)."""
+    out = []
+    for s in range(stages):
+        out.append(StageCost(
+            fwd_s=fwd_s, bwd_s=bwd_s,
+            send_fwd_bytes=boundary_bytes if s < stages - 1 else 0.0,
+            send_bwd_bytes=boundary_bytes if s > 0 else 0.0,
+            param_bytes=param_bytes,
+            grad_chunks=[(bwd_s, param_bytes)] if param_bytes > 0 else [],
+        ))
+    return out

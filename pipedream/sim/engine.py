@@ -1,0 +1,190 @@
+"""Event-driven execution of per-rank action lists (pipedream.schedules) on a simulated cluster.
+
+Each rank runs its list in order, like the runtime does: ``F``/``B`` occupy the rank for the stage's
+compute time; ``SEND_*`` are asynchronous (the rank goes on at once) and occupy links (see
+:mod:`pipedream.sim.network`); ``RECV_*`` block until the matching transfer has arrived; the k-th
+``ALLREDUCE`` of every replica of a stage is one collective that ends when the slowest replica's
+gradients have been reduced; ``STEP`` takes no time. Ranks are advanced in global time order (a heap of
+ranks keyed by their clocks), so links are booked in the order the sends are issued.
+
+Wait-free backpropagation (``overlap=True``, what PyTorch DistributedDataParallel does, paper §2.1 and
+§5.1): the allreduce of a layer's gradients may start as soon as that layer's backward has finished on
+every replica; layers are reduced one after another in backward order, and the step waits for the last.
+Without overlap the whole stage is reduced after the backward.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+from pipedream.errors import PipeDreamError
+from pipedream.schedules import Action, Kind, Schedule
+from pipedream.sim.costs import StageCost
+from pipedream.sim.network import Network
+
+
+@dataclass
+class Span:
+    """One timed piece of work: an action on a rank, a transfer, or a collective (seconds)."""
+
+    start: float
+    end: float
+    what: str
+    rank: int = -1
+    peer: int = -1
+
+
+@dataclass
+class Trace:
+    """Everything one run produced.
+
+    Attributes:
+        makespan_s: time at which the last action ended, seconds.
+        busy_s: rank -> seconds spent in ``F``/``B``.
+        recv_wait_s: rank -> seconds blocked in ``RECV_*``.
+        allreduce_wait_s: rank -> seconds blocked in ``ALLREDUCE`` (communication stall after its backward).
+        compute: rank -> ``F``/``B`` spans in order.
+        transfers: point-to-point transfers (``rank`` sender, ``peer`` receiver).
+        collectives: allreduce pieces (``rank`` = first rank of the group).
+        p2p_bytes: bytes moved by point-to-point transfers.
+        allreduce_bytes: bytes all participants sent in allreduces.
+    """
+
+    makespan_s: float = 0.0
+    busy_s: dict[int, float] = field(default_factory=dict)
+    recv_wait_s: dict[int, float] = field(default_factory=dict)
+    allreduce_wait_s: dict[int, float] = field(default_factory=dict)
+    compute: dict[int, list[Span]] = field(default_factory=dict)
+    transfers: list[Span] = field(default_factory=list)
+    collectives: list[Span] = field(default_factory=list)
+    p2p_bytes: float = 0.0
+    allreduce_bytes: float = 0.0
+
+
+def _recv_key(a: Action) -> tuple[str, int, int, int]:
+    """Key shared by a receive and the send it matches: (direction, receiving stage, minibatch, microbatch)."""
+    j = a.microbatch or 0
+    if a.kind == Kind.SEND_F:
+        return ("F", a.stage + 1, a.minibatch, j)
+    if a.kind == Kind.SEND_B:
+        return ("B", a.stage - 1, a.minibatch, j)
+    return ("F" if a.kind == Kind.RECV_F else "B", a.stage, a.minibatch, j)
+
+
+def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: bool = True,
+        record: bool = True) -> Trace:
+    """Time ``schedule`` with per-stage ``costs`` on ``network``.
+
+    Args:
+        schedule: per-rank action lists; its ranks must exist in the network's cluster.
+        costs: one :class:`StageCost` per stage of the schedule.
+        network: the links (fresh: reservations of an earlier run would carry over).
+        overlap: wait-free backpropagation for allreduces (see the module docstring).
+        record: keep the spans (for plots); totals are kept either way.
+    Raises:
+        PipeDreamError: stage/cost count mismatch, a rank outside the cluster, or a deadlock (names the
+            stuck actions).
+    """
+    if len(costs) != schedule.num_stages:
+        raise PipeDreamError(f"schedule has {schedule.num_stages} stages but {len(costs)} stage costs were given")
+    order = schedule.order
+    for r in order:
+        network.check_rank(r)
+    tr = Trace(busy_s=dict.fromkeys(order, 0.0), recv_wait_s=dict.fromkeys(order, 0.0),
+               allreduce_wait_s=dict.fromkeys(order, 0.0), compute={r: [] for r in order})
+    clock = dict.fromkeys(order, 0.0)
+    pos = dict.fromkeys(order, 0)
+    last_b_start = dict.fromkeys(order, 0.0)
+    arrivals: dict[tuple[str, int, int, int], float] = {}
+    waiting: dict[tuple[str, int, int, int], int] = {}
+    groups: dict[tuple[int, int], dict[int, float]] = {}
+    ar_count = dict.fromkeys(order, 0)
+    heap = [(0.0, r) for r in sorted(order)]
+    heapq.heapify(heap)
+
+    def finish_allreduce(stage: int, members: dict[int, float]) -> None:
+        ranks = sorted(members)
+        cost = costs[stage]
+        if overlap and cost.grad_chunks:
+            prev = 0.0
+            for ready_in_bwd, nbytes in cost.grad_chunks:
+                ready = max(last_b_start[r] + ready_in_bwd for r in ranks)
+                start, prev = network.collective(ranks, nbytes, max(ready, prev))
+                tr.allreduce_bytes += network.allreduce_bytes(ranks, nbytes)
+                if record and prev > start:
+                    tr.collectives.append(Span(start, prev, f"{stage}ALLREDUCE", ranks[0]))
+            end = max(prev, *members.values())
+        else:
+            start, end = network.collective(ranks, cost.param_bytes, max(members.values()))
+            tr.allreduce_bytes += network.allreduce_bytes(ranks, cost.param_bytes)
+            if record and end > start:
+                tr.collectives.append(Span(start, end, f"{stage}ALLREDUCE", ranks[0]))
+        for r in ranks:
+            tr.allreduce_wait_s[r] += end - members[r]
+            clock[r] = end
+            pos[r] += 1
+            heapq.heappush(heap, (end, r))
+
+    while heap:
+        t, r = heapq.heappop(heap)
+        if t < clock[r]:
+            continue  # a stale entry
+        acts = order[r]
+        while pos[r] < len(acts):
+            a = acts[pos[r]]
+            t = clock[r]
+            cost = costs[a.stage]
+            if a.kind in (Kind.F, Kind.B):
+                dur = cost.fwd_s if a.kind == Kind.F else cost.bwd_s
+                if a.kind == Kind.B:
+                    last_b_start[r] = t
+                tr.busy_s[r] += dur
+                if record:
+                    tr.compute[r].append(Span(t, t + dur, str(a), r))
+                clock[r] = t + dur
+                pos[r] += 1
+                heapq.heappush(heap, (clock[r], r))
+                break
+            if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                nbytes = cost.send_fwd_bytes if a.kind == Kind.SEND_F else cost.send_bwd_bytes
+                peer = schedule.peer(a)
+                assert peer is not None
+                network.check_rank(peer)
+                start, end = network.send(r, peer, nbytes, t)
+                tr.p2p_bytes += nbytes if peer != r else 0.0
+                if record and end > start:
+                    tr.transfers.append(Span(start, end, str(a), r, peer))
+                key = _recv_key(a)
+                arrivals[key] = end
+                if key in waiting:
+                    other = waiting.pop(key)
+                    heapq.heappush(heap, (max(clock[other], end), other))
+                pos[r] += 1
+            elif a.kind in (Kind.RECV_F, Kind.RECV_B):
+                key = _recv_key(a)
+                if key not in arrivals:
+                    waiting[key] = r
+                    break
+                arrive = arrivals.pop(key)
+                pos[r] += 1
+                if arrive > t:
+                    tr.recv_wait_s[r] += arrive - t
+                    clock[r] = arrive
+                    heapq.heappush(heap, (arrive, r))
+                    break
+            elif a.kind == Kind.ALLREDUCE:
+                members = groups.setdefault((a.stage, ar_count[r]), {})
+                members[r] = t
+                ar_count[r] += 1
+                if len(members) == len(schedule.stage_ranks[a.stage]):
+                    del groups[(a.stage, ar_count[r] - 1)]
+                    finish_allreduce(a.stage, members)
+                break
+            else:  # STEP: the optimizer step is not modelled (no time)
+                pos[r] += 1
+        tr.makespan_s = max(tr.makespan_s, clock[r])
+    stuck = {r: str(acts[pos[r]]) for r, acts in order.items() if pos[r] < len(acts)}
+    if stuck:
+        raise PipeDreamError(f"schedule {schedule.name!r} deadlocks in the simulator; ranks stuck at {stuck}")
+    return tr

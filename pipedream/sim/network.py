@@ -1,0 +1,187 @@
+"""Links of a hierarchical cluster: point-to-point transfers, allreduce, and contention (paper §3.1, §5.1).
+
+Model. A :class:`pipedream.topology.Cluster` has levels innermost first, ``(workers, bandwidth_Bps)``.
+At level ``l`` every group (a GPU at level 0, a server at level 1, ...) owns one full-duplex port of
+``bandwidth_Bps`` bytes/s into the switch that joins it to its ``workers - 1`` siblings. A transfer from
+rank ``a`` to rank ``b`` that first meet at level ``L + 1`` uses, for every ``l <= L``, the egress port
+of ``a``'s level-``l`` group and the ingress port of ``b``'s; its duration is
+``bytes / min(bandwidth_l for l <= L)`` (the paper's cost model: size / bandwidth, no latency term).
+
+Contention: a port carries one transfer at a time; a transfer is placed at the earliest time at or after
+it is ready when all ports on its path are free for its whole duration. Two transfers that share a link
+(e.g. two GPUs of a server sending through its one NIC) therefore take twice as long together as one
+alone, while transfers on disjoint ports run in parallel. Earliest-fit placement may start a transfer in
+a gap left before a transfer placed earlier, so reservations never push each other later.
+
+Allreduce (data-parallel weight sync, paper §2.1 and §3.1): a ring allreduce of ``S`` bytes over
+``n`` workers on links of bandwidth ``B`` takes ``2 (n - 1) / n * S / B`` seconds (reduce-scatter plus
+all-gather, each ``(n - 1) / n * S`` per worker). ``hierarchical`` (the default, NCCL-style for servers x
+GPUs) runs one ring per level: inside each group the ranks reduce-scatter and all-gather, and the
+level-``l`` groups run a ring over their shards, which all cross the group's one port, so level ``l``
+costs ``2 (n_l - 1) / n_l * S / B_l`` with ``n_l`` the most level-``l`` groups taking part inside one
+level-``l+1`` group. ``ring`` is one flat ring bottlenecked by the slowest link it crosses.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from pipedream.errors import PipeDreamError
+from pipedream.topology import Cluster
+
+ALLREDUCE_KINDS = ("hierarchical", "ring")
+Port = tuple[int, int, str]  # (level, group index at that level, "out" | "in")
+
+
+@dataclass
+class _Timeline:
+    """Busy intervals ``[start, end)`` of one port, sorted by start, non-overlapping (seconds)."""
+
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+
+    def conflict(self, start: float, end: float) -> float | None:
+        """End of a busy interval overlapping ``[start, end)``, or None if the port is free then."""
+        i = bisect.bisect_left(self.starts, end)  # intervals starting before `end`
+        if i > 0 and self.ends[i - 1] > start:
+            return self.ends[i - 1]
+        return None
+
+    def add(self, start: float, end: float) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        self.starts.insert(i, start)
+        self.ends.insert(i, end)
+
+
+class Network:
+    """Ports, paths and reservations of one cluster for one simulation run.
+
+    Args:
+        cluster: the topology; ranks are ``0 .. cluster.workers - 1``, consecutive ranks share a server.
+        allreduce: ``"hierarchical"`` or ``"ring"`` (see the module docstring).
+    Raises:
+        PipeDreamError: for an unknown allreduce kind.
+    """
+
+    def __init__(self, cluster: Cluster, allreduce: str = "hierarchical") -> None:
+        if allreduce not in ALLREDUCE_KINDS:
+            raise PipeDreamError(f"unknown allreduce {allreduce!r}; use {' or '.join(ALLREDUCE_KINDS)}")
+        self.cluster = cluster
+        self.allreduce_kind = allreduce
+        self.bandwidths = [float(b) for _, b in cluster.levels]
+        self.group_size = [math.prod(w for w, _ in cluster.levels[:lv]) for lv in range(len(cluster.levels))]
+        self.workers = cluster.workers
+        self._ports: dict[Port, _Timeline] = {}
+
+    # ------------------------------------------------------------------ topology
+    def check_rank(self, rank: int) -> None:
+        """Raise PipeDreamError if ``rank`` is not a worker of the cluster."""
+        if not 0 <= rank < self.workers:
+            raise PipeDreamError(f"rank {rank} is outside cluster {self.cluster.name!r} "
+                                 f"({self.workers} workers: ranks 0..{self.workers - 1})")
+
+    def meet_level(self, a: int, b: int) -> int:
+        """Highest level whose groups differ for ranks ``a`` and ``b`` (-1 if ``a == b``)."""
+        top = -1
+        for lv, g in enumerate(self.group_size):
+            if a // g != b // g:
+                top = lv
+        return top
+
+    def path(self, a: int, b: int) -> tuple[list[Port], float]:
+        """Ports used by a transfer ``a -> b`` and its bottleneck bandwidth, bytes/s."""
+        top = self.meet_level(a, b)
+        ports: list[Port] = []
+        for lv in range(top + 1):
+            ports += [(lv, a // self.group_size[lv], "out"), (lv, b // self.group_size[lv], "in")]
+        bw = min(self.bandwidths[: top + 1]) if top >= 0 else math.inf
+        return ports, bw
+
+    def transfer_time(self, a: int, b: int, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` from rank ``a`` to rank ``b`` with no contention (0 if ``a == b``)."""
+        _, bw = self.path(a, b)
+        return 0.0 if nbytes <= 0 or math.isinf(bw) else nbytes / bw
+
+    def level_counts(self, ranks: list[int]) -> list[int]:
+        """Per level ``l``: the most distinct level-``l`` groups of ``ranks`` inside one level-``l+1`` group."""
+        counts = []
+        for lv, g in enumerate(self.group_size):
+            outer = g * self.cluster.levels[lv][0]
+            per_outer: dict[int, set[int]] = {}
+            for r in ranks:
+                per_outer.setdefault(r // outer, set()).add(r // g)
+            counts.append(max(len(s) for s in per_outer.values()))
+        return counts
+
+    def allreduce_time(self, ranks: list[int], nbytes: float) -> float:
+        """Seconds for an allreduce of ``nbytes`` over ``ranks`` with no contention.
+
+        Ring (paper §3.1's data-parallel cost, in its bandwidth-optimal ring form):
+        ``2 (n - 1) / n * nbytes / B``. Hierarchical: the sum over levels of that term with ``n_l``
+        groups at level ``l`` (see the module docstring).
+        """
+        n = len(set(ranks))
+        if n < 2 or nbytes <= 0:
+            return 0.0
+        if self.allreduce_kind == "ring":
+            top = max(self.meet_level(a, b) for a in ranks for b in ranks)
+            return 2 * (n - 1) / n * nbytes / min(self.bandwidths[: top + 1])
+        counts = self.level_counts(ranks)
+        return sum(2 * (c - 1) / c * nbytes / bw for c, bw in zip(counts, self.bandwidths, strict=True) if c > 1)
+
+    def allreduce_bytes(self, ranks: list[int], nbytes: float) -> float:
+        """Total bytes all participants send in one allreduce of ``nbytes`` (each ring of ``c`` sends ``2 (c - 1) S``)."""
+        n = len(set(ranks))
+        if n < 2:
+            return 0.0
+        if self.allreduce_kind == "ring":
+            return 2 * (n - 1) * nbytes
+        total = 0.0
+        for lv, g in enumerate(self.group_size):
+            outer = g * self.cluster.levels[lv][0]
+            per_outer: dict[int, set[int]] = {}
+            for r in ranks:
+                per_outer.setdefault(r // outer, set()).add(r // g)
+            total += sum(2 * (len(s) - 1) * nbytes for s in per_outer.values())
+        return total
+
+    def allreduce_ports(self, ranks: list[int]) -> list[Port]:
+        """Ports an allreduce over ``ranks`` occupies: both directions of every port up to its top level."""
+        top = max(self.meet_level(a, b) for a in ranks for b in ranks)
+        ports = {(lv, r // self.group_size[lv], d) for lv in range(top + 1) for r in ranks for d in ("out", "in")}
+        return sorted(ports)
+
+    # ------------------------------------------------------------------ reservations
+    def reserve(self, ports: list[Port], ready_s: float, duration_s: float) -> float:
+        """Book ``ports`` for ``duration_s`` at the earliest time ``>= ready_s`` when all are free; returns the start."""
+        if duration_s <= 0 or not ports:
+            return ready_s
+        lines = [self._ports.setdefault(p, _Timeline()) for p in ports]
+        start = ready_s
+        moved = True
+        while moved:
+            moved = False
+            for line in lines:
+                end = line.conflict(start, start + duration_s)
+                if end is not None:
+                    start, moved = end, True
+        for line in lines:
+            line.add(start, start + duration_s)
+        return start
+
+    def send(self, a: int, b: int, nbytes: float, ready_s: float) -> tuple[float, float]:
+        """Place a transfer ``a -> b`` of ``nbytes`` ready at ``ready_s``; returns ``(start, end)`` seconds."""
+        ports, _ = self.path(a, b)
+        dur = self.transfer_time(a, b, nbytes)
+        start = self.reserve(ports, ready_s, dur)
+        return start, start + dur
+
+    def collective(self, ranks: list[int], nbytes: float, ready_s: float) -> tuple[float, float]:
+        """Place an allreduce of ``nbytes`` over ``ranks`` ready at ``ready_s``; returns ``(start, end)`` seconds."""
+        dur = self.allreduce_time(ranks, nbytes)
+        if dur <= 0:
+            return ready_s, ready_s
+        start = self.reserve(self.allreduce_ports(ranks), ready_s, dur)
+        return start, start + dur

@@ -1,0 +1,257 @@
+"""Cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
+
+The simulator times the per-rank action lists of :mod:`pipedream.schedules` (the lists the runtime
+executes) with compute from a layer-graph profile (:mod:`pipedream.sim.costs`) and links with per-level
+bandwidth and contention (:mod:`pipedream.sim.network`), event by event (:mod:`pipedream.sim.engine`).
+
+An epoch is ``ceil(dataset_size / samples per minibatch)`` minibatches. Rather than simulating all of
+them (ImageNet: 20,000 minibatches of 64), two short runs of ``n_a`` and ``n_b = 2 n_a`` minibatches
+are simulated and the epoch is extrapolated from them: ``T(N) = T(n_b) + (N - n_b) * P`` with the
+steady-state period ``P = (T(n_b) - T(n_a)) / (n_b - n_a)``. The schedules are periodic once the
+pipeline is full, so this closed form equals the event simulation (tests check it on short runs);
+``n_a`` is a multiple of every stage's replica count and covers the warm-up several times.
+
+Outputs (:class:`SimResult`): steady time per minibatch and per sample, epoch time, per-worker
+utilisation (fraction of time in forward/backward), bubble fraction (1 - mean utilisation), bytes
+sent per sample by point-to-point transfers (activations and their gradients) and by allreduces
+(weights), and the fraction of worker time stalled in allreduce (the paper's Figure 1 "communication
+overhead" of data parallelism, §2.1) or in receives.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pipedream import schedules
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+from pipedream.plan import Plan
+from pipedream.sim.costs import StageCost, stage_costs
+from pipedream.sim.engine import Trace, run
+from pipedream.sim.network import Network
+from pipedream.topology import Cluster
+
+# command-line name -> pipedream.schedules name
+SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "dp": "dp"}
+IMAGENET_TRAIN_SAMPLES = 1_281_167
+
+
+@dataclass
+class SimResult:
+    """What one simulation predicts (times in seconds, sizes in bytes).
+
+    Attributes:
+        schedule: ``1f1b``, ``gpipe``, ``2bw`` or ``dp``.
+        config: replica counts in the paper's form (``"15-1"``, ``"16"``, ``"straight"``).
+        workers: ranks that run the schedule.
+        batch_size: samples one forward/backward action processes (per worker).
+        microbatches: microbatches per minibatch (GPipe, 2BW; else 1).
+        samples_per_minibatch: samples in one schedule minibatch (``batch_size * microbatches``).
+        time_per_minibatch_s: steady-state period per schedule minibatch.
+        time_per_sample_s: steady-state time per sample.
+        dataset_size: samples in an epoch.
+        epoch_minibatches: minibatches in an epoch.
+        epoch_time_s: predicted epoch time, fill and drain included.
+        utilisation: per rank (sorted), steady-state fraction of time in forward/backward.
+        bubble_fraction: 1 - busy / (workers * epoch time) over the epoch.
+        steady_bubble_fraction: the same in the steady state.
+        p2p_bytes_per_sample: activation + gradient bytes sent between stages per sample.
+        allreduce_bytes_per_sample: bytes sent by weight-gradient allreduces per sample.
+        comm_stall_fraction: steady-state share of worker time blocked in allreduce.
+        recv_stall_fraction: steady-state share of worker time blocked waiting for a receive.
+        overlap: wait-free backpropagation used for allreduces.
+        allreduce: ``hierarchical`` or ``ring``.
+        cluster: cluster name.
+    """
+
+    schedule: str
+    config: str
+    workers: int
+    batch_size: int
+    microbatches: int
+    samples_per_minibatch: int
+    time_per_minibatch_s: float
+    time_per_sample_s: float
+    dataset_size: int
+    epoch_minibatches: int
+    epoch_time_s: float
+    utilisation: list[float]
+    bubble_fraction: float
+    steady_bubble_fraction: float
+    p2p_bytes_per_sample: float
+    allreduce_bytes_per_sample: float
+    comm_stall_fraction: float
+    recv_stall_fraction: float
+    overlap: bool
+    allreduce: str
+    cluster: str
+    trace: Trace | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def bytes_per_sample(self) -> float:
+        """All bytes sent per sample (point-to-point plus allreduce)."""
+        return self.p2p_bytes_per_sample + self.allreduce_bytes_per_sample
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (without the trace), plus ``bytes_per_sample``."""
+        d = asdict(self)
+        d.pop("trace")
+        d["bytes_per_sample"] = self.bytes_per_sample
+        return d
+
+
+def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, microbatches: int = 1) -> schedules.Schedule:
+    """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`)."""
+    name = SCHEDULES.get(kind)
+    if name is None:
+        raise PipeDreamError(f"unknown schedule {kind!r}; use pipedream, gpipe, 2bw or dp")
+    if name == "1f1b":
+        return schedules.one_f_one_b(stage_ranks, minibatches)
+    if name == "gpipe":
+        return schedules.gpipe(stage_ranks, minibatches, microbatches)
+    if name == "2bw":
+        return schedules.two_bw(stage_ranks, minibatches, microbatches)
+    ranks = [r for rs in stage_ranks for r in rs]
+    sched = schedules.one_f_one_b([ranks], minibatches)
+    sched.name = "dp"
+    return sched
+
+
+def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster,
+                    minibatches: int, microbatches: int = 1, overlap: bool = True,
+                    allreduce: str = "hierarchical", record: bool = False) -> Trace:
+    """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network."""
+    sched = build_schedule(kind, stage_ranks, minibatches, microbatches)
+    return run(sched, costs, Network(cluster, allreduce), overlap=overlap, record=record)
+
+
+def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
+    """(multiple every run length must be, a first run length covering the warm-up a few times)."""
+    depth = len(stage_ranks)
+    if SCHEDULES[kind] in ("gpipe", "2bw"):
+        return 1, max(2, math.ceil((2 * depth + 2) / microbatches))
+    unit = math.lcm(*(len(rs) for rs in stage_ranks))
+    return unit, unit * max(2, math.ceil((2 * depth + 2) / unit))
+
+
+def extrapolate(t_a: float, t_b: float, n_a: int, n_b: int, n: float) -> float:
+    """Closed form of the steady state: ``T(n) = T(n_b) + (n - n_b) (T(n_b) - T(n_a)) / (n_b - n_a)``."""
+    return t_b + (n - n_b) * (t_b - t_a) / (n_b - n_a)
+
+
+def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]],
+                    cluster: Cluster, *, schedule: str = "pipedream", batch_size: int | None = None,
+                    microbatches: int = 1, dataset_size: int = IMAGENET_TRAIN_SAMPLES, overlap: bool = True,
+                    allreduce: str = "hierarchical", keep_trace: bool = False,
+                    costs: list[StageCost] | None = None) -> SimResult:
+    """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
+
+    Args:
+        graph: the profile (``graph.minibatch_size`` set).
+        stage_nodes: node ids per stage, pipeline order (for ``dp`` pass one stage with all nodes).
+        stage_ranks: ranks per stage (replicas), e.g. ``[s.ranks for s in plan.stages]``.
+        cluster: the topology.
+        schedule: ``pipedream`` (1F1B-RR), ``gpipe``, ``2bw`` or ``dp``.
+        batch_size: samples per forward/backward action on a worker (default: the profiled minibatch).
+        microbatches: microbatches per minibatch for GPipe and 2BW.
+        dataset_size: samples in an epoch.
+        overlap: wait-free backpropagation for allreduces.
+        allreduce: ``hierarchical`` or ``ring``.
+        keep_trace: keep the spans of the first short run (for timelines).
+        costs: precomputed stage costs (else computed from ``graph``).
+    Raises:
+        PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
+    """
+    if schedule not in SCHEDULES:
+        raise PipeDreamError(f"unknown schedule {schedule!r}; use pipedream, gpipe, 2bw or dp")
+    if len(stage_nodes) != len(stage_ranks):
+        raise PipeDreamError(f"{len(stage_nodes)} stage node lists but {len(stage_ranks)} rank lists")
+    if dataset_size < 1 or microbatches < 1:
+        raise PipeDreamError(f"dataset size and microbatches must be positive (got {dataset_size}, {microbatches})")
+    batch = batch_size or graph.minibatch_size
+    kind = SCHEDULES[schedule]
+    m = microbatches if kind in ("gpipe", "2bw") else 1
+    if costs is None:
+        costs = stage_costs(graph, stage_nodes, batch)
+    unit, n_a = _unit(kind, stage_ranks, m)
+    n_b = 2 * n_a
+    tr_a = run_minibatches(kind, stage_ranks, costs, cluster, n_a, m, overlap, allreduce, record=keep_trace)
+    tr_b = run_minibatches(kind, stage_ranks, costs, cluster, n_b, m, overlap, allreduce)
+    per_mb = batch * m
+    n_epoch = math.ceil(dataset_size / per_mb)
+    if n_epoch <= n_b:  # short enough to simulate exactly
+        tr_e = run_minibatches(kind, stage_ranks, costs, cluster, unit * math.ceil(n_epoch / unit), m, overlap, allreduce)
+        epoch_s, busy_epoch = tr_e.makespan_s, sum(tr_e.busy_s.values())
+    else:
+        epoch_s = extrapolate(tr_a.makespan_s, tr_b.makespan_s, n_a, n_b, n_epoch)
+        busy_epoch = extrapolate(sum(tr_a.busy_s.values()), sum(tr_b.busy_s.values()), n_a, n_b, n_epoch)
+    ranks = sorted(tr_b.busy_s)
+    dt = tr_b.makespan_s - tr_a.makespan_s
+    dn = n_b - n_a
+    util = [(tr_b.busy_s[r] - tr_a.busy_s[r]) / dt if dt > 0 else 0.0 for r in ranks]
+    workers = len(ranks)
+
+    def steady_share(attr: str) -> float:
+        a, b = getattr(tr_a, attr), getattr(tr_b, attr)
+        return sum(b[r] - a[r] for r in ranks) / (workers * dt) if dt > 0 else 0.0
+
+    replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [workers]
+    return SimResult(
+        schedule=kind,
+        config=_config(replicas),
+        workers=workers,
+        batch_size=int(batch),
+        microbatches=m,
+        samples_per_minibatch=int(per_mb),
+        time_per_minibatch_s=dt / dn,
+        time_per_sample_s=dt / (dn * per_mb),
+        dataset_size=dataset_size,
+        epoch_minibatches=n_epoch,
+        epoch_time_s=epoch_s,
+        utilisation=util,
+        bubble_fraction=1 - busy_epoch / (workers * epoch_s) if epoch_s > 0 else 0.0,
+        steady_bubble_fraction=1 - sum(util) / workers,
+        p2p_bytes_per_sample=(tr_b.p2p_bytes - tr_a.p2p_bytes) / (dn * per_mb),
+        allreduce_bytes_per_sample=(tr_b.allreduce_bytes - tr_a.allreduce_bytes) / (dn * per_mb),
+        comm_stall_fraction=steady_share("allreduce_wait_s"),
+        recv_stall_fraction=steady_share("recv_wait_s"),
+        overlap=overlap,
+        allreduce=allreduce,
+        cluster=cluster.name,
+        trace=tr_a if keep_trace else None,
+    )
+
+
+def _config(replicas: list[int]) -> str:
+    from pipedream.plan import config_string
+
+    return config_string(replicas)
+
+
+def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "pipedream",
+                  **kwargs: Any) -> SimResult:
+    """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; see :func:`simulate_stages`.
+
+    ``schedule="dp"`` ignores the plan's split and runs data parallelism on the plan's ranks.
+    Raises:
+        PipeDreamError: the plan needs more workers than the cluster has, or the checks of
+            :func:`simulate_stages`.
+    """
+    plan.validate()
+    if plan.workers > cluster.workers:
+        raise PipeDreamError(f"plan {plan.config!r} uses {plan.workers} workers but cluster {cluster.name!r} "
+                             f"has {cluster.workers}")
+    if SCHEDULES.get(schedule) == "dp":
+        return simulate_dp(graph, cluster, workers=plan.workers, **kwargs)
+    return simulate_stages(graph, [s.nodes for s in plan.stages], [s.ranks for s in plan.stages], cluster,
+                           schedule=schedule, **kwargs)
+
+
+def simulate_dp(graph: LayerGraph, cluster: Cluster, *, workers: int | None = None, **kwargs: Any) -> SimResult:
+    """Data parallelism of the whole model on ranks ``0 .. workers - 1`` (default: the whole cluster)."""
+    n = workers or cluster.workers
+    if not 1 <= n <= cluster.workers:
+        raise PipeDreamError(f"data parallelism on {n} workers does not fit cluster {cluster.name!r} ({cluster.workers})")
+    return simulate_stages(graph, [list(graph.nodes)], [list(range(n))], cluster, schedule="dp", **kwargs)

@@ -1,0 +1,93 @@
+"""Links and allreduce of the simulator: hand-computed transfer times, contention, ring formulas."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipedream.errors import PipeDreamError
+from pipedream.sim.network import Network
+from pipedream.topology import Cluster
+
+GB = 1e9
+
+
+def two_level(gpus: int = 4, servers: int = 2, inner: float = 10 * GB, outer: float = 1 * GB) -> Cluster:
+    return Cluster(name="t", levels=[(gpus, inner), (servers, outer)])
+
+
+def test_transfer_time_is_bytes_over_bottleneck_bandwidth() -> None:
+    net = Network(two_level())
+    assert net.transfer_time(0, 1, 5 * GB) == pytest.approx(0.5)  # same server: 5 GB / 10 GB/s
+    assert net.transfer_time(0, 4, 5 * GB) == pytest.approx(5.0)  # across servers: 5 GB / 1 GB/s
+    assert net.transfer_time(3, 3, 5 * GB) == 0.0
+    assert net.meet_level(0, 3) == 0 and net.meet_level(3, 4) == 1
+
+
+def test_one_send_alone_on_a_link() -> None:
+    net = Network(two_level())
+    assert net.send(0, 4, 2 * GB, ready_s=1.0) == pytest.approx((1.0, 3.0))
+
+
+def test_two_sends_through_one_nic_share_it() -> None:
+    """GPUs 0 and 1 of server 0 both send 1 GB to server 1 at t=0: the NIC carries them one after the other."""
+    net = Network(two_level())
+    assert net.send(0, 4, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
+    assert net.send(1, 5, 1 * GB, 0.0) == pytest.approx((1.0, 2.0))
+
+
+def test_sends_on_disjoint_ports_run_in_parallel() -> None:
+    net = Network(two_level())
+    assert net.send(0, 1, 1 * GB, 0.0) == pytest.approx((0.0, 0.1))
+    assert net.send(2, 3, 1 * GB, 0.0) == pytest.approx((0.0, 0.1))
+    # opposite directions of the same link are separate (full duplex)
+    net = Network(two_level())
+    assert net.send(4, 0, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
+    assert net.send(0, 4, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
+
+
+def test_intra_server_send_contends_with_the_gpu_port_of_a_cross_server_send() -> None:
+    net = Network(two_level())
+    assert net.send(0, 4, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))  # holds GPU 0's port for 1 s
+    assert net.send(0, 1, 1 * GB, 0.5) == pytest.approx((1.0, 1.1))
+    # earliest fit: a later booking may use a gap before an earlier one
+    assert net.send(2, 3, 1 * GB, 5.0) == pytest.approx((5.0, 5.1))
+    assert net.send(2, 3, 1 * GB, 4.0) == pytest.approx((4.0, 4.1))
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+def test_ring_allreduce_formula(n: int) -> None:
+    """2 (n - 1) / n * bytes / bandwidth on one level, for both allreduce kinds."""
+    flat = Cluster(name="flat", levels=[(16, 2 * GB)])
+    for kind in ("ring", "hierarchical"):
+        net = Network(flat, kind)
+        assert net.allreduce_time(list(range(n)), 3 * GB) == pytest.approx(2 * (n - 1) / n * 3 * GB / (2 * GB))
+        assert net.allreduce_bytes(list(range(n)), 3 * GB) == pytest.approx(2 * (n - 1) * 3 * GB)
+
+
+def test_hierarchical_allreduce_sums_one_ring_per_level() -> None:
+    c = two_level(gpus=4, servers=4, inner=15.75 * GB, outer=1.25 * GB)  # cluster A
+    s = 0.5 * GB
+    hier = Network(c, "hierarchical").allreduce_time(list(range(16)), s)
+    assert hier == pytest.approx(2 * 3 / 4 * s / (15.75 * GB) + 2 * 3 / 4 * s / (1.25 * GB))
+    ring = Network(c, "ring").allreduce_time(list(range(16)), s)
+    assert ring == pytest.approx(2 * 15 / 16 * s / (1.25 * GB))
+    # 15 ranks (a 15-1 plan's first stage): 4 GPUs in the fullest server, 4 servers
+    assert Network(c).allreduce_time(list(range(15)), s) == pytest.approx(hier)
+    # inside one server only the inner level counts
+    assert Network(c).allreduce_time([4, 5, 6], s) == pytest.approx(2 * 2 / 3 * s / (15.75 * GB))
+    # bytes: three 4-GPU rings and one 3-GPU ring inside, a 4-server ring across
+    assert Network(c).allreduce_bytes(list(range(15)), s) == pytest.approx((3 * 6 + 4 + 6) * s)
+
+
+def test_allreduce_contends_with_transfers() -> None:
+    net = Network(two_level())
+    assert net.send(0, 4, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
+    start, end = net.collective([0, 4], 1 * GB, 0.0)  # 2 (2-1)/2 * 1 GB / 1 GB/s = 1 s
+    assert (start, end) == pytest.approx((1.0, 2.0))
+
+
+def test_errors_name_the_problem() -> None:
+    with pytest.raises(PipeDreamError, match="unknown allreduce"):
+        Network(two_level(), "tree")
+    with pytest.raises(PipeDreamError, match="rank 8 is outside cluster"):
+        Network(two_level()).check_rank(8)
