@@ -1,0 +1,144 @@
+"""Data-parallel baseline: the same model, data and metrics as the PipeDream workers, with DDP.
+
+Started by torchrun (``python -m pipedream.baselines.dp ...``, built by ``pipedream train --mode dp``).
+Every worker holds the whole model; minibatches of ``batch_size`` samples (per worker, as in the
+paper's DP baselines) are dealt round robin to the workers, gradients are averaged by
+``DistributedDataParallel``'s bucketed allreduce after every minibatch (gloo on CPU, NCCL on GPU).
+An epoch is one pass over the same training samples as a PipeDream epoch.
+
+With ``emulate_bandwidth_Bps`` each gradient bucket's allreduce takes at least the time a ring
+allreduce would need on that link: ``2 (W - 1) / W * bucket_bytes / bandwidth_Bps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from pipedream.data import fashion_mnist as fm
+from pipedream.errors import PipeDreamError
+from pipedream.models import build_model
+from pipedream.runtime import distributed as D
+from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.optim import make_optimizer
+
+
+def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
+    """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows."""
+
+    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buf = bucket.buffer()
+        t0 = time.time()
+        target_s = 2 * (world - 1) / world * buf.numel() * buf.element_size() / bandwidth_Bps
+        fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
+
+        def finish(f: torch.futures.Future) -> torch.Tensor:
+            delay = t0 + target_s - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            return f.value()[0]
+
+        return fut.then(finish)
+
+    return hook
+
+
+def train(cfg: TrainConfig) -> None:
+    """Train data-parallel on this rank (inside an initialised process group)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    model = (cfg.model_factory() if cfg.model_factory else build_model(cfg.model, cfg.preset, cfg.seed)).to(device)
+    ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
+    if cfg.emulate_bandwidth_Bps:
+        ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
+    optimizer = make_optimizer(cfg, list(model.parameters()))
+    train_split, val_split = fm.load(cfg.data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+    nb = len(train_split) // cfg.batch_size
+    if cfg.max_minibatches is not None:
+        nb = min(nb, cfg.max_minibatches)
+    nb -= nb % world
+    if nb < 1:
+        raise PipeDreamError(f"{len(train_split)} training samples give fewer than {world} minibatches of "
+                             f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
+    bar = None
+    if cfg.progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=nb // world, unit="mb", mininterval=2.0, dynamic_ncols=True)
+    log = D.MetricsLog(Path(cfg.out_dir))
+    wall0 = time.time()
+    first_loss: float | None = None
+    for epoch in range(cfg.epochs):
+        batches = fm.minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)[:nb]
+        D.barrier(cfg.timeout_s, f"start of epoch {epoch + 1}")
+        t0 = time.time()
+        if bar is not None:
+            bar.reset(total=nb // world)
+            bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
+        model.train()
+        loss_sum, count = 0.0, 0
+        for rows in batches[rank::world]:
+            x = fm.to_input(train_split.images[rows]).to(device)
+            y = train_split.labels[rows].to(device)
+            loss = F.cross_entropy(ddp(x), y)
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            optimizer.step()
+            value = float(loss.detach())
+            first_loss = value if first_loss is None else first_loss
+            loss_sum += value * y.numel()
+            count += y.numel()
+            if bar is not None:
+                bar.update(1)
+        loss_total, n = D.allreduce_sum([loss_sum, count], cfg.timeout_s, "end-of-epoch loss reduction")
+        epoch_time = time.time() - t0
+        model.eval()
+        correct = total = 0
+        n_val = len(val_split) // cfg.batch_size
+        with torch.no_grad():
+            for i in range(rank, n_val, world):
+                rows = torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)
+                pred = model(fm.to_input(val_split.images[rows]).to(device)).argmax(dim=1).cpu()
+                correct += int((pred == val_split.labels[rows]).sum())
+                total += rows.numel()
+        correct, total = D.allreduce_sum([correct, total], cfg.timeout_s, "validation reduction")
+        row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_total / max(n, 1),
+               "val_accuracy": correct / max(total, 1), "samples_per_s": n / epoch_time,
+               "wall_time_s": time.time() - wall0, "train_samples": n}
+        if bar is not None:
+            bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
+        if rank == 0:
+            log.add(row)
+    if bar is not None:
+        bar.close()
+    if cfg.debug_dump:
+        path = Path(cfg.out_dir) / "debug" / f"rank{rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"first_loss": first_loss,
+                    "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
+    D.barrier(cfg.timeout_s, "end of training")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry point: the options of :class:`TrainConfig` (plan and schedule options are ignored)."""
+    parser = argparse.ArgumentParser(prog="python -m pipedream.baselines.dp", description=__doc__)
+    add_arguments(parser)
+    cfg = from_args(parser.parse_args(argv))
+    rank = int(os.environ.get("RANK", "0"))
+
+    def _run() -> None:
+        D.init(cfg.timeout_s)
+        train(cfg)
+
+    D.run_guarded(_run, Path(cfg.out_dir), rank)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Train a model with PipeDream (a plan's pipeline) or data parallelism on local worker processes.
+
+Launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` with the PipeDream worker
+(``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.dp``), streams the workers'
+progress to stderr (and ``<out-dir>/train.log``), then logs ``<out-dir>/metrics.json`` to MLflow and
+writes ``<out-dir>/run.json`` (the MLflow run id and final metrics) last, as the completion marker.
+A failed or killed worker ends the whole job with one ``error:`` line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from pipedream.errors import PipeDreamError
+from pipedream.io import atomic_write_json
+
+HELP = "train with PipeDream (a plan's pipeline) or data parallelism on local processes; log to MLflow"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``pipedream train``."""
+    parser.add_argument("--mode", choices=("pipedream", "dp"), required=True)
+    parser.add_argument("--model", default="vgg16")
+    parser.add_argument("--preset", choices=("reduced", "full"), default="reduced")
+    parser.add_argument("--plan", type=Path, help="plan JSON from `pipedream plan` (pipedream mode; default: "
+                        "an even split of the layers into a straight pipeline)")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--schedule", choices=("1f1b", "gpipe", "2bw"), default="1f1b",
+                        help="pipedream mode: 1F1B-RR with weight stashing, GPipe, or PipeDream-2BW")
+    parser.add_argument("--microbatches", type=int, default=1, help="microbatches per minibatch (gpipe, 2bw)")
+    parser.add_argument("--weight-sync", choices=("stash", "vertical"), default="stash",
+                        help="1f1b: weight stashing alone or with vertical sync (§3.3)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="samples per minibatch of the pipeline (pipedream) or of each worker (dp)")
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--weight-decay", type=float, default=5e-4)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-subset", type=int, default=8192, help="training samples (0 = all 60000)")
+    parser.add_argument("--val-subset", type=int, default=1024, help="validation samples (0 = all 10000)")
+    parser.add_argument("--max-minibatches", type=int, help="cap on minibatches per epoch (smoke runs)")
+    parser.add_argument("--data-dir", type=Path, help="Fashion-MNIST folder (default: the Debian package's)")
+    parser.add_argument("--out-dir", type=Path, required=True, help="e.g. results/runs/vgg16/pipedream")
+    parser.add_argument("--experiment", help="MLflow experiment (default: <model>/<cluster of the plan or cpuW>)")
+    parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run, s")
+    parser.add_argument("--comm-timeout-s", type=float, default=60.0,
+                        help="limit for any single wait on a message or collective, s")
+    parser.add_argument("--emulate-bandwidth", type=float, metavar="BYTES_PER_S",
+                        help="throttle every link to this bandwidth (bytes/s); logged as a parameter")
+    parser.add_argument("--checkpoint", action="store_true", help="save per-stage checkpoints every epoch")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out-dir")
+    parser.add_argument("--no-progress", action="store_true", help="no per-minibatch progress bar")
+
+
+def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from pipedream.runtime.config import TrainConfig
+
+    cfg = TrainConfig(
+        model=args.model, preset=args.preset, plan=str(args.plan) if args.plan and args.mode == "pipedream" else None,
+        schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync, epochs=args.epochs,
+        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+        optimizer=args.optimizer, seed=args.seed, train_subset=args.train_subset or None,
+        val_subset=args.val_subset or None, max_minibatches=args.max_minibatches,
+        data_dir=str(args.data_dir) if args.data_dir else None, out_dir=str(args.out_dir),
+        timeout_s=args.comm_timeout_s, emulate_bandwidth_Bps=args.emulate_bandwidth,
+        checkpoint=args.checkpoint, resume=args.resume, progress=not args.no_progress)
+    cfg.validate()
+    return cfg
+
+
+def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
+    """Copy a child's output to the terminal and the log as it comes (progress bars included)."""
+    while chunk := src.read1(4096):  # type: ignore[attr-defined]
+        for s in sinks:
+            s.write(chunk)
+            s.flush()
+
+
+def launch(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
+    """Run the torchrun command, streaming its output; raise PipeDreamError on failure or timeout."""
+    from pipedream.runtime.launch import first_error
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    log_path = out_dir / "train.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, [sys.stderr.buffer, log]), daemon=True)
+        pump.start()
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise PipeDreamError(f"training did not finish within --timeout-s {timeout_s:.0f} s; "
+                                 f"see {log_path}") from None
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGTERM)
+            raise
+        finally:
+            pump.join(timeout=5)
+    if rc != 0:
+        reason = first_error(out_dir) or f"torchrun exited with status {rc}"
+        raise PipeDreamError(f"training failed: {reason} (full log: {log_path})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``pipedream train``: launch the workers, then log the run to MLflow and write ``run.json``."""
+    from pipedream.plan import Plan
+    from pipedream.runtime.launch import DP_MODULE, WORKER_MODULE, torchrun_command
+
+    cfg = _config(args)
+    if args.workers < 1:
+        raise PipeDreamError("--workers must be positive")
+    plan = Plan.load(args.plan) if args.plan and args.mode == "pipedream" else None
+    if plan is not None and plan.workers != args.workers:
+        raise PipeDreamError(f"plan {args.plan} is for {plan.workers} workers, not --workers {args.workers}")
+    out_dir: Path = args.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("run.json", *(() if args.resume else ("metrics.json",))):
+        (out_dir / stale).unlink(missing_ok=True)
+    shutil.rmtree(out_dir / "errors", ignore_errors=True)
+    if not args.resume:
+        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    entry = WORKER_MODULE if args.mode == "pipedream" else DP_MODULE
+    t0 = time.time()
+    launch(torchrun_command(entry, cfg, args.workers), out_dir, args.timeout_s)
+    total_s = time.time() - t0
+    metrics_path = out_dir / "metrics.json"
+    if not metrics_path.is_file():
+        raise PipeDreamError(f"workers finished but wrote no {metrics_path}; see {out_dir / 'train.log'}")
+    epochs = json.loads(metrics_path.read_text())
+    config = plan.config if plan is not None else (str(args.workers) if args.mode == "dp" else "straight")
+    cluster = plan.cluster if plan is not None else f"cpu{args.workers}"
+    params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config,
+              "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
+              "weight_decay": args.weight_decay, "optimizer": args.optimizer, "seed": args.seed,
+              "epochs": args.epochs, "train_subset": args.train_subset, "val_subset": args.val_subset,
+              "schedule": args.schedule if args.mode == "pipedream" else "dp",
+              "microbatches": args.microbatches, "weight_sync": args.weight_sync,
+              "emulate_bandwidth_Bps": args.emulate_bandwidth or "none"}
+    final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
+             "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
+             "launch_to_finish_s": total_s}
+    from pipedream.tracking import log_training_run
+
+    run_id = log_training_run(
+        experiment=args.experiment or f"{args.model}/{cluster}", run_name=args.mode, params=params,
+        epochs=[{k: float(v) for k, v in e.items() if k != "epoch"} for e in epochs], final_metrics=final,
+        tags={"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset},
+        artifacts=[p for p in (args.plan, metrics_path) if p is not None])
+    atomic_write_json(out_dir / "run.json", {"run_id": run_id, "mode": args.mode, "config": config,
+                                              "epochs": len(epochs), **final})
+    print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
+          f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {run_id}")
+    return 0

@@ -1,0 +1,103 @@
+"""What every model's data hook returns: (input, target) samples, a collate function, resumable order.
+
+A model's ``make_datasets(preset, train_subset, val_subset, seed)`` (see
+:class:`pipedream.models.ModelSpec`) returns two :class:`SampleSet` objects. Sample ``i`` of a set is
+an ``(input, target)`` pair; ``collate`` turns a list of samples into ONE input tensor and ONE target
+tensor for the whole minibatch. One input tensor per minibatch keeps the pipeline's first stage, the
+profiler and data parallelism alike for every model; models with several inputs (GNMT: source and
+target tokens, S2VT: frames and caption) pack them into one integer tensor that their first layer
+unpacks (documented per model).
+
+Order and resumption: the sample order of an epoch is a permutation fixed by ``(seed, epoch)``
+(:func:`epoch_order`), the same on every rank, so a run is resumed by saving the position
+``(epoch, next_minibatch)`` — two integers, e.g. in the checkpoint beside the weights — and calling
+:func:`minibatches` with ``start=next_minibatch``. Nothing else (no iterator state) is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipedream.errors import PipeDreamError
+
+Sample = tuple[Any, Any]
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class SampleSet:
+    """A map-style data set of ``(input, target)`` samples with its collate function.
+
+    Attributes:
+        samples: indexable samples; ``samples[i]`` is one ``(input, target)`` pair.
+        collate: list of samples -> ``(input batch, target batch)`` tensors.
+        info: free-form facts shown in logs (vocabulary sizes, source paths, ...).
+    """
+
+    samples: Sequence[Sample]
+    collate: Callable[[list[Sample]], Batch]
+    info: dict[str, Any]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Sample:
+        return self.samples[i]
+
+    def batch(self, indices: Sequence[int] | torch.Tensor) -> Batch:
+        """The collated minibatch of the samples at ``indices``."""
+        return self.collate([self.samples[int(i)] for i in indices])
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """Sample order of ``epoch``: a permutation of ``range(num_samples)`` fixed by ``(seed, epoch)``."""
+    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    return torch.randperm(num_samples, generator=g)
+
+
+def minibatches(data: SampleSet, batch_size: int, seed: int, epoch: int, start: int = 0,
+                shuffle: bool = True) -> Iterator[tuple[int, Batch]]:
+    """Yield ``(minibatch index, (input, target))`` for every full minibatch of ``epoch`` from ``start``.
+
+    The last partial minibatch is dropped, so every rank sees the same number of minibatches.
+    Resume a run at ``(epoch, start)`` saved from the index after the last finished minibatch.
+
+    Raises:
+        PipeDreamError: ``batch_size`` < 1 or larger than the data set, or ``start`` out of range.
+    """
+    if batch_size < 1 or batch_size > len(data):
+        raise PipeDreamError(f"batch size {batch_size} must be between 1 and the data set size {len(data)}")
+    n = len(data) // batch_size
+    if not 0 <= start <= n:
+        raise PipeDreamError(f"resume position {start} is outside epoch {epoch}'s {n} minibatches")
+    order = epoch_order(len(data), seed, epoch) if shuffle else torch.arange(len(data))
+    for i in range(start, n):
+        yield i, data.batch(order[i * batch_size:(i + 1) * batch_size])
+
+
+def subset_indices(num_samples: int, size: int | None, seed: int) -> list[int]:
+    """Sorted indices of a seeded random subset of ``size`` samples (all if ``size`` is None or too big).
+
+    Raises:
+        PipeDreamError: ``size`` < 1.
+    """
+    if size is None or size >= num_samples:
+        return list(range(num_samples))
+    if size < 1:
+        raise PipeDreamError(f"subset size must be positive, got {size}")
+    idx = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed))[:size]
+    return sorted(int(i) for i in idx)
+
+
+def require_module(module: str, install: str) -> Any:
+    """Import ``module`` or raise a PipeDreamError that says how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise PipeDreamError(f"python package {module!r} is missing; install it with `{install}`") from None

@@ -1,0 +1,139 @@
+"""Image classification data for VGG-16, ResNet-50 and AlexNet (paper §5.1: ImageNet, top-1 accuracy).
+
+``reduced``: Fashion-MNIST (:mod:`pipedream.data.fashion_mnist`), 10 classes; a sample is a
+``(28, 28)`` uint8 image and its class id; collating pads to 32x32, repeats to 3 channels and
+normalises (``(B, 3, 32, 32)`` float32), and for models with a larger reduced input (AlexNet) resizes
+bilinearly to ``size`` x ``size``.
+``full``: ImageNet as a torchvision ``ImageFolder`` tree (``<root>/train/<class>/*.JPEG``,
+``<root>/val/<class>/*.JPEG``), 224x224 crops with the usual ResNet augmentation. The root is the
+``root`` argument or ``$PIPEDREAM_IMAGENET``; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipedream.data.base import Sample, SampleSet, subset_indices
+from pipedream.errors import PipeDreamError
+
+IMAGENET_ENV = "PIPEDREAM_IMAGENET"
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+class _Indexed(Sequence[Sample]):
+    """``(images[i], labels[i])`` over a subset ``rows`` of two aligned tensors (no copies)."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
+        return self.images[i], self.labels[i]
+
+
+def _fmnist_collate(size: int):
+    from pipedream.data.fashion_mnist import to_input
+
+    def collate(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = to_input(torch.stack([s[0] for s in samples]))  # (B, 3, 32, 32)
+        if size != x.shape[-1]:
+            x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+        return x, torch.stack([s[1] for s in samples])
+
+    return collate
+
+
+def fashion_mnist_datasets(size: int, train_subset: int | None, val_subset: int | None, seed: int,
+                           root: Path | None = None) -> tuple[SampleSet, SampleSet]:
+    """Fashion-MNIST train and test splits as ``(B, 3, size, size)`` model input (``size`` >= 32).
+
+    Raises:
+        PipeDreamError: the Debian package ``dataset-fashion-mnist`` is not installed (from the loader).
+    """
+    from pipedream.data import fashion_mnist
+
+    if size < 32:
+        raise PipeDreamError(f"Fashion-MNIST input size must be at least 32 (padded 28x28), got {size}")
+    train, val = fashion_mnist.load(root, train_subset, val_subset, seed)
+    collate = _fmnist_collate(size)
+    info = {"source": str(root or fashion_mnist.default_root()), "classes": fashion_mnist.NUM_CLASSES}
+    return (SampleSet(_Indexed(train.images, train.labels), collate, dict(info)),
+            SampleSet(_Indexed(val.images, val.labels), collate, dict(info)))
+
+
+class _Folder(Sequence[Sample]):
+    def __init__(self, folder: object, rows: list[int]) -> None:
+        self.folder, self.rows = folder, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
+        image, label = self.folder[self.rows[i]]  # type: ignore[index]
+        return image, torch.tensor(label)
+
+
+def _stack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+
+
+def imagenet_datasets(root: Path | None, train_subset: int | None, val_subset: int | None,
+                      seed: int) -> tuple[SampleSet, SampleSet]:
+    """ImageNet from an ``ImageFolder`` tree: ``(B, 3, 224, 224)`` normalised crops, 1000 classes.
+
+    Raises:
+        PipeDreamError: no root given and ``$PIPEDREAM_IMAGENET`` unset, or a split folder missing.
+    """
+    from torchvision import datasets, transforms
+
+    if root is None:
+        if IMAGENET_ENV not in os.environ:
+            raise PipeDreamError(f"full-size image models need ImageNet: set ${IMAGENET_ENV} to a folder with "
+                                 "train/ and val/ ImageFolder trees (nothing is downloaded)")
+        root = Path(os.environ[IMAGENET_ENV])
+    norm = transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)
+    tf = {"train": transforms.Compose([transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
+                                       transforms.ToTensor(), norm]),
+          "val": transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(), norm])}
+    out = []
+    for split, size, s in (("train", train_subset, seed), ("val", val_subset, seed + 1)):
+        path = Path(root) / split
+        if not path.is_dir():
+            raise PipeDreamError(f"ImageNet split folder {path} not found (expected {root}/train and {root}/val)")
+        folder = datasets.ImageFolder(str(path), transform=tf[split])
+        out.append(SampleSet(_Folder(folder, subset_indices(len(folder), size, s)), _stack,
+                             {"source": str(path), "classes": len(folder.classes)}))
+    return out[0], out[1]
+
+
+def image_datasets(reduced_size: int):
+    """The ``make_datasets`` hook of an image model whose reduced input is ``reduced_size`` pixels."""
+
+    def make(preset: str, train_subset: int | None, val_subset: int | None, seed: int) -> tuple[SampleSet, SampleSet]:
+        if preset == "full":
+            return imagenet_datasets(None, train_subset, val_subset, seed)
+        return fashion_mnist_datasets(reduced_size, train_subset, val_subset, seed)
+
+    return make
+
+
+@torch.no_grad()
+def top1_accuracy(model: nn.Module, val: SampleSet, batch_size: int = 256) -> float:
+    """Top-1 accuracy in percent of ``model`` (eval mode) over every sample of ``val``."""
+    was = model.training
+    model.eval()
+    correct = 0
+    for start in range(0, len(val), batch_size):
+        x, y = val.batch(range(start, min(start + batch_size, len(val))))
+        correct += int((model(x).argmax(1) == y).sum())
+    model.train(was)
+    return 100.0 * correct / len(val)

@@ -1,0 +1,157 @@
+"""Point-to-point activations and gradients between stages, with timeouts and an optional link throttle.
+
+Every transfer is two messages on torch.distributed (gloo on CPU, NCCL on GPU): a float64 header
+``[minibatch, microbatch, weight version, send time in s]`` and the tensor. Sends are asynchronous
+(``isend``; the handle is kept until it completes), receives are posted ahead of need
+(``irecv``) and waited on with a timeout, so communication overlaps with compute and no wait can hang.
+
+Tags make each message unique: ``tag = ((((phase * 2 + direction) << 20) + minibatch) << 7 | micro) << 1
+| part``, so matching never depends on posting order (gloo); NCCL ignores tags and matches in call
+order, which the schedules keep consistent on both ends.
+
+Link throttle (``bandwidth_Bps``): a message of ``n`` bytes occupies the link from its sender for
+``n / bandwidth_Bps`` seconds, one message after the other per link; the receiver does not hand the
+tensor over before that time. This makes a loopback run pay the transfer time of the modelled cluster
+while the sender keeps computing. It compares wall clocks of sender and receiver, so it assumes both
+run on one machine (the reduced runs do).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pipedream.errors import PipeDreamError
+
+MAX_MINIBATCH = 1 << 20
+MAX_MICROBATCH = 1 << 7
+HEADER_LEN = 4
+
+
+class CommTimeout(PipeDreamError):
+    """A receive, send or collective did not complete within the timeout (a peer died or hung)."""
+
+
+def make_tag(phase: int, backward: bool, minibatch: int, microbatch: int, part: int) -> int:
+    """Unique message tag; ``phase`` 0 = training, 1 = evaluation; ``part`` 0 = header, 1 = tensor.
+
+    Raises:
+        PipeDreamError: minibatch or microbatch index too large for the tag layout.
+    """
+    if not (0 <= minibatch < MAX_MINIBATCH and 0 <= microbatch < MAX_MICROBATCH):
+        raise PipeDreamError(f"minibatch {minibatch} / microbatch {microbatch} exceed the tag space "
+                             f"({MAX_MINIBATCH} minibatches per epoch, {MAX_MICROBATCH} microbatches)")
+    base = ((phase * 2 + int(backward)) * MAX_MINIBATCH + minibatch) * MAX_MICROBATCH + microbatch
+    return base * 2 + part
+
+
+def wait_or_raise(work: dist.Work | None, timeout_s: float, what: str) -> None:
+    """Wait for ``work`` at most ``timeout_s`` seconds.
+
+    Raises:
+        CommTimeout: on timeout or when the peer's connection broke (the message names ``what``).
+    """
+    if work is None:
+        return
+    try:
+        work.wait(timedelta(seconds=timeout_s))
+    except Exception as e:  # gloo raises RuntimeError for both timeouts and closed peers
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CommTimeout(f"{what} failed after at most {timeout_s:.0f} s: {msg}") from None
+
+
+@dataclass
+class Message:
+    """A received transfer: the tensor and its header fields."""
+
+    tensor: torch.Tensor
+    minibatch: int
+    microbatch: int
+    version: int
+    sent_at: float
+
+
+class PendingRecv:
+    """An ``irecv`` of header and tensor posted ahead of need; :meth:`wait` returns the :class:`Message`."""
+
+    def __init__(self, p2p: P2P, src: int, shape: tuple[int, ...], dtype: torch.dtype, tag_args: tuple) -> None:
+        self.p2p, self.src, self.what = p2p, src, f"receive {tag_args} from rank {src}"
+        self.header = torch.zeros(HEADER_LEN, dtype=torch.float64, device=p2p.device)
+        self.tensor = torch.empty(shape, dtype=dtype, device=p2p.device)
+        self._works = [dist.irecv(self.header, src, tag=make_tag(*tag_args, part=0)),
+                       dist.irecv(self.tensor, src, tag=make_tag(*tag_args, part=1))]
+
+    def wait(self) -> Message:
+        """Block until both parts arrived (and, when throttled, the link time passed)."""
+        for w in self._works:
+            wait_or_raise(w, self.p2p.timeout_s, self.what)
+        h = self.header.tolist()
+        msg = Message(self.tensor, int(h[0]), int(h[1]), int(h[2]), h[3])
+        self.p2p.throttle(self.src, msg)
+        return msg
+
+
+class P2P:
+    """Asynchronous point-to-point transfers of one rank.
+
+    Args:
+        timeout_s: longest wait for any message, s.
+        device: where received tensors are allocated.
+        bandwidth_Bps: emulated link bandwidth in bytes/s, or None for the raw link.
+    """
+
+    def __init__(self, timeout_s: float, device: torch.device, bandwidth_Bps: float | None = None) -> None:
+        self.timeout_s = timeout_s
+        self.device = device
+        self.bandwidth_Bps = bandwidth_Bps
+        self._sends: list[tuple[dist.Work | None, torch.Tensor, str]] = []
+        self._link_free: dict[int, float] = {}  # src rank -> time its link to us is free again
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.throttle_s = 0.0
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag_args: tuple, minibatch: int, microbatch: int,
+              version: int) -> None:
+        """Send ``tensor`` to ``dst`` without waiting; ``tag_args`` = (phase, backward, minibatch, micro)."""
+        header = torch.tensor([minibatch, microbatch, version, time.time()], dtype=torch.float64, device=self.device)
+        tensor = tensor.detach().contiguous()
+        what = f"send {tag_args} to rank {dst}"
+        self._sends.append((dist.isend(header, dst, tag=make_tag(*tag_args, part=0)), header, what))
+        self._sends.append((dist.isend(tensor, dst, tag=make_tag(*tag_args, part=1)), tensor, what))
+        self.bytes_sent += tensor.numel() * tensor.element_size()
+        self._reap()
+
+    def irecv(self, src: int, shape: tuple[int, ...], dtype: torch.dtype, tag_args: tuple) -> PendingRecv:
+        """Post a receive from ``src`` of a tensor of ``shape``; wait on the returned handle."""
+        return PendingRecv(self, src, shape, dtype, tag_args)
+
+    def throttle(self, src: int, msg: Message) -> None:
+        """Hold ``msg`` until the emulated link from ``src`` would have delivered it."""
+        nbytes = msg.tensor.numel() * msg.tensor.element_size()
+        self.bytes_received += nbytes
+        if not self.bandwidth_Bps:
+            return
+        start = max(msg.sent_at, self._link_free.get(src, 0.0))
+        ready = start + nbytes / self.bandwidth_Bps
+        self._link_free[src] = ready
+        delay = ready - time.time()
+        if delay > 0:
+            self.throttle_s += delay
+            time.sleep(delay)
+
+    def _reap(self) -> None:
+        self._sends = [s for s in self._sends if s[0] is not None and not s[0].is_completed()]
+
+    def drain(self) -> None:
+        """Wait for every outstanding send (end of an epoch).
+
+        Raises:
+            CommTimeout: a send did not complete within the timeout.
+        """
+        for work, _, what in self._sends:
+            wait_or_raise(work, self.timeout_s, what)
+        self._sends.clear()

@@ -1,0 +1,100 @@
+"""Process-group setup, collectives with timeouts, and failure reporting shared by all workers.
+
+Workers are started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` in the
+environment) or by :func:`pipedream.runtime.launch.spawn_local`. Every blocking call has a timeout;
+a worker that fails writes one line to ``<out_dir>/errors/rank<r>.txt`` and exits non-zero, so the
+launcher can say which rank failed and why.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pipedream.errors import PipeDreamError
+from pipedream.io import atomic_write_json, atomic_write_text
+from pipedream.runtime.comm import wait_or_raise
+
+
+def init(timeout_s: float) -> tuple[int, int, torch.device]:
+    """Join the process group from the environment: gloo on CPU, NCCL when CUDA is available.
+
+    Returns:
+        (rank, world size, device of this rank).
+    """
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    if torch.cuda.is_available() and os.environ.get("PIPEDREAM_FORCE_GLOO") != "1":
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    return rank, world, device
+
+
+def allreduce_sum(values: list[float], timeout_s: float, what: str, group: object = None) -> list[float]:
+    """Sum ``values`` over the ranks of ``group`` (the world by default), waiting at most ``timeout_s``."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend(group) == "nccl":  # type: ignore[arg-type]
+        t = t.cuda()
+    wait_or_raise(dist.all_reduce(t, group=group, async_op=True), timeout_s, what)  # type: ignore[arg-type]
+    return t.cpu().tolist()
+
+
+def barrier(timeout_s: float, what: str = "barrier") -> None:
+    """A barrier over the world that gives up after ``timeout_s`` seconds."""
+    allreduce_sum([0.0], timeout_s, what)
+
+
+class MetricsLog:
+    """Per-epoch metrics written atomically to ``<out_dir>/metrics.json`` after every epoch (rank 0).
+
+    Each row: ``epoch`` (1-based), ``epoch_time_s`` (training part), ``train_loss`` (mean cross-entropy),
+    ``val_accuracy`` (fraction), ``samples_per_s`` (training samples / epoch_time_s), ``wall_time_s``
+    (cumulative since training started, evaluation included), plus extra keys given by the worker.
+    """
+
+    def __init__(self, out_dir: Path, rows: list[dict[str, float]] | None = None) -> None:
+        self.path = out_dir / "metrics.json"
+        self.rows = list(rows or [])
+
+    def add(self, row: dict[str, float]) -> None:
+        self.rows.append(row)
+        atomic_write_json(self.path, self.rows)
+
+
+def run_guarded(main: Callable[[], None], out_dir: Path, rank: int) -> None:
+    """Run ``main``; on any error write a one-line reason to ``out_dir/errors/rank<r>.txt`` and exit 1.
+
+    The process exits with ``os._exit`` so that a broken process group cannot hang the shutdown.
+    """
+    try:
+        main()
+    except BaseException as e:  # noqa: BLE001 - every failure must end the process visibly
+        if isinstance(e, SystemExit) and not e.code:
+            raise
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not isinstance(e, PipeDreamError):
+            reason = f"{type(e).__name__}: {reason}"
+            traceback.print_exc(file=sys.stderr)
+        line = f"rank {rank} failed: {reason}"
+        try:
+            atomic_write_text(out_dir / "errors" / f"rank{rank}.txt", f"{time.time():.3f} {line}\n")
+        except OSError:
+            pass
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+    if dist.is_initialized():
+        dist.destroy_process_group()

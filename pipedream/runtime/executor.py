@@ -1,0 +1,257 @@
+"""Execute one rank's action list (:mod:`pipedream.schedules`) for one stage: the heart of the runtime.
+
+Per action kind (§3.2, §3.3):
+
+* ``RECV_F``/``RECV_B``: wait for the activation/gradient posted ahead of need (``irecv``).
+* ``F``: run the stage on the weight version chosen by the :class:`~pipedream.runtime.versions.Policy`
+  (``torch.func.functional_call`` on that version's tensors); the last stage adds the cross-entropy
+  loss, divided by the microbatches per minibatch so coalesced gradients are minibatch means.
+* ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added
+  to the master weights' ``.grad``; the input gradient is kept for ``SEND_B``.
+* ``SEND_F``/``SEND_B``: asynchronous send to the rank that runs the minibatch on the next/previous stage.
+* ``ALLREDUCE``: average ``.grad`` over the stage's replicas (one flat buffer, per-stage process group).
+* ``STEP``: optimizer step on the master weights, zero the gradients, commit a new weight version.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from pipedream.runtime.comm import P2P, PendingRecv, wait_or_raise
+from pipedream.runtime.versions import WeightVersions
+from pipedream.schedules import Action, Kind, Schedule
+
+RECV_LOOKAHEAD = 4  # receives posted ahead of the action that needs them
+
+
+@dataclass
+class StageData:
+    """Where a stage's inputs and labels come from.
+
+    Attributes:
+        inputs: ``inputs(minibatch, microbatch) -> (b, *sample_shape)`` model input (input stage only).
+        labels: ``labels(minibatch, microbatch) -> (b,)`` int64 targets (last stage only).
+    """
+
+    inputs: Callable[[int, int], torch.Tensor] | None = None
+    labels: Callable[[int, int], torch.Tensor] | None = None
+
+
+@dataclass
+class EpochStats:
+    """What one pass over a schedule produced on this rank (sums, so they add across ranks)."""
+
+    loss_sum: float = 0.0
+    loss_count: int = 0
+    correct: int = 0
+    samples: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    losses: list[tuple[int, int, float]] = field(default_factory=list)  # (minibatch, micro, loss)
+
+
+class StageExecutor:
+    """Runs one stage's share of a schedule on one rank.
+
+    Args:
+        stage: stage index; ``num_stages`` the pipeline depth.
+        module: the stage's layers (its parameters are the master weights).
+        versions: the stage's weight versions (policy included).
+        optimizer: updates the master weights at ``STEP``.
+        p2p: point-to-point transport.
+        in_shape: per-sample shape received from the previous stage (None for the input stage).
+        out_shape: per-sample shape of this stage's output (and of the gradient received for it).
+        stage_group: process group of the stage's replicas (None when unreplicated).
+        timeout_s: longest wait for a collective, s.
+        on_backward: called after each backward with (minibatch, microbatch) (progress bars).
+        trace: when True, record ``(kind, stage, minibatch, microbatch, version)`` of every F and B.
+    """
+
+    def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
+                 optimizer: torch.optim.Optimizer, p2p: P2P, in_shape: tuple[int, ...] | None,
+                 out_shape: tuple[int, ...], stage_group: Any = None, timeout_s: float = 60.0,
+                 on_backward: Callable[[int, int], None] | None = None, trace: bool = False) -> None:
+        self.stage, self.num_stages = stage, num_stages
+        self.is_first, self.is_last = stage == 0, stage == num_stages - 1
+        self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
+        self.in_shape, self.out_shape = in_shape, out_shape
+        self.stage_group, self.timeout_s = stage_group, timeout_s
+        self.on_backward = on_backward
+        self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
+        self.first_grads: dict[str, torch.Tensor] | None = None  # gradients applied at the first STEP
+        self.stats_history: list[list[tuple[int, int, float]]] = []  # per training pass: (mb, micro, loss)
+        for p in versions.master:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    # ---------------------------------------------------------------- one pass over an action list
+    def run(self, actions: list[Action], schedule: Schedule, data: StageData, microbatch_size: int,
+            phase: int = 0, minibatch_offset: int = 0) -> EpochStats:
+        """Execute ``actions`` (this rank's list of ``schedule``); ``phase`` 1 = forward-only evaluation.
+
+        ``minibatch_offset`` is the number of minibatches of earlier epochs (2BW numbers versions by
+        global minibatch).
+
+        Raises:
+            CommTimeout: a peer did not answer within the timeout.
+            PipeDreamError: the schedule and the weight-version policy disagree.
+        """
+        self.schedule, self.data, self.phase, self.b = schedule, data, phase, microbatch_size
+        self.minibatch_offset = minibatch_offset
+        self.stats = EpochStats()
+        self.units: dict[tuple[int, int], dict[str, Any]] = {}
+        self.pending: dict[Action, PendingRecv] = {}
+        self.scale = 1.0 / schedule.num_microbatches
+        recvs = [i for i, a in enumerate(actions) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
+        next_recv = 0
+        for i, a in enumerate(actions):
+            # keep up to RECV_LOOKAHEAD receives posted ahead, so transfers overlap with compute
+            while next_recv < len(recvs) and (recvs[next_recv] <= i or len(self.pending) < RECV_LOOKAHEAD):
+                ra = actions[recvs[next_recv]]
+                self.pending[ra] = self._post(ra)
+                next_recv += 1
+            getattr(self, f"_do_{a.kind.value.lower()}")(a)
+        self.p2p.drain()
+        if phase == 0:
+            self.stats_history.append(self.stats.losses)
+        return self.stats
+
+    def _post(self, a: Action) -> PendingRecv:
+        if a.kind == Kind.RECV_F:
+            shape = (self.b, *self.in_shape)  # type: ignore[misc]
+        else:
+            shape = (self.b, *self.out_shape)
+        return self.p2p.irecv(self.schedule.peer(a), shape, torch.float32,  # type: ignore[arg-type]
+                              (self.phase, a.kind == Kind.RECV_B, a.minibatch, a.microbatch or 0))
+
+    def _tag(self, a: Action, backward: bool) -> tuple[int, bool, int, int]:
+        return (self.phase, backward, a.minibatch, a.microbatch or 0)
+
+    # ------------------------------------------------------------------------------ the action kinds
+    def _do_recv_f(self, a: Action) -> None:
+        msg = self._wait(a)
+        unit = self.units.setdefault(a.key, {})
+        unit["input"] = msg.tensor.requires_grad_(self.phase == 0)
+        unit["carried"] = msg.version
+
+    def _do_recv_b(self, a: Action) -> None:
+        self.units[a.key]["grad_out"] = self._wait(a).tensor
+
+    def _wait(self, a: Action):  # type: ignore[no-untyped-def]
+        t0 = time.perf_counter()
+        msg = self.pending.pop(a).wait()
+        self.stats.wait_s += time.perf_counter() - t0
+        if (msg.minibatch, msg.microbatch) != a.key:
+            raise RuntimeError(f"{a}: received minibatch {msg.minibatch}.{msg.microbatch} instead")
+        return msg
+
+    def _do_f(self, a: Action) -> None:
+        t0 = time.perf_counter()
+        unit = self.units.setdefault(a.key, {})
+        m, j = a.key
+        if self.is_first:
+            assert self.data.inputs is not None
+            unit["input"] = self.data.inputs(m, j)
+        if self.phase == 1:
+            self._forward_eval(a, unit)
+        else:
+            v = self.versions.version_for(self.minibatch_offset + m, unit.get("carried"))
+            params = self.versions.acquire(v)
+            unit["version"], unit["params"] = v, params
+            out = functional_call(self.module, params, (unit["input"],))
+            if self.is_last:
+                assert self.data.labels is not None
+                labels = self.data.labels(m, j)
+                loss = F.cross_entropy(out, labels)
+                value = float(loss.detach())
+                self.stats.loss_sum += value * labels.numel()
+                self.stats.loss_count += labels.numel()
+                self.stats.samples += labels.numel()
+                self.stats.losses.append((m, j, value))
+                out = loss * self.scale
+            unit["output"] = out
+            if self.trace is not None:
+                self.trace.append(("F", self.stage, m, j, v))
+        self.stats.compute_s += time.perf_counter() - t0
+
+    def _forward_eval(self, a: Action, unit: dict[str, Any]) -> None:
+        with torch.no_grad():
+            out = self.module(unit["input"])
+        if self.is_last:
+            assert self.data.labels is not None
+            labels = self.data.labels(*a.key)
+            self.stats.correct += int((out.argmax(dim=1) == labels).sum())
+            self.stats.samples += labels.numel()
+            del self.units[a.key]
+        else:
+            unit["output"] = out
+
+    def _do_send_f(self, a: Action) -> None:
+        unit = self.units[a.key]
+        version = unit.get("carried", unit.get("version", self.versions.latest))
+        self.p2p.isend(unit["output"], self.schedule.peer(a), self._tag(a, False), *a.key,  # type: ignore[arg-type]
+                       version=version)
+        if self.phase == 1:
+            del self.units[a.key]
+
+    def _do_b(self, a: Action) -> None:
+        t0 = time.perf_counter()
+        unit = self.units[a.key]
+        params = unit.pop("params")
+        names = [n for n in self.versions.names if params[n].requires_grad]
+        inputs = [params[n] for n in names]
+        if not self.is_first:
+            inputs.append(unit["input"])
+        grad_out = None if self.is_last else unit.pop("grad_out")
+        grads = torch.autograd.grad(unit.pop("output"), inputs, grad_outputs=grad_out, allow_unused=True)
+        master = dict(zip(self.versions.names, self.versions.master, strict=True))
+        for n, g in zip(names, grads, strict=False):
+            if g is not None:
+                master[n].grad.add_(g)  # type: ignore[union-attr]
+        if not self.is_first:
+            unit["grad_in"] = grads[-1]
+        self.versions.release(unit["version"])
+        if self.trace is not None:
+            self.trace.append(("B", self.stage, a.minibatch, a.microbatch or 0, unit["version"]))
+        if self.is_first:
+            del self.units[a.key]
+        self.stats.compute_s += time.perf_counter() - t0
+        if self.on_backward is not None:
+            self.on_backward(*a.key)
+
+    def _do_send_b(self, a: Action) -> None:
+        unit = self.units.pop(a.key)
+        self.p2p.isend(unit["grad_in"], self.schedule.peer(a), self._tag(a, True), *a.key,  # type: ignore[arg-type]
+                       version=unit["version"])
+
+    def _do_allreduce(self, a: Action) -> None:
+        grads = [p.grad for p in self.versions.master if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        t0 = time.perf_counter()
+        work = dist.all_reduce(flat, group=self.stage_group, async_op=True)
+        wait_or_raise(work, self.timeout_s, f"gradient allreduce of stage {self.stage} ({a})")
+        self.stats.wait_s += time.perf_counter() - t0
+        flat /= dist.get_world_size(self.stage_group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+    def _do_step(self, a: Action) -> None:
+        if self.first_grads is None:
+            self.first_grads = {n: p.grad.detach().clone()  # type: ignore[union-attr]
+                                for n, p in zip(self.versions.names, self.versions.master, strict=True)}
+        with torch.no_grad():
+            self.optimizer.step()
+        for p in self.versions.master:
+            p.grad.zero_()  # type: ignore[union-attr]
+        self.versions.commit()

@@ -1,0 +1,89 @@
+"""Start the workers of a run: with torchrun (``pipedream train``), or forked in-process (tests, benchmarks).
+
+:func:`torchrun_command` builds ``python -m torch.distributed.run --standalone --nproc_per_node=W -m
+<entry> <options>``; torchrun stops every worker as soon as one fails, so a crashed or killed rank
+ends the job. :func:`spawn_local` forks ``W`` processes that share the caller's imported modules
+(seconds faster than torchrun on a small machine) and accepts a ``model_factory`` that cannot go
+through a command line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.multiprocessing as mp
+
+from pipedream.errors import PipeDreamError
+from pipedream.runtime.config import TrainConfig
+
+WORKER_MODULE = "pipedream.runtime.worker"
+DP_MODULE = "pipedream.baselines.dp"
+
+
+def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int) -> list[str]:
+    """The torchrun command line that runs ``entry_module`` on ``workers`` local processes."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}",
+            "--monitor-interval=0.5", "-m", entry_module, *cfg.to_args()]
+
+
+def free_port() -> int:
+    """An unused local TCP port for the rendezvous of :func:`spawn_local`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _child(index: int, fn: Callable[[TrainConfig], None], cfg: TrainConfig, world: int, port: int,
+           env: dict[str, str]) -> None:
+    from pipedream.runtime import distributed as D
+
+    os.environ.update(env)
+    os.environ.update({"RANK": str(index), "WORLD_SIZE": str(world), "LOCAL_RANK": str(index),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+
+    def run() -> None:
+        D.init(cfg.timeout_s)
+        fn(cfg)
+
+    D.run_guarded(run, Path(cfg.out_dir), index)
+
+
+def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None] | None = None,
+                env: dict[str, str] | None = None, timeout_s: float = 120.0) -> None:
+    """Fork ``workers`` processes running ``fn(cfg)`` (default: the PipeDream worker) and wait for them.
+
+    Raises:
+        PipeDreamError: a worker failed (its one-line reason from ``out_dir/errors``) or the run timed out.
+    """
+    if fn is None:
+        from pipedream.runtime.worker import train as fn
+    ctx = mp.start_processes(_child, args=(fn, cfg, workers, free_port(), env or {}), nprocs=workers,
+                             join=False, start_method="fork")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not ctx.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                for proc in ctx.processes:
+                    proc.kill()
+                raise PipeDreamError(f"local run did not finish within {timeout_s:.0f} s")
+    except mp.ProcessExitedException as e:
+        raise PipeDreamError(first_error(Path(cfg.out_dir)) or f"a worker failed: {e}") from None
+    except mp.ProcessRaisedException as e:
+        raise PipeDreamError(first_error(Path(cfg.out_dir)) or f"a worker raised: {e}") from None
+
+
+def first_error(out_dir: Path) -> str | None:
+    """The earliest one-line failure reason a worker wrote under ``out_dir/errors``, if any."""
+    lines = []
+    for p in sorted((out_dir / "errors").glob("rank*.txt")):
+        stamp, _, text = p.read_text().strip().partition(" ")
+        try:
+            lines.append((float(stamp), text))
+        except ValueError:
+            lines.append((float("inf"), p.read_text().strip()))
+    return min(lines)[1] if lines else None

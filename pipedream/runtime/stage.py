@@ -1,0 +1,90 @@
+"""Build a stage's module from a Plan by slicing the model's flat ``nn.Sequential`` (§3.1 partitions).
+
+Stage ``s`` of a plan owns graph nodes ``node{i+1}`` = layer ``i`` of the sequence
+(:func:`pipedream.models.node_layer_index`); the input node ``node0`` belongs to no layer. A chain
+model's stages must own contiguous, consecutive layer ranges that together cover the model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pipedream.errors import PipeDreamError
+from pipedream.models import node_layer_index
+from pipedream.plan import Plan
+
+
+def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
+    """Layer index range of every stage of ``plan`` for a chain model of ``num_layers`` layers.
+
+    Raises:
+        PipeDreamError: a stage's layers are not contiguous, stages overlap or leave gaps, or a node
+            names a layer the model does not have.
+    """
+    ranges: list[range] = []
+    nxt = 0
+    for s, stage in enumerate(plan.stages):
+        idx = sorted(i for i in (node_layer_index(n) for n in stage.nodes) if i >= 0)
+        if not idx:
+            raise PipeDreamError(f"plan stage {s} has no layers (nodes {stage.nodes})")
+        if idx != list(range(idx[0], idx[-1] + 1)):
+            raise PipeDreamError(f"plan stage {s} owns non-contiguous layers {idx}; only chain partitions are "
+                                 "supported by the runtime")
+        if idx[0] != nxt:
+            raise PipeDreamError(f"plan stage {s} starts at layer {idx[0]} but the previous stage ends at "
+                                 f"layer {nxt - 1}; stages must cover the model in order")
+        if idx[-1] >= num_layers:
+            raise PipeDreamError(f"plan stage {s} names layer {idx[-1]} but the model has {num_layers} layers; "
+                                 "was the plan made for another model or preset?")
+        ranges.append(range(idx[0], idx[-1] + 1))
+        nxt = idx[-1] + 1
+    if nxt != num_layers:
+        raise PipeDreamError(f"plan covers layers 0..{nxt - 1} but the model has {num_layers} layers")
+    return ranges
+
+
+def build_stage(model: nn.Sequential, plan: Plan, stage: int) -> nn.Sequential:
+    """The layers of ``stage`` as their own ``nn.Sequential`` (sharing the model's parameters)."""
+    r = stage_layer_ranges(plan, len(model))[stage]
+    return nn.Sequential(*(model[i] for i in r))
+
+
+def boundary_shapes(model: nn.Sequential, plan: Plan, sample_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Per-sample shape of each stage's output (what crosses each stage boundary), stages in order.
+
+    Computed by one forward pass of a single zero sample through the whole model.
+    """
+    ranges = stage_layer_ranges(plan, len(model))
+    shapes = []
+    x = torch.zeros((1, *sample_shape))
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for r in ranges:
+            for i in r:
+                x = model[i](x)
+            shapes.append(tuple(x.shape[1:]))
+    model.train(was_training)
+    return shapes
+
+
+def straight_plan(model: str, num_layers: int, layers_per_stage: list[int], replicas: list[int] | None = None) -> Plan:
+    """A plan by hand: consecutive stages of ``layers_per_stage`` layers, ranks assigned in order.
+
+    Used by tests and benchmarks (the planner makes the real plans).
+    """
+    from pipedream.models import layer_node_id
+    from pipedream.plan import Stage
+
+    if sum(layers_per_stage) != num_layers:
+        raise PipeDreamError(f"layers_per_stage {layers_per_stage} does not sum to {num_layers}")
+    replicas = replicas or [1] * len(layers_per_stage)
+    stages, start, rank = [], 0, 0
+    for n, rep in zip(layers_per_stage, replicas, strict=True):
+        stages.append(Stage(nodes=[layer_node_id(i) for i in range(start, start + n)], replicas=rep,
+                            ranks=list(range(rank, rank + rep))))
+        start += n
+        rank += rep
+    return Plan(model=model, cluster="manual", workers=rank, stages=stages, minibatch_size=0,
+                time_per_sample_s=0.0, dp_time_per_sample_s=0.0)

@@ -1,0 +1,223 @@
+"""The PipeDream worker: one process per rank, started by torchrun (``python -m pipedream.runtime.worker``).
+
+Each rank builds the whole model from the same seed (so every stage starts from the weights a
+single-process run would have), keeps the layers of its stage of the plan, and executes its action
+list of the schedule (:mod:`pipedream.schedules`) once per epoch. After every epoch the validation set
+goes through the pipeline forward-only, the loss and accuracy are summed over all ranks, and rank 0
+appends the epoch to ``<out_dir>/metrics.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pipedream import schedules
+from pipedream.data import fashion_mnist as fm
+from pipedream.errors import PipeDreamError
+from pipedream.models import build_model, get_spec
+from pipedream.plan import Plan
+from pipedream.runtime import checkpoint as ckpt
+from pipedream.runtime import distributed as D
+from pipedream.runtime.comm import P2P
+from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.executor import StageData, StageExecutor
+from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.stage import boundary_shapes, build_stage, straight_plan
+from pipedream.runtime.versions import Policy, WeightVersions
+
+FAULT_ENV = "PIPEDREAM_FAULT_KILL"
+
+
+@dataclass
+class Batches:
+    """Minibatch ``m``, microbatch ``j`` of one epoch as model input and labels (same on every rank)."""
+
+    split: fm.Split
+    indices: list[torch.Tensor]
+    micro: int  # samples per microbatch
+
+    def rows(self, m: int, j: int) -> torch.Tensor:
+        return self.indices[m][j * self.micro:(j + 1) * self.micro]
+
+    def inputs(self, m: int, j: int) -> torch.Tensor:
+        return fm.to_input(self.split.images[self.rows(m, j)])
+
+    def labels(self, m: int, j: int) -> torch.Tensor:
+        return self.split.labels[self.rows(m, j)]
+
+
+def load_plan(cfg: TrainConfig, num_layers: int, world: int) -> Plan:
+    """The plan of the run: ``cfg.plan`` checked against model and world size, or an even straight split."""
+    if cfg.plan is None:
+        if world > num_layers:
+            raise PipeDreamError(f"{world} workers but the model has only {num_layers} layers")
+        sizes = [num_layers // world + (1 if i < num_layers % world else 0) for i in range(world)]
+        return straight_plan(cfg.model, num_layers, sizes)
+    plan = Plan.load(cfg.plan)
+    if cfg.model_factory is None and plan.model != cfg.model:
+        raise PipeDreamError(f"plan {cfg.plan} is for model {plan.model!r}, not {cfg.model!r}")
+    if plan.workers != world:
+        raise PipeDreamError(f"plan {cfg.plan} needs {plan.workers} workers but {world} were started; "
+                             f"use --workers {plan.workers}")
+    return plan
+
+
+def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
+    """Weight-version policy for the schedule (§3.3; 2BW; GPipe's flush)."""
+    if cfg.schedule == "gpipe":
+        return Policy.FLUSH
+    if cfg.schedule == "2bw":
+        return Policy.TWO_BW
+    if cfg.weight_sync == "vertical":
+        if any(r > 1 for r in replicas):
+            raise PipeDreamError("--weight-sync vertical needs an unreplicated pipeline (version numbers of "
+                                 "replicated stages advance at different rates); use stash")
+        return Policy.VERTICAL
+    return Policy.STASH
+
+
+def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int]) -> int:
+    """Full minibatches of one epoch, a multiple of every stage's replica count (round robin, §3.2)."""
+    n = num_samples // cfg.batch_size
+    if cfg.max_minibatches is not None:
+        n = min(n, cfg.max_minibatches)
+    step = math.lcm(*replicas)
+    n -= n % step
+    if n < 1:
+        raise PipeDreamError(f"{num_samples} training samples give no full round of {step} minibatches of "
+                             f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
+    return n
+
+
+def train(cfg: TrainConfig) -> None:
+    """Run the whole training on this rank (call inside an initialised process group)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out_dir = Path(cfg.out_dir)
+    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    model = cfg.model_factory() if cfg.model_factory else build_model(cfg.model, cfg.preset, cfg.seed)
+    sample_shape = (3, 32, 32) if cfg.model_factory else get_spec(cfg.model).input_shape(cfg.preset)
+    plan = load_plan(cfg, len(model), world)
+    replicas = [s.replicas for s in plan.stages]
+    stage_ranks = [list(s.ranks) for s in plan.stages]
+    s = plan.stage_of_rank(rank)
+    shapes = boundary_shapes(model, plan, sample_shape)
+    module = build_stage(model, plan, s).to(device)
+    del model
+    groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
+    versions = WeightVersions(module, policy_of(cfg, replicas))
+    optimizer = make_optimizer(cfg, versions.master)
+    p2p = P2P(cfg.timeout_s, device, cfg.emulate_bandwidth_Bps)
+
+    train_split, val_split = fm.load(cfg.data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+    nb = minibatches_per_epoch(cfg, len(train_split), replicas)
+    micro = cfg.batch_size // cfg.microbatches
+    sched = schedules.build(cfg.schedule, replicas, nb, cfg.microbatches)
+    n_val = len(val_split) // micro
+    eval_sched = schedules.forward_only(stage_ranks, n_val)
+    is_reporter = rank == stage_ranks[-1][0]
+    bar = _progress(cfg, is_reporter, len(sched.order[rank]))
+    fault = _fault(rank)
+
+    def on_backward(m: int, j: int) -> None:
+        if bar is not None:
+            bar.update(1)
+        if fault is not None and m >= fault:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection for tests: die without a word
+
+    executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
+                             in_shape=shapes[s - 1] if s > 0 else None, out_shape=shapes[s],
+                             stage_group=groups[s], timeout_s=cfg.timeout_s, trace=cfg.debug_dump,
+                             on_backward=on_backward)
+
+    start_epoch, rows = 0, []
+    if cfg.resume:
+        start_epoch, rows = ckpt.load_stage(out_dir, s, rank, stage_ranks, module, optimizer, versions)
+    log = D.MetricsLog(out_dir, rows)
+    wall0 = time.time() - (rows[-1]["wall_time_s"] if rows else 0.0)
+    for epoch in range(start_epoch, cfg.epochs):
+        batches = Batches(train_split, fm.minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch), micro)
+        D.barrier(cfg.timeout_s, f"start of epoch {epoch + 1}")
+        t0 = time.time()
+        if bar is not None:
+            bar.reset(total=sum(1 for a in sched.order[rank] if a.kind == schedules.Kind.B))
+            bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
+        module.train()
+        stats = executor.run(sched.order[rank], sched, StageData(batches.inputs, batches.labels), micro,
+                             minibatch_offset=epoch * nb)
+        loss_sum, loss_n, samples = D.allreduce_sum([stats.loss_sum, stats.loss_count, stats.samples],
+                                                    cfg.timeout_s, "end-of-epoch loss reduction")
+        epoch_time = time.time() - t0
+        module.eval()
+        val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
+        ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
+        correct, total = D.allreduce_sum([ev.correct, ev.samples], cfg.timeout_s, "validation reduction")
+        row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_sum / max(loss_n, 1),
+               "val_accuracy": correct / max(total, 1), "samples_per_s": samples / epoch_time,
+               "wall_time_s": time.time() - wall0, "train_samples": samples,
+               "bytes_sent_rank0": float(p2p.bytes_sent), "max_weight_versions": float(versions.max_alive)}
+        if bar is not None:
+            bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
+        if rank == 0:
+            log.add(row)
+        if cfg.checkpoint:
+            ckpt.save_stage(out_dir, epoch + 1, s, rank, stage_ranks, module, optimizer, versions, log.rows)
+    if bar is not None:
+        bar.close()
+    if cfg.debug_dump:
+        _dump(out_dir, rank, s, executor, versions)
+    D.barrier(cfg.timeout_s, "end of training")
+
+
+def _fault(rank: int) -> int | None:
+    """``$PIPEDREAM_FAULT_KILL = "rank:minibatch"``: that rank kills itself after that backward (tests)."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    r, m = (int(x) for x in spec.split(":"))
+    return m if r == rank else None
+
+
+def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-untyped-def]
+    if not (cfg.progress and enabled):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="mb", mininterval=2.0, dynamic_ncols=True, leave=True)
+
+
+def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions) -> None:
+    """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses."""
+    path = out_dir / "debug" / f"rank{rank}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"stage": stage, "trace": ex.trace, "first_grads": ex.first_grads,
+                "losses": ex.stats_history, "max_versions": versions.max_alive,
+                "params": {n: p.detach().cpu() for n, p in zip(versions.names, versions.master, strict=True)}},
+               path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """torchrun entry point: parse the options of :class:`TrainConfig` and train."""
+    parser = argparse.ArgumentParser(prog="python -m pipedream.runtime.worker", description=__doc__)
+    add_arguments(parser)
+    cfg = from_args(parser.parse_args(argv))
+    out_dir = Path(cfg.out_dir)
+    rank = int(os.environ.get("RANK", "0"))
+
+    def _run() -> None:
+        D.init(cfg.timeout_s)
+        train(cfg)
+
+    D.run_guarded(_run, out_dir, rank)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,374 @@
+"""Schedules as data: per-rank action lists for PipeDream 1F1B-RR, GPipe, PipeDream-2BW and DP.
+
+A schedule is a plain table ``order: dict[rank, list[Action]]``. The runtime executes a rank's list in
+order, the simulator times the same lists, and the plots draw them (one source of truth). The design
+follows the idea of ``torch.distributed.pipelining``'s action tables (a small named tuple with a
+compact text form such as ``"1F3"``), written here for PipeDream's mechanisms.
+
+Semantics every consumer relies on:
+
+* ``F``/``B``: forward/backward of one (micro)batch on the stage; the last stage's ``F`` includes the
+  loss and its ``B`` starts from it.
+* ``SEND_F(s, m)`` sends stage ``s``'s output of ``m`` to stage ``s + 1``; it matches
+  ``RECV_F(s + 1, m)``. ``SEND_B(s, m)`` sends the gradient of stage ``s``'s input to stage ``s - 1``;
+  it matches ``RECV_B(s - 1, m)``. Sends are asynchronous (never block); receives block until the
+  matching send has happened.
+* Minibatch ``m`` of stage ``s`` runs on rank ``stage_ranks[s][m % replicas(s)]`` (round robin, §3.2);
+  the same replica does its forward and backward.
+* ``ALLREDUCE(s, m)`` averages the stage's gradients over its replicas; the ``k``-th ``ALLREDUCE`` of
+  every replica of stage ``s`` forms one collective.
+* ``STEP(s, m)`` applies the (averaged, coalesced) gradients: one optimizer step, one new weight version.
+
+Text form: ``f"{stage}{kind}{minibatch}"`` plus ``".{microbatch}"`` for GPipe and 2BW, e.g. ``"1F3"``,
+``"0SEND_F2.1"``, ``"2STEP4"``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import NamedTuple
+
+from pipedream.errors import PipeDreamError
+
+
+class Kind(StrEnum):
+    """What an action does (its text form is the enum value)."""
+
+    F = "F"
+    B = "B"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+    ALLREDUCE = "ALLREDUCE"
+    STEP = "STEP"
+
+
+COMPUTE = (Kind.F, Kind.B)
+_ACTION_RE = re.compile(r"^(\d+)([A-Z_]+?)(\d+)(?:\.(\d+))?$")
+
+
+class Action(NamedTuple):
+    """One step of a rank's work: ``kind`` on ``stage`` for ``minibatch`` (and ``microbatch``)."""
+
+    stage: int
+    kind: Kind
+    minibatch: int
+    microbatch: int | None = None
+
+    def __str__(self) -> str:
+        s = f"{self.stage}{self.kind.value}{self.minibatch}"
+        return s if self.microbatch is None else f"{s}.{self.microbatch}"
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(minibatch, microbatch)`` with microbatch 0 when absent: the unit of work F/B act on."""
+        return (self.minibatch, self.microbatch or 0)
+
+    @classmethod
+    def from_str(cls, text: str) -> Action:
+        """Inverse of ``str(action)``; raises ValueError on malformed text."""
+        m = _ACTION_RE.match(text.strip())
+        if m is None or m.group(2) not in Kind.__members__:
+            raise ValueError(f"malformed action {text!r}; expected e.g. '1F3', '0SEND_F2.1'")
+        micro = int(m.group(4)) if m.group(4) is not None else None
+        return cls(int(m.group(1)), Kind(m.group(2)), int(m.group(3)), micro)
+
+
+@dataclass
+class Schedule:
+    """Per-rank action lists plus what is needed to interpret them.
+
+    Attributes:
+        name: ``"1f1b"``, ``"gpipe"``, ``"2bw"`` or ``"dp"``.
+        stage_ranks: global ranks of each stage's replicas, stages in pipeline order.
+        num_minibatches: minibatches (weight updates of a straight pipeline) in the schedule.
+        num_microbatches: microbatches per minibatch (1 for 1F1B and DP).
+        order: rank -> its actions in execution order.
+    """
+
+    name: str
+    stage_ranks: list[list[int]]
+    num_minibatches: int
+    num_microbatches: int = 1
+    order: dict[int, list[Action]] = field(default_factory=dict)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_ranks)
+
+    def rank_of(self, stage: int, minibatch: int) -> int:
+        """The rank that runs ``minibatch`` on ``stage`` (round robin over the stage's replicas)."""
+        ranks = self.stage_ranks[stage]
+        return ranks[minibatch % len(ranks)]
+
+    def peer(self, action: Action) -> int | None:
+        """Rank at the other end of a send or receive; None for other kinds."""
+        offset = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.SEND_B: -1, Kind.RECV_B: 1}.get(action.kind)
+        return None if offset is None else self.rank_of(action.stage + offset, action.minibatch)
+
+    def grid(self, backward_cost: int = 1) -> str:
+        """A step x rank text grid of the compute actions, timed by :func:`dry_run`."""
+        times = dry_run(self, backward_cost)
+        ranks = sorted(self.order)
+        cells: dict[tuple[int, int], str] = {}
+        end = 0
+        for r in ranks:
+            for a, t in zip(self.order[r], times[r], strict=True):
+                if a.kind in COMPUTE:
+                    dur = backward_cost if a.kind == Kind.B else 1
+                    for k in range(dur):
+                        cells[(t + k, r)] = str(a)
+                    end = max(end, t + dur)
+        width = max([len(c) for c in cells.values()] + [6])
+        lines = ["step  " + " ".join(f"rank{r}".ljust(width) for r in ranks)]
+        for t in range(end):
+            lines.append(f"{t:<5} " + " ".join(cells.get((t, r), ".").ljust(width) for r in ranks))
+        return "\n".join(line.rstrip() for line in lines)
+
+    def save_csv(self, path: str | Path) -> None:
+        """Write one row per rank: ``rank, action, action, ...`` in text form."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            for r in sorted(self.order):
+                w.writerow([r, *(str(a) for a in self.order[r])])
+
+
+def load_csv(path: str | Path) -> dict[int, list[Action]]:
+    """Read per-rank action lists written by :meth:`Schedule.save_csv`; raises ValueError if malformed."""
+    order: dict[int, list[Action]] = {}
+    with Path(path).open(newline="") as f:
+        for row in csv.reader(f):
+            if row:
+                order[int(row[0])] = [Action.from_str(c) for c in row[1:] if c]
+    return order
+
+
+def warmup_count(replicas: Sequence[int], stage: int) -> int:
+    """Forwards a replica of ``stage`` admits before its first backward in 1F1B-RR (§3.2).
+
+    ``ceil(workers in stages stage..end / replicas of stage)``; for the input stage this is the
+    paper's NOAM = ceil(workers / replicas of the input stage).
+    """
+    return math.ceil(sum(replicas[stage:]) / replicas[stage])
+
+
+def _stage_ranks(replicas: Sequence[int]) -> list[list[int]]:
+    out, nxt = [], 0
+    for r in replicas:
+        out.append(list(range(nxt, nxt + r)))
+        nxt += r
+    return out
+
+
+def _check(stage_ranks: list[list[int]], num_minibatches: int, straight: bool, name: str) -> None:
+    if not stage_ranks or any(not rs for rs in stage_ranks):
+        raise PipeDreamError(f"{name} schedule: every stage needs at least one rank, got {stage_ranks}")
+    if num_minibatches < 1:
+        raise PipeDreamError(f"{name} schedule: needs at least one minibatch, got {num_minibatches}")
+    if straight and any(len(rs) > 1 for rs in stage_ranks):
+        raise PipeDreamError(f"{name} schedule needs an unreplicated pipeline; got replicas "
+                             f"{[len(rs) for rs in stage_ranks]} (use --schedule 1f1b for replicated stages)")
+    for s, rs in enumerate(stage_ranks):
+        if num_minibatches % len(rs):
+            raise PipeDreamError(f"{name} schedule: {num_minibatches} minibatches do not divide evenly over "
+                                 f"the {len(rs)} replicas of stage {s}; use a multiple of {len(rs)}")
+
+
+def _forward(s: int, last: int, m: int, j: int | None = None) -> list[Action]:
+    acts = [Action(s, Kind.RECV_F, m, j)] if s > 0 else []
+    acts.append(Action(s, Kind.F, m, j))
+    if s < last:
+        acts.append(Action(s, Kind.SEND_F, m, j))
+    return acts
+
+
+def _backward(s: int, last: int, m: int, j: int | None = None) -> list[Action]:
+    acts = [Action(s, Kind.RECV_B, m, j)] if s < last else []
+    acts.append(Action(s, Kind.B, m, j))
+    if s > 0:
+        acts.append(Action(s, Kind.SEND_B, m, j))
+    return acts
+
+
+def _update(s: int, m: int, replicated: bool) -> list[Action]:
+    return ([Action(s, Kind.ALLREDUCE, m)] if replicated else []) + [Action(s, Kind.STEP, m)]
+
+
+def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule:
+    """PipeDream 1F1B-RR (§3.2): warm-up of :func:`warmup_count` forwards, then one backward, one forward.
+
+    Replicas of a stage take minibatches round robin; each replica updates its weights after every
+    backward (averaging gradients with the other replicas of its stage first when replicated).
+
+    Raises:
+        PipeDreamError: empty stages, or ``num_minibatches`` not a multiple of some stage's replicas.
+    """
+    _check(stage_ranks, num_minibatches, straight=False, name="1F1B")
+    replicas = [len(rs) for rs in stage_ranks]
+    last = len(stage_ranks) - 1
+    order: dict[int, list[Action]] = {}
+    for s, ranks in enumerate(stage_ranks):
+        for i, rank in enumerate(ranks):
+            mine = list(range(i, num_minibatches, len(ranks)))
+            w = min(warmup_count(replicas, s), len(mine))
+            acts: list[Action] = []
+            for m in mine[:w]:
+                acts += _forward(s, last, m)
+            for k, m in enumerate(mine):
+                acts += _backward(s, last, m) + _update(s, m, len(ranks) > 1)
+                if k + w < len(mine):
+                    acts += _forward(s, last, mine[k + w])
+            order[rank] = acts
+    return Schedule("1f1b", stage_ranks, num_minibatches, 1, order)
+
+
+def gpipe(stage_ranks: list[list[int]], num_minibatches: int, num_microbatches: int) -> Schedule:
+    """GPipe: the forwards of all microbatches of a minibatch, then their backwards, then a flush (STEP).
+
+    Raises:
+        PipeDreamError: replicated stages (GPipe here runs one straight pipeline) or bad counts.
+    """
+    _check(stage_ranks, num_minibatches, straight=True, name="GPipe")
+    last = len(stage_ranks) - 1
+    order: dict[int, list[Action]] = {}
+    for s, (rank,) in enumerate(stage_ranks):
+        acts: list[Action] = []
+        for m in range(num_minibatches):
+            for j in range(num_microbatches):
+                acts += _forward(s, last, m, j)
+            for j in range(num_microbatches):
+                acts += _backward(s, last, m, j)
+            acts += _update(s, m, False)
+        order[rank] = acts
+    return Schedule("gpipe", stage_ranks, num_minibatches, num_microbatches, order)
+
+
+def two_bw(stage_ranks: list[list[int]], num_minibatches: int, num_microbatches: int) -> Schedule:
+    """PipeDream-2BW: 1F1B over the stream of microbatches, gradients coalesced over each minibatch.
+
+    A stage steps after the backward of the last microbatch of every minibatch. With double-buffered
+    weights, minibatch ``t`` runs on version ``max(t - 1, 0)`` at every stage (the runtime's concern),
+    which needs ``num_microbatches >= stages``.
+
+    Raises:
+        PipeDreamError: replicated stages, bad counts, or fewer microbatches than stages.
+    """
+    _check(stage_ranks, num_minibatches, straight=True, name="2BW")
+    depth = len(stage_ranks)
+    if num_microbatches < depth:
+        raise PipeDreamError(f"2BW needs at least as many microbatches per minibatch as stages "
+                             f"({num_microbatches} < {depth}); raise --microbatches")
+    last = depth - 1
+    stream = [(m, j) for m in range(num_minibatches) for j in range(num_microbatches)]
+    order: dict[int, list[Action]] = {}
+    for s, (rank,) in enumerate(stage_ranks):
+        w = min(depth - s, len(stream))
+        acts: list[Action] = []
+        for m, j in stream[:w]:
+            acts += _forward(s, last, m, j)
+        for k, (m, j) in enumerate(stream):
+            acts += _backward(s, last, m, j)
+            if j == num_microbatches - 1:
+                acts += _update(s, m, False)
+            if k + w < len(stream):
+                acts += _forward(s, last, *stream[k + w])
+        order[rank] = acts
+    return Schedule("2bw", stage_ranks, num_minibatches, num_microbatches, order)
+
+
+def forward_only(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule:
+    """Evaluation: every minibatch goes forward through the pipeline once (round robin over replicas)."""
+    if not stage_ranks or any(not rs for rs in stage_ranks):
+        raise PipeDreamError(f"forward-only schedule: every stage needs at least one rank, got {stage_ranks}")
+    last = len(stage_ranks) - 1
+    order: dict[int, list[Action]] = {}
+    for s, ranks in enumerate(stage_ranks):
+        for i, rank in enumerate(ranks):
+            order[rank] = [a for m in range(i, num_minibatches, len(ranks)) for a in _forward(s, last, m)]
+    return Schedule("forward", stage_ranks, num_minibatches, 1, order)
+
+
+def data_parallel(workers: int, num_minibatches: int) -> Schedule:
+    """Data parallelism: one stage replicated on every worker; minibatches round robin, allreduce, step.
+
+    ``num_minibatches`` counts per-worker minibatches over all workers (a multiple of ``workers``).
+    """
+    sched = one_f_one_b([list(range(workers))], num_minibatches)
+    sched.name = "dp"
+    return sched
+
+
+def build(name: str, replicas: Sequence[int], num_minibatches: int, num_microbatches: int = 1) -> Schedule:
+    """Schedule ``name`` for stages replicated ``replicas`` times on ranks ``0..sum(replicas)-1``.
+
+    Raises:
+        PipeDreamError: unknown name, or the checks of the chosen schedule.
+    """
+    stage_ranks = _stage_ranks(replicas)
+    if name == "1f1b":
+        return one_f_one_b(stage_ranks, num_minibatches)
+    if name == "gpipe":
+        return gpipe(stage_ranks, num_minibatches, num_microbatches)
+    if name == "2bw":
+        return two_bw(stage_ranks, num_minibatches, num_microbatches)
+    if name == "dp":
+        return data_parallel(sum(replicas), num_minibatches)
+    raise PipeDreamError(f"unknown schedule {name!r}; use 1f1b, gpipe, 2bw or dp")
+
+
+def dry_run(schedule: Schedule, backward_cost: int = 1) -> dict[int, list[int]]:
+    """Execute the lists with unit-time forwards (``backward_cost`` for backwards), zero-time rest.
+
+    Receives wait for their matching send, allreduces for all replicas of the stage; sends never block.
+
+    Returns:
+        rank -> start time of each of its actions.
+    Raises:
+        ValueError: the lists deadlock or a receive has no matching send (names the stuck actions).
+    """
+    order = schedule.order
+    pos = {r: 0 for r in order}
+    clock = {r: 0 for r in order}
+    times: dict[int, list[int]] = {r: [] for r in order}
+    sent: dict[tuple[Kind, int, int, int | None], int] = {}
+    arrivals: dict[tuple[int, int], dict[int, int]] = {}  # (stage, k-th allreduce) -> rank -> time
+    ar_count = {r: 0 for r in order}
+    progress = True
+    while progress:
+        progress = False
+        for r, acts in order.items():
+            while pos[r] < len(acts):
+                a = acts[pos[r]]
+                t = clock[r]
+                if a.kind in (Kind.RECV_F, Kind.RECV_B):
+                    src = (Kind.SEND_F, a.stage - 1) if a.kind == Kind.RECV_F else (Kind.SEND_B, a.stage + 1)
+                    key = (src[0], src[1], a.minibatch, a.microbatch)
+                    if key not in sent:
+                        break
+                    t = max(t, sent[key])
+                elif a.kind == Kind.ALLREDUCE:
+                    group = arrivals.setdefault((a.stage, ar_count[r]), {})
+                    group.setdefault(r, t)
+                    if len(group) < len(schedule.stage_ranks[a.stage]):
+                        break
+                    t = max(group.values())
+                    ar_count[r] += 1
+                times[r].append(t)
+                if a.kind in (Kind.SEND_F, Kind.SEND_B):
+                    sent[(a.kind, a.stage, a.minibatch, a.microbatch)] = t
+                clock[r] = t + (1 if a.kind == Kind.F else backward_cost if a.kind == Kind.B else 0)
+                pos[r] += 1
+                progress = True
+    stuck = {r: str(acts[pos[r]]) for r, acts in order.items() if pos[r] < len(acts)}
+    if stuck:
+        raise ValueError(f"schedule {schedule.name!r} deadlocks; ranks stuck at {stuck}")
+    return times
