@@ -1,0 +1,81 @@
+"""Partition a profiled model into replicated pipeline stages for a cluster (paper §3.1).
+
+Reads a graph.txt profile and a cluster (by name from clusters.yaml, or a what-if string such as
+'8x2:25e9,3.125e9', innermost level first), runs PipeDream's hierarchical dynamic program, writes the
+plan as JSON and prints the stage table. --compat reproduces the release optimizer's predicted time;
+the default mode fixes its known problems (see pipedream/planner/hierarchy.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+from pipedream.planner import plan_pipeline
+from pipedream.planner.report import format_plan
+from pipedream.topology import DEFAULT_CLUSTERS_PATH, get_cluster
+
+HELP = "partition a profile into pipeline stages for a cluster (PipeDream's planner)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``pipedream plan``."""
+    p.add_argument("--profile", required=True, help="graph.txt of the model (times in ms per profiled minibatch)")
+    p.add_argument("--cluster", required=True, help="cluster name in --clusters, or a what-if string like '8x2:25e9,3.125e9'")
+    p.add_argument("--clusters", default=DEFAULT_CLUSTERS_PATH, help="clusters YAML file")
+    p.add_argument("--model", default=None, help="model name for the plan (default: the profile's folder name)")
+    p.add_argument("--minibatch-size", type=int, default=None,
+                   help="samples in the profiled minibatch (default: minibatch_size in meta.json beside the profile)")
+    p.add_argument("--out", required=True, help="where to write the plan JSON")
+    p.add_argument("--memory-limit", action="store_true", help="reject stages that do not fit the device memory")
+    p.add_argument("--straight", action="store_true", help="one replica per stage (a straight pipeline)")
+    p.add_argument("--compat", action="store_true", help="reproduce the release optimizer's semantics exactly")
+    p.add_argument("--activation-compression-ratio", type=float, default=None,
+                   help="divide activation transfer bytes by R (in --compat, giving it also turns transfers on)")
+    p.add_argument("--explain", action="store_true", help="say in words why this split won")
+
+
+def _minibatch_size(args: argparse.Namespace) -> int:
+    if args.minibatch_size is not None:
+        return int(args.minibatch_size)
+    meta = Path(args.profile).parent / "meta.json"
+    if meta.is_file():
+        try:
+            value = json.loads(meta.read_text()).get("minibatch_size")
+        except json.JSONDecodeError as e:
+            raise PipeDreamError(f"{meta} is not valid JSON ({e}); pass --minibatch-size N") from None
+        if isinstance(value, int) and value > 0:
+            return value
+        raise PipeDreamError(f"{meta} has no positive integer 'minibatch_size'; pass --minibatch-size N")
+    raise PipeDreamError(f"minibatch size unknown: pass --minibatch-size N (no meta.json beside {args.profile})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, write the JSON, print the table (and the explanation); returns 0."""
+    graph = LayerGraph.read(args.profile)
+    cluster = get_cluster(args.cluster, args.clusters)
+    model = args.model or Path(args.profile).resolve().parent.name
+    plan = plan_pipeline(
+        graph,
+        cluster,
+        model=model,
+        minibatch_size=_minibatch_size(args),
+        memory_limit=args.memory_limit,
+        straight=args.straight,
+        compat=args.compat,
+        activation_compression_ratio=args.activation_compression_ratio,
+    )
+    if args.explain:
+        from pipedream.planner.explain import explain
+
+        plan.extra["explanation"] = explain(plan, graph, cluster)
+    plan.save(args.out)
+    print(format_plan(plan))
+    if args.explain:
+        print()
+        print(plan.extra["explanation"])
+    print(f"\nwrote {args.out}")
+    return 0

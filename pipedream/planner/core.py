@@ -1,0 +1,163 @@
+"""``plan_pipeline``: profile + cluster -> :class:`pipedream.plan.Plan` (paper §3.1).
+
+The solve itself is in :mod:`pipedream.planner.hierarchy`; this module turns the chosen state splits
+into stages of graph nodes, assigns ranks and fills in the per-stage numbers shown to the user.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+from pipedream.plan import Plan, Stage
+from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
+from pipedream.planner.states import StateGraph, build_states
+from pipedream.topology import Cluster
+
+
+def plan_pipeline(
+    graph: LayerGraph,
+    cluster: Cluster,
+    *,
+    model: str,
+    minibatch_size: int,
+    memory_limit: bool = False,
+    straight: bool = False,
+    compat: bool = False,
+    activation_compression_ratio: float | None = None,
+) -> Plan:
+    """Partition ``graph`` into replicated pipeline stages for ``cluster`` (paper §3.1).
+
+    Args:
+        graph: the layer profile; times are seconds per profiled minibatch, sizes bytes.
+        cluster: levels innermost first, bandwidths in bytes/s, device memory in bytes.
+        model: model name recorded in the plan.
+        minibatch_size: samples in the profiled minibatch (times per sample divide by it).
+        memory_limit: reject stages whose stashed weights and activations exceed the device memory.
+        straight: one replica per stage (no data parallelism inside stages).
+        compat: reproduce the release optimizer's predicted time exactly (see
+            :mod:`pipedream.planner.hierarchy` for what default mode changes and why).
+        activation_compression_ratio: divide activation transfer bytes by this (> 0).
+    Returns:
+        the plan: stages in pipeline order with nodes in topological order, contiguous ranks, predicted
+        time per sample (seconds) and predicted data-parallel time per sample on all workers (seconds).
+    Raises:
+        PipeDreamError: on a bad minibatch size or ratio, a node without times, a cycle, a memory limit
+            that no plan fits, or a straight pipeline longer than the model.
+    """
+    if not isinstance(minibatch_size, int) or minibatch_size < 1:
+        raise PipeDreamError(f"minibatch size {minibatch_size!r} must be a positive integer (samples per profiled minibatch)")
+    if activation_compression_ratio is not None and not activation_compression_ratio > 0:
+        raise PipeDreamError(f"activation compression ratio {activation_compression_ratio!r} must be > 0")
+    states = build_states(graph)
+    rules = level_rules(cluster, compat=compat, memory_limit=memory_limit, straight=straight, ratio=activation_compression_ratio)
+    solution = solve(states, cluster, rules, compat=compat)
+    stages = _stages(graph, states, solution, cluster)
+    plan = Plan(
+        model=model,
+        cluster=cluster.name,
+        workers=cluster.workers,
+        stages=stages,
+        minibatch_size=minibatch_size,
+        time_per_sample_s=solution.time_s / minibatch_size,
+        dp_time_per_sample_s=solution.dp_time_s / minibatch_size,
+        extra={
+            "mode": "compat" if compat else "default",
+            "memory_limit": memory_limit,
+            "straight": straight,
+            "activation_compression_ratio": activation_compression_ratio,
+            "device_memory_bytes": cluster.device_memory_bytes,
+            "levels": [list(lv) for lv in cluster.levels],
+            "states": states.n,
+            "bottleneck_time_per_minibatch_s": solution.time_s,
+            "dp_time_per_minibatch_s": solution.dp_time_s,
+            "replicas_per_level": [seg.per_level for seg in solution.segments],
+            "placement_rank_map": _placement(solution.segments, cluster),
+        },
+    )
+    plan.validate()
+    return plan
+
+
+def _stages(graph: LayerGraph, states: StateGraph, solution: Solution, cluster: Cluster) -> list[Stage]:
+    """Graph nodes per stage, first stage whose end state contains a node gets it (the release's rule)."""
+    stage_of: dict[str, int] = {}
+    taken = 0
+    for idx, seg in enumerate(solution.segments):
+        fresh = states.ideals[seg.end] & ~taken
+        taken |= states.ideals[seg.end]
+        for b, node_id in enumerate(states.node_ids):
+            if (fresh >> b) & 1:
+                stage_of[node_id] = idx
+    last = len(solution.segments) - 1
+    for node_id in states.node_ids:
+        stage_of.setdefault(node_id, last)
+    for node_id in states.dropped_inputs:
+        stage_of[node_id] = 0
+    preds = {n: [] for n in graph.nodes}
+    for s, d in graph.edges:
+        preds[d].append(s)
+    for node_id in graph.topological_order():
+        if node_id in states.dropped_sinks:
+            stage_of[node_id] = max((stage_of[p] for p in preds[node_id]), default=last)
+    order = graph.topological_order()
+    workers_after = np.cumsum([seg.replicas for seg in solution.segments][::-1])[::-1]
+    out: list[Stage] = []
+    rank = 0
+    for idx, seg in enumerate(solution.segments):
+        nodes = [n for n in order if stage_of[n] == idx]
+        compute = sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in nodes if not graph.nodes[n].is_input)
+        params = sum(graph.nodes[n].param_bytes for n in nodes)
+        acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
+        versions = math.ceil(int(workers_after[idx]) / seg.replicas)
+        out.append(
+            Stage(
+                nodes=nodes,
+                replicas=seg.replicas,
+                ranks=list(range(rank, rank + seg.replicas)),
+                compute_s=compute,
+                comm_s=_comm_s(states, solution, idx, params, cluster),
+                memory_bytes=versions * (params + acts),
+            )
+        )
+        rank += seg.replicas
+    return out
+
+
+def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, cluster: Cluster) -> float:
+    """Communication charged to stage ``idx`` per minibatch, seconds: weight sync at every level where the
+    stage is replicated, ``4 (r - 1) P / (B r)``, plus sending and receiving its boundary activations
+    (``2 a / B`` each way, at the bandwidth of the innermost level the boundary crosses)."""
+    seg: Segment = solution.segments[idx]
+    sync = sum(
+        4.0 * (r - 1) * params / (bw * r) for r, (_, bw) in zip(seg.per_level, cluster.levels, strict=False) if r > 1
+    )
+    segs = solution.segments
+    act = 0.0
+    if idx > 0:
+        act += 2.0 * float(states.cut_bytes[segs[idx - 1].end]) / _link_bandwidth(segs[idx - 1], seg, cluster)
+    if idx < len(segs) - 1:
+        act += 2.0 * float(states.cut_bytes[seg.end]) / _link_bandwidth(seg, segs[idx + 1], cluster)
+    return sync + act
+
+
+def _link_bandwidth(a: Segment, b: Segment, cluster: Cluster) -> float:
+    """Bandwidth between two consecutive stages: that of the outermost level at which they differ."""
+    differ = [lv for lv in range(len(cluster.levels)) if a.offsets[lv] != b.offsets[lv]]
+    return cluster.levels[max(differ, default=0)][1]
+
+
+def _placement(segments: list[Segment], cluster: Cluster) -> dict[str, list[int]]:
+    """Hierarchical placement (the release's stage-to-rank map): a stage replicated over ``r`` groups at a
+    level takes the same positions inside each of those groups."""
+    devices = [math.prod(w for w, _ in cluster.levels[:lv]) for lv in range(len(cluster.levels))]
+    out = {}
+    for idx, seg in enumerate(segments):
+        ranks = [0]
+        for lv, (reps, off) in enumerate(zip(seg.per_level, seg.offsets, strict=True)):
+            ranks = [r + (off + t) * devices[lv] for r in ranks for t in range(reps)]
+        out[str(idx)] = sorted(ranks)
+    return out

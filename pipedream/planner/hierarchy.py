@@ -1,0 +1,171 @@
+"""The hierarchical solve (paper §3.1, "the algorithm is applied recursively"): level by level,
+innermost first; a whole lower-level group acts as one worker of the next level.
+
+Compat mode follows the release optimizer's semantics exactly; default mode fixes what is wrong in it.
+The differences (default mode vs. the release) and why:
+
+1. Activation transfers are always charged (compression ratio 1 unless given). The release ignores
+   them entirely unless ``--activation_compression_ratio`` is passed, although §3.1's ``A(j, m)``
+   includes the ``2 C_i`` term; without it a split is free and communication-heavy models
+   (GNMT, VGG's early layers) look better pipelined than they are.
+2. The activation bytes of a split are those of the nodes inside the state that feed a node outside it.
+   The release sums the state's *augmented* antichain, which can count nodes whose consumers are all
+   inside the state already (e.g. the fork of a residual block once both branches have started).
+3. At upper levels the weight-sync term of a replicated last stage is divided by the devices per group,
+   as the release does for an unsplit segment and for its data-parallel baseline. The release omits the
+   division only for the last stage of a split, so the same stage costs ``g`` times more sync when it is
+   not alone. (Also: the release divides by the previous level's width, we by the devices per group;
+   the two agree for two levels.)
+4. Memory: a stage must fit its working copy too (``versions = ceil(downstream / replicas) + 1``). The
+   release counts only the extra stashed versions, so an unsplit data-parallel segment or a last stage
+   never fails the check however large it is. At an upper level the segment is spread over the
+   devices of a group, so its bytes are divided by the devices per group before the check (the release
+   compares a whole segment with one device's memory).
+5. A split must follow a state that contains the segment's start. The release accepts any state later
+   in topological order, so on DAGs (ResNet, GNMT) a segment can be "split" at a state that does not
+   contain its start; the stage times it then uses are differences of non-nested sets, which can even be
+   negative, and the predicted time can be better than any real split.
+6. Ties are broken by a stated rule (:func:`pipedream.planner.dp.solve_row`), in both modes; the
+   release breaks them by set iteration order, which changes from run to run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipedream.errors import PipeDreamError
+from pipedream.planner.dp import LevelInput, LevelRules, solve_row, solve_rows
+from pipedream.planner.states import StateGraph
+from pipedream.topology import Cluster
+
+
+@dataclass
+class Segment:
+    """A final stage: states ``(start - 1, end]`` (``start = 0``: from the beginning).
+
+    Attributes:
+        start: row index (the stage begins after state ``start - 1``).
+        end: last state index (inclusive).
+        replicas: total replicas (product over the levels).
+        per_level: replicas at each level, innermost first.
+        offsets: position (in groups) of the stage's first replica inside its parent group, per level.
+    """
+
+    start: int
+    end: int
+    replicas: int
+    per_level: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Solution:
+    """Result of the hierarchical solve: the bottleneck time per minibatch (s) and the final stages."""
+
+    time_s: float
+    dp_time_s: float
+    segments: list[Segment]
+    level_rules: list[LevelRules]
+
+
+def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight: bool, ratio: float | None) -> list[LevelRules]:
+    """The :class:`LevelRules` of every level, innermost first."""
+    rules = []
+    previous_width, devices = 1, 1
+    for workers, bandwidth in cluster.levels:
+        mem = cluster.device_memory_bytes if memory_limit else None
+        if compat:
+            rules.append(LevelRules(workers, bandwidth, group_init=previous_width, group_split=1.0,
+                                    memory_limit_bytes=mem, comm_ratio=ratio, straight=straight))
+        else:
+            rules.append(LevelRules(workers, bandwidth, group_init=devices, group_split=devices,
+                                    memory_limit_bytes=mem, memory_divisor=devices, extra_version=1,
+                                    comm_ratio=1.0 if ratio is None else ratio, straight=straight, nested_only=True))
+        previous_width = workers
+        devices *= workers
+    return rules
+
+
+def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
+    """Predicted data-parallel time per minibatch on all workers, seconds (the release's baseline).
+
+    Level by level: ``t = (t + 4 (M - 1) P / (B M) / g) / M``, starting from the model's compute time.
+    """
+    t = float(states.compute_s[-1])
+    p = float(states.param_bytes[-1])
+    for lv in rules:
+        t = (t + 4.0 * (lv.workers - 1) * p / (lv.bandwidth_Bps * lv.workers) / lv.group_init) / lv.workers
+    return t
+
+
+def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, compat: bool) -> Solution:
+    """Run the DP level by level and expand the chosen splits into final stages.
+
+    Raises:
+        PipeDreamError: if no plan fits (memory limit) or a straight pipeline needs more stages than
+            the model has states.
+    """
+    n = states.n
+    if rules[0].straight and cluster.workers > n:
+        raise PipeDreamError(
+            f"a straight pipeline on {cluster.workers} workers needs {cluster.workers} stages but the model has only "
+            f"{n} split points (antichain states); use fewer workers or drop --straight"
+        )
+    c_prev = np.concatenate(([0.0], states.compute_s))
+    rows_all = np.arange(n + 1)
+    table = states.compute_s[None, :] - c_prev[:, None]
+    table = np.where(np.arange(n)[None, :] >= rows_all[:, None], table, np.inf)
+    boundary = states.boundary_bytes if compat else states.cut_bytes
+    inputs: list[LevelInput] = []
+    nested = None if compat else states.nested
+    for idx, lv in enumerate(rules):
+        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors)
+        inputs.append(inp)
+        if idx == len(rules) - 1:
+            break
+        solved = solve_rows(inp, lv, rows_all, nested)
+        table = solved[:, :, -1]
+    top = solve_row(inputs[-1], rules[-1], 0, nested)
+    time_s = float(top.time[n - 1, -1])
+    if not math.isfinite(time_s):
+        raise PipeDreamError(_no_plan_message(states, cluster, rules))
+    segments = [Segment(0, n - 1, 1, [])]
+    for idx in range(len(rules) - 1, -1, -1):
+        expanded = []
+        for seg in segments:
+            row = top if (idx == len(rules) - 1) else solve_row(inputs[idx], rules[idx], seg.start, nested)
+            offset = 0
+            for start, end, reps in _backtrack(row, seg.start, seg.end, rules[idx].workers):
+                expanded.append(Segment(start, end, seg.replicas * reps, [reps, *seg.per_level], [offset, *seg.offsets]))
+                offset += reps
+        segments = expanded
+    return Solution(time_s, data_parallel_time(states, rules), segments, rules)
+
+
+def _backtrack(row, start: int, end: int, workers: int) -> list[tuple[int, int, int]]:
+    """Stages ``(start_row, end_state, replicas)`` of the best plan for ``(start - 1, end]``."""
+    out = []
+    j, m = end, workers - 1
+    while True:
+        k, reps = int(row.split[j, m]), int(row.replicas[j, m])
+        if k < 0:
+            out.append((start, j, reps))
+            break
+        out.append((k + 1, j, reps))
+        j, m = k, m - reps
+    return out[::-1]
+
+
+def _no_plan_message(states: StateGraph, cluster: Cluster, rules: list[LevelRules]) -> str:
+    if rules[0].memory_limit_bytes is not None:
+        need = float(states.param_bytes[-1] + states.activation_bytes[-1])
+        return (
+            f"no plan fits the memory limit of {cluster.device_memory_bytes:.4g} bytes per device on cluster "
+            f"{cluster.name!r} (the model has {states.param_bytes[-1]:.4g} parameter bytes and "
+            f"{states.activation_bytes[-1]:.4g} activation bytes, {need:.4g} in all); drop --memory-limit or use "
+            "a cluster with more memory"
+        )
+    return f"no feasible plan for cluster {cluster.name!r} ({cluster.workers} workers)"

@@ -1,0 +1,250 @@
+"""Antichain states of a layer graph (paper §3.1, "Planner", for DAG-shaped models).
+
+The planner splits a model between two *states*: a state is a down-set (an "ideal") of the layer DAG,
+named by its antichain, the set of its maximal nodes. A stage is the difference between two nested
+states. The states are enumerated exactly as the release optimizer (``graph.antichain_dag``) does:
+
+* data-input sources (``Input...``) are dropped (they always go to stage 0), and so are sinks named
+  ``__getitem__...`` (they go with their producer);
+* starting from the first remaining source (file order), a breadth-first search moves from an antichain
+  to its successors: for every node ``x`` of the *augmented* antichain (the antichain plus those of
+  its ancestors that still feed a node outside the ancestors of the same antichain member) and every
+  consumer ``y`` of ``x`` that is not in the antichain and has no descendant in the augmented
+  antichain, ``x`` is replaced by ``y`` and nodes with a descendant in the list are removed;
+* a state's ``boundary`` size is the sum of the output sizes of its augmented antichain (what the
+  release charges for the activations crossing a split there), and its compute time, activation and
+  parameter sizes are sums over its ideal (the antichain and all its ancestors);
+* states are numbered in the order of a depth-first topological sort of the state graph that visits
+  successors in discovery order (the release's order, with its hash-dependent set order replaced by
+  file order, so it is the same on every run).
+
+Times are seconds per profiled minibatch (forward + backward), sizes bytes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+@dataclass
+class StateGraph:
+    """The antichain states of a layer graph, in topological order.
+
+    Attributes:
+        node_ids: ids of the nodes the planner places (inputs and ``__getitem__`` sinks removed), file order.
+        dropped_inputs: ids of the removed ``Input`` sources (they go to stage 0).
+        dropped_sinks: ids of the removed ``__getitem__`` sinks (they go with their producer).
+        ideals: per state, bitmask over ``node_ids`` of the nodes up to and including the state.
+        antichains: per state, the antichain (node ids), for explanations.
+        compute_s: per state, forward+backward seconds of its ideal, cumulative.
+        activation_bytes: per state, summed output bytes of its ideal, cumulative.
+        param_bytes: per state, summed parameter bytes of its ideal, cumulative.
+        boundary_bytes: per state, output bytes of its augmented antichain (release semantics).
+        cut_bytes: per state, output bytes of the ideal's nodes that feed a node outside it.
+        ancestors: boolean matrix, ``ancestors[k, j]`` if state ``k`` precedes state ``j`` in the state DAG.
+        nested: boolean matrix, ``nested[k, j]`` if ideal ``k`` is a proper subset of ideal ``j``.
+    """
+
+    node_ids: list[str]
+    dropped_inputs: list[str]
+    dropped_sinks: list[str]
+    ideals: list[int]
+    antichains: list[list[str]]
+    compute_s: np.ndarray
+    activation_bytes: np.ndarray
+    param_bytes: np.ndarray
+    boundary_bytes: np.ndarray
+    cut_bytes: np.ndarray
+    ancestors: np.ndarray
+    nested: np.ndarray
+
+    @property
+    def n(self) -> int:
+        """Number of states."""
+        return len(self.ideals)
+
+    def nodes_between(self, k: int, j: int) -> list[str]:
+        """Node ids in ideal ``j`` but not in ideal ``k`` (``k = -1``: from the start), file order."""
+        low = self.ideals[k] if k >= 0 else 0
+        return [self.node_ids[b] for b in _bits(self.ideals[j] & ~low)]
+
+
+def build_states(graph: LayerGraph) -> StateGraph:
+    """Enumerate the antichain states of ``graph`` (see the module docstring).
+
+    Raises:
+        PipeDreamError: if a node has no times (NaN), if nothing is left after removing inputs, or on
+            a cycle (the graph reader already rejects cycles).
+    """
+    for node in graph.nodes.values():
+        values = (node.fwd_s, node.bwd_s, node.param_bytes, *node.activation_bytes)
+        if not node.activation_bytes or any(v != v for v in values):  # NaN check
+            raise PipeDreamError(f"node {node.node_id!r} has no forward/backward time or sizes; re-profile it")
+    graph.topological_order()  # raises on a cycle, naming a node on it
+    preds_of: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    succs_of: dict[str, list[str]] = {n: [] for n in graph.nodes}
+    for s, d in graph.edges:
+        preds_of[d].append(s)
+        succs_of[s].append(d)
+    dropped_inputs = [n for n, node in graph.nodes.items() if node.is_input and not preds_of[n]]
+    remaining = [n for n in graph.nodes if n not in set(dropped_inputs)]
+    # Sinks are taken after the inputs are gone, in one pass, as the release does.
+    gone = set(dropped_inputs)
+    dropped_sinks = [
+        n for n in remaining if graph.nodes[n].desc.startswith("__getitem__") and not [d for d in succs_of[n] if d not in gone]
+    ]
+    gone |= set(dropped_sinks)
+    node_ids = [n for n in remaining if n not in gone]
+    if not node_ids:
+        raise PipeDreamError("the layer graph has no layers besides its inputs; nothing to plan")
+    index = {n: i for i, n in enumerate(node_ids)}
+    out = [[index[d] for d in succs_of[n] if d in index] for n in node_ids]
+    inn = [[index[s] for s in preds_of[n] if s in index] for n in node_ids]
+    v = len(node_ids)
+    order = [index[n] for n in graph.topological_order() if n in index]
+    pred = [0] * v
+    for x in order:
+        for p in inn[x]:
+            pred[x] |= pred[p] | (1 << p)
+    succ = [0] * v
+    for x in reversed(order):
+        for c in out[x]:
+            succ[x] |= succ[c] | (1 << c)
+    out_mask = [sum(1 << c for c in out[x]) for x in range(v)]
+
+    def augment(antichain: tuple[int, ...]) -> list[int]:
+        extra = 0
+        for a in antichain:
+            inside = pred[a] | (1 << a)
+            for p in _bits(pred[a]):
+                if out_mask[p] & ~inside:
+                    extra |= 1 << p
+        return _bits(extra) + [a for a in antichain if not (extra >> a) & 1]
+
+    def deaugment(items: list[int]) -> tuple[int, ...]:
+        mask = 0
+        for x in items:
+            mask |= 1 << x
+        kept: list[int] = []
+        for x in items:
+            if not succ[x] & mask and x not in kept:
+                kept.append(x)
+        return tuple(kept)
+
+    start = (next(x for x in range(v) if not inn[x]),)
+    ids: dict[frozenset[int], int] = {frozenset(start): 0}
+    antichains: list[tuple[int, ...]] = [start]
+    augmented: list[list[int]] = [augment(start)]
+    edges: list[list[int]] = [[]]
+    expanded: set[int] = set()
+    queue = deque([start])
+    while queue:
+        antichain = queue.popleft()
+        sid = ids[frozenset(antichain)]
+        if sid in expanded:
+            continue
+        expanded.add(sid)
+        aug = augmented[sid]
+        aug_mask = sum(1 << x for x in aug)
+        members = set(antichain)
+        for x in aug:
+            for y in out[x]:
+                if y in members or succ[y] & aug_mask:
+                    continue
+                nxt = deaugment([y if e == x else e for e in aug])
+                key = frozenset(nxt)
+                if key not in ids:
+                    ids[key] = len(antichains)
+                    antichains.append(nxt)
+                    augmented.append(augment(nxt))
+                    edges.append([])
+                edges[sid].append(ids[key])
+                queue.append(nxt)
+    topo = _dfs_topological(edges)
+    n = len(topo)
+    ideal_of = []
+    for sid in range(len(antichains)):
+        mask = 0
+        for a in antichains[sid]:
+            mask |= pred[a] | (1 << a)
+        ideal_of.append(mask)
+    nodes = [graph.nodes[n_id] for n_id in node_ids]
+    time = np.array([nd.fwd_s + nd.bwd_s for nd in nodes])
+    acts = np.array([nd.output_bytes for nd in nodes])
+    params = np.array([nd.param_bytes for nd in nodes])
+    ideals = [ideal_of[s] for s in topo]
+    member = np.array([[(mask >> b) & 1 for b in range(v)] for mask in ideals], dtype=bool)
+    boundary = np.array([acts[augmented[s]].sum() for s in topo])
+    feeds_out = np.array([[bool(out_mask[b] & ~mask) for b in range(v)] for mask in ideals], dtype=bool)
+    position = {s: i for i, s in enumerate(topo)}
+    ancestors = np.zeros((n, n), dtype=bool)
+    for s in reversed(topo):  # reverse topological: a state's descendants are done first
+        i = position[s]
+        for t in edges[s]:
+            ancestors[i] |= ancestors[position[t]]
+            ancestors[i, position[t]] = True
+    sizes = member.sum(axis=1)
+    subset = _subset_matrix(member)
+    nested = subset & (sizes[:, None] < sizes[None, :])
+    return StateGraph(
+        node_ids=node_ids,
+        dropped_inputs=dropped_inputs,
+        dropped_sinks=dropped_sinks,
+        ideals=ideals,
+        antichains=[[node_ids[a] for a in antichains[s]] for s in topo],
+        compute_s=member @ time,
+        activation_bytes=member @ acts,
+        param_bytes=member @ params,
+        boundary_bytes=boundary,
+        cut_bytes=(member & feeds_out) @ acts,
+        ancestors=ancestors,
+        nested=nested,
+    )
+
+
+def _subset_matrix(member: np.ndarray) -> np.ndarray:
+    """``out[k, j]`` if row ``k`` of the boolean membership matrix is a subset of row ``j``."""
+    packed = np.packbits(member, axis=1)
+    out = np.ones((member.shape[0], member.shape[0]), dtype=bool)
+    for b in range(packed.shape[1]):
+        col = packed[:, b]
+        out &= (col[:, None] & ~col[None, :]) == 0
+    return out
+
+
+def _dfs_topological(edges: list[list[int]]) -> list[int]:
+    """Reverse post-order of a depth-first search from state 0, successors in discovery order."""
+    n = len(edges)
+    seen = [False] * n
+    post: list[int] = []
+    for root in range(n):
+        if seen[root]:
+            continue
+        seen[root] = True
+        stack = [(root, iter(edges[root]))]
+        while stack:
+            node, it = stack[-1]
+            for t in it:
+                if not seen[t]:
+                    seen[t] = True
+                    stack.append((t, iter(edges[t])))
+                    break
+            else:
+                stack.pop()
+                post.append(node)
+    return post[::-1]

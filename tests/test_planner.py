@@ -1,0 +1,301 @@
+"""Tests for the planner: the DP against brute force on small graphs, shipped configs, determinism,
+bad input. Brute force here enumerates every split and replica assignment and prices it with the cost
+model written out once more, stage by stage (see pipedream/planner/dp.py for the formulas)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph, Node
+from pipedream.planner import plan_pipeline
+from pipedream.planner.states import build_states
+from pipedream.topology import Cluster, get_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+PROFILES = REPO / "experiments" / "data" / "profiles"
+CLUSTERS = REPO / "experiments" / "clusters.yaml"
+MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
+INF = math.inf
+
+
+# ----------------------------------------------------------------------------------------- helpers
+
+
+def chain_graph(layers: list[tuple[float, float, float]], input_bytes: float = 1e6) -> LayerGraph:
+    """Input node + a chain of layers, each ``(fwd+bwd ms, param bytes, output bytes)``."""
+    g = LayerGraph()
+    g.add_node(Node("in", "Input", 5e-3, 0.0, (input_bytes,), 0.0))
+    prev = "in"
+    for i, (ms, p, a) in enumerate(layers):
+        g.add_node(Node(f"l{i}", f"Linear({i})", ms / 2e3, ms / 2e3, (a,), p))
+        g.add_edge(prev, f"l{i}")
+        prev = f"l{i}"
+    return g
+
+
+def random_chain(rng: random.Random, length: int) -> list[tuple[float, float, float]]:
+    return [(rng.uniform(1, 50), rng.choice([0.0, rng.uniform(1e5, 5e7)]), rng.uniform(1e5, 2e7)) for _ in range(length)]
+
+
+def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
+    return [
+        tuple(b - a for a, b in zip((0, *cuts), (*cuts, total), strict=True))
+        for cuts in itertools.combinations(range(1, total), parts - 1)
+    ]
+
+
+def piece_time(dc: float, dp: float, da: float, r: int, used: int, n_workers: int, bw: float, *, first: bool,
+               group: float, mem: float | None, extra_version: int, mem_div: float,
+               comm: tuple[float, float | None] | None) -> float:
+    """One stage: compute plus weight sync over r replicas; memory; activation transfers (not first)."""
+    t = (dc + 4.0 * (r - 1) * dp / (bw * r) / group) / r
+    if mem is not None:
+        versions = math.ceil((n_workers - used) / r) + extra_version
+        if versions * (da + dp) / mem_div > mem:
+            return INF
+    if comm is not None and not first:
+        a_in, a_out = comm
+        t = max(t, a_in / (bw * r))
+        if a_out is not None:
+            t = max(t, a_out / (bw * r))
+    return t
+
+
+def cumulative(layers: list[tuple[float, float, float]]) -> tuple[list[float], list[float], list[float], list[float]]:
+    c, p, a = [0.0], [0.0], [0.0]
+    for ms, pb, ab in layers:
+        c.append(c[-1] + ms / 1e3)
+        p.append(p[-1] + pb)
+        a.append(a[-1] + ab)
+    return c[1:], p[1:], a[1:], [ab for _, _, ab in layers]
+
+
+def brute_level(c, p, a, bnd, lo: int, hi: int, workers: int, bw: float, *, n_states: int, mem, ratio, straight,
+                extra_version: int, group_init: float, group_split: float, mem_div: float, inner=None):
+    """Best time for the segment after state ``lo`` (-1: start) up to state ``hi`` on ``workers`` workers of one level.
+
+    ``inner(s, e)`` gives a lower level's best time for a piece (default: compute of the piece)."""
+    best = INF
+    span = list(range(lo + 1, hi))
+    for stages in range(1, workers + 1):
+        if stages - 1 > len(span):
+            break
+        for cuts in itertools.combinations(span, stages - 1):
+            ends = [*cuts, hi]
+            for reps in compositions(workers, stages):
+                if straight and any(r != 1 for r in reps):
+                    continue
+                worst, used, s = 0.0, 0, lo
+                for idx, (e, r) in enumerate(zip(ends, reps, strict=True)):
+                    used += r
+                    base = lambda v, s=s: v[s] if s >= 0 else 0.0  # noqa: E731
+                    dc = inner(s, e) if inner else c[e] - base(c)
+                    comm = None
+                    if ratio is not None:
+                        comm = (2.0 * bnd[s] / ratio if s >= 0 else 0.0, 2.0 * bnd[e] / ratio if e < n_states - 1 else None)
+                    t = piece_time(dc, p[e] - base(p), a[e] - base(a), r, used, workers, bw, first=idx == 0,
+                                   group=group_init if idx == 0 else group_split, mem=mem, extra_version=extra_version,
+                                   mem_div=mem_div, comm=comm)
+                    worst = max(worst, t)
+                    s = e
+                best = min(best, worst)
+    return best
+
+
+def brute_plan(layers, cluster: Cluster, *, compat: bool, memory_limit=False, straight=False, ratio=None) -> float:
+    """Brute-force bottleneck time per minibatch for a chain on a one- or two-level cluster."""
+    c, p, a, bnd = cumulative(layers)
+    n = len(c)
+    mem = cluster.device_memory_bytes if memory_limit else None
+    if not compat and ratio is None:
+        ratio = 1.0
+    ev = 0 if compat else 1
+    if len(cluster.levels) == 1:
+        (w, bw), = cluster.levels
+        return brute_level(c, p, a, bnd, -1, n - 1, w, bw, n_states=n, mem=mem, ratio=ratio, straight=straight,
+                           extra_version=ev, group_init=1, group_split=1, mem_div=1)
+    (w1, b1), (w2, b2) = cluster.levels
+
+    def inner(s: int, e: int) -> float:
+        return brute_level(c, p, a, bnd, s, e, w1, b1, n_states=n, mem=mem, ratio=ratio, straight=straight,
+                           extra_version=ev, group_init=1, group_split=1, mem_div=1)
+
+    return brute_level(c, p, a, bnd, -1, n - 1, w2, b2, n_states=n, mem=mem, ratio=ratio, straight=straight, extra_version=ev,
+                       group_init=w1, group_split=1 if compat else w1, mem_div=1 if compat else w1, inner=inner)
+
+
+def rel(x: float, y: float) -> float:
+    return abs(x - y) / max(abs(y), 1e-300)
+
+
+# ------------------------------------------------------------------------------- chain brute force
+
+
+CHAIN_CLUSTERS = [
+    Cluster("one3", [(3, 2e9)], 4e8),
+    Cluster("one4", [(4, 1e9)], 2e8),
+    Cluster("two2x2", [(2, 10e9), (2, 1e9)], 3e8),
+    Cluster("two3x2", [(3, 8e9), (2, 5e8)], 6e8),
+    Cluster("two2x3", [(2, 10e9), (3, 1e9)], 5e8),
+]
+
+
+@pytest.mark.parametrize("cluster", CHAIN_CLUSTERS, ids=lambda c: c.name)
+@pytest.mark.parametrize("compat", [True, False], ids=["compat", "default"])
+def test_chain_dp_matches_brute_force(cluster: Cluster, compat: bool) -> None:
+    rng = random.Random(hash((cluster.name, compat)) & 0xFFFF)
+    for trial in range(24):
+        layers = random_chain(rng, rng.randint(2, 6))
+        memory_limit = trial % 3 == 1
+        if memory_limit:  # a limit that binds: between a third and all of the model's bytes
+            total = sum(p + a for _, p, a in layers)
+            cluster = Cluster(cluster.name, cluster.levels, rng.uniform(0.3, 1.0) * total)
+        straight = trial % 5 == 2 and cluster.workers <= len(layers)
+        ratio = [None, 2.0, 0.5][trial % 3] if trial % 2 else None
+        want = brute_plan(layers, cluster, compat=compat, memory_limit=memory_limit, straight=straight, ratio=ratio)
+        graph = chain_graph(layers)
+        if not math.isfinite(want):
+            with pytest.raises(PipeDreamError, match="memory limit"):
+                plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
+                              straight=straight, activation_compression_ratio=ratio)
+            continue
+        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
+                             straight=straight, activation_compression_ratio=ratio)
+        got = plan.extra["bottleneck_time_per_minibatch_s"]
+        assert rel(got, want) < 1e-12, (trial, layers, got, want)
+        assert plan.time_per_sample_s == pytest.approx(want / 8, rel=1e-12)
+        assert sum(s.replicas for s in plan.stages) == cluster.workers
+        if straight:
+            assert all(s.replicas == 1 for s in plan.stages)
+
+
+# ------------------------------------------------------------------------------- shipped configs
+
+
+def read_profile(name: str) -> LayerGraph:
+    return LayerGraph.read(PROFILES / name / "graph.txt")
+
+
+def test_states_match_the_release_counts() -> None:
+    counts = {name: build_states(read_profile(name)).n for name in ("vgg16", "resnet50", "gnmt", "gnmt_large")}
+    assert counts == {"vgg16": 40, "resnet50": 240, "gnmt": 99, "gnmt_large": 1495}
+
+
+def test_shipped_resnet50_16_gpus_is_8_4_4_with_the_memory_limit() -> None:
+    """runtime/image_classification/models/resnet50/gpus=16/hybrid_conf.json of the release: 2-1-1 inside each
+    of 4 servers, replicated over the servers (ranks interleaved by server)."""
+    plan = plan_pipeline(read_profile("resnet50"), get_cluster("A_4x4", CLUSTERS), model="resnet50", minibatch_size=128,
+                         compat=True, memory_limit=True, activation_compression_ratio=1.0)
+    assert plan.config == "8-4-4"
+    assert plan.extra["placement_rank_map"] == {"0": [0, 1, 4, 5, 8, 9, 12, 13], "1": [2, 6, 10, 14], "2": [3, 7, 11, 15]}
+    assert [s.ranks for s in plan.stages] == [list(range(8)), list(range(8, 12)), list(range(12, 16))]
+
+
+def test_shipped_gnmt_large_16_gpus_flat() -> None:
+    """runtime/translation/models/gnmt_large/gpus=16: twelve single stages, then 3 replicas, then 1."""
+    plan = plan_pipeline(read_profile("gnmt_large"), get_cluster("B_flat16", CLUSTERS), model="gnmt_large",
+                         minibatch_size=64, compat=True)
+    assert [s.replicas for s in plan.stages] == [1] * 12 + [3, 1]
+
+
+# ------------------------------------------------------------------------------ plan structure
+
+
+def test_cpu4_plan_of_a_profiler_chain_covers_every_node() -> None:
+    rng = random.Random(7)
+    graph = chain_graph(random_chain(rng, 40))
+    plan = plan_pipeline(graph, get_cluster("cpu4", CLUSTERS), model="vgg16", minibatch_size=8)
+    covered = [n for s in plan.stages for n in s.nodes]
+    assert sorted(covered) == sorted(graph.nodes) and len(covered) == len(graph.nodes)
+    assert plan.stages[0].nodes[0] == "in"
+    order = graph.topological_order()
+    for s in plan.stages:
+        assert s.nodes == sorted(s.nodes, key=order.index)
+    assert [r for s in plan.stages for r in s.ranks] == [0, 1, 2, 3]
+
+
+def test_gnmt_dropped_nodes_are_placed() -> None:
+    graph = read_profile("gnmt")
+    plan = plan_pipeline(graph, get_cluster("A_1x4", CLUSTERS), model="gnmt", minibatch_size=64, compat=True)
+    covered = [n for s in plan.stages for n in s.nodes]
+    assert sorted(covered) == sorted(graph.nodes)
+    assert {"node1", "node2", "node3"} <= set(plan.stages[0].nodes)  # the three inputs
+
+
+def test_same_config_string_across_20_runs_and_hash_seeds() -> None:
+    graph = read_profile("gnmt")
+    cluster = get_cluster("A_4x4", CLUSTERS)
+    strings = {plan_pipeline(graph, cluster, model="gnmt", minibatch_size=64, compat=True).config for _ in range(20)}
+    assert len(strings) == 1
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+def test_cycle_is_named() -> None:
+    g = chain_graph([(1.0, 0.0, 1.0), (2.0, 0.0, 1.0)])
+    g.add_edge("l1", "l0")
+    with pytest.raises(PipeDreamError, match="cycle through node 'l"):
+        plan_pipeline(g, get_cluster("cpu4", CLUSTERS), model="m", minibatch_size=1)
+
+
+def test_node_without_times_is_named() -> None:
+    g = chain_graph([(1.0, 0.0, 1.0), (2.0, 0.0, 1.0)])
+    g.nodes["l1"].bwd_s = float("nan")
+    with pytest.raises(PipeDreamError, match="node 'l1' has no forward/backward time"):
+        plan_pipeline(g, get_cluster("cpu4", CLUSTERS), model="m", minibatch_size=1)
+
+
+def test_negative_bandwidth_is_named() -> None:
+    with pytest.raises(PipeDreamError, match="bandwidth_Bps=-1000000000.0"):
+        Cluster("neg", [(4, -1e9)])
+
+
+def test_memory_limit_no_plan_fits() -> None:
+    g = chain_graph([(1.0, 8e9, 1e9), (2.0, 8e9, 1e9)])
+    with pytest.raises(PipeDreamError, match=r"no plan fits the memory limit of 1e\+09 bytes per device"):
+        plan_pipeline(g, Cluster("small", [(2, 1e9)], 1e9), model="m", minibatch_size=1, memory_limit=True)
+
+
+def test_more_workers_than_a_straight_pipeline_can_use() -> None:
+    g = chain_graph([(1.0, 0.0, 1.0), (2.0, 0.0, 1.0)])
+    with pytest.raises(PipeDreamError, match="straight pipeline on 4 workers needs 4 stages but the model has only 2"):
+        plan_pipeline(g, get_cluster("cpu4", CLUSTERS), model="m", minibatch_size=1, straight=True)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"minibatch_size": 0}, "minibatch size 0"),
+                                           ({"minibatch_size": 4, "activation_compression_ratio": -1.0}, "ratio -1.0")])
+def test_bad_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(PipeDreamError, match=match):
+        plan_pipeline(chain_graph([(1.0, 0.0, 1.0)]), get_cluster("cpu4", CLUSTERS), model="m", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipedream.cli import main
+    from pipedream.plan import Plan
+
+    folder = tmp_path / "vgg16"
+    folder.mkdir()
+    chain_graph(random_chain(random.Random(3), 12)).write(folder / "graph.txt")
+    (folder / "meta.json").write_text('{"minibatch_size": 16}')
+    out = tmp_path / "plans" / "cpu4.json"
+    assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
+                 "--out", str(out), "--explain"]) == 0
+    plan = Plan.load(out)
+    printed = capsys.readouterr().out
+    assert plan.model == "vgg16" and plan.minibatch_size == 16 and plan.workers == 4
+    assert f"config {plan.config}" in printed and "predicted speedup over DP" in printed
+    assert plan.extra["explanation"] and plan.extra["explanation"].splitlines()[0] in printed
+    (folder / "meta.json").unlink()
+    assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
+                 "--out", str(out)]) == 2
+    assert "pass --minibatch-size N" in capsys.readouterr().err
