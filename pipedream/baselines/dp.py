@@ -19,15 +19,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from pipedream.data import fashion_mnist as fm
+from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
-from pipedream.models import build_model
 from pipedream.runtime import distributed as D
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.task import count_correct, load_task
 
 
 def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
@@ -54,12 +53,13 @@ def train(cfg: TrainConfig) -> None:
     """Train data-parallel on this rank (inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
-    model = (cfg.model_factory() if cfg.model_factory else build_model(cfg.model, cfg.preset, cfg.seed)).to(device)
+    task = load_task(cfg)
+    model = task.model.to(device)
     ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
     if cfg.emulate_bandwidth_Bps:
         ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
     optimizer = make_optimizer(cfg, list(model.parameters()))
-    train_split, val_split = fm.load(cfg.data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+    train_split, val_split = task.train, task.val
     nb = len(train_split) // cfg.batch_size
     if cfg.max_minibatches is not None:
         nb = min(nb, cfg.max_minibatches)
@@ -76,7 +76,7 @@ def train(cfg: TrainConfig) -> None:
     wall0 = time.time()
     first_loss: float | None = None
     for epoch in range(cfg.epochs):
-        batches = fm.minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)[:nb]
+        batches = minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)[:nb]
         D.barrier(cfg.timeout_s, f"start of epoch {epoch + 1}")
         t0 = time.time()
         if bar is not None:
@@ -85,32 +85,35 @@ def train(cfg: TrainConfig) -> None:
         model.train()
         loss_sum, count = 0.0, 0
         for rows in batches[rank::world]:
-            x = fm.to_input(train_split.images[rows]).to(device)
-            y = train_split.labels[rows].to(device)
-            loss = F.cross_entropy(ddp(x), y)
+            x, y = (t.to(device) for t in train_split.batch(rows))
+            loss = task.criterion(ddp(x), y)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
             optimizer.step()
             value = float(loss.detach())
             first_loss = value if first_loss is None else first_loss
-            loss_sum += value * y.numel()
-            count += y.numel()
+            loss_sum += value * y.shape[0]
+            count += y.shape[0]
             if bar is not None:
                 bar.update(1)
         loss_total, n = D.allreduce_sum([loss_sum, count], cfg.timeout_s, "end-of-epoch loss reduction")
         epoch_time = time.time() - t0
         model.eval()
-        correct = total = 0
+        correct = counted = 0
+        vloss, vn = 0.0, 0
         n_val = len(val_split) // cfg.batch_size
         with torch.no_grad():
             for i in range(rank, n_val, world):
-                rows = torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)
-                pred = model(fm.to_input(val_split.images[rows]).to(device)).argmax(dim=1).cpu()
-                correct += int((pred == val_split.labels[rows]).sum())
-                total += rows.numel()
-        correct, total = D.allreduce_sum([correct, total], cfg.timeout_s, "validation reduction")
+                x, y = (t.to(device) for t in val_split.batch(torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)))
+                out = model(x)
+                c, k = count_correct(out, y)
+                correct, counted = correct + c, counted + k
+                vloss += float(task.criterion(out, y)) * y.shape[0]
+                vn += y.shape[0]
+        correct, counted, vloss, vn = D.allreduce_sum([correct, counted, vloss, vn], cfg.timeout_s,
+                                                      "validation reduction")
         row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_total / max(n, 1),
-               "val_accuracy": correct / max(total, 1), "samples_per_s": n / epoch_time,
+               "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1), "samples_per_s": n / epoch_time,
                "wall_time_s": time.time() - wall0, "train_samples": n}
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")

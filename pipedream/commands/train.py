@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,6 +94,7 @@ def launch(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
     from pipedream.runtime.launch import first_error
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "train.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
@@ -112,8 +114,24 @@ def launch(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
         finally:
             pump.join(timeout=5)
     if rc != 0:
-        reason = first_error(out_dir) or f"torchrun exited with status {rc}"
+        reasons = [r for r in (_root_cause(log_path), first_error(out_dir)) if r]
+        reason = "; ".join(reasons) or f"torchrun exited with status {rc}"
         raise PipeDreamError(f"training failed: {reason} (full log: {log_path})")
+
+
+def _root_cause(log_path: Path) -> str | None:
+    """torchrun's 'Root Cause' summary of the first failed worker as 'rank R exited with ...'."""
+    text = log_path.read_text(errors="replace")
+    if "Root Cause" not in text:
+        return None
+    tail = text[text.rindex("Root Cause"):]
+    rank = re.search(r"rank\s*:\s*(\d+)", tail)
+    code = re.search(r"exitcode\s*:\s*(-?\d+)", tail)
+    if rank is None or code is None:
+        return None
+    c = int(code.group(1))
+    how = f"signal {signal.Signals(-c).name}" if c < 0 and -c in signal.valid_signals() else f"status {c}"
+    return f"worker rank {rank.group(1)} exited with {how}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -151,3 +151,27 @@ def minibatch_indices(num_samples: int, batch_size: int, seed: int, epoch: int) 
     order = epoch_order(num_samples, seed, epoch)
     n = num_samples // batch_size
     return [order[i * batch_size:(i + 1) * batch_size] for i in range(n)]
+
+
+class FashionMNISTSet:
+    """A split as a data set with ``batch(indices) -> (input (B, 3, 32, 32) float32, labels (B,) int64)``.
+
+    The same interface as :class:`pipedream.data.base.SampleSet`, without per-sample Python objects.
+    """
+
+    def __init__(self, split: Split) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def batch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return to_input(self.split.images[idx]), self.split.labels[idx]
+
+
+def datasets(root: Path | None = None, train_subset: int | None = None, val_subset: int | None = None,
+             seed: int = 0) -> tuple[FashionMNISTSet, FashionMNISTSet]:
+    """Training and validation sets for the runtime (see :func:`load`)."""
+    train, val = load(root, train_subset, val_subset, seed)
+    return FashionMNISTSet(train), FashionMNISTSet(val)

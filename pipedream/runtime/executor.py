@@ -27,10 +27,12 @@ from torch import nn
 from torch.func import functional_call
 
 from pipedream.runtime.comm import P2P, PendingRecv, wait_or_raise
+from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
 from pipedream.schedules import Action, Kind, Schedule
 
 RECV_LOOKAHEAD = 4  # receives posted ahead of the action that needs them
+Boundary = tuple[tuple[int, ...], torch.dtype]  # per-sample shape and dtype crossing a stage boundary
 
 
 @dataclass
@@ -53,6 +55,7 @@ class EpochStats:
     loss_sum: float = 0.0
     loss_count: int = 0
     correct: int = 0
+    counted: int = 0  # predictions compared for accuracy (tokens for sequence models)
     samples: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
@@ -68,24 +71,27 @@ class StageExecutor:
         versions: the stage's weight versions (policy included).
         optimizer: updates the master weights at ``STEP``.
         p2p: point-to-point transport.
-        in_shape: per-sample shape received from the previous stage (None for the input stage).
-        out_shape: per-sample shape of this stage's output (and of the gradient received for it).
+        in_shape: per-sample (shape, dtype) received from the previous stage (None for the input stage).
+        out_shape: per-sample (shape, dtype) of this stage's output (and of the gradient received for it).
         stage_group: process group of the stage's replicas (None when unreplicated).
         timeout_s: longest wait for a collective, s.
         on_backward: called after each backward with (minibatch, microbatch) (progress bars).
         trace: when True, record ``(kind, stage, minibatch, microbatch, version)`` of every F and B.
+        criterion: the last stage's loss, ``criterion(output, target) -> mean loss``.
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
-                 optimizer: torch.optim.Optimizer, p2p: P2P, in_shape: tuple[int, ...] | None,
-                 out_shape: tuple[int, ...], stage_group: Any = None, timeout_s: float = 60.0,
-                 on_backward: Callable[[int, int], None] | None = None, trace: bool = False) -> None:
+                 optimizer: torch.optim.Optimizer, p2p: P2P, in_shape: Boundary | None,
+                 out_shape: Boundary, stage_group: Any = None, timeout_s: float = 60.0,
+                 on_backward: Callable[[int, int], None] | None = None, trace: bool = False,
+                 criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
         self.in_shape, self.out_shape = in_shape, out_shape
         self.stage_group, self.timeout_s = stage_group, timeout_s
         self.on_backward = on_backward
+        self.criterion = criterion
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
         self.first_grads: dict[str, torch.Tensor] | None = None  # gradients applied at the first STEP
         self.stats_history: list[list[tuple[int, int, float]]] = []  # per training pass: (mb, micro, loss)
@@ -126,11 +132,8 @@ class StageExecutor:
         return self.stats
 
     def _post(self, a: Action) -> PendingRecv:
-        if a.kind == Kind.RECV_F:
-            shape = (self.b, *self.in_shape)  # type: ignore[misc]
-        else:
-            shape = (self.b, *self.out_shape)
-        return self.p2p.irecv(self.schedule.peer(a), shape, torch.float32,  # type: ignore[arg-type]
+        shape, dtype = self.in_shape if a.kind == Kind.RECV_F else self.out_shape  # type: ignore[misc]
+        return self.p2p.irecv(self.schedule.peer(a), (self.b, *shape), dtype,  # type: ignore[arg-type]
                               (self.phase, a.kind == Kind.RECV_B, a.minibatch, a.microbatch or 0))
 
     def _tag(self, a: Action, backward: bool) -> tuple[int, bool, int, int]:
@@ -140,7 +143,7 @@ class StageExecutor:
     def _do_recv_f(self, a: Action) -> None:
         msg = self._wait(a)
         unit = self.units.setdefault(a.key, {})
-        unit["input"] = msg.tensor.requires_grad_(self.phase == 0)
+        unit["input"] = msg.tensor.requires_grad_(self.phase == 0 and msg.tensor.is_floating_point())
         unit["carried"] = msg.version
 
     def _do_recv_b(self, a: Action) -> None:
@@ -171,11 +174,11 @@ class StageExecutor:
             if self.is_last:
                 assert self.data.labels is not None
                 labels = self.data.labels(m, j)
-                loss = F.cross_entropy(out, labels)
+                loss = self.criterion(out, labels)
                 value = float(loss.detach())
-                self.stats.loss_sum += value * labels.numel()
-                self.stats.loss_count += labels.numel()
-                self.stats.samples += labels.numel()
+                self.stats.loss_sum += value * labels.shape[0]
+                self.stats.loss_count += labels.shape[0]
+                self.stats.samples += labels.shape[0]
                 self.stats.losses.append((m, j, value))
                 out = loss * self.scale
             unit["output"] = out
@@ -189,8 +192,12 @@ class StageExecutor:
         if self.is_last:
             assert self.data.labels is not None
             labels = self.data.labels(*a.key)
-            self.stats.correct += int((out.argmax(dim=1) == labels).sum())
-            self.stats.samples += labels.numel()
+            correct, counted = count_correct(out, labels)
+            self.stats.correct += correct
+            self.stats.counted += counted
+            self.stats.loss_sum += float(self.criterion(out, labels)) * labels.shape[0]
+            self.stats.loss_count += labels.shape[0]
+            self.stats.samples += labels.shape[0]
             del self.units[a.key]
         else:
             unit["output"] = out
@@ -209,7 +216,8 @@ class StageExecutor:
         params = unit.pop("params")
         names = [n for n in self.versions.names if params[n].requires_grad]
         inputs = [params[n] for n in names]
-        if not self.is_first:
+        has_input_grad = not self.is_first and unit["input"].requires_grad
+        if has_input_grad:
             inputs.append(unit["input"])
         grad_out = None if self.is_last else unit.pop("grad_out")
         grads = torch.autograd.grad(unit.pop("output"), inputs, grad_outputs=grad_out, allow_unused=True)
@@ -218,7 +226,7 @@ class StageExecutor:
             if g is not None:
                 master[n].grad.add_(g)  # type: ignore[union-attr]
         if not self.is_first:
-            unit["grad_in"] = grads[-1]
+            unit["grad_in"] = grads[-1] if has_input_grad else torch.zeros_like(unit["input"], dtype=torch.float32)
         self.versions.release(unit["version"])
         if self.trace is not None:
             self.trace.append(("B", self.stage, a.minibatch, a.microbatch or 0, unit["version"]))

@@ -62,6 +62,7 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
     """
     if fn is None:
         from pipedream.runtime.worker import train as fn
+    import torch._dynamo  # noqa: F401  (optimizers import it lazily: seconds per process; import once, then fork)
     ctx = mp.start_processes(_child, args=(fn, cfg, workers, free_port(), env or {}), nprocs=workers,
                              join=False, start_method="fork")
     deadline = time.monotonic() + timeout_s

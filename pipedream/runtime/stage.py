@@ -50,23 +50,27 @@ def build_stage(model: nn.Sequential, plan: Plan, stage: int) -> nn.Sequential:
     return nn.Sequential(*(model[i] for i in r))
 
 
-def boundary_shapes(model: nn.Sequential, plan: Plan, sample_shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Per-sample shape of each stage's output (what crosses each stage boundary), stages in order.
+def boundary_shapes(model: nn.Sequential, plan: Plan, example: torch.Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """Per-sample shape and dtype of each stage's output (what crosses each stage boundary).
 
-    Computed by one forward pass of a single zero sample through the whole model.
+    Computed by one forward pass of ``example`` (a batch of one sample, model input) through the
+    whole model in evaluation mode.
     """
     ranges = stage_layer_ranges(plan, len(model))
-    shapes = []
-    x = torch.zeros((1, *sample_shape))
+    out = []
+    x = example
     was_training = model.training
     model.eval()
     with torch.no_grad():
         for r in ranges:
             for i in r:
                 x = model[i](x)
-            shapes.append(tuple(x.shape[1:]))
+            if not isinstance(x, torch.Tensor):
+                raise PipeDreamError("a stage boundary carries several tensors; only single-tensor chains are "
+                                     "supported by the runtime so far")
+            out.append((tuple(x.shape[1:]), x.dtype))
     model.train(was_training)
-    return shapes
+    return out
 
 
 def straight_plan(model: str, num_layers: int, layers_per_stage: list[int], replicas: list[int] | None = None) -> Plan:

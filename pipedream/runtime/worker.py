@@ -16,6 +16,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,6 @@ import torch.distributed as dist
 from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
-from pipedream.models import build_model, get_spec
 from pipedream.plan import Plan
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
@@ -32,6 +32,7 @@ from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import boundary_shapes, build_stage, straight_plan
+from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
 FAULT_ENV = "PIPEDREAM_FAULT_KILL"
@@ -39,9 +40,9 @@ FAULT_ENV = "PIPEDREAM_FAULT_KILL"
 
 @dataclass
 class Batches:
-    """Minibatch ``m``, microbatch ``j`` of one epoch as model input and labels (same on every rank)."""
+    """Minibatch ``m``, microbatch ``j`` of one epoch as model input and target (same on every rank)."""
 
-    split: fm.Split
+    data: Any  # len() and batch(indices) -> (input, target)
     indices: list[torch.Tensor]
     micro: int  # samples per microbatch
 
@@ -49,10 +50,10 @@ class Batches:
         return self.indices[m][j * self.micro:(j + 1) * self.micro]
 
     def inputs(self, m: int, j: int) -> torch.Tensor:
-        return fm.to_input(self.split.images[self.rows(m, j)])
+        return self.data.batch(self.rows(m, j))[0]
 
     def labels(self, m: int, j: int) -> torch.Tensor:
-        return self.split.labels[self.rows(m, j)]
+        return self.data.batch(self.rows(m, j))[1]
 
 
 def load_plan(cfg: TrainConfig, num_layers: int, world: int) -> Plan:
@@ -103,13 +104,13 @@ def train(cfg: TrainConfig) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = Path(cfg.out_dir)
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
-    model = cfg.model_factory() if cfg.model_factory else build_model(cfg.model, cfg.preset, cfg.seed)
-    sample_shape = (3, 32, 32) if cfg.model_factory else get_spec(cfg.model).input_shape(cfg.preset)
+    task = load_task(cfg)
+    model = task.model
     plan = load_plan(cfg, len(model), world)
     replicas = [s.replicas for s in plan.stages]
     stage_ranks = [list(s.ranks) for s in plan.stages]
     s = plan.stage_of_rank(rank)
-    shapes = boundary_shapes(model, plan, sample_shape)
+    shapes = boundary_shapes(model, plan, task.example)
     module = build_stage(model, plan, s).to(device)
     del model
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
@@ -117,7 +118,7 @@ def train(cfg: TrainConfig) -> None:
     optimizer = make_optimizer(cfg, versions.master)
     p2p = P2P(cfg.timeout_s, device, cfg.emulate_bandwidth_Bps)
 
-    train_split, val_split = fm.load(cfg.data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+    train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
     micro = cfg.batch_size // cfg.microbatches
     sched = schedules.build(cfg.schedule, replicas, nb, cfg.microbatches)
@@ -136,6 +137,7 @@ def train(cfg: TrainConfig) -> None:
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
                              in_shape=shapes[s - 1] if s > 0 else None, out_shape=shapes[s],
                              stage_group=groups[s], timeout_s=cfg.timeout_s, trace=cfg.debug_dump,
+                             criterion=task.criterion,
                              on_backward=on_backward)
 
     start_epoch, rows = 0, []
@@ -159,9 +161,11 @@ def train(cfg: TrainConfig) -> None:
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
         ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
-        correct, total = D.allreduce_sum([ev.correct, ev.samples], cfg.timeout_s, "validation reduction")
+        correct, counted, vloss, vn = D.allreduce_sum([ev.correct, ev.counted, ev.loss_sum, ev.loss_count],
+                                                      cfg.timeout_s, "validation reduction")
         row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_sum / max(loss_n, 1),
-               "val_accuracy": correct / max(total, 1), "samples_per_s": samples / epoch_time,
+               "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1),
+               "samples_per_s": samples / epoch_time,
                "wall_time_s": time.time() - wall0, "train_samples": samples,
                "bytes_sent_rank0": float(p2p.bytes_sent), "max_weight_versions": float(versions.max_alive)}
         if bar is not None:

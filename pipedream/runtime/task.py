@@ -1,0 +1,87 @@
+"""What a run trains: the model, an example input, the data sets and the loss, from one config.
+
+Sources, in order: ``cfg.model_factory`` (tests); ``cfg.model`` of the form ``"package.module:function"``
+(a function returning an ``nn.Sequential`` over 3x32x32 images; tests through torchrun); otherwise the
+model registry (:mod:`pipedream.models`), whose spec may bring its own data hook and criterion.
+Models without a data hook train on Fashion-MNIST (``cfg.data_dir`` or the installed package).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipedream.data import fashion_mnist as fm
+from pipedream.errors import PipeDreamError
+from pipedream.runtime.config import TrainConfig
+
+
+@dataclass
+class Task:
+    """A model to train and its data.
+
+    Attributes:
+        model: the whole model as a flat ``nn.Sequential`` (weights from ``cfg.seed``).
+        example: one-sample model input ``(1, ...)`` for shape inference.
+        train, val: data sets with ``len()`` and ``batch(indices) -> (input, target)``.
+        criterion: ``criterion(output, target) -> scalar`` mean loss.
+    """
+
+    model: nn.Sequential
+    example: torch.Tensor
+    train: Any
+    val: Any
+    criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _import(path: str) -> Callable[[], nn.Sequential]:
+    module, _, fn = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), fn)  # type: ignore[no-any-return]
+    except (ImportError, AttributeError) as e:
+        raise PipeDreamError(f"cannot import model function {path!r}: {e}") from None
+
+
+def load_task(cfg: TrainConfig) -> Task:
+    """Build the task of ``cfg`` (the same on every rank).
+
+    Raises:
+        PipeDreamError: unknown model, missing data set (naming how to install it).
+    """
+    data_dir = Path(cfg.data_dir) if cfg.data_dir else None
+    if cfg.model_factory is not None or ":" in cfg.model:
+        factory = cfg.model_factory or _import(cfg.model)
+        torch.manual_seed(cfg.seed)
+        model = factory()
+        train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+        return Task(model, train.batch(torch.tensor([0]))[0], train, val, F.cross_entropy)
+    from pipedream.models import build_model, example_input, get_spec
+
+    spec = get_spec(cfg.model)
+    model = build_model(cfg.model, cfg.preset, cfg.seed)
+    hook = getattr(spec, "make_datasets", None)
+    if hook is not None and data_dir is None:
+        train, val = hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
+        example = train.batch([0])[0]
+    else:
+        train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+        example = example_input(cfg.model, 1, cfg.preset, cfg.seed)
+    criterion = getattr(spec, "criterion", None) or F.cross_entropy
+    return Task(model, example, train, val, criterion)
+
+
+def count_correct(output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+    """(correct, counted) top-1 predictions: ``output (..., C)`` logits against ``target (...)`` ids.
+
+    Returns (0, 0) when the output is not a classification over the target's shape.
+    """
+    if output.dim() < 1 or target.is_floating_point() or tuple(output.shape[:-1]) != tuple(target.shape):
+        return 0, 0
+    return int((output.argmax(dim=-1) == target).sum()), int(target.numel())

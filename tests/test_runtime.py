@@ -1,0 +1,109 @@
+"""Runtime pieces in one process: stage slicing, boundary shapes, weight versions, config round trip."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from pipedream.errors import PipeDreamError
+from pipedream.models import layer_node_id
+from pipedream.plan import Plan, Stage
+from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.stage import boundary_shapes, build_stage, stage_layer_ranges, straight_plan
+from pipedream.runtime.versions import Policy, WeightVersions
+from tests.tiny import tiny_model
+
+
+def test_stages_slice_the_chain_and_compose_to_the_model() -> None:
+    model = tiny_model()
+    plan = straight_plan("tiny", 8, [3, 1, 2, 2])
+    assert [list(r) for r in stage_layer_ranges(plan, 8)] == [[0, 1, 2], [3], [4, 5], [6, 7]]
+    x = torch.randn(5, 3, 32, 32)
+    y = x
+    for s in range(4):
+        y = build_stage(model, plan, s)(y)
+    assert torch.equal(y, model(x))
+    shapes = boundary_shapes(model, plan, x[:1])
+    assert shapes == [((256,), torch.float32), ((16,), torch.float32), ((16,), torch.float32), ((10,), torch.float32)]
+
+
+def test_plan_with_gaps_or_foreign_layers_is_rejected() -> None:
+    def plan(*nodes: list[int]) -> Plan:
+        stages = [Stage(nodes=[layer_node_id(i) for i in ns], ranks=[k]) for k, ns in enumerate(nodes)]
+        return Plan("tiny", "x", len(nodes), stages, 8, 1.0, 1.0)
+
+    with pytest.raises(PipeDreamError, match="non-contiguous"):
+        stage_layer_ranges(plan([0, 2], [1, 3, 4, 5, 6, 7]), 8)
+    with pytest.raises(PipeDreamError, match="model has 8 layers"):
+        stage_layer_ranges(plan([0, 1, 2, 3], [4, 5, 6, 7, 8]), 8)
+    with pytest.raises(PipeDreamError, match="covers layers"):
+        stage_layer_ranges(plan([0, 1, 2], [3, 4]), 8)
+    full = plan([0, 1, 2, 3], [4, 5, 6, 7])
+    full.stages[0].nodes.insert(0, "node0")  # the input node belongs to no layer
+    assert [list(r) for r in stage_layer_ranges(full, 8)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def _step(versions: WeightVersions, delta: float) -> None:
+    with torch.no_grad():
+        for p in versions.master:
+            p.add_(delta)
+    versions.commit()
+
+
+def test_weight_stashing_keeps_a_version_per_inflight_minibatch() -> None:
+    v = WeightVersions(torch.nn.Linear(2, 2), Policy.STASH)
+    w0 = v.acquire(v.version_for(0, None))
+    w1 = v.acquire(v.version_for(1, None))
+    assert w0 is w1  # both forwards before any update use version 0
+    _step(v, 1.0)
+    assert v.version_for(2, None) == 1
+    w2 = v.acquire(1)
+    assert v.alive() == [0, 1]
+    assert not torch.equal(w2["weight"], w0["weight"])
+    v.release(0)
+    v.release(0)
+    assert v.alive() == [1]  # version 0 is dropped once its last backward is done
+    v.release(1)
+
+
+def test_vertical_sync_uses_the_carried_version() -> None:
+    v = WeightVersions(torch.nn.Linear(2, 2), Policy.VERTICAL)
+    v.acquire(v.version_for(0, 0))
+    _step(v, 1.0)
+    _step(v, 1.0)
+    assert v.version_for(1, 0) == 0  # upstream still on version 0: use our version 0, not our newest
+    assert v.version_for(2, 2) == 2
+    with pytest.raises(PipeDreamError, match="not available"):
+        v.version_for(3, 7)
+
+
+def test_2bw_keeps_two_versions_and_uses_the_previous_one() -> None:
+    v = WeightVersions(torch.nn.Linear(2, 2), Policy.TWO_BW)
+    for t in range(5):
+        ver = v.version_for(t, None)
+        assert ver == max(t - 1, 0)
+        v.acquire(ver)
+        v.release(ver)
+        _step(v, 1.0)
+        assert len(v.alive()) <= 2
+    assert v.alive() == [4, 5]
+
+
+def test_config_round_trips_through_the_command_line() -> None:
+    cfg = TrainConfig(model="vgg16", schedule="2bw", microbatches=4, batch_size=32, train_subset=100,
+                      emulate_bandwidth_Bps=1e9, checkpoint=True, progress=False)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    back = from_args(parser.parse_args(cfg.to_args()))
+    assert back == cfg
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"schedule": "pipe"}, "--schedule"), ({"batch_size": 30, "microbatches": 4, "schedule": "gpipe"}, "multiple"),
+    ({"microbatches": 2}, "1F1B"), ({"emulate_bandwidth_Bps": -1.0}, "bandwidth"),
+])
+def test_bad_config_is_explained(kwargs: dict, match: str) -> None:
+    with pytest.raises(PipeDreamError, match=match):
+        TrainConfig(**kwargs).validate()

@@ -1,0 +1,88 @@
+"""`pipedream train` end to end through torchrun, a killed rank, and checkpoint/resume."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipedream.commands import train as train_cmd
+from pipedream.errors import PipeDreamError
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.launch import WORKER_MODULE, spawn_local, torchrun_command
+from pipedream.runtime.worker import FAULT_ENV
+from tests.tiny import tiny_dropout_model, write_data
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _importable_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers import the tiny model as ``tests.tiny`` whatever the working directory."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+
+
+def _args(tmp_path: Path, **kw) -> argparse.Namespace:  # type: ignore[no-untyped-def]
+    parser = argparse.ArgumentParser()
+    train_cmd.add_arguments(parser)
+    argv = ["--mode", "pipedream", "--model", "tests.tiny:tiny_model", "--workers", "2", "--epochs", "1",
+            "--batch-size", "8", "--train-subset", "0", "--val-subset", "0", "--data-dir", str(tmp_path / "data"),
+            "--out-dir", str(tmp_path / "run"), "--experiment", "tiny/test", "--no-progress", "--timeout-s", "120"]
+    for k, v in kw.items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    return parser.parse_args(argv)
+
+
+def test_train_command_writes_metrics_run_json_and_mlflow(tmp_path: Path, mlflow_store: Path) -> None:
+    write_data(tmp_path / "data")
+    assert train_cmd.run(_args(tmp_path)) == 0
+    rows = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert [r["epoch"] for r in rows] == [1]
+    assert {"epoch_time_s", "train_loss", "val_accuracy", "samples_per_s", "wall_time_s"} <= rows[0].keys()
+    assert rows[0]["train_samples"] == 128
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    from pipedream.tracking import load_runs
+
+    (logged,) = load_runs("tiny/test")
+    assert logged["run_id"] == run["run_id"]
+    assert logged["params"]["mode"] == "pipedream" and logged["params"]["config"] == "straight"
+
+
+def test_killed_rank_ends_the_job_quickly_with_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_data(tmp_path / "data")
+    monkeypatch.setenv(FAULT_ENV, "1:2")  # rank 1 SIGKILLs itself after the backward of minibatch 2
+    cfg = train_cmd._config(_args(tmp_path, epochs=3))
+    t0 = time.monotonic()
+    with pytest.raises(PipeDreamError) as err:
+        train_cmd.launch(torchrun_command(WORKER_MODULE, cfg, 2), tmp_path / "run", timeout_s=120)
+    assert time.monotonic() - t0 < 60
+    message = str(err.value)
+    assert "training failed" in message and "\n" not in message
+    assert "rank 1" in message
+
+
+def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
+    data = write_data(tmp_path / "data")
+
+    def cfg(out: str, epochs: int, resume: bool = False) -> TrainConfig:
+        return TrainConfig(model="tiny", model_factory=tiny_dropout_model, data_dir=str(data), epochs=epochs,
+                           out_dir=str(tmp_path / out), batch_size=8, lr=0.05, momentum=0.9, max_minibatches=6,
+                           checkpoint=True, resume=resume, progress=False, debug_dump=True, timeout_s=30)
+
+    spawn_local(cfg("straight", 3), 2)
+    spawn_local(cfg("resumed", 1), 2)  # "interrupted" after epoch 1
+    spawn_local(cfg("resumed", 3, resume=True), 2)
+    for rank in range(2):
+        a = torch.load(tmp_path / "straight" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
+        b = torch.load(tmp_path / "resumed" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
+        for n in a:
+            assert torch.equal(a[n], b[n]), n
+    rows = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in straight]

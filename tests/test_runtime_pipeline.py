@@ -1,0 +1,161 @@
+"""The PipeDream runtime on several gloo processes, checked against single-process references.
+
+Each test forks a few workers (:func:`pipedream.runtime.launch.spawn_local`) on a tiny model and tiny
+IDX data, and compares the per-rank debug dumps (losses, first applied gradients, final weights,
+weight-version traces) with numbers computed here in one process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pipedream import schedules
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.launch import spawn_local
+from pipedream.runtime.stage import straight_plan
+from tests.tiny import build, linear_model, reference_batches, stage_params, tiny_model, write_data
+
+pytestmark = pytest.mark.slow
+LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split of tiny_model on 4 stages
+
+
+def run(tmp_path: Path, workers: int, factory=tiny_model, plan=None, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
+    data = write_data(tmp_path / "data")
+    if plan is not None:
+        plan.save(tmp_path / "plan.json")
+    cfg = TrainConfig(model="tiny", model_factory=factory, data_dir=str(data), out_dir=str(tmp_path / "out"),
+                      progress=False, debug_dump=True, timeout_s=30, plan=str(tmp_path / "plan.json") if plan else None,
+                      **{"epochs": 1, "batch_size": 8, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, **kw})
+    spawn_local(cfg, workers, timeout_s=90)
+    return [torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(workers)]
+
+
+def test_1f1b_first_minibatch_matches_single_process(tmp_path: Path) -> None:
+    dumps = run(tmp_path, 4, max_minibatches=8)
+    model = build(tiny_model)
+    x, y = reference_batches(tmp_path / "data", 8, 0, 0)[0]
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    m, j, pipeline_loss = dumps[3]["losses"][0][0]
+    assert (m, j) == (0, 0)
+    assert pipeline_loss == pytest.approx(float(loss.detach()), rel=1e-6)
+    for s, d in enumerate(dumps):  # minibatch 0 is every stage's first update, at version 0
+        ref = {n: p.grad for n, p in stage_params(model, LAYERS[s]).items()}
+        assert d["first_grads"].keys() == ref.keys()
+        for n in ref:
+            torch.testing.assert_close(d["first_grads"][n], ref[n], rtol=1e-5, atol=1e-7)
+
+
+def _steps_before(actions: list[schedules.Action]) -> dict[int, int]:
+    """Minibatch -> number of STEPs that precede its forward in a rank's list."""
+    steps, out = 0, {}
+    for a in actions:
+        if a.kind == schedules.Kind.STEP:
+            steps += 1
+        elif a.kind == schedules.Kind.F:
+            out[a.minibatch] = steps
+    return out
+
+
+def test_weight_stashing_backward_uses_the_forwards_version(tmp_path: Path) -> None:
+    dumps = run(tmp_path, 4, max_minibatches=8)
+    sched = schedules.build("1f1b", [1, 1, 1, 1], 8)
+    for rank, d in enumerate(dumps):
+        fwd = {m: v for kind, _, m, _, v in d["trace"] if kind == "F"}
+        bwd = {m: v for kind, _, m, _, v in d["trace"] if kind == "B"}
+        assert fwd == bwd
+        assert fwd == _steps_before(sched.order[rank])  # forward uses the newest version
+    assert dumps[0]["max_versions"] == 4  # the input stage stashes NOAM = 4 versions
+
+
+def test_vertical_sync_every_stage_uses_the_input_stages_version(tmp_path: Path) -> None:
+    dumps = run(tmp_path, 4, max_minibatches=8, weight_sync="vertical")
+    per_stage = [{m: v for kind, _, m, _, v in d["trace"] if kind == "F"} for d in dumps]
+    assert per_stage[0] == {m: max(m - 3, 0) for m in range(8)}
+    assert all(p == per_stage[0] for p in per_stage)
+    for d in dumps:
+        assert {m: v for kind, _, m, _, v in d["trace"] if kind == "B"} == per_stage[0]
+
+
+def _sgd_reference(batches, steps: int, lr: float, momentum: float, wd: float):  # type: ignore[no-untyped-def]
+    model = build(tiny_model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd)
+    first = None
+    for x, y in batches[:steps]:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        if first is None:
+            first = {n: p.grad.clone() for n, p in model.named_parameters()}
+        opt.step()
+    return model, first
+
+
+def test_gpipe_equals_synchronous_sgd(tmp_path: Path) -> None:
+    dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4)
+    model, first = _sgd_reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, 0.1, 0.9, 5e-4)
+    for s, d in enumerate(dumps):
+        for n, p in stage_params(model, LAYERS[s]).items():
+            torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+        ref_first = {f"{i - LAYERS[s].start}.{k}": first[f"{i}.{k}"] for i in LAYERS[s]
+                     for k in ("weight", "bias") if f"{i}.{k}" in first}
+        for n, g in ref_first.items():
+            torch.testing.assert_close(d["first_grads"][n], g, rtol=1e-5, atol=1e-7)
+
+
+def test_2bw_one_microbatch_in_flight_equals_sgd(tmp_path: Path) -> None:
+    """One stage, one microbatch: nothing is in flight, 2BW's delay term vanishes only in its first step."""
+    dumps = run(tmp_path, 2, schedule="2bw", microbatches=2, max_minibatches=1, plan=straight_plan("t", 8, [4, 4]))
+    model, first = _sgd_reference(reference_batches(tmp_path / "data", 8, 0, 0), 1, 0.1, 0.0, 0.0)
+    for s, layers in enumerate([range(0, 4), range(4, 8)]):
+        for n, p in stage_params(model, layers).items():
+            torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_2bw_update_rule_on_a_linear_model(tmp_path: Path) -> None:
+    """W(t+1) = W(t) - lr * grad f_t(W(t-1)) over two epochs of two minibatches of two microbatches."""
+    lr = 0.05
+    dumps = run(tmp_path, 2, factory=linear_model, schedule="2bw", microbatches=2, max_minibatches=2, epochs=2,
+                lr=lr, plan=straight_plan("t", 3, [2, 1]))
+    batches = [b for e in range(2) for b in reference_batches(tmp_path / "data", 8, 0, e)[:2]]
+    ws = [{n: p.detach().clone() for n, p in build(linear_model).named_parameters()}]
+    for t, (x, y) in enumerate(batches):
+        old = {n: w.clone().requires_grad_() for n, w in ws[max(t - 1, 0)].items()}
+        h = F.linear(x.flatten(1), old["1.weight"], old["1.bias"])
+        loss = F.cross_entropy(F.linear(h, old["2.weight"], old["2.bias"]), y)
+        grads = dict(zip(old, torch.autograd.grad(loss, list(old.values())), strict=True))
+        ws.append({n: ws[t][n] - lr * grads[n] for n in ws[t]})
+    final = {**{f"{k}": v for k, v in dumps[0]["params"].items()},
+             **{f"2.{k.split('.', 1)[1]}": v for k, v in dumps[1]["params"].items()}}
+    for n, w in ws[-1].items():
+        torch.testing.assert_close(final[n], w, rtol=1e-5, atol=1e-6)
+    # minibatch t (numbered per epoch in the trace) runs on version max(t - 1, 0) on both stages
+    for d in dumps:
+        assert [v for kind, _, _, j, v in d["trace"] if kind == "F" and j == 0] == [0, 0, 1, 2]
+    assert max(d["max_versions"] for d in dumps) == 2
+
+
+def test_replicated_stage_round_robin_and_gradient_sync(tmp_path: Path) -> None:
+    plan = straight_plan("t", 8, [4, 4], replicas=[2, 1])
+    dumps = run(tmp_path, 3, plan=plan, max_minibatches=4)
+    assert sorted({m for k, _, m, _, _ in dumps[0]["trace"] if k == "F"}) == [0, 2]
+    assert sorted({m for k, _, m, _, _ in dumps[1]["trace"] if k == "F"}) == [1, 3]
+    for n in dumps[0]["params"]:
+        assert torch.equal(dumps[0]["params"][n], dumps[1]["params"][n])  # replicas stay identical
+    # stage 0's first update averages minibatch 0 (stage 1 at version 0) and minibatch 1 (stage 1 at
+    # version 1 = one SGD step on minibatch 0), both at stage 0's version 0
+    (x0, y0), (x1, y1) = reference_batches(tmp_path / "data", 8, 0, 0)[:2]
+    model = build(tiny_model)
+    front, back = model[:4], model[4:]
+    F.cross_entropy(back(front(x0)), y0).backward()
+    g0 = {n: p.grad.clone() for n, p in front.named_parameters()}
+    with torch.no_grad():
+        for p in back.parameters():
+            p -= 0.1 * p.grad
+    front.zero_grad()
+    F.cross_entropy(back(front(x1)), y1).backward()
+    for n, p in front.named_parameters():
+        torch.testing.assert_close(dumps[0]["first_grads"][n], (g0[n] + p.grad) / 2, rtol=1e-5, atol=1e-7)

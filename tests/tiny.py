@@ -1,0 +1,54 @@
+"""Tiny models, data and single-process references for the runtime tests (not a test module)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipedream.data import fashion_mnist as fm
+
+
+def tiny_model() -> nn.Sequential:
+    """8 layers on (B, 3, 32, 32): conv, relu, flatten, linear, tanh, linear, tanh, linear -> 10 logits."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 16), nn.Tanh(),
+                         nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 10))
+
+
+def tiny_dropout_model() -> nn.Sequential:
+    """Like :func:`tiny_model` with a dropout layer, so resuming must restore the RNG too."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 16), nn.Dropout(0.2),
+                         nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 10))
+
+
+def linear_model() -> nn.Sequential:
+    """A two-layer linear model (no nonlinearity): the 2BW update rule is checked on it."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8), nn.Linear(8, 10))
+
+
+def write_data(root: Path, n_train: int = 128, n_val: int = 32, seed: int = 0) -> Path:
+    """Random-pixel IDX files with Fashion-MNIST's names under ``root``; returns ``root``."""
+    rng = np.random.default_rng(seed)
+    for (img, lbl), n in ((fm.FILES["train"], n_train), (fm.FILES["val"], n_val)):
+        fm.write_idx(root / img, rng.integers(0, 256, (n, 28, 28)))
+        fm.write_idx(root / lbl, rng.integers(0, 10, (n,)))
+    return root
+
+
+def reference_batches(root: Path, batch_size: int, seed: int, epoch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The minibatches a run with the same settings trains on in ``epoch``, as (input, labels)."""
+    train, _ = fm.datasets(root, None, None, seed)
+    return [train.batch(rows) for rows in fm.minibatch_indices(len(train), batch_size, seed, epoch)]
+
+
+def build(factory, seed: int = 0) -> nn.Sequential:  # type: ignore[no-untyped-def]
+    """The model the workers start from (they seed with ``cfg.seed`` before calling the factory)."""
+    torch.manual_seed(seed)
+    return factory()
+
+
+def stage_params(model: nn.Sequential, layers: range) -> dict[str, torch.Tensor]:
+    """Parameters of layers ``layers`` of ``model`` named as in the stage's own ``nn.Sequential``."""
+    return {f"{i - layers.start}.{n}": p for i in layers for n, p in model[i].named_parameters()}
