@@ -64,7 +64,7 @@ def load_plan(cfg: TrainConfig, num_layers: int, world: int) -> Plan:
         sizes = [num_layers // world + (1 if i < num_layers % world else 0) for i in range(world)]
         return straight_plan(cfg.model, num_layers, sizes)
     plan = Plan.load(cfg.plan)
-    if cfg.model_factory is None and plan.model != cfg.model:
+    if cfg.model_factory is None and ":" not in cfg.model and plan.model != cfg.model:
         raise PipeDreamError(f"plan {cfg.plan} is for model {plan.model!r}, not {cfg.model!r}")
     if plan.workers != world:
         raise PipeDreamError(f"plan {cfg.plan} needs {plan.workers} workers but {world} were started; "
