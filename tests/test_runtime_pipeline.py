@@ -95,7 +95,9 @@ def _sgd_reference(batches, steps: int, lr: float, momentum: float, wd: float): 
 
 
 def test_gpipe_equals_synchronous_sgd(tmp_path: Path) -> None:
-    dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4)
+    # with a throttled link (50 MB/s): slower, never different
+    dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4,
+                emulate_bandwidth_Bps=5e7)
     model, first = _sgd_reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, 0.1, 0.9, 5e-4)
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, LAYERS[s]).items():

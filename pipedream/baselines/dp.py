@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import distributed as D
+from pipedream.runtime.comm import allreduce_s
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.task import count_correct, load_task
@@ -35,7 +36,7 @@ def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-u
     def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buf = bucket.buffer()
         t0 = time.time()
-        target_s = 2 * (world - 1) / world * buf.numel() * buf.element_size() / bandwidth_Bps
+        target_s = allreduce_s(buf.numel() * buf.element_size(), world, bandwidth_Bps)
         fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
 
         def finish(f: torch.futures.Future) -> torch.Tensor:

@@ -64,6 +64,23 @@ def wait_or_raise(work: dist.Work | None, timeout_s: float, what: str) -> None:
         raise CommTimeout(f"{what} failed after at most {timeout_s:.0f} s: {msg}") from None
 
 
+def link_ready_s(sent_at_s: float, link_free_s: float, nbytes: int, bandwidth_Bps: float) -> float:
+    """When an emulated link delivers ``nbytes`` handed over at ``sent_at_s`` (s since the epoch).
+
+    Messages on one link go one after the other: the transfer starts when both the message was sent
+    and the previous message has left the link (``link_free_s``), and takes ``nbytes / bandwidth_Bps``.
+    """
+    return max(sent_at_s, link_free_s) + nbytes / bandwidth_Bps
+
+
+def allreduce_s(nbytes: int, replicas: int, bandwidth_Bps: float) -> float:
+    """Time of a ring allreduce of ``nbytes`` over ``replicas`` workers on links of ``bandwidth_Bps``, s.
+
+    Each worker sends and receives ``2 (R - 1) / R * nbytes`` (reduce-scatter, then all-gather).
+    """
+    return 2 * (replicas - 1) / replicas * nbytes / bandwidth_Bps if replicas > 1 else 0.0
+
+
 @dataclass
 class Message:
     """A received transfer: the tensor and its header fields."""
@@ -135,8 +152,7 @@ class P2P:
         self.bytes_received += nbytes
         if not self.bandwidth_Bps:
             return
-        start = max(msg.sent_at, self._link_free.get(src, 0.0))
-        ready = start + nbytes / self.bandwidth_Bps
+        ready = link_ready_s(msg.sent_at, self._link_free.get(src, 0.0), nbytes, self.bandwidth_Bps)
         self._link_free[src] = ready
         delay = ready - time.time()
         if delay > 0:

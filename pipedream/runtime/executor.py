@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from pipedream.runtime.comm import P2P, PendingRecv, wait_or_raise
+from pipedream.runtime.comm import P2P, PendingRecv, allreduce_s, wait_or_raise
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
 from pipedream.schedules import Action, Kind, Schedule
@@ -247,8 +247,13 @@ class StageExecutor:
         t0 = time.perf_counter()
         work = dist.all_reduce(flat, group=self.stage_group, async_op=True)
         wait_or_raise(work, self.timeout_s, f"gradient allreduce of stage {self.stage} ({a})")
+        replicas = dist.get_world_size(self.stage_group)
+        if self.p2p.bandwidth_Bps:  # the emulated link: at least the ring allreduce time on it
+            delay = t0 + allreduce_s(flat.numel() * flat.element_size(), replicas, self.p2p.bandwidth_Bps)
+            if delay > time.perf_counter():
+                time.sleep(delay - time.perf_counter())
         self.stats.wait_s += time.perf_counter() - t0
-        flat /= dist.get_world_size(self.stage_group)
+        flat /= replicas
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))

@@ -167,7 +167,8 @@ def train(cfg: TrainConfig) -> None:
                "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1),
                "samples_per_s": samples / epoch_time,
                "wall_time_s": time.time() - wall0, "train_samples": samples,
-               "bytes_sent_rank0": float(p2p.bytes_sent), "max_weight_versions": float(versions.max_alive)}
+               "bytes_sent_rank0": float(p2p.bytes_sent), "throttle_s_rank0": p2p.throttle_s,
+               "max_weight_versions": float(versions.max_alive)}
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
