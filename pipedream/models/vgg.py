@@ -32,12 +32,13 @@ def build_vgg16(preset: str) -> nn.Sequential:
         nn.Linear(REDUCED_HIDDEN, REDUCED_CLASSES),
     ]
     layers = [*features, nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(1), *classifier]
-    for layer in layers:  # torchvision's VGG initialisation
+    # torchvision's initialisation for the convolutions; the narrow classifier keeps PyTorch's default
+    # Linear init, because torchvision's N(0, 0.01) (meant for 4096-wide layers) makes a 256-wide
+    # classifier's output vanish and the reduced model then does not learn from scratch (measured:
+    # validation accuracy stays at 0.09 after 2 epochs, against 0.50 with the default init).
+    for layer in layers:
         if isinstance(layer, nn.Conv2d):
             nn.init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
-            nn.init.zeros_(layer.bias)
-        elif isinstance(layer, nn.Linear):
-            nn.init.normal_(layer.weight, 0, 0.01)
             nn.init.zeros_(layer.bias)
     # in-place ReLUs would overwrite a stage's output that the next stage's backward still needs
     for layer in layers:
