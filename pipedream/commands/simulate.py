@@ -1,0 +1,100 @@
+"""Simulate a schedule of a plan (or of the planner's plan for a cluster) at paper scale and predict an epoch.
+
+Examples::
+
+    pipedream simulate --profile experiments/data/profiles/vgg16/graph.txt --cluster A_4x4 --batch-size 64
+    pipedream simulate --profile PROFILE --plan results/plans/vgg16/A_4x4.json --schedule dp --json out.json
+    pipedream simulate --profile PROFILE --cluster '8x8:25e9,12.5e9' --schedule gpipe --microbatches 8
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipedream.errors import PipeDreamError
+from pipedream.io import atomic_write_json
+
+HELP = "simulate PipeDream / GPipe / 2BW / DP on a modelled cluster: epoch time, bubble, bytes, DP stalls"
+# profiled minibatch of the release's V100 profiles, by folder name (profiles/README.md)
+RELEASE_MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``pipedream simulate``."""
+    p.add_argument("--profile", required=True, help="graph.txt of the model")
+    p.add_argument("--profiled-batch", type=int, default=None,
+                   help="samples in the profiled minibatch (default: meta.json beside the profile, or the release's)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--plan", help="plan JSON from `pipedream plan` (its cluster comes from --cluster or the plan)")
+    where.add_argument("--cluster", help="plan with the planner for this cluster (name or what-if string)")
+    p.add_argument("--plan-cluster", default=None, help="with --plan: the cluster to simulate on (default: the plan's)")
+    p.add_argument("--clusters", default="experiments/clusters.yaml", help="clusters file")
+    p.add_argument("--schedule", default="pipedream", choices=["pipedream", "gpipe", "2bw", "dp"], help="schedule to time")
+    p.add_argument("--microbatches", type=int, default=4, help="microbatches per minibatch (gpipe, 2bw)")
+    p.add_argument("--batch-size", type=int, default=None, help="samples per worker per forward (default: profiled)")
+    p.add_argument("--dataset-size", type=int, default=1_281_167, help="samples in an epoch (default: ImageNet)")
+    p.add_argument("--no-overlap", action="store_true", help="allreduce after the backward, not layer by layer")
+    p.add_argument("--allreduce", default="hierarchical", choices=["hierarchical", "ring"], help="allreduce algorithm")
+    p.add_argument("--json", default=None, help="also write the results as JSON to this path")
+
+
+def _profiled_batch(path: Path, given: int | None) -> int:
+    if given:
+        return given
+    from pipedream.profiler import read_meta
+
+    mb = int(read_meta(path).get("minibatch_size", 0)) or RELEASE_MINIBATCH.get(path.parent.name, 0)
+    if mb < 1:
+        raise PipeDreamError(f"profiled minibatch of {path} unknown; pass --profiled-batch")
+    return mb
+
+
+def run(args: argparse.Namespace) -> int:
+    """Simulate and print the results; returns 0."""
+    from pipedream.graph import LayerGraph
+    from pipedream.plan import Plan
+    from pipedream.predicted import scaled
+    from pipedream.simulator import simulate_dp, simulate_plan
+    from pipedream.topology import get_cluster
+
+    if args.microbatches < 1 or (args.batch_size is not None and args.batch_size < 1) or args.dataset_size < 1:
+        raise PipeDreamError("--microbatches, --batch-size and --dataset-size must be positive")
+    path = Path(args.profile)
+    graph = LayerGraph.read(path, _profiled_batch(path, args.profiled_batch))
+    if args.batch_size:
+        graph = scaled(graph, args.batch_size)
+    if args.plan:
+        plan = Plan.load(args.plan)
+        cluster = get_cluster(args.plan_cluster or plan.cluster, args.clusters)
+        source = args.plan
+    else:
+        from pipedream.planner import plan_pipeline
+
+        cluster = get_cluster(args.cluster, args.clusters)
+        plan = plan_pipeline(graph, cluster, model=path.parent.name, minibatch_size=graph.minibatch_size)
+        source = "planner"
+    opts = {"dataset_size": args.dataset_size, "overlap": not args.no_overlap, "allreduce": args.allreduce,
+            "microbatches": args.microbatches}
+    if args.schedule in ("gpipe", "2bw") and any(s.replicas > 1 for s in plan.stages):
+        raise PipeDreamError(f"{args.schedule} needs a straight plan (one worker per stage); plan {plan.config!r} "
+                             "has replicated stages: use --schedule pipedream, or a straight plan")
+    res = simulate_plan(graph, plan, cluster, schedule=args.schedule, **opts)
+    dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **opts)
+    out = {"profile": str(path), "plan": source, "plan_config": plan.config, "cluster": cluster.describe(),
+           **res.to_dict(), "dp_epoch_time_s": dp.epoch_time_s, "speedup_over_dp": dp.epoch_time_s / res.epoch_time_s,
+           "dp_comm_stall_fraction": dp.comm_stall_fraction}
+    print(f"{args.schedule} on {cluster.describe()}, plan {plan.config} ({source})")
+    print(f"  time per minibatch of {res.samples_per_minibatch} samples: {res.time_per_minibatch_s * 1e3:.2f} ms "
+          f"({1 / res.time_per_sample_s:.0f} samples/s)")
+    print(f"  epoch of {res.dataset_size} samples: {res.epoch_time_s:.1f} s; DP: {dp.epoch_time_s:.1f} s; "
+          f"speedup over DP {out['speedup_over_dp']:.2f}x")
+    print(f"  bubble {res.bubble_fraction:.1%} (steady {res.steady_bubble_fraction:.1%}); utilisation per rank "
+          + " ".join(f"{u:.2f}" for u in res.utilisation))
+    print(f"  bytes/sample: activations {res.p2p_bytes_per_sample:.3g}, allreduce {res.allreduce_bytes_per_sample:.3g}; "
+          f"DP allreduce {dp.allreduce_bytes_per_sample:.3g}")
+    print(f"  stalls: allreduce {res.comm_stall_fraction:.1%}, receive {res.recv_stall_fraction:.1%}; "
+          f"DP allreduce stall {dp.comm_stall_fraction:.1%}")
+    if args.json:
+        atomic_write_json(Path(args.json), out)
+    return 0

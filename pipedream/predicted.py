@@ -1,0 +1,353 @@
+"""The predicted Table 1: V100 profiles + paper clusters -> planner -> simulator -> speedup over DP.
+
+For every row of the paper's Table 1 with a profile, the model is planned for the row's cluster
+(:func:`pipedream.planner.plan_pipeline`) and both PipeDream (1F1B-RR on the plan) and data
+parallelism are simulated (:mod:`pipedream.simulator`); the predicted epoch-time speedup is DP epoch
+time / PipeDream epoch time, as in the paper's Table 1. The paper's own configuration is simulated too
+(split by :mod:`pipedream.sim.split`), which separates planner differences from model differences.
+
+DP baseline (paper §5.1): the paper compares against PyTorch's DistributedDataParallel (the release's
+DP driver, ``runtime/image_classification/main.py``, wraps the model in
+``torch.nn.parallel.DistributedDataParallel`` with NCCL). DDP reduces gradient buckets with ring
+allreduces while the backward pass is still running, i.e. wait-free backpropagation, and NCCL rings are
+hierarchical across servers; so the default here is ``allreduce="hierarchical"`` with ``overlap=True``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph, Node
+from pipedream.io import atomic_write_text
+from pipedream.plan import Plan
+from pipedream.report import to_markdown
+from pipedream.sim.network import Network
+from pipedream.sim.split import ranks_for, replicas_of, split_for_replicas
+from pipedream.simulator import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
+from pipedream.topology import Cluster, get_cluster
+
+RELEASE_PROFILES = Path("experiments/data/profiles")
+# paper model -> (release profile folder, profiled minibatch, per-GPU batch of paper §5.1)
+PAPER_MODELS = {"vgg16": ("vgg16", 128, 64), "resnet50": ("resnet50", 128, 128), "alexnet": ("alexnet", 256, 256),
+                "gnmt8": ("gnmt", 64, 64), "gnmt16": ("gnmt_large", 64, 64)}
+# samples per epoch (only epoch times depend on these, never the speedups)
+DATASET_SAMPLES = {"imagenet": IMAGENET_TRAIN_SAMPLES, "synthetic": IMAGENET_TRAIN_SAMPLES,
+                   "wmt16_en_de": 4_500_000, "penn_treebank": 929_589, "msvd": 1_200}
+THRESHOLD = 0.15
+
+
+@dataclass
+class Profile:
+    """A profile ready to plan and simulate: the graph at the training batch, and where it came from."""
+
+    graph: LayerGraph
+    path: str
+    hardware: str
+    profiled_batch: int
+    batch: int
+
+
+def scaled(graph: LayerGraph, batch: int) -> LayerGraph:
+    """A copy of ``graph`` with times and activations scaled linearly to ``batch`` samples (§3.1's profile
+    is per minibatch; the release optimizer also assumes linear scaling)."""
+    f = batch / graph.minibatch_size
+    out = LayerGraph(minibatch_size=batch)
+    for n in graph.nodes.values():
+        out.add_node(Node(n.node_id, n.desc, n.fwd_s * f, n.bwd_s * f, tuple(a * f for a in n.activation_bytes),
+                          n.param_bytes, n.stage_id))
+    out.edges = list(graph.edges)
+    return out
+
+
+def find_profile(model: str, profiles_dir: Path) -> Profile | None:
+    """The V100 release profile of a paper model, else ``<profiles_dir>/<model>/graph.txt`` (with its
+    meta.json), else None."""
+    if model in PAPER_MODELS:
+        folder, mb, batch = PAPER_MODELS[model]
+        path = RELEASE_PROFILES / folder / "graph.txt"
+        if path.is_file():
+            return Profile(scaled(LayerGraph.read(path, mb), batch), str(path), "V100 (release)", mb, batch)
+    path = profiles_dir / model / "graph.txt"
+    if not path.is_file():
+        return None
+    from pipedream.profiler import read_meta
+
+    meta = read_meta(path)
+    mb = int(meta.get("minibatch_size", 0))
+    if mb < 1:
+        raise PipeDreamError(f"{path}: no minibatch_size in the meta.json beside it; re-run `pipedream profile`")
+    return Profile(LayerGraph.read(path, mb), str(path), str(meta.get("device", "unknown")), mb, mb)
+
+
+def get_plan(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None) -> tuple[Plan, str]:
+    """``<plans_dir>/<model>/<cluster>.json`` if it exists, else a fresh plan from the planner."""
+    if plans_dir is not None:
+        path = plans_dir / model / f"{cluster.name}.json"
+        if path.is_file():
+            return Plan.load(path), str(path)
+    from pipedream.planner import plan_pipeline
+
+    return plan_pipeline(prof.graph, cluster, model=model, minibatch_size=prof.batch), "planner"
+
+
+def _outer_scaled(cluster: Cluster, factor: float) -> Cluster:
+    levels = [*cluster.levels[:-1], (cluster.levels[-1][0], cluster.levels[-1][1] * factor)]
+    return Cluster(name=f"{cluster.name}*{factor:.3g}", levels=levels, device_memory_bytes=cluster.device_memory_bytes)
+
+
+def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float, dataset: int) -> float | None:
+    """Outermost-level bandwidth (bytes/s) at which simulated DP takes ``target_epoch_s`` (bisection, log scale)."""
+    def dp_time(f: float) -> float:
+        return simulate_dp(graph, _outer_scaled(cluster, f), dataset_size=dataset).epoch_time_s
+
+    lo, hi = 1e-3, 1e2
+    if not dp_time(hi) <= target_epoch_s <= dp_time(lo):
+        return None
+    for _ in range(12):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if dp_time(mid) > target_epoch_s else (lo, mid)
+    return cluster.levels[-1][1] * math.sqrt(lo * hi)
+
+
+def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_config: str | None = None,
+            paper_speedup: float | None = None, plans_dir: Path | None = None) -> dict[str, Any]:
+    """One predicted row: plan, simulate PipeDream and DP, the paper's config, and diagnostics."""
+    g = prof.graph
+    plan, plan_source = get_plan(model, prof, cluster, plans_dir)
+    pd_res = simulate_plan(g, plan, cluster, dataset_size=dataset)
+    dp = simulate_dp(g, cluster, dataset_size=dataset)
+    dp_serial = simulate_dp(g, cluster, dataset_size=dataset, overlap=False, allreduce="ring")
+    row: dict[str, Any] = {
+        "predicted_config": plan.config, "plan_source": plan_source,
+        "predicted_speedup": dp.epoch_time_s / pd_res.epoch_time_s,
+        "planner_estimate_speedup": plan.predicted_speedup,
+        "pipedream_epoch_time_s": pd_res.epoch_time_s, "dp_epoch_time_s": dp.epoch_time_s,
+        "pipedream_steady_bubble": pd_res.steady_bubble_fraction,
+        "dp_comm_stall_fraction": dp.comm_stall_fraction,
+        "dp_no_overlap_flat_ring_stall": dp_serial.comm_stall_fraction,
+        "pipedream_p2p_bytes_per_sample": pd_res.p2p_bytes_per_sample,
+        "pipedream_allreduce_bytes_per_sample": pd_res.allreduce_bytes_per_sample,
+        "dp_bytes_per_sample": dp.allreduce_bytes_per_sample,
+    }
+    if paper_config is None:
+        return row
+    ref = _simulate_config(g, cluster, paper_config, dataset, plan, pd_res, dp)
+    row["paper_config_predicted_speedup"] = dp.epoch_time_s / ref.epoch_time_s
+    row["paper_config_bubble"] = ref.steady_bubble_fraction if ref.schedule != "dp" else math.nan
+    row["paper_config_speedup_if_dp_not_overlapped"] = dp_serial.epoch_time_s / ref.epoch_time_s
+    choices = {str(cluster.workers): 1.0, paper_config: row["paper_config_predicted_speedup"],
+               plan.config: row["predicted_speedup"]}
+    row["simulator_best_config"] = max(choices, key=choices.__getitem__)
+    row["simulator_best_speedup"] = choices[row["simulator_best_config"]]
+    if paper_speedup is not None and not math.isnan(paper_speedup):
+        row["rel_error"] = row["predicted_speedup"] / paper_speedup - 1
+        row["paper_config_rel_error"] = row["paper_config_predicted_speedup"] / paper_speedup - 1
+        short = row["paper_config_rel_error"] < -THRESHOLD and ref.schedule != "dp"
+        bw = dp_bandwidth_for(g, cluster, paper_speedup * ref.epoch_time_s, dataset) if short else None
+        row["dp_outer_Bps_matching_paper"] = bw if bw is not None else math.nan
+    return row
+
+
+def _simulate_config(g: LayerGraph, cluster: Cluster, config: str, dataset: int, plan: Plan, pd_res: SimResult,
+                     dp: SimResult) -> SimResult:
+    """Simulate a paper config string on ``cluster`` (DP for ``"16"``-style, our split otherwise)."""
+    reps = replicas_of(config, cluster.workers)
+    if len(reps) == 1:
+        return dp
+    if reps == [s.replicas for s in plan.stages]:
+        return pd_res
+    stages = split_for_replicas(g, reps, Network(cluster), g.minibatch_size)
+    return simulate_stages(g, stages, ranks_for(reps), cluster, dataset_size=dataset)
+
+
+def _row_label(model: str, p: pd.Series) -> str:
+    return f"{model} {p['cluster']} {p['servers']}x{p['gpus_per_server']}"
+
+
+def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
+                models: list[str] | None = None) -> pd.DataFrame:
+    """Every row of the paper's Table 1 (``models`` only, if given), predicted where a profile exists."""
+    if not paper_table.is_file():
+        raise PipeDreamError(f"paper table {paper_table} not found; pass --paper-table experiments/paper_table1.csv")
+    paper = pd.read_csv(paper_table)
+    rows = []
+    for _, p in paper.iterrows():
+        model = str(p["model"])
+        if models and model not in models:
+            continue
+        cluster = get_cluster(f"{p['cluster']}_{p['servers']}x{p['gpus_per_server']}", clusters_path)
+        hardware = f"{p['cluster']} {p['servers']}x{p['gpus_per_server']}"
+        row: dict[str, Any] = {"row": _row_label(model, p), "model": model, "hardware": hardware,
+                               "cluster": cluster.name, "paper_config": str(p["pipedream_config"]),
+                               "paper_speedup": float(p["speedup_epoch_time"])}
+        prof = find_profile(model, profiles_dir)
+        if prof is None:
+            row.update(predicted_config="no V100 profile", profile=f"none ({profiles_dir / model / 'graph.txt'} absent)")
+        else:
+            dataset = DATASET_SAMPLES.get(str(p["dataset"]), IMAGENET_TRAIN_SAMPLES)
+            row.update(profile=prof.path, profile_hardware=prof.hardware, profiled_batch=prof.profiled_batch,
+                       batch_per_gpu=prof.batch, dataset_samples=dataset)
+            row.update(predict(model, prof, cluster, dataset, paper_config=row["paper_config"],
+                               paper_speedup=row["paper_speedup"], plans_dir=plans_dir))
+        rows.append(row)
+    if not rows:
+        raise PipeDreamError(f"no rows of {paper_table} match models {models}")
+    return pd.DataFrame(rows)
+
+
+def _gbps(bps: float) -> str:
+    return f"{bps * 8 / 1e9:.3g} Gbps"
+
+
+def explain(r: pd.Series, cluster: Cluster) -> list[str]:
+    """Why a row's prediction differs from the paper by more than 15% (which assumption differs)."""
+    out = []
+    if r["predicted_config"] != r["paper_config"]:
+        out.append(f"planner: ours picked {r['predicted_config']} (its own estimate {r['planner_estimate_speedup']:.2f}x, "
+                   f"simulated {r['predicted_speedup']:.2f}x); the paper ran {r['paper_config']}, which simulates at "
+                   f"{r['paper_config_predicted_speedup']:.2f}x ({r['paper_config_rel_error']:+.0%}).")
+    if r["paper_config_rel_error"] < -THRESHOLD:
+        line = (f"DP baseline / bandwidth: modelled DP (ring allreduce at line rate, overlapped with the backward) "
+                f"stalls {r['dp_comm_stall_fraction']:.0%} of the time; without overlap on a flat ring it stalls "
+                f"{r['dp_no_overlap_flat_ring_stall']:.0%} and the paper's config would gain "
+                f"{r['paper_config_speedup_if_dp_not_overlapped']:.2f}x.")
+        bw = r.get("dp_outer_Bps_matching_paper", math.nan)
+        if isinstance(bw, float) and not math.isnan(bw):
+            line += (f" The paper's {r['paper_speedup']:.2f}x needs DP to be as slow as it is at an effective "
+                     f"{_gbps(bw)} between {'servers' if len(cluster.levels) > 1 else 'GPUs'} "
+                     f"(modelled {_gbps(cluster.levels[-1][1])}, {bw / cluster.levels[-1][1]:.0%} of line rate).")
+        out.append(line)
+    if r["paper_config_rel_error"] > THRESHOLD:
+        out.append("pipeline/profile: with this profile the paper's config is predicted faster than measured; "
+                   "the paper's DP was relatively faster, or its pipeline slower, than modelled (profile hardware, "
+                   "runtime overheads the simulator does not charge).")
+    bubble = r.get("paper_config_bubble", math.nan)
+    if isinstance(bubble, float) and not math.isnan(bubble) and bubble > 0.2:
+        out.append(f"pipeline: the paper's config idles {bubble:.0%} of worker time in the simulation (the slowest "
+                   "stage, often one layer that cannot be split, or a boundary link bounds the period).")
+    out.append(f"profile: {r['profile_hardware']} profile at {int(r['profiled_batch'])} samples, scaled linearly to "
+               f"{int(r['batch_per_gpu'])} per GPU (the release does not state the profiling GPU).")
+    return out
+
+
+MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_speedup": "predicted speedup",
+              "paper_config": "paper config", "paper_speedup": "paper speedup", "rel_error": "rel. error",
+              "paper_config_predicted_speedup": "paper config, predicted", "paper_config_rel_error": "rel. error (paper config)",
+              "simulator_best_config": "best simulated", "simulator_best_speedup": "its speedup",
+              "dp_comm_stall_fraction": "DP comm stall", "pipedream_steady_bubble": "PipeDream bubble",
+              "pipedream_p2p_bytes_per_sample": "PipeDream act. bytes/sample", "dp_bytes_per_sample": "DP weight bytes/sample"}
+
+
+def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: str = "table1_predicted",
+                    title: str = "Table 1, predicted at paper scale (simulated) beside the paper") -> None:
+    """``<stem>.csv`` and ``<stem>.md`` (table, assumptions, an explanation of every mismatch > 15%)."""
+    atomic_write_text(out_dir / f"{stem}.csv", df.to_csv(index=False))
+    cols = [c for c in MD_COLUMNS if c in df.columns]
+    md = to_markdown(df[cols].rename(columns=MD_COLUMNS), title, [
+        "speedup = DP epoch time / PipeDream epoch time, both simulated (pipedream.simulator) on the row's cluster "
+        "(experiments/clusters.yaml) from the release's V100 profiles; rel. error = predicted / paper - 1.",
+        "DP baseline = the paper's PyTorch DistributedDataParallel: hierarchical ring allreduce overlapped with the "
+        "backward layer by layer (wait-free backpropagation). PipeDream = 1F1B-RR on our planner's plan, replicated "
+        "stages synchronised the same way; 'paper config' = the paper's configuration split by pipedream.sim.split.",
+        "Bytes/sample: activations and their gradients between stages (PipeDream) vs weight-gradient allreduce (DP).",
+    ])
+    notes = ["", f"## Mismatches above {THRESHOLD:.0%}", ""]
+    for _, r in df.iterrows():
+        if r["predicted_config"] == "no V100 profile":
+            notes.append(f"- **{r['row']}**: no V100 profile — {r['profile']}; not predicted.")
+            continue
+        if "rel_error" in r and abs(r["rel_error"]) > THRESHOLD:
+            cluster = get_cluster(r["cluster"], clusters_path)
+            notes.append(f"- **{r['row']}** (predicted {r['predicted_speedup']:.2f}x vs paper {r['paper_speedup']:.2f}x, "
+                         f"{r['rel_error']:+.0%}):")
+            notes += [f"  - {line}" for line in explain(r, cluster)]
+    atomic_write_text(out_dir / f"{stem}.md", md + "\n".join(notes) + "\n")
+
+
+def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
+                    microbatches: int = 4) -> None:
+    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW and DP."""
+    from pipedream.sim.plots import gantt
+
+    cluster = get_cluster(cluster_name, clusters_path)
+    prof = find_profile(model, Path("results/profiles"))
+    if prof is None:
+        raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
+    reps = [1] * cluster.workers
+    stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
+    ranks = ranks_for(reps)
+    panels = []
+    for sched, label in (("pipedream", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
+                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"), ("dp", "data parallelism")):
+        nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
+        rk = [list(range(cluster.workers))] if sched == "dp" else ranks
+        res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
+        assert res.trace is not None
+        panels.append((f"{label}: {model} on {cluster_name} ({res.config}), bubble {res.steady_bubble_fraction:.0%}", res.trace))
+    gantt(panels, out, cluster.workers)
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a cluster name or what-if string."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
+
+
+def whatif_table(cluster: Cluster, profiles_dir: Path, plans_dir: Path | None, models: list[str] | None) -> pd.DataFrame:
+    """The predicted rows (no paper columns) of every profiled model on one what-if cluster."""
+    rows = []
+    for model in models or list(PAPER_MODELS):
+        prof = find_profile(model, profiles_dir)
+        if prof is None:
+            raise PipeDreamError(f"no profile for {model!r} (looked in {RELEASE_PROFILES} and {profiles_dir})")
+        row = {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
+               "profile": prof.path, "batch_per_gpu": prof.batch}
+        row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES, plans_dir=plans_dir))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``pipedream report --predicted``."""
+    g = p.add_argument_group("predicted Table 1 (with --predicted)")
+    g.add_argument("--out-dir", default="results", help="where table1_predicted.{csv,md} and plots/ go")
+    g.add_argument("--cluster", default=None,
+                   help="what-if: a cluster name or string like '8x8:25e9,12.5e9' (innermost first, bytes/s)")
+    g.add_argument("--clusters", default="experiments/clusters.yaml", help="clusters file")
+    g.add_argument("--paper-table", default="experiments/paper_table1.csv", help="the paper's Table 1 as CSV")
+    g.add_argument("--profiles-dir", default="results/profiles", help="user profiles (<dir>/<model>/graph.txt)")
+    g.add_argument("--plans-dir", default=None, help="reuse <dir>/<model>/<cluster>.json plans when present")
+    g.add_argument("--models", nargs="+", default=None, help="only these models")
+    g.add_argument("--no-plots", action="store_true", help="skip the plots")
+
+
+def run(args: argparse.Namespace) -> pd.DataFrame:
+    """Write the predicted Table 1 (or the what-if table) and its plots; returns the table."""
+    from pipedream.sim import plots
+
+    out = Path(args.out_dir)
+    clusters_path = Path(args.clusters)
+    plans_dir = Path(args.plans_dir) if args.plans_dir else None
+    if args.cluster:
+        cluster = get_cluster(args.cluster, clusters_path)
+        df = whatif_table(cluster, Path(args.profiles_dir), plans_dir, args.models)
+        stem = f"whatif_{slug(cluster.name)}"
+        write_predicted(df, out, clusters_path, stem, f"What-if: predicted PipeDream vs DP on {cluster.describe()}")
+        if not args.no_plots:
+            plots.dp_stall_bars(df, out / "plots" / f"{stem}_dp_comm_stall.png")
+        return df
+    df = build_table(Path(args.paper_table), clusters_path, Path(args.profiles_dir), plans_dir, args.models)
+    write_predicted(df, out, clusters_path)
+    if not args.no_plots:
+        have = df[df["predicted_config"] != "no V100 profile"]
+        plots.speedup_bars(have, out / "plots" / "table1_predicted_speedup.png")
+        plots.dp_stall_bars(have, out / "plots" / "dp_comm_stall.png")
+        timeline_panels(out / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
+    return df

@@ -1,0 +1,95 @@
+"""Plots of the predicted Table 1 (seaborn): speedup bars, DP communication stalls, schedule timelines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from pipedream.sim.engine import Trace
+
+COLORS = {"F": "#4C72B0", "B": "#DD8452", "ALLREDUCE": "#55A868", "SEND": "#8172B3"}
+
+
+def _save(fig, out: Path) -> None:  # noqa: ANN001 - a matplotlib Figure
+    import matplotlib.pyplot as plt
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(out)
+
+
+def _setup():  # noqa: ANN202
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid")
+    return plt, sns
+
+
+def speedup_bars(df: pd.DataFrame, out: Path) -> None:
+    """Paper speedup beside the predicted ones (planner's config and the paper's config), one group per row.
+
+    ``df`` needs ``row``, ``paper_speedup``, ``predicted_speedup`` and ``paper_config_predicted_speedup``.
+    """
+    plt, sns = _setup()
+    long = df.melt(id_vars=["row"], value_vars=["paper_speedup", "predicted_speedup", "paper_config_predicted_speedup"],
+                   var_name="source", value_name="speedup over DP (epoch time)").dropna()
+    long["source"] = long["source"].map({"paper_speedup": "paper", "predicted_speedup": "predicted (our planner's config)",
+                                         "paper_config_predicted_speedup": "predicted (paper's config)"})
+    fig, ax = plt.subplots(figsize=(max(7, 0.8 * df["row"].nunique() + 2), 4.5))
+    sns.barplot(data=long, x="row", y="speedup over DP (epoch time)", hue="source", ax=ax)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xlabel("")
+    ax.tick_params(axis="x", rotation=60)
+    ax.set_title("Table 1: PipeDream speedup over data parallelism, paper vs simulated")
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def dp_stall_bars(df: pd.DataFrame, out: Path) -> None:
+    """Share of DP worker time stalled in allreduce per model and cluster (the paper's Figure 1 argument).
+
+    ``df`` needs ``model``, ``hardware`` and ``dp_comm_stall_fraction``.
+    """
+    plt, sns = _setup()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.barplot(data=df.dropna(subset=["dp_comm_stall_fraction"]), x="model", y="dp_comm_stall_fraction",
+                hue="hardware", ax=ax)
+    ax.set_ylabel("DP time stalled in communication")
+    ax.set_ylim(0, 1)
+    ax.set_title("Data parallelism: communication stalls (simulated, wait-free backprop)")
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def gantt(panels: list[tuple[str, Trace]], out: Path, ranks: int) -> None:
+    """One timeline per schedule: compute spans per rank (forward, backward) and allreduce pieces.
+
+    Args:
+        panels: ``(title, trace)`` pairs, traces recorded with ``record=True``.
+        out: PNG path.
+        ranks: ranks to draw (0 .. ranks - 1).
+    """
+    plt, _ = _setup()
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.0 + 0.45 * ranks * len(panels)), squeeze=False)
+    for ax, (title, tr) in zip(axes[:, 0], panels, strict=True):
+        for r in range(ranks):
+            for sp in tr.compute.get(r, []):
+                kind = "B" if "B" in sp.what.lstrip("0123456789")[:1] else "F"
+                ax.broken_barh([(sp.start, sp.end - sp.start)], (r - 0.4, 0.8), color=COLORS[kind], ec="white", lw=0.3)
+        for sp in tr.collectives:
+            ax.broken_barh([(sp.start, sp.end - sp.start)], (ranks - 0.4, 0.8), color=COLORS["ALLREDUCE"])
+        ax.set_yticks(range(ranks + 1), [f"rank {r}" for r in range(ranks)] + ["allreduce"])
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("time (s)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (COLORS["F"], COLORS["B"], COLORS["ALLREDUCE"])]
+    fig.legend(handles, ["forward", "backward", "allreduce"], loc="upper right", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    _save(fig, out)
