@@ -1,0 +1,171 @@
+"""Predicted Table 1 and the `simulate` / `report --predicted` command lines."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipedream.cli import main
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph, Node
+from pipedream.plan import Plan, Stage
+from pipedream.predicted import build_table, find_profile, scaled, slug, whatif_table
+from pipedream.sim.network import Network
+from pipedream.sim.split import ranks_for, replicas_of, split_for_replicas
+from pipedream.simulator import interleave, plan_ranks, simulate_dp, simulate_stages
+from pipedream.topology import Cluster, get_cluster
+from tests.conftest import REPO
+
+CLUSTERS = REPO / "experiments" / "clusters.yaml"
+
+
+def _chain(times: list[float], batch: int = 8) -> LayerGraph:
+    g = LayerGraph(minibatch_size=batch)
+    for i, t in enumerate(times):
+        g.add_node(Node(f"n{i}", "Linear", t / 3, 2 * t / 3, (1e3,), 100.0))
+        if i:
+            g.add_edge(f"n{i - 1}", f"n{i}")
+    return g
+
+
+def test_scaled_profile_scales_times_and_activations_not_parameters() -> None:
+    g = scaled(_chain([0.3, 0.6], batch=8), 2)
+    n = g.nodes["n1"]
+    assert (g.minibatch_size, n.fwd_s, n.bwd_s, n.activation_bytes, n.param_bytes) == (
+        2, pytest.approx(0.05), pytest.approx(0.1), (pytest.approx(250.0),), 100.0)
+    assert g.edges == [("n0", "n1")]
+
+
+def test_config_strings_and_split() -> None:
+    assert replicas_of("15-1", 16) == [15, 1] and replicas_of("straight", 4) == [1, 1, 1, 1]
+    assert ranks_for([3, 1]) == [[0, 1, 2], [3]]
+    for bad in ("15-2", "x-1", "0-16"):
+        with pytest.raises(PipeDreamError):
+            replicas_of(bad, 16)
+    flat = Network(Cluster(name="f", levels=[(4, 1e12)]))
+    assert split_for_replicas(_chain([1.0] * 8), [1, 1, 1, 1], flat, 8) == [[f"n{i}", f"n{i + 1}"] for i in (0, 2, 4, 6)]
+    # a stage with 3 replicas takes 3x the work of a single one
+    assert [len(s) for s in split_for_replicas(_chain([1.0] * 4), [3, 1], flat, 8)] == [3, 1]
+    with pytest.raises(PipeDreamError, match="only 2 layers"):
+        split_for_replicas(_chain([1.0, 1.0]), [1, 1, 1], flat, 8)
+
+
+def test_round_robin_alternates_servers_for_hierarchical_plans() -> None:
+    assert interleave([0, 1, 2, 4, 5, 6, 8, 9, 10], 4) == [0, 4, 8, 1, 5, 9, 2, 6, 10]
+    plan = Plan("m", "A_4x4", 16, [Stage(["a"], 12, list(range(12))), Stage(["b"], 4, list(range(12, 16)))], 8, 1.0, 1.0,
+                extra={"placement_rank_map": {"0": [0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14], "1": [3, 7, 11, 15]}})
+    assert plan_ranks(plan, get_cluster("A_4x4", CLUSTERS)) == [[0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14], [3, 7, 11, 15]]
+    plan.extra["placement_rank_map"] = {"0": [0, 1], "1": [3]}
+    with pytest.raises(PipeDreamError, match="placement_rank_map"):
+        plan_ranks(plan)
+
+
+def _write_plan(plans: Path, model: str, cluster: Cluster, config: str) -> Plan:
+    """A plan made with our splitter (so these tests do not depend on the planner's speed)."""
+    prof = find_profile(model, plans)
+    assert prof is not None
+    reps = replicas_of(config, cluster.workers)
+    stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
+    plan = Plan(model, cluster.name, cluster.workers,
+                [Stage(s, r, rk) for s, r, rk in zip(stages, reps, ranks_for(reps), strict=True)], prof.batch, 1.0, 2.0)
+    plan.save(plans / model / f"{cluster.name}.json")
+    return plan
+
+
+@pytest.fixture
+def tiny_paper(tmp_path: Path) -> Path:
+    path = tmp_path / "paper.csv"
+    path.write_text((REPO / "experiments" / "paper_table1.csv").read_text().splitlines()[0] + "\n"
+                    "translation,gnmt8,wmt16_en_de,21.8 BLEU,1,4,A,straight,1.5,1.5\n"
+                    "language_model,awd_lm,penn_treebank,98 perplexity,1,4,A,straight,4.25,4.25\n")
+    return path
+
+
+def test_predicted_row_is_the_simulated_epoch_time_ratio(tmp_path: Path, tiny_paper: Path) -> None:
+    cluster = get_cluster("A_1x4", CLUSTERS)
+    plan = _write_plan(tmp_path / "plans", "gnmt8", cluster, "straight")
+    df = build_table(tiny_paper, CLUSTERS, tmp_path / "profiles", tmp_path / "plans")
+    gnmt, awd = df.iloc[0], df.iloc[1]
+    prof = find_profile("gnmt8", tmp_path)
+    assert prof is not None and prof.batch == 64
+    pd_res = simulate_stages(prof.graph, [s.nodes for s in plan.stages], [s.ranks for s in plan.stages], cluster,
+                             dataset_size=4_500_000)
+    dp = simulate_dp(prof.graph, cluster, dataset_size=4_500_000)
+    assert gnmt["predicted_config"] == "straight" and gnmt["plan_source"].endswith("A_1x4.json")
+    assert gnmt["predicted_speedup"] == pytest.approx(dp.epoch_time_s / pd_res.epoch_time_s, rel=1e-12)
+    assert gnmt["paper_config_predicted_speedup"] == pytest.approx(gnmt["predicted_speedup"], rel=1e-12)
+    assert gnmt["rel_error"] == pytest.approx(gnmt["predicted_speedup"] / 1.5 - 1)
+    assert gnmt["dp_comm_stall_fraction"] == pytest.approx(dp.comm_stall_fraction)
+    # the paper's point: activations per sample are far fewer bytes than DP's weight traffic
+    assert gnmt["pipedream_p2p_bytes_per_sample"] * 10 < gnmt["dp_bytes_per_sample"]
+    assert awd["predicted_config"] == "no V100 profile"
+
+
+def test_whatif_table(tmp_path: Path) -> None:
+    cluster = get_cluster("2:100e9", CLUSTERS)
+    _write_plan(tmp_path, "gnmt8", cluster, "straight")
+    df = whatif_table(cluster, tmp_path, tmp_path, ["gnmt8"])
+    assert list(df["predicted_config"]) == ["straight"] and df["predicted_speedup"].iloc[0] > 0
+    assert slug("8x8:25e9,12.5e9") == "8x8_25e9_12_5e9"
+    with pytest.raises(PipeDreamError, match="no profile for 'nosuch'"):
+        whatif_table(cluster, tmp_path, tmp_path, ["nosuch"])
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pipedream ARGS`` in this process (as the console script does), capturing its output."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def test_report_predicted_cli_writes_table_and_plots(tmp_path: Path, tiny_paper: Path) -> None:
+    _write_plan(tmp_path / "plans", "gnmt8", get_cluster("A_1x4", CLUSTERS), "straight")
+    out = tmp_path / "out"
+    proc = _cli("report", "--predicted", "--paper-table", str(tiny_paper), "--plans-dir", str(tmp_path / "plans"),
+                "--profiles-dir", str(tmp_path / "profiles"), "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    md = (out / "table1_predicted.md").read_text()
+    assert "| gnmt8 A 1x4 | straight |" in md and "no V100 profile" in md
+    assert "gnmt8 A 1x4** (predicted" in md  # a mismatch above 15% is explained
+    for png in ("table1_predicted_speedup.png", "dp_comm_stall.png", "timeline_gnmt8_A_1x4.png"):
+        assert (out / "plots" / png).stat().st_size > 10_000
+    assert (out / "table1_predicted.csv").read_text().count("\n") == 3
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["report", "--predicted", "--clusters", "/nonexistent.yaml"], "clusters file /nonexistent.yaml not found"),
+    (["simulate", "--profile", "experiments/data/profiles/gnmt/graph.txt", "--plan", "/nonexistent.json"], "not found"),
+    (["simulate", "--profile", "experiments/data/profiles/gnmt/graph.txt", "--cluster", "4x:1e9"], "unknown cluster"),
+])
+def test_bad_inputs_give_one_error_line(args: list[str], needle: str) -> None:
+    proc = _cli(*args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], proc.stderr
+
+
+def test_simulate_cli_with_a_plan_file(tmp_path: Path) -> None:
+    _write_plan(tmp_path, "gnmt8", get_cluster("A_1x4", CLUSTERS), "straight")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": "x", "stages": [{"nodes": ["nope"], "replicas": 1, "ranks": [0]}], "cluster": "A_1x4",
+                               "workers": 1, "minibatch_size": 64, "time_per_sample_s": 1, "dp_time_per_sample_s": 1}))
+    proc = _cli("simulate", "--profile", "experiments/data/profiles/gnmt/graph.txt", "--plan", str(bad))
+    assert proc.returncode == 2 and "node 'nope'" in proc.stderr
+    out = tmp_path / "sim.json"
+    proc = _cli("simulate", "--profile", "experiments/data/profiles/gnmt/graph.txt", "--plan",
+                str(tmp_path / "gnmt8" / "A_1x4.json"), "--schedule", "gpipe", "--microbatches", "4", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(out.read_text())
+    assert res["schedule"] == "gpipe" and res["samples_per_minibatch"] == 256 and res["workers"] == 4
+    assert 0 < res["bubble_fraction"] < 1 and res["speedup_over_dp"] > 0
