@@ -13,7 +13,7 @@ from pipedream.plan import Plan, Stage
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.stage import boundary_shapes, build_stage, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
-from tests.tiny import tiny_model
+from tests.tiny import tiny_model, tuple_model
 
 
 def test_stages_slice_the_chain_and_compose_to_the_model() -> None:
@@ -26,7 +26,18 @@ def test_stages_slice_the_chain_and_compose_to_the_model() -> None:
         y = build_stage(model, plan, s)(y)
     assert torch.equal(y, model(x))
     shapes = boundary_shapes(model, plan, x[:1])
-    assert shapes == [((256,), torch.float32), ((16,), torch.float32), ((16,), torch.float32), ((10,), torch.float32)]
+    assert [b.specs for b in shapes] == [(((256,), torch.float32),), (((16,), torch.float32),),
+                                         (((16,), torch.float32),), (((10,), torch.float32),)]
+    assert not any(b.is_tuple for b in shapes)
+
+
+def test_tuple_boundaries_keep_integer_passengers() -> None:
+    model = tuple_model()
+    b = boundary_shapes(model, straight_plan("t", 4, [1, 1, 1, 1]), torch.randn(1, 3, 32, 32))
+    assert b[0].is_tuple and b[0].specs == (((16,), torch.float32), ((), torch.int64))
+    assert b[0].grad_items == [0]
+    assert b[0].batched(5, grads=True) == [((5, 16), torch.float32)]
+    assert not b[3].is_tuple
 
 
 def test_plan_with_gaps_or_foreign_layers_is_rejected() -> None:

@@ -17,7 +17,7 @@ from pipedream import schedules
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import spawn_local
 from pipedream.runtime.stage import straight_plan
-from tests.tiny import build, linear_model, reference_batches, stage_params, tiny_model, write_data
+from tests.tiny import build, linear_model, reference_batches, stage_params, tiny_model, tuple_model, write_data
 
 pytestmark = pytest.mark.slow
 LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split of tiny_model on 4 stages
@@ -161,3 +161,18 @@ def test_replicated_stage_round_robin_and_gradient_sync(tmp_path: Path) -> None:
     F.cross_entropy(back(front(x1)), y1).backward()
     for n, p in front.named_parameters():
         torch.testing.assert_close(dumps[0]["first_grads"][n], (g0[n] + p.grad) / 2, rtol=1e-5, atol=1e-7)
+
+
+def test_tuple_boundaries_with_integer_tensors_equal_sgd(tmp_path: Path) -> None:
+    """Stages exchange (features, ids) tuples, like GNMT's layers; GPipe must still equal plain SGD."""
+    dumps = run(tmp_path, 4, factory=tuple_model, schedule="gpipe", microbatches=2, max_minibatches=3,
+                plan=straight_plan("t", 4, [1, 1, 1, 1]))
+    model = build(tuple_model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in reference_batches(tmp_path / "data", 8, 0, 0)[:3]:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    for s, d in enumerate(dumps):
+        for n, p in stage_params(model, range(s, s + 1)).items():
+            torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)

@@ -52,3 +52,42 @@ def build(factory, seed: int = 0) -> nn.Sequential:  # type: ignore[no-untyped-d
 def stage_params(model: nn.Sequential, layers: range) -> dict[str, torch.Tensor]:
     """Parameters of layers ``layers`` of ``model`` named as in the stage's own ``nn.Sequential``."""
     return {f"{i - layers.start}.{n}": p for i in layers for n, p in model[i].named_parameters()}
+
+
+class _Split(nn.Module):
+    """Image -> (features (B, 16) float, ids (B,) int64): a tuple with an integer passenger."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3 * 32 * 32, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = x.flatten(1)
+        return torch.tanh(self.proj(flat)), (flat[:, :8].sum(1) > 0).long()
+
+
+class _Mix(nn.Module):
+    """(h, ids) -> (tanh(W h + E[ids]), ids)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.emb = nn.Embedding(2, 16)
+
+    def forward(self, inp: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        h, ids = inp
+        return torch.tanh(self.lin(h) + self.emb(ids)), ids
+
+
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 10)
+
+    def forward(self, inp: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.lin(inp[0])
+
+
+def tuple_model() -> nn.Sequential:
+    """4 layers whose boundaries carry ``(float features, int64 ids)`` tuples (like GNMT's layers)."""
+    return nn.Sequential(_Split(), _Mix(), _Mix(), _Head())

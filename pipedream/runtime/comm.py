@@ -1,11 +1,12 @@
 """Point-to-point activations and gradients between stages, with timeouts and an optional link throttle.
 
-Every transfer is two messages on torch.distributed (gloo on CPU, NCCL on GPU): a float64 header
-``[minibatch, microbatch, weight version, send time in s]`` and the tensor. Sends are asynchronous
+Every transfer is a few messages on torch.distributed (gloo on CPU, NCCL on GPU): a float64 header
+``[minibatch, microbatch, weight version, send time in s]`` and then each tensor crossing the stage
+boundary (one, or the items of a tuple such as GNMT's ``(h, src, prev)``). Sends are asynchronous
 (``isend``; the handle is kept until it completes), receives are posted ahead of need
 (``irecv``) and waited on with a timeout, so communication overlaps with compute and no wait can hang.
 
-Tags make each message unique: ``tag = ((((phase * 2 + direction) << 20) + minibatch) << 7 | micro) << 1
+Tags make each message unique: ``tag = ((((phase * 2 + direction) << 19) + minibatch) << 7 | micro) << 3
 | part``, so matching never depends on posting order (gloo); NCCL ignores tags and matches in call
 order, which the schedules keep consistent on both ends.
 
@@ -27,8 +28,9 @@ import torch.distributed as dist
 
 from pipedream.errors import PipeDreamError
 
-MAX_MINIBATCH = 1 << 20
+MAX_MINIBATCH = 1 << 19
 MAX_MICROBATCH = 1 << 7
+MAX_PARTS = 8  # header + up to 7 tensors per transfer
 HEADER_LEN = 4
 
 
@@ -37,7 +39,7 @@ class CommTimeout(PipeDreamError):
 
 
 def make_tag(phase: int, backward: bool, minibatch: int, microbatch: int, part: int) -> int:
-    """Unique message tag; ``phase`` 0 = training, 1 = evaluation; ``part`` 0 = header, 1 = tensor.
+    """Unique message tag; ``phase`` 0 = training, 1 = evaluation; ``part`` 0 = header, k = k-th tensor.
 
     Raises:
         PipeDreamError: minibatch or microbatch index too large for the tag layout.
@@ -46,7 +48,7 @@ def make_tag(phase: int, backward: bool, minibatch: int, microbatch: int, part: 
         raise PipeDreamError(f"minibatch {minibatch} / microbatch {microbatch} exceed the tag space "
                              f"({MAX_MINIBATCH} minibatches per epoch, {MAX_MICROBATCH} microbatches)")
     base = ((phase * 2 + int(backward)) * MAX_MINIBATCH + minibatch) * MAX_MICROBATCH + microbatch
-    return base * 2 + part
+    return base * MAX_PARTS + part
 
 
 def wait_or_raise(work: dist.Work | None, timeout_s: float, what: str) -> None:
@@ -83,31 +85,35 @@ def allreduce_s(nbytes: int, replicas: int, bandwidth_Bps: float) -> float:
 
 @dataclass
 class Message:
-    """A received transfer: the tensor and its header fields."""
+    """A received transfer: its tensors (one per boundary item) and header fields."""
 
-    tensor: torch.Tensor
+    tensors: list[torch.Tensor]
     minibatch: int
     microbatch: int
     version: int
     sent_at: float
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
 
 class PendingRecv:
-    """An ``irecv`` of header and tensor posted ahead of need; :meth:`wait` returns the :class:`Message`."""
+    """``irecv`` of a header and the tensors of ``specs`` posted ahead of need; :meth:`wait` returns them."""
 
-    def __init__(self, p2p: P2P, src: int, shape: tuple[int, ...], dtype: torch.dtype, tag_args: tuple) -> None:
+    def __init__(self, p2p: P2P, src: int, specs: list[tuple[tuple[int, ...], torch.dtype]], tag_args: tuple) -> None:
         self.p2p, self.src, self.what = p2p, src, f"receive {tag_args} from rank {src}"
         self.header = torch.zeros(HEADER_LEN, dtype=torch.float64, device=p2p.device)
-        self.tensor = torch.empty(shape, dtype=dtype, device=p2p.device)
-        self._works = [dist.irecv(self.header, src, tag=make_tag(*tag_args, part=0)),
-                       dist.irecv(self.tensor, src, tag=make_tag(*tag_args, part=1))]
+        self.tensors = [torch.empty(shape, dtype=dtype, device=p2p.device) for shape, dtype in specs]
+        self._works = [dist.irecv(self.header, src, tag=make_tag(*tag_args, part=0))]
+        self._works += [dist.irecv(t, src, tag=make_tag(*tag_args, part=k + 1)) for k, t in enumerate(self.tensors)]
 
     def wait(self) -> Message:
-        """Block until both parts arrived (and, when throttled, the link time passed)."""
+        """Block until every part arrived (and, when throttled, the link time passed)."""
         for w in self._works:
             wait_or_raise(w, self.p2p.timeout_s, self.what)
         h = self.header.tolist()
-        msg = Message(self.tensor, int(h[0]), int(h[1]), int(h[2]), h[3])
+        msg = Message(self.tensors, int(h[0]), int(h[1]), int(h[2]), h[3])
         self.p2p.throttle(self.src, msg)
         return msg
 
@@ -131,24 +137,31 @@ class P2P:
         self.bytes_received = 0
         self.throttle_s = 0.0
 
-    def isend(self, tensor: torch.Tensor, dst: int, tag_args: tuple, minibatch: int, microbatch: int,
+    def isend(self, tensors: list[torch.Tensor], dst: int, tag_args: tuple, minibatch: int, microbatch: int,
               version: int) -> None:
-        """Send ``tensor`` to ``dst`` without waiting; ``tag_args`` = (phase, backward, minibatch, micro)."""
+        """Send ``tensors`` to ``dst`` without waiting; ``tag_args`` = (phase, backward, minibatch, micro).
+
+        Raises:
+            PipeDreamError: more tensors than the tag layout has parts for.
+        """
+        if len(tensors) >= MAX_PARTS:
+            raise PipeDreamError(f"{len(tensors)} tensors cross one stage boundary; at most {MAX_PARTS - 1} are supported")
         header = torch.tensor([minibatch, microbatch, version, time.time()], dtype=torch.float64, device=self.device)
-        tensor = tensor.detach().contiguous()
         what = f"send {tag_args} to rank {dst}"
         self._sends.append((dist.isend(header, dst, tag=make_tag(*tag_args, part=0)), header, what))
-        self._sends.append((dist.isend(tensor, dst, tag=make_tag(*tag_args, part=1)), tensor, what))
-        self.bytes_sent += tensor.numel() * tensor.element_size()
+        for k, t in enumerate(tensors):
+            t = t.detach().contiguous()
+            self._sends.append((dist.isend(t, dst, tag=make_tag(*tag_args, part=k + 1)), t, what))
+            self.bytes_sent += t.numel() * t.element_size()
         self._reap()
 
-    def irecv(self, src: int, shape: tuple[int, ...], dtype: torch.dtype, tag_args: tuple) -> PendingRecv:
-        """Post a receive from ``src`` of a tensor of ``shape``; wait on the returned handle."""
-        return PendingRecv(self, src, shape, dtype, tag_args)
+    def irecv(self, src: int, specs: list[tuple[tuple[int, ...], torch.dtype]], tag_args: tuple) -> PendingRecv:
+        """Post a receive from ``src`` of tensors with the given (shape, dtype); wait on the returned handle."""
+        return PendingRecv(self, src, specs, tag_args)
 
     def throttle(self, src: int, msg: Message) -> None:
         """Hold ``msg`` until the emulated link from ``src`` would have delivered it."""
-        nbytes = msg.tensor.numel() * msg.tensor.element_size()
+        nbytes = msg.nbytes
         self.bytes_received += nbytes
         if not self.bandwidth_Bps:
             return

@@ -27,12 +27,12 @@ from torch import nn
 from torch.func import functional_call
 
 from pipedream.runtime.comm import P2P, PendingRecv, allreduce_s, wait_or_raise
+from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
 from pipedream.schedules import Action, Kind, Schedule
 
 RECV_LOOKAHEAD = 4  # receives posted ahead of the action that needs them
-Boundary = tuple[tuple[int, ...], torch.dtype]  # per-sample shape and dtype crossing a stage boundary
 
 
 @dataclass
@@ -71,8 +71,8 @@ class StageExecutor:
         versions: the stage's weight versions (policy included).
         optimizer: updates the master weights at ``STEP``.
         p2p: point-to-point transport.
-        in_shape: per-sample (shape, dtype) received from the previous stage (None for the input stage).
-        out_shape: per-sample (shape, dtype) of this stage's output (and of the gradient received for it).
+        in_shape: what arrives from the previous stage (None for the input stage).
+        out_shape: what this stage outputs (gradients come back for its floating-point tensors).
         stage_group: process group of the stage's replicas (None when unreplicated).
         timeout_s: longest wait for a collective, s.
         on_backward: called after each backward with (minibatch, microbatch) (progress bars).
@@ -132,8 +132,11 @@ class StageExecutor:
         return self.stats
 
     def _post(self, a: Action) -> PendingRecv:
-        shape, dtype = self.in_shape if a.kind == Kind.RECV_F else self.out_shape  # type: ignore[misc]
-        return self.p2p.irecv(self.schedule.peer(a), (self.b, *shape), dtype,  # type: ignore[arg-type]
+        if a.kind == Kind.RECV_F:
+            specs = self.in_shape.batched(self.b)  # type: ignore[union-attr]
+        else:
+            specs = self.out_shape.batched(self.b, grads=True)
+        return self.p2p.irecv(self.schedule.peer(a), specs,  # type: ignore[arg-type]
                               (self.phase, a.kind == Kind.RECV_B, a.minibatch, a.microbatch or 0))
 
     def _tag(self, a: Action, backward: bool) -> tuple[int, bool, int, int]:
@@ -143,11 +146,14 @@ class StageExecutor:
     def _do_recv_f(self, a: Action) -> None:
         msg = self._wait(a)
         unit = self.units.setdefault(a.key, {})
-        unit["input"] = msg.tensor.requires_grad_(self.phase == 0 and msg.tensor.is_floating_point())
+        for t in msg.tensors:
+            t.requires_grad_(self.phase == 0 and t.is_floating_point())
+        unit["inputs"] = msg.tensors
+        unit["input"] = self.in_shape.pack(msg.tensors)  # type: ignore[union-attr]
         unit["carried"] = msg.version
 
     def _do_recv_b(self, a: Action) -> None:
-        self.units[a.key]["grad_out"] = self._wait(a).tensor
+        self.units[a.key]["grad_out"] = self._wait(a).tensors
 
     def _wait(self, a: Action):  # type: ignore[no-untyped-def]
         t0 = time.perf_counter()
@@ -205,8 +211,8 @@ class StageExecutor:
     def _do_send_f(self, a: Action) -> None:
         unit = self.units[a.key]
         version = unit.get("carried", unit.get("version", self.versions.latest))
-        self.p2p.isend(unit["output"], self.schedule.peer(a), self._tag(a, False), *a.key,  # type: ignore[arg-type]
-                       version=version)
+        self.p2p.isend(Boundary.unpack(unit["output"]), self.schedule.peer(a), self._tag(a, False),  # type: ignore[arg-type]
+                       *a.key, version=version)
         if self.phase == 1:
             del self.units[a.key]
 
@@ -215,18 +221,26 @@ class StageExecutor:
         unit = self.units[a.key]
         params = unit.pop("params")
         names = [n for n in self.versions.names if params[n].requires_grad]
-        inputs = [params[n] for n in names]
-        has_input_grad = not self.is_first and unit["input"].requires_grad
-        if has_input_grad:
-            inputs.append(unit["input"])
-        grad_out = None if self.is_last else unit.pop("grad_out")
-        grads = torch.autograd.grad(unit.pop("output"), inputs, grad_outputs=grad_out, allow_unused=True)
+        # floating-point inputs get gradients (sent back); integer ones (token ids) ride along
+        in_float = [] if self.is_first else [unit["inputs"][k] for k in self.in_shape.grad_items]  # type: ignore
+        output = unit.pop("output")
+        if self.is_last:
+            outputs, grad_outputs = [output], None
+        else:
+            outs = Boundary.unpack(output)
+            pairs = [(outs[k], g) for k, g in zip(self.out_shape.grad_items, unit.pop("grad_out"), strict=True)
+                     if outs[k].requires_grad]
+            outputs, grad_outputs = [o for o, _ in pairs], [g for _, g in pairs]
+        wrt = [params[n] for n in names] + in_float
+        grads = (torch.autograd.grad(outputs, wrt, grad_outputs=grad_outputs, allow_unused=True)
+                 if outputs else [None] * len(wrt))
         master = dict(zip(self.versions.names, self.versions.master, strict=True))
         for n, g in zip(names, grads, strict=False):
             if g is not None:
                 master[n].grad.add_(g)  # type: ignore[union-attr]
         if not self.is_first:
-            unit["grad_in"] = grads[-1] if has_input_grad else torch.zeros_like(unit["input"], dtype=torch.float32)
+            unit["grad_in"] = [g if g is not None else torch.zeros_like(t)
+                               for g, t in zip(grads[len(names):], in_float, strict=True)]
         self.versions.release(unit["version"])
         if self.trace is not None:
             self.trace.append(("B", self.stage, a.minibatch, a.microbatch or 0, unit["version"]))

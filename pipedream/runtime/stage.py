@@ -7,6 +7,9 @@ model's stages must own contiguous, consecutive layer ranges that together cover
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -50,11 +53,46 @@ def build_stage(model: nn.Sequential, plan: Plan, stage: int) -> nn.Sequential:
     return nn.Sequential(*(model[i] for i in r))
 
 
-def boundary_shapes(model: nn.Sequential, plan: Plan, example: torch.Tensor) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    """Per-sample shape and dtype of each stage's output (what crosses each stage boundary).
+@dataclass(frozen=True)
+class Boundary:
+    """What crosses one stage boundary, per sample: one tensor or a flat tuple of tensors.
+
+    Attributes:
+        specs: ``(shape without the batch dimension, dtype)`` of each tensor, in order.
+        is_tuple: whether the layers exchange a tuple (else a single tensor).
+    """
+
+    specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    is_tuple: bool
+
+    @property
+    def grad_items(self) -> list[int]:
+        """Indices of the floating-point tensors: the ones whose gradients flow back."""
+        return [k for k, (_, dtype) in enumerate(self.specs) if dtype.is_floating_point]
+
+    def batched(self, batch: int, grads: bool = False) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of each tensor for ``batch`` samples (only the gradient-carrying ones if ``grads``)."""
+        items = self.grad_items if grads else range(len(self.specs))
+        return [((batch, *self.specs[k][0]), self.specs[k][1]) for k in items]
+
+    def pack(self, tensors: list[torch.Tensor]) -> Any:
+        """The value the next stage's first layer takes: the tuple, or the single tensor."""
+        return tuple(tensors) if self.is_tuple else tensors[0]
+
+    @staticmethod
+    def unpack(value: Any) -> list[torch.Tensor]:
+        """The tensors of a stage's output value (a tensor or a flat tuple of tensors)."""
+        return list(value) if isinstance(value, tuple | list) else [value]
+
+
+def boundary_shapes(model: nn.Sequential, plan: Plan, example: torch.Tensor) -> list[Boundary]:
+    """What crosses each stage's output boundary, stages in order (the last one: the model output).
 
     Computed by one forward pass of ``example`` (a batch of one sample, model input) through the
     whole model in evaluation mode.
+
+    Raises:
+        PipeDreamError: a boundary carries something other than a tensor or a flat tuple of tensors.
     """
     ranges = stage_layer_ranges(plan, len(model))
     out = []
@@ -62,13 +100,15 @@ def boundary_shapes(model: nn.Sequential, plan: Plan, example: torch.Tensor) -> 
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for r in ranges:
+        for s, r in enumerate(ranges):
             for i in r:
                 x = model[i](x)
-            if not isinstance(x, torch.Tensor):
-                raise PipeDreamError("a stage boundary carries several tensors; only single-tensor chains are "
-                                     "supported by the runtime so far")
-            out.append((tuple(x.shape[1:]), x.dtype))
+            items = Boundary.unpack(x)
+            if not all(isinstance(t, torch.Tensor) for t in items):
+                raise PipeDreamError(f"the output of stage {s} is {type(x).__name__} of "
+                                     f"{[type(t).__name__ for t in items]}; stage boundaries must carry a tensor or "
+                                     "a flat tuple of tensors")
+            out.append(Boundary(tuple((tuple(t.shape[1:]), t.dtype) for t in items), isinstance(x, tuple | list)))
     model.train(was_training)
     return out
 
