@@ -12,10 +12,11 @@ import torch
 
 from pipedream.commands import train as train_cmd
 from pipedream.errors import PipeDreamError
+from pipedream.runtime.assemble import load_into
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import WORKER_MODULE, spawn_local, torchrun_command
 from pipedream.runtime.worker import FAULT_ENV
-from tests.tiny import tiny_dropout_model, write_data
+from tests.tiny import build, tiny_dropout_model, tiny_model, write_data
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -51,6 +52,8 @@ def test_train_command_writes_metrics_run_json_and_mlflow(tmp_path: Path, mlflow
     (logged,) = load_runs("tiny/test")
     assert logged["run_id"] == run["run_id"]
     assert logged["params"]["mode"] == "pipedream" and logged["params"]["config"] == "straight"
+    trained = load_into(tmp_path / "run", tiny_model())  # the stages reassemble into the whole model
+    assert not torch.equal(trained[0].weight, build(tiny_model)[0].weight)
 
 
 def test_killed_rank_ends_the_job_quickly_with_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

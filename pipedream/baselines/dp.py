@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
+from pipedream.runtime import assemble
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import allreduce_s
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
@@ -122,6 +123,8 @@ def train(cfg: TrainConfig) -> None:
             log.add(row)
     if bar is not None:
         bar.close()
+    if rank == 0:
+        assemble.save_stage(Path(cfg.out_dir), 0, model, range(len(model)), [range(len(model))])
     if cfg.debug_dump:
         path = Path(cfg.out_dir) / "debug" / f"rank{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -172,6 +172,12 @@ def run(args: argparse.Namespace) -> int:
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
+    from pipedream.runtime.assemble import final_metric
+
+    metric = final_metric(out_dir, args.model, args.preset, args.seed, args.train_subset or None,
+                          args.val_subset or None, args.batch_size)
+    if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
+        final[f"final_{metric[0]}"] = metric[1]
     from pipedream.tracking import log_training_run
 
     run_id = log_training_run(

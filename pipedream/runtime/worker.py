@@ -25,13 +25,14 @@ from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
 from pipedream.plan import Plan
+from pipedream.runtime import assemble
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.optim import make_optimizer
-from pipedream.runtime.stage import boundary_shapes, build_stage, straight_plan
+from pipedream.runtime.stage import boundary_shapes, build_stage, stage_layer_ranges, straight_plan
 from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
@@ -112,6 +113,7 @@ def train(cfg: TrainConfig) -> None:
     s = plan.stage_of_rank(rank)
     shapes = boundary_shapes(model, plan, task.example)
     module = build_stage(model, plan, s).to(device)
+    num_layers = len(model)
     del model
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
     versions = WeightVersions(module, policy_of(cfg, replicas))
@@ -177,6 +179,9 @@ def train(cfg: TrainConfig) -> None:
             ckpt.save_stage(out_dir, epoch + 1, s, rank, stage_ranks, module, optimizer, versions, log.rows)
     if bar is not None:
         bar.close()
+    if rank == stage_ranks[s][0]:
+        ranges = stage_layer_ranges(plan, num_layers)
+        assemble.save_stage(out_dir, s, module, ranges[s], ranges if rank == 0 else None)
     if cfg.debug_dump:
         _dump(out_dir, rank, s, executor, versions)
     D.barrier(cfg.timeout_s, "end of training")
