@@ -142,6 +142,12 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
     ref = _simulate_config(g, cluster, paper_config, dataset, plan, pd_res, dp)
     row["paper_config_predicted_speedup"] = dp.epoch_time_s / ref.epoch_time_s
     row["paper_config_bubble"] = ref.steady_bubble_fraction if ref.schedule != "dp" else math.nan
+    slowest = max((n for n in g.nodes.values() if not n.is_input), key=lambda n: n.fwd_s + n.bwd_s)
+    row["slowest_layer"] = f"{slowest.node_id} {slowest.desc.split('(')[0]}"
+    row["slowest_layer_s"] = slowest.fwd_s + slowest.bwd_s
+    twins = sorted(n.fwd_s + n.bwd_s for n in g.nodes.values() if n.desc == slowest.desc and n is not slowest)
+    row["slowest_layer_twins_median_s"] = twins[len(twins) // 2] if twins else math.nan
+    row["balanced_stage_s"] = sum(n.fwd_s + n.bwd_s for n in g.nodes.values() if not n.is_input) / cluster.workers
     row["paper_config_speedup_if_dp_not_overlapped"] = dp_serial.epoch_time_s / ref.epoch_time_s
     choices = {str(cluster.workers): 1.0, paper_config: row["paper_config_predicted_speedup"],
                plan.config: row["predicted_speedup"]}
@@ -231,8 +237,18 @@ def explain(r: pd.Series, cluster: Cluster) -> list[str]:
                    "runtime overheads the simulator does not charge).")
     bubble = r.get("paper_config_bubble", math.nan)
     if isinstance(bubble, float) and not math.isnan(bubble) and bubble > 0.2:
-        out.append(f"pipeline: the paper's config idles {bubble:.0%} of worker time in the simulation (the slowest "
-                   "stage, often one layer that cannot be split, or a boundary link bounds the period).")
+        line = f"pipeline: the paper's config idles {bubble:.0%} of worker time in the simulation"
+        if r["slowest_layer_s"] > r["balanced_stage_s"]:
+            line += (f"; its slowest layer alone ({r['slowest_layer']}, {r['slowest_layer_s'] * 1e3:.0f} ms forward+backward) "
+                     f"exceeds a balanced share of {r['balanced_stage_s'] * 1e3:.0f} ms per worker, so no split balances it")
+            twin = r.get("slowest_layer_twins_median_s", math.nan)
+            if isinstance(twin, float) and twin * 1.5 < r["slowest_layer_s"]:
+                line += (f" (identical modules in the same profile take {twin * 1e3:.0f} ms: the profile likely charges "
+                         "this layer with a neighbour's backward, so the paper's runtime was probably better balanced)")
+        else:
+            line += ("; replicated stages synchronise every minibatch (allreduce), so their replicas send and wait in "
+                     "bursts, and the single stages between them queue")
+        out.append(line + ".")
     out.append(f"profile: {r['profile_hardware']} profile at {int(r['profiled_batch'])} samples, scaled linearly to "
                f"{int(r['batch_per_gpu'])} per GPU (the release does not state the profiling GPU).")
     return out
@@ -241,6 +257,7 @@ def explain(r: pd.Series, cluster: Cluster) -> list[str]:
 MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_speedup": "predicted speedup",
               "paper_config": "paper config", "paper_speedup": "paper speedup", "rel_error": "rel. error",
               "paper_config_predicted_speedup": "paper config, predicted", "paper_config_rel_error": "rel. error (paper config)",
+              "paper_config_speedup_if_dp_not_overlapped": "paper config, DP not overlapped",
               "simulator_best_config": "best simulated", "simulator_best_speedup": "its speedup",
               "dp_comm_stall_fraction": "DP comm stall", "pipedream_steady_bubble": "PipeDream bubble",
               "pipedream_p2p_bytes_per_sample": "PipeDream act. bytes/sample", "dp_bytes_per_sample": "DP weight bytes/sample"}

@@ -5,11 +5,12 @@ executes) with compute from a layer-graph profile (:mod:`pipedream.sim.costs`) a
 bandwidth and contention (:mod:`pipedream.sim.network`), event by event (:mod:`pipedream.sim.engine`).
 
 An epoch is ``ceil(dataset_size / samples per minibatch)`` minibatches. Rather than simulating all of
-them (ImageNet: 20,000 minibatches of 64), two short runs of ``n_a`` and ``n_b = 2 n_a`` minibatches
-are simulated and the epoch is extrapolated from them: ``T(N) = T(n_b) + (N - n_b) * P`` with the
-steady-state period ``P = (T(n_b) - T(n_a)) / (n_b - n_a)``. The schedules are periodic once the
-pipeline is full, so this closed form equals the event simulation (tests check it on short runs);
-``n_a`` is a multiple of every stage's replica count and covers the warm-up several times.
+them (ImageNet: 20,000 minibatches of 64), short runs of ``n``, ``2n`` and ``3n`` minibatches are
+simulated (``n`` a multiple of every stage's replica count, doubled until ``T(2n) - T(n)`` equals
+``T(3n) - T(2n)``, i.e. the transient is over) and the epoch is extrapolated in closed form:
+``T(N) = T(n_b) + (N - n_b) * P`` with ``n_a = 2n``, ``n_b = 3n`` and the steady-state period
+``P = (T(n_b) - T(n_a)) / (n_b - n_a)``. The schedules are periodic once the pipeline is full, so this
+equals the event simulation of all ``N`` minibatches (tests and the benchmark check it).
 
 Outputs (:class:`SimResult`): steady time per minibatch and per sample, epoch time, per-worker
 utilisation (fraction of time in forward/backward), bubble fraction (1 - mean utilisation), bytes
@@ -21,6 +22,7 @@ overhead" of data parallelism, §2.1) or in receives.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +38,7 @@ from pipedream.topology import Cluster
 # command-line name -> pipedream.schedules name
 SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "dp": "dp"}
 IMAGENET_TRAIN_SAMPLES = 1_281_167
+MAX_DOUBLINGS = 6
 
 
 @dataclass
@@ -64,6 +67,8 @@ class SimResult:
         overlap: wait-free backpropagation used for allreduces.
         allreduce: ``hierarchical`` or ``ring``.
         cluster: cluster name.
+        steady_state_converged: whether the short runs reached a periodic steady state (else the epoch
+            time extrapolates from the longest runs tried).
     """
 
     schedule: str
@@ -87,6 +92,7 @@ class SimResult:
     overlap: bool
     allreduce: str
     cluster: str
+    steady_state_converged: bool = True
     trace: Trace | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -175,14 +181,17 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     m = microbatches if kind in ("gpipe", "2bw") else 1
     if costs is None:
         costs = stage_costs(graph, stage_nodes, batch)
-    unit, n_a = _unit(kind, stage_ranks, m)
-    n_b = 2 * n_a
-    tr_a = run_minibatches(kind, stage_ranks, costs, cluster, n_a, m, overlap, allreduce, record=keep_trace)
-    tr_b = run_minibatches(kind, stage_ranks, costs, cluster, n_b, m, overlap, allreduce)
+    unit, n0 = _unit(kind, stage_ranks, m)
+
+    def sim(n: int, record: bool = False) -> Trace:
+        return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record)
+
+    first = sim(n0, record=keep_trace)
+    n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)
     per_mb = batch * m
     n_epoch = math.ceil(dataset_size / per_mb)
     if n_epoch <= n_b:  # short enough to simulate exactly
-        tr_e = run_minibatches(kind, stage_ranks, costs, cluster, unit * math.ceil(n_epoch / unit), m, overlap, allreduce)
+        tr_e = sim(unit * math.ceil(n_epoch / unit))
         epoch_s, busy_epoch = tr_e.makespan_s, sum(tr_e.busy_s.values())
     else:
         epoch_s = extrapolate(tr_a.makespan_s, tr_b.makespan_s, n_a, n_b, n_epoch)
@@ -220,8 +229,22 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         overlap=overlap,
         allreduce=allreduce,
         cluster=cluster.name,
-        trace=tr_a if keep_trace else None,
+        steady_state_converged=converged,
+        trace=first if keep_trace else None,
     )
+
+
+def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[int, int, Trace, Trace, bool]:
+    """Find run lengths past the transient: ``T(2n) - T(n) == T(3n) - T(2n)`` (relative 1e-9), doubling ``n``
+    from ``n0`` (at most :data:`MAX_DOUBLINGS` times); returns ``(2n, 3n, trace(2n), trace(3n), converged)``."""
+    n, t1, t2 = n0, first, sim(2 * n0)
+    for _ in range(MAX_DOUBLINGS + 1):
+        t3 = sim(3 * n)
+        s1, s2 = t2.makespan_s - t1.makespan_s, t3.makespan_s - t2.makespan_s
+        if abs(s1 - s2) <= 1e-9 * abs(s2):
+            return 2 * n, 3 * n, t2, t3, True
+        n, t1, t2 = 2 * n, t2, sim(4 * n)
+    return n, 2 * n, t1, t2, False
 
 
 def _config(replicas: list[int]) -> str:

@@ -175,3 +175,15 @@ def test_deadlock_and_bad_inputs_raise_clear_errors() -> None:
         simulate_stages(g, [["n1"], ["n0"]], [[0], [1]], flat(2))
     with pytest.raises(PipeDreamError, match="unknown schedule"):
         simulate_stages(g, [["n0"], ["n1"]], [[0], [1]], flat(2), schedule="pipe")
+
+
+def test_closed_form_waits_for_the_end_of_a_long_transient() -> None:
+    """VGG-16 15-1 on cluster A settles only after 4 rounds of 15 minibatches; the epoch still matches."""
+    g = LayerGraph.read(PROFILES / "vgg16" / "graph.txt", 128)
+    cluster = Cluster(name="A", levels=[(4, 15.75 * GB), (4, 1.25 * GB)])
+    nodes = _split(g, [25, 15])
+    ranks = [list(range(15)), [15]]
+    res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 600)
+    full = run_minibatches("pipedream", ranks, stage_costs(g, nodes, 64), cluster, 600)
+    assert res.steady_state_converged
+    assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
