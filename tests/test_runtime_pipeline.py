@@ -81,9 +81,10 @@ def test_vertical_sync_every_stage_uses_the_input_stages_version(tmp_path: Path)
         assert {m: v for kind, _, m, _, v in d["trace"] if kind == "B"} == per_stage[0]
 
 
-def _sgd_reference(batches, steps: int, lr: float, momentum: float, wd: float):  # type: ignore[no-untyped-def]
+def _reference(batches, steps: int, optimizer: str, lr: float, momentum: float, wd: float):  # type: ignore[no-untyped-def]
     model = build(tiny_model)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd)
+    opt = (torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd) if optimizer == "adam"
+           else torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd))
     first = None
     for x, y in batches[:steps]:
         opt.zero_grad()
@@ -94,11 +95,12 @@ def _sgd_reference(batches, steps: int, lr: float, momentum: float, wd: float): 
     return model, first
 
 
-def test_gpipe_equals_synchronous_sgd(tmp_path: Path) -> None:
+@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.1), ("adam", 0.01)])
+def test_gpipe_equals_synchronous_training(tmp_path: Path, optimizer: str, lr: float) -> None:
     # with a throttled link (50 MB/s): slower, never different
     dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4,
-                emulate_bandwidth_Bps=5e7)
-    model, first = _sgd_reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, 0.1, 0.9, 5e-4)
+                optimizer=optimizer, lr=lr, emulate_bandwidth_Bps=5e7)
+    model, first = _reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, LAYERS[s]).items():
             torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
@@ -111,7 +113,7 @@ def test_gpipe_equals_synchronous_sgd(tmp_path: Path) -> None:
 def test_2bw_one_microbatch_in_flight_equals_sgd(tmp_path: Path) -> None:
     """One stage, one microbatch: nothing is in flight, 2BW's delay term vanishes only in its first step."""
     dumps = run(tmp_path, 2, schedule="2bw", microbatches=2, max_minibatches=1, plan=straight_plan("t", 8, [4, 4]))
-    model, first = _sgd_reference(reference_batches(tmp_path / "data", 8, 0, 0), 1, 0.1, 0.0, 0.0)
+    model, first = _reference(reference_batches(tmp_path / "data", 8, 0, 0), 1, "sgd", 0.1, 0.0, 0.0)
     for s, layers in enumerate([range(0, 4), range(4, 8)]):
         for n, p in stage_params(model, layers).items():
             torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
