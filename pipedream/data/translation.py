@@ -15,11 +15,14 @@ is word level (fairseq ``Dictionary``), built from the training side only.
 Samples and batches (the GNMT models' input contract, :mod:`pipedream.models.gnmt`): a sample is
 ``(source ids + eos, target ids + eos)``; a batch is ``(x, target)`` with ``x`` of shape ``(B, 2, L)``
 int64 — ``x[:, 0]`` the source, ``x[:, 1]`` the decoder input (eos followed by the target, teacher
-forcing), right-padded with the pad id to ``L`` = the longest of either — and ``target`` ``(B, L)``.
+forcing), right-padded with the pad id to ``L`` — and ``target`` ``(B, L)``. ``L`` is fixed
+(:data:`MAX_TOKENS` + 1 for eos) for the Ding pairs, so every stage boundary has one shape; for WMT16
+it is the longest sentence of the minibatch.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -61,7 +64,7 @@ def read_ding(path: Path | None = None) -> list[tuple[str, str]]:
                              f"(or `make data`), or point ${DING_ENV} at a copy") from None
     pairs: dict[str, str] = {}
     for line in lines:
-        if line.startswith("#") or " :: " not in line:
+        if line.startswith("#") or " :: " not in line or not ("." in line or "!" in line or "?" in line):
             continue
         de, en = line.split(" :: ", 1)
         for de_group, en_group in zip(de.split(" | "), en.split(" | "), strict=False):
@@ -86,8 +89,12 @@ class _Pairs(Sequence[Sample]):
         return item["source"], item["target"]
 
 
-def make_collate(pad: int, eos: int):
-    """Collate ``(source, target)`` id tensors into ``x (B, 2, L)`` and ``target (B, L)`` (fairseq padding)."""
+def make_collate(pad: int, eos: int, length: int | None = None):
+    """Collate ``(source, target)`` id tensors into ``x (B, 2, L)`` and ``target (B, L)`` (fairseq padding).
+
+    ``L`` is ``length`` when given (every minibatch has the same shape, so a pipeline stage boundary
+    has a fixed size), else the longest sentence of the minibatch.
+    """
     data_utils = require_module("fairseq.data.data_utils", _FAIRSEQ)
 
     def collate(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,22 +102,18 @@ def make_collate(pad: int, eos: int):
         tgt = data_utils.collate_tokens([s[1] for s in samples], pad, eos, left_pad=False)
         prev = data_utils.collate_tokens([s[1] for s in samples], pad, eos, left_pad=False,
                                          move_eos_to_beginning=True)
-        length = max(src.shape[1], tgt.shape[1])
-        grow = lambda t: torch.nn.functional.pad(t, (0, length - t.shape[1]), value=pad)  # noqa: E731
+        size = length or max(src.shape[1], tgt.shape[1])
+        grow = lambda t: torch.nn.functional.pad(t, (0, size - t.shape[1]), value=pad)  # noqa: E731
         return torch.stack([grow(src), grow(prev)], dim=1).long(), grow(tgt).long()
 
     return collate
 
 
-def ding_datasets(vocab_size: int, train_subset: int | None, val_subset: int | None, seed: int,
-                  path: Path | None = None) -> tuple[SampleSet, SampleSet]:
-    """English->German Ding pairs as fairseq data; dictionaries hold at most ``vocab_size`` symbols.
-
-    Returns ``(train, val)``; ``info`` carries the ``src_dict``/``tgt_dict`` (fairseq ``Dictionary``)
-    and, for val, the tokenised German ``references`` (strings, before unknown-word mapping).
-    """
+@functools.lru_cache(maxsize=2)
+def _ding_corpus(path: str, vocab_size: int) -> tuple[dict[str, list], tuple[Any, Any], dict[str, tuple[list, list]]]:
+    """Tokenised train/val pairs, the two fairseq dictionaries, and the id tensors (cached per path)."""
     fdata = require_module("fairseq.data", _FAIRSEQ)
-    pairs = [(tokenize(e), tokenize(d)) for e, d in read_ding(path)]
+    pairs = [(tokenize(e), tokenize(d)) for e, d in read_ding(Path(path))]
     pairs = [(e, d) for e, d in pairs if 1 <= len(e) <= MAX_TOKENS and 1 <= len(d) <= MAX_TOKENS]
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(SPLIT_SEED)).tolist()
     split = {"val": [pairs[i] for i in sorted(order[:VAL_PAIRS])], "train": [pairs[i] for i in sorted(order[VAL_PAIRS:])]}
@@ -122,20 +125,36 @@ def ding_datasets(vocab_size: int, train_subset: int | None, val_subset: int | N
                 d.add_symbol(w)
         d.finalize(threshold=2, nwords=vocab_size, padding_factor=1)
         dicts.append(d)
-    src_dict, tgt_dict = dicts
+
+    def ids(d: Any, words: list[str]) -> torch.Tensor:  # Dictionary.encode_line without its per-line parsing
+        return torch.tensor([d.indices.get(w, d.unk_index) for w in words] + [d.eos_index], dtype=torch.long)
+
+    encoded = {name: ([ids(dicts[0], e) for e, _ in rows], [ids(dicts[1], d) for _, d in rows])
+               for name, rows in split.items()}
+    return split, (dicts[0], dicts[1]), encoded
+
+
+def ding_datasets(vocab_size: int, train_subset: int | None, val_subset: int | None, seed: int,
+                  path: Path | None = None) -> tuple[SampleSet, SampleSet]:
+    """English->German Ding pairs as fairseq data; dictionaries hold at most ``vocab_size`` symbols.
+
+    Returns ``(train, val)``; ``info`` carries the ``src_dict``/``tgt_dict`` (fairseq ``Dictionary``)
+    and, for val, the tokenised German ``references`` (strings, before unknown-word mapping).
+    """
+    fdata = require_module("fairseq.data", _FAIRSEQ)
+    split, (src_dict, tgt_dict), encoded = _ding_corpus(str(path or os.environ.get(DING_ENV, DING_PATH)), vocab_size)
     out = []
     for name, size, s in (("train", train_subset, seed), ("val", val_subset, seed + 1)):
         rows = split[name]
-        src = [src_dict.encode_line(" ".join(e), add_if_not_exist=False) for e, _ in rows]
-        tgt = [tgt_dict.encode_line(" ".join(d), add_if_not_exist=False) for _, d in rows]
-        lp = fdata.LanguagePairDataset(src, torch.tensor([len(t) for t in src]), src_dict, tgt,
-                                       torch.tensor([len(t) for t in tgt]), tgt_dict, left_pad_source=False)
+        src, tgt = encoded[name]
+        lp = fdata.LanguagePairDataset(src, [len(t) for t in src], src_dict, tgt, [len(t) for t in tgt], tgt_dict,
+                                       left_pad_source=False)
         keep = subset_indices(len(rows), size, s)
         info: dict[str, Any] = {"source": str(path or os.environ.get(DING_ENV, DING_PATH)), "src_dict": src_dict,
                                 "tgt_dict": tgt_dict, "pairs": len(keep)}
         if name == "val":
             info["references"] = [" ".join(rows[i][1]) for i in keep]
-        out.append(SampleSet(_Pairs(lp, keep), make_collate(src_dict.pad(), src_dict.eos()), info))
+        out.append(SampleSet(_Pairs(lp, keep), make_collate(src_dict.pad(), src_dict.eos(), MAX_TOKENS + 1), info))
     return out[0], out[1]
 
 

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import fx, nn
 
 from pipedream.errors import PipeDreamError
+
+if TYPE_CHECKING:
+    from pipedream.data.base import SampleSet
+
+
+def classification_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits ``(B, C)`` against class ids ``(B,)``."""
+    return F.cross_entropy(output, target)
 
 
 @dataclass(frozen=True)
@@ -26,6 +36,16 @@ class ModelSpec:
         build: ``build(preset) -> nn.Sequential``; presets are ``"reduced"`` (CPU) and ``"full"`` (paper).
         input_shape: ``input_shape(preset) -> per-sample input shape`` (without the batch dimension).
         dataset: name of the data set the model trains on at the reduced preset.
+        criterion: ``criterion(output, target) -> scalar loss`` on the last layer's output and the
+            collated target batch (the last pipeline stage calls it).
+        metric: name of the quality metric: ``"top1"`` (percent), ``"bleu"`` (sacrebleu, 0-100),
+            ``"perplexity"`` or ``"bleu4"``.
+        higher_is_better: whether a larger metric is better (False for perplexity).
+        make_datasets: ``make_datasets(preset, train_subset, val_subset, seed) -> (train, val)``
+            :class:`~pipedream.data.base.SampleSet` pairs; None if the model has no data hook.
+        evaluate: ``evaluate(model, val, batch_size) -> metric value`` on a whole (assembled) model.
+        example: ``example(preset, batch_size, seed) -> input batch`` for profiling; None means a
+            standard normal tensor of ``input_shape``.
     """
 
     name: str
@@ -33,6 +53,12 @@ class ModelSpec:
     build: Callable[[str], nn.Sequential]
     input_shape: Callable[[str], tuple[int, ...]]
     dataset: str
+    criterion: Callable[[Any, torch.Tensor], torch.Tensor] = classification_loss
+    metric: str = "top1"
+    higher_is_better: bool = True
+    make_datasets: Callable[[str, int | None, int | None, int], tuple[SampleSet, SampleSet]] | None = None
+    evaluate: Callable[[nn.Module, SampleSet, int], float] | None = None
+    example: Callable[[str, int, int], torch.Tensor] | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -71,8 +97,14 @@ def build_model(name: str, preset: str = "reduced", seed: int = 0) -> nn.Sequent
 
 
 def example_input(name: str, batch_size: int, preset: str = "reduced", seed: int = 0) -> torch.Tensor:
-    """A random input batch of shape ``(batch_size, *input_shape)`` for profiling."""
+    """A random input batch of shape ``(batch_size, *input_shape)`` for profiling.
+
+    Models whose input is not a float tensor (token ids, packed frames and captions) supply their own
+    ``example`` hook, which this calls instead.
+    """
     spec = get_spec(name)
+    if spec.example is not None:
+        return spec.example(preset, batch_size, seed)
     g = torch.Generator().manual_seed(seed)
     return torch.randn((batch_size, *spec.input_shape(preset)), generator=g)
 
@@ -93,5 +125,41 @@ def node_layer_index(node_id: str) -> int:
     return int(node_id[4:]) - 1
 
 
+class LayerTracer(fx.Tracer):
+    """A ``torch.fx`` tracer for which every direct child of a traced ``nn.Sequential`` is one leaf.
+
+    ``fx.symbolic_trace`` only keeps ``torch.nn`` modules whole and traces through everything else,
+    so a ResNet Bottleneck or a GNMT layer would become many nodes (or fail on its time loop). With
+    this tracer layer ``i`` of a model's sequence is exactly one node ``node{i+1}``, which is what the
+    planner's stages and the runtime's slices are made of. Other roots are traced as usual.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._layers: set[int] = set()
+
+    def trace(self, root: Any, concrete_args: dict[str, Any] | None = None) -> fx.Graph:
+        """Trace ``root``; if it is an ``nn.Sequential`` its children become leaves."""
+        self._layers = {id(m) for m in root.children()} if isinstance(root, nn.Sequential) else set()
+        return super().trace(root, concrete_args)
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        """Children of the sequence are leaves, and so is everything fx keeps whole by default."""
+        return id(m) in self._layers or super().is_leaf_module(m, module_qualified_name)
+
+
+def trace_layers(model: nn.Module) -> fx.GraphModule:
+    """``fx.symbolic_trace`` with :class:`LayerTracer`: one graph node per layer of a sequence."""
+    graph = LayerTracer().trace(model)
+    return fx.GraphModule(model, graph, model.__class__.__name__)
+
+
 def _load_all() -> None:
-    from pipedream.models import vgg  # noqa: F401  (registers itself)
+    from pipedream.models import alexnet, awd_lm, gnmt, resnet, s2vt, vgg  # noqa: F401  (register themselves)
+
+    if _REGISTRY["vgg16"].make_datasets is None:  # vgg.py predates the data hooks: attach them here
+        from dataclasses import replace
+
+        from pipedream.data.images import image_datasets, top1_accuracy
+
+        register(replace(_REGISTRY["vgg16"], make_datasets=image_datasets(32), evaluate=top1_accuracy))
