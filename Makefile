@@ -35,6 +35,15 @@ $(STAMP): requirements.txt requirements-fairseq.txt pyproject.toml
 	touch $(STAMP)
 
 data: $(FMNIST)
+	@missing=; test -f /usr/share/trans/de-en || missing="$$missing trans-de-en"; \
+	command -v bible >/dev/null || missing="$$missing bible-kjv"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	    echo "error: data packages missing and apt is not allowed here; run as root: apt-get install$$missing" >&2; exit 1; fi; \
+	  $$SUDO apt-get install -y -q $$missing >/dev/null 2>&1 \
+	    || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $$missing; } \
+	    || { echo "error: could not apt-get install$$missing; install them by hand (Debian packages)" >&2; exit 1; }; \
+	fi
 
 $(FMNIST):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
