@@ -74,6 +74,7 @@ class Network:
         self.group_size = [math.prod(w for w, _ in cluster.levels[:lv]) for lv in range(len(cluster.levels))]
         self.workers = cluster.workers
         self._ports: dict[Port, _Timeline] = {}
+        self._groups: dict[tuple[int, ...], tuple[float, list[Port]]] = {}
 
     # ------------------------------------------------------------------ topology
     def check_rank(self, rank: int) -> None:
@@ -180,8 +181,12 @@ class Network:
 
     def collective(self, ranks: list[int], nbytes: float, ready_s: float) -> tuple[float, float]:
         """Place an allreduce of ``nbytes`` over ``ranks`` ready at ``ready_s``; returns ``(start, end)`` seconds."""
-        dur = self.allreduce_time(ranks, nbytes)
+        key = tuple(ranks)
+        if key not in self._groups:  # allreduce time is linear in bytes: cache seconds per byte and the ports
+            self._groups[key] = (self.allreduce_time(ranks, 1.0), self.allreduce_ports(ranks))
+        per_byte, ports = self._groups[key]
+        dur = per_byte * nbytes
         if dur <= 0:
             return ready_s, ready_s
-        start = self.reserve(self.allreduce_ports(ranks), ready_s, dur)
+        start = self.reserve(ports, ready_s, dur)
         return start, start + dur
