@@ -1,8 +1,14 @@
-"""Table 1: the paper's numbers beside what this machine measured, and the plots.
+"""Table 1: the paper's numbers, the prediction at paper scale and what this machine measured.
 
-Measured epoch-time speedup = DP mean epoch time / PipeDream mean epoch time; time-to-accuracy
-(TTA) speedup = DP wall time to reach the threshold / PipeDream's, as in the paper's Table 1
-(§5.2). Inputs are the ``metrics.json`` files the training runs wrote and the plans.
+Every row of the paper's Table 1 gets three column groups:
+
+- ``paper_*``: the paper's configuration and speedups (experiments/paper_table1.csv);
+- ``predicted_*``: V100 profiles + the row's cluster -> planner -> simulator
+  (``results/table1_predicted.csv``, :mod:`pipedream.predicted`);
+- ``measured_*``: reduced models trained on this machine (``results/speedup/<model>.json``).
+
+Measured epoch-time speedup = DP mean epoch time / PipeDream mean epoch time; time-to-accuracy (TTA)
+speedup = DP wall time to reach the threshold / PipeDream's, as in the paper's Table 1 (§5.2).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from pipedream.errors import PipeDreamError
-from pipedream.io import atomic_write_text
+from pipedream.io import atomic_write_json, atomic_write_text
 from pipedream.plan import Plan
 
 MODES = ("pipedream", "dp")
@@ -40,59 +46,100 @@ def time_to_accuracy(epochs: list[dict[str, float]], threshold: float) -> float:
     return math.nan
 
 
+def epochs_to_accuracy(epochs: list[dict[str, float]], threshold: float) -> float:
+    """Number of epochs until ``val_accuracy`` first reaches ``threshold``; ``nan`` if it never does."""
+    for i, e in enumerate(epochs, start=1):
+        if e["val_accuracy"] >= threshold:
+            return float(i)
+    return math.nan
+
+
 def mean_epoch_time(epochs: list[dict[str, float]]) -> float:
     """Mean ``epoch_time_s`` over epochs, seconds."""
     return sum(e["epoch_time_s"] for e in epochs) / len(epochs)
 
 
-def measured_row(model: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """One model's measured numbers at reduced scale (both modes)."""
+def measured_speedup(model: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """One model's measured numbers at reduced scale, from its PipeDream and DP runs.
+
+    The threshold for time-to-accuracy is the model's ``train.threshold`` (validation accuracy, 0-1)
+    or, when absent, the best accuracy that both runs reach.
+
+    Raises:
+        PipeDreamError: if a run's metrics or the plan are missing.
+    """
     results = Path(cfg["results_dir"])
     runs = {m: read_metrics(results / "runs" / model / m) for m in MODES}
     plan = Plan.load(results / "plans" / model / f"{cfg['cluster']}.json")
     threshold = cfg["models"][model]["train"].get("threshold")
-    if threshold is None:  # default: the accuracy both runs reach (so both TTAs exist)
+    if threshold is None:
         threshold = min(max(e["val_accuracy"] for e in r) for r in runs.values())
     tta = {m: time_to_accuracy(r, threshold) for m, r in runs.items()}
+    eta = {m: epochs_to_accuracy(r, threshold) for m, r in runs.items()}
     ept = {m: mean_epoch_time(r) for m, r in runs.items()}
     return {
+        "model": model,
         "measured_config": plan.config,
-        "measured_workers": plan.workers,
+        "measured_planned_speedup": plan.predicted_speedup,
         "measured_epoch_time_dp_s": ept["dp"],
         "measured_epoch_time_pipedream_s": ept["pipedream"],
         "measured_speedup_epoch_time": ept["dp"] / ept["pipedream"],
         "measured_threshold": threshold,
+        "measured_tta_dp_s": tta["dp"],
+        "measured_tta_pipedream_s": tta["pipedream"],
         "measured_speedup_tta": tta["dp"] / tta["pipedream"],
+        "measured_epochs_to_accuracy_dp": eta["dp"],
+        "measured_epochs_to_accuracy_pipedream": eta["pipedream"],
         "measured_final_acc_dp": runs["dp"][-1]["val_accuracy"],
         "measured_final_acc_pipedream": runs["pipedream"][-1]["val_accuracy"],
         "measured_epochs": len(runs["pipedream"]),
     }
 
 
+def write_speedup(model: str, cfg: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Write :func:`measured_speedup` for ``model`` as JSON to ``out`` (a per-experiment target)."""
+    row = measured_speedup(model, cfg)
+    atomic_write_json(out, row)
+    return row
+
+
+PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
+                     "rel_error": "predicted_rel_error"}
+
+
 def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
-    """Rows of the paper's Table 1 for the configured models, with measured columns beside them."""
+    """All rows of the paper's Table 1 with predicted and measured columns beside them.
+
+    Predicted columns come from ``<results>/table1_predicted.csv`` when it exists; measured columns
+    from ``<results>/speedup/<model>.json`` for the models in ``cfg["models"]`` (empty otherwise).
+    """
+    results = Path(cfg["results_dir"])
     paper = pd.read_csv(cfg["paper_table"])
-    rows = []
-    for model, mcfg in cfg["models"].items():
-        measured = measured_row(model, cfg)
-        wanted = mcfg.get("paper_rows") or [{}]
-        for want in wanted:
-            sel = paper[paper["model"] == model]
-            for key, value in want.items():
-                sel = sel[sel[key] == value]
-            if sel.empty:
-                raise PipeDreamError(f"no row for {model} {want} in {cfg['paper_table']}; fix paper_rows")
-            for _, p in sel.iterrows():
-                rows.append({
-                    "model": model,
-                    "paper_hardware": f"{p['cluster']} {p['servers']}x{p['gpus_per_server']}",
-                    "paper_config": p["pipedream_config"],
-                    "paper_speedup_epoch_time": p["speedup_epoch_time"],
-                    "paper_speedup_tta": p["speedup_tta"],
-                    "measured_hardware": f"{cfg['cluster']} (CPU, {cfg['workers']} gloo processes)",
-                    **measured,
-                })
-    return pd.DataFrame(rows)
+    df = pd.DataFrame({
+        "task": paper["task"], "model": paper["model"],
+        "hardware": paper["cluster"] + " " + paper["servers"].astype(str) + "x" + paper["gpus_per_server"].astype(str),
+        "paper_config": paper["pipedream_config"],
+        "paper_speedup_epoch_time": paper["speedup_epoch_time"],
+        "paper_speedup_tta": paper["speedup_tta"],
+    })
+    pred_path = results / "table1_predicted.csv"
+    if pred_path.is_file():
+        pred = pd.read_csv(pred_path)[["model", "hardware", *PREDICTED_COLUMNS]].rename(columns=PREDICTED_COLUMNS)
+        df = df.merge(pred, on=["model", "hardware"], how="left")
+    measured = []
+    for model in cfg["models"]:
+        path = results / "speedup" / f"{model}.json"
+        row = json.loads(path.read_text()) if path.is_file() else measured_speedup(model, cfg)
+        measured.append({k: row[k] for k in ("model", "measured_config", "measured_speedup_epoch_time",
+                                              "measured_speedup_tta", "measured_threshold",
+                                              "measured_final_acc_dp", "measured_final_acc_pipedream")})
+    if measured:
+        df = df.merge(pd.DataFrame(measured), on="model", how="left")
+    unknown = sorted(set(cfg["models"]) - set(df["model"]))
+    if unknown:
+        raise PipeDreamError(f"model(s) {', '.join(unknown)} have no row in {cfg['paper_table']}; "
+                             f"Table 1 models are {', '.join(sorted(set(paper['model'])))}")
+    return df
 
 
 def _fmt(v: Any) -> str:
@@ -109,46 +156,29 @@ def to_markdown(df: pd.DataFrame, title: str, notes: list[str]) -> str:
     return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
 
 
-def plot_accuracy_vs_time(model: str, cfg: dict[str, Any], out: Path) -> None:
-    """Validation accuracy against wall time for PipeDream and DP (the paper's Figure style)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    results = Path(cfg["results_dir"])
-    frames = []
-    for mode in MODES:
-        for e in read_metrics(results / "runs" / model / mode):
-            frames.append({"mode": "PipeDream" if mode == "pipedream" else "DP",
-                           "wall time (s)": e["wall_time_s"], "validation accuracy": e["val_accuracy"]})
-    df = pd.DataFrame(frames)
-    sns.set_theme(style="whitegrid")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sns.lineplot(data=df, x="wall time (s)", y="validation accuracy", hue="mode", style="mode",
-                 markers=True, dashes=False, ax=ax)
-    ax.set_title(f"{model} (reduced, {cfg['workers']} CPU workers): accuracy vs time")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
+def notes(cfg: dict[str, Any]) -> list[str]:
+    """The table's footnotes: where each column group comes from."""
+    return [
+        "paper_*: PipeDream (SOSP 2019) Table 1; speedups are DP time / PipeDream time.",
+        "predicted_*: the release's V100 profiles planned for the row's cluster and simulated "
+        "(results/table1_predicted.md explains each gap above 15%).",
+        f"measured_*: reduced models on real stand-in data on this machine's CPU ({cfg['workers']} gloo "
+        f"processes, cluster {cfg['cluster']}); the same reduced run stands for every row of its model.",
+        "measured_threshold: the validation accuracy used for time-to-accuracy.",
+    ]
 
 
 def write_report(cfg: dict[str, Any]) -> pd.DataFrame:
-    """Write ``table1.csv``, ``table1.md`` and one accuracy-vs-time plot per model; returns the table."""
+    """Write ``table1.csv``, ``table1.md``, ``report.html`` and the plots; returns the table."""
+    from pipedream import plots
+
     results = Path(cfg["results_dir"])
     df = build_table(cfg)
     for model in cfg["models"]:
-        plot_accuracy_vs_time(model, cfg, results / "plots" / f"{model}_accuracy_vs_time.png")
+        runs = {m: read_metrics(results / "runs" / model / m) for m in MODES}
+        plots.accuracy_vs_time(model, runs, cfg["workers"], results / "plots" / f"{model}_accuracy_vs_time.png")
+    plots.speedup_bars(df, results / "plots" / "table1_speedups.png")
     atomic_write_text(results / "table1.csv", df.to_csv(index=False))
-    notes = [
-        "paper_*: PipeDream (SOSP 2019) Table 1; speedups are DP time / PipeDream time.",
-        "measured_*: reduced models on real stand-in data on this machine's CPU "
-        f"({cfg['workers']} gloo processes); raw loopback communication unless a bandwidth was emulated.",
-        "measured_threshold: the validation accuracy used for time-to-accuracy.",
-    ]
-    atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes))
+    atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes(cfg)))
+    atomic_write_text(results / "report.html", plots.html_report(df, notes(cfg), results))
     return df

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipedream.plan import Plan, Stage
-from pipedream.report import time_to_accuracy, write_report
+from pipedream.report import epochs_to_accuracy, time_to_accuracy, write_report, write_speedup
 from tests.conftest import REPO
 
 
@@ -26,6 +26,8 @@ def test_time_to_accuracy() -> None:
     e = _epochs([10, 10, 10], [0.5, 0.7, 0.8])
     assert time_to_accuracy(e, 0.7) == 20
     assert math.isnan(time_to_accuracy(e, 0.9))
+    assert epochs_to_accuracy(e, 0.75) == 3
+    assert math.isnan(epochs_to_accuracy(e, 0.9))
 
 
 def test_report_from_runs(tmp_path: Path) -> None:
@@ -38,15 +40,27 @@ def test_report_from_runs(tmp_path: Path) -> None:
     cfg = {
         "results_dir": str(res), "cluster": "cpu4", "workers": 4,
         "paper_table": str(REPO / "experiments" / "paper_table1.csv"),
-        "models": {"vgg16": {"preset": "reduced", "paper_rows": [{"cluster": "A", "servers": 4}],
+        "models": {"vgg16": {"preset": "reduced",
                              "train": {"epochs": 2, "batch_size": 32, "lr": 0.01, "threshold": 0.8}}},
     }
+    (res / "table1_predicted.csv").write_text(
+        "model,hardware,predicted_config,predicted_speedup,rel_error\nvgg16,A 4x4,15-1,4.0,-0.24\n")
+    speedup = write_speedup("vgg16", cfg, res / "speedup" / "vgg16.json")
+    assert speedup["measured_speedup_epoch_time"] == pytest.approx(8 / 4)  # mean(10, 6) / mean(4, 4)
+    assert speedup["measured_speedup_tta"] == pytest.approx(16 / 8)        # both reach 0.8 in epoch 2
+    assert speedup["measured_epochs_to_accuracy_dp"] == 2
     df = write_report(cfg)
-    assert len(df) == 1
-    row = df.iloc[0]
-    assert row["paper_config"] == "15-1" and row["paper_speedup_epoch_time"] == 5.28
-    assert row["measured_config"] == "3-1"
-    assert row["measured_speedup_epoch_time"] == pytest.approx(8 / 4)  # mean(10, 6) / mean(4, 4)
-    assert row["measured_speedup_tta"] == pytest.approx(16 / 8)        # both reach 0.8 in epoch 2
+    assert len(df) == 14  # every row of the paper's Table 1
+    vgg = df[df["model"] == "vgg16"].set_index("hardware")
+    assert list(vgg.index) == ["A 4x4", "B 2x8"]
+    assert vgg.loc["A 4x4", "paper_config"] == "15-1" and vgg.loc["A 4x4", "paper_speedup_epoch_time"] == 5.28
+    assert vgg.loc["A 4x4", "predicted_speedup_epoch_time"] == 4.0
+    assert math.isnan(vgg.loc["B 2x8", "predicted_speedup_epoch_time"])
+    assert (vgg["measured_config"] == "3-1").all()
+    assert list(vgg["measured_speedup_epoch_time"]) == pytest.approx([2.0, 2.0])
+    assert df[df["model"] == "gnmt8"]["measured_config"].isna().all()
     assert (res / "table1.md").read_text().startswith("# Table 1")
-    assert (res / "plots" / "vgg16_accuracy_vs_time.png").stat().st_size > 1000
+    html = (res / "report.html").read_text()
+    assert "vgg16_accuracy_vs_time.png" in html and "table1_speedups.png" in html
+    for png in ("vgg16_accuracy_vs_time.png", "table1_speedups.png"):
+        assert (res / "plots" / png).stat().st_size > 1000
