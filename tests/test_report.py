@@ -18,7 +18,8 @@ def _epochs(times: list[float], accs: list[float]) -> list[dict[str, float]]:
     out = []
     for i, (t, a) in enumerate(zip(times, accs, strict=True), start=1):
         wall += t
-        out.append({"epoch": i, "epoch_time_s": t, "wall_time_s": wall, "val_accuracy": a, "train_loss": 1.0})
+        out.append({"epoch": i, "epoch_time_s": t, "wall_time_s": wall, "val_accuracy": a, "train_loss": 1.0,
+                    "val_loss": 10.0})
     return out
 
 
@@ -27,6 +28,9 @@ def test_time_to_accuracy() -> None:
     assert time_to_accuracy(e, 0.7) == 20
     assert math.isnan(time_to_accuracy(e, 0.9))
     assert epochs_to_accuracy(e, 0.75) == 3
+    assert time_to_accuracy(e, 70.0, "top1") == 20
+    e[1]["val_loss"] = math.log(90.0)
+    assert epochs_to_accuracy(e, 98.0, "perplexity") == 2
     assert math.isnan(epochs_to_accuracy(e, 0.9))
 
 
@@ -41,7 +45,8 @@ def test_report_from_runs(tmp_path: Path) -> None:
         "results_dir": str(res), "cluster": "cpu4", "workers": 4,
         "paper_table": str(REPO / "experiments" / "paper_table1.csv"),
         "models": {"vgg16": {"preset": "reduced",
-                             "train": {"epochs": 2, "batch_size": 32, "lr": 0.01, "threshold": 0.8}}},
+                             "threshold": {"metric": "top1", "value": 80.0},
+                             "train": {"epochs": 2, "batch_size": 32, "lr": 0.01}}},
     }
     (res / "table1_predicted.csv").write_text(
         "model,hardware,predicted_config,predicted_speedup,rel_error\nvgg16,A 4x4,15-1,4.0,-0.24\n")

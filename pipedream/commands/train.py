@@ -64,7 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out-dir")
     parser.add_argument("--no-progress", action="store_true", help="no per-minibatch progress bar")
     parser.add_argument("--threshold", type=float,
-                        help="validation accuracy (0-1) for time-to-accuracy and epochs-to-accuracy (final metrics)")
+                        help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
+    parser.add_argument("--threshold-metric", choices=("accuracy", "top1", "perplexity"), default="accuracy",
+                        help="what --threshold is: validation accuracy 0-1, top-1 percent, or perplexity (lower is better)")
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -171,15 +173,15 @@ def run(args: argparse.Namespace) -> int:
               "schedule": args.schedule if args.mode == "pipedream" else "dp",
               "microbatches": args.microbatches, "weight_sync": args.weight_sync,
               "emulate_bandwidth_Bps": args.emulate_bandwidth or "none",
-              "threshold": args.threshold if args.threshold is not None else "none"}
+              "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none"}
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
     if args.threshold is not None:
         from pipedream.report import epochs_to_accuracy, time_to_accuracy
 
-        final["time_to_accuracy_s"] = time_to_accuracy(epochs, args.threshold)
-        final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold)
+        final["time_to_accuracy_s"] = time_to_accuracy(epochs, args.threshold, args.threshold_metric)
+        final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)
     from pipedream.runtime.assemble import final_metric
 
     metric = final_metric(out_dir, args.model, args.preset, args.seed, args.train_subset or None,
