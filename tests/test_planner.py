@@ -299,3 +299,103 @@ def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: py
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--out", str(out)]) == 2
     assert "pass --minibatch-size N" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- DAG brute force
+
+
+def random_dag(rng: random.Random, length: int) -> LayerGraph:
+    """Input -> l0, then each layer consumes one or two random earlier layers (branches and joins); some
+    layers cost nothing, like GNMT's ``__getitem__``."""
+    g = LayerGraph()
+    g.add_node(Node("in", "Input", 1e-3, 0.0, (1e6,), 0.0))
+    for i in range(length):
+        ms = 0.0 if rng.random() < 0.2 else rng.uniform(1, 40)
+        params = rng.choice([0.0, rng.uniform(1e5, 5e7)])
+        g.add_node(Node(f"l{i}", f"Conv({i})", ms / 2e3, ms / 2e3, (rng.uniform(1e5, 2e7),), params))
+    g.add_edge("in", "l0")
+    for i in range(1, length):
+        for p in sorted(rng.sample(range(i), min(i, rng.choice([1, 1, 2])))):
+            g.add_edge(f"l{p}", f"l{i}")
+    return g
+
+
+def brute_dag(graph: LayerGraph, cluster: Cluster, *, compat: bool, memory_limit: bool) -> float:
+    """Every chain of nested states ending at the whole model, every replica split, one level."""
+    s = build_states(graph)
+    (workers, bw), = cluster.levels
+    nodes = [graph.nodes[i] for i in s.node_ids]
+    succ = {i: [d for x, d in graph.edges if x == i] for i in s.node_ids}
+
+    def members(mask: int) -> list[int]:
+        return [b for b in range(len(nodes)) if (mask >> b) & 1]
+
+    def cut(mask: int) -> float:  # outputs of nodes inside that feed a node outside
+        inside = {s.node_ids[b] for b in members(mask)}
+        return sum(nodes[b].output_bytes for b in members(mask) if any(d not in inside for d in succ[s.node_ids[b]]))
+
+    n, best = s.n, INF
+    mem = cluster.device_memory_bytes if memory_limit else None
+    for length in range(1, min(workers, n) + 1):
+        for mids in itertools.combinations(range(n - 1), length - 1):
+            ends = [*mids, n - 1]
+            if any(not s.ancestors[a, b] for a, b in zip(ends, ends[1:], strict=False)):
+                continue
+            for reps in compositions(workers, length):
+                worst, used, prev = 0.0, 0, 0
+                for idx, (e, r) in enumerate(zip(ends, reps, strict=True)):
+                    used += r
+                    piece = members(s.ideals[e] & ~prev)
+                    dc = sum(nodes[b].fwd_s + nodes[b].bwd_s for b in piece)
+                    dp = sum(nodes[b].param_bytes for b in piece)
+                    da = sum(nodes[b].output_bytes for b in piece)
+                    comm = None if compat else (2.0 * cut(prev) if idx else 0.0, 2.0 * cut(s.ideals[e]) if e < n - 1 else None)
+                    worst = max(worst, piece_time(dc, dp, da, r, used, workers, bw, first=idx == 0, group=1, mem=mem,
+                                                  extra_version=0 if compat else 1, mem_div=1, comm=comm))
+                    prev = s.ideals[e]
+                best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("compat", [True, False], ids=["compat", "default"])
+def test_dag_dp_matches_brute_force(compat: bool) -> None:
+    rng = random.Random(11 if compat else 12)
+    for trial in range(30):
+        graph = random_dag(rng, rng.randint(3, 6))
+        cluster = Cluster("c", [(rng.choice([2, 3, 4]), rng.choice([5e8, 2e9, 1e10]))], 1.0)
+        memory_limit = trial % 3 == 0
+        if memory_limit:
+            total = sum(n.param_bytes + n.output_bytes for n in graph.nodes.values())
+            cluster = Cluster("c", cluster.levels, rng.uniform(0.3, 1.0) * total)
+        want = brute_dag(graph, cluster, compat=compat, memory_limit=memory_limit)
+        if not math.isfinite(want):
+            with pytest.raises(PipeDreamError):
+                plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit)
+            continue
+        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit)
+        assert rel(plan.extra["bottleneck_time_per_minibatch_s"], want) < 1e-12, (trial, want)
+
+
+def test_pruned_windowed_kernel_equals_the_plain_one() -> None:
+    """The innermost level's fast kernel (dominated splits dropped, windows) against pricing every split."""
+    import numpy as np
+
+    from pipedream.planner.banded import solve_rows_banded
+    from pipedream.planner.dp import LevelInput, solve_rows
+    from pipedream.planner.hierarchy import level_rules
+    from pipedream.planner.prune import all_ancestors, undominated_ancestors
+
+    for name in ("gnmt", "resnet50"):
+        s = build_states(read_profile(name))
+        c_prev = np.concatenate(([0.0], s.compute_s))
+        rows = np.arange(s.n + 1)[:, None]
+        table = np.where(np.arange(s.n)[None, :] >= rows, s.compute_s[None, :] - c_prev[:, None], np.inf)
+        for compat, memory_limit, ratio in [(True, False, None), (True, True, 2.0), (False, True, None)]:
+            rules = level_rules(get_cluster("B_2x8" if name == "gnmt" else "A_4x4", CLUSTERS), compat=compat,
+                                memory_limit=memory_limit, straight=False, ratio=ratio)[0]
+            boundary = s.boundary_bytes if compat else s.cut_bytes
+            inp = LevelInput(table, s.param_bytes, s.activation_bytes, boundary, s.ancestors)
+            keys = [s.compute_s, s.param_bytes, s.activation_bytes, boundary]
+            nested = None if compat else s.nested
+            fast = solve_rows_banded(inp, rules, undominated_ancestors(s, keys), s.compute_s, nested)
+            assert np.array_equal(fast, solve_rows(inp, rules, all_ancestors(s), nested)), (name, compat, memory_limit)

@@ -78,6 +78,13 @@ def plan_pipeline(
             "placement_rank_map": _placement(solution.segments, cluster),
         },
     )
+    slowest = max(s.compute_s / s.replicas for s in stages)
+    if slowest > solution.time_s * (1 + 1e-9):
+        plan.extra["warnings"] = [
+            f"a stage of this plan computes for {slowest * 1e3:.3f} ms per minibatch per replica, more than the "
+            f"predicted bottleneck of {solution.time_s * 1e3:.3f} ms: the release's model (--compat) split a "
+            "segment at a state that does not contain its start (see pipedream/planner/hierarchy.py, difference 5)"
+        ]
     plan.validate()
     return plan
 

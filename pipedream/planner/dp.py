@@ -99,74 +99,85 @@ def _prev(values: np.ndarray) -> np.ndarray:
 
 def initial_stage(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
     """``A[r, j, m]`` for the unsplit segment on ``m + 1`` replicas, shape ``(len(rows), n, M)``, seconds."""
+    return initial_table(inp, rules, rows).transpose(2, 1, 0)
+
+
+def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
+    """The unsplit values laid out as ``A[m, j, r]``, shape ``(M, n, len(rows))``, seconds."""
     n, big_m = inp.n, rules.workers
-    p = inp.params[None, :] - _prev(inp.params)[rows][:, None]
-    mem = p + inp.acts[None, :] - _prev(inp.acts)[rows][:, None]
-    t = inp.table[rows]
-    out = np.full((len(rows), n, big_m), INF)
+    p = inp.params[:, None] - _prev(inp.params)[rows][None, :]
+    mem = p + inp.acts[:, None] - _prev(inp.acts)[rows][None, :]
+    t = inp.table[rows].T
+    out = np.full((big_m, n, len(rows)), INF)
     for m in range(1 if rules.straight else big_m):
         value = (t + 4.0 * m * p / (rules.bandwidth_Bps * (m + 1)) / rules.group_init) / (m + 1)
         if rules.memory_limit_bytes is not None:
             versions = math.ceil((big_m - (m + 1)) / (m + 1)) + rules.extra_version
             value = np.where(versions * mem / rules.memory_divisor > rules.memory_limit_bytes, INF, value)
-        out[:, :, m] = value
+        out[m] = value
     return out
 
 
-def last_stage(inp: LevelInput, rules: LevelRules, k: np.ndarray, j: np.ndarray, m: int, m_prime: int) -> np.ndarray:
+def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarray:
     """Time of the last stage ``(k, j]`` on ``m_prime`` replicas when the prefix uses ``m + 1`` workers.
 
     Includes the weight sync, the memory check (``inf`` when it does not fit) and, when charged, the
-    activation transfers into and out of the stage. ``k`` and ``j`` broadcast together. Seconds.
+    activation transfers into and out of the stage. All arguments broadcast (integer arrays). Seconds.
     """
     n, b = inp.n, rules.bandwidth_Bps
+    m = np.asarray(m)
+    m_prime = np.asarray(m_prime, dtype=np.float64)
     p = inp.params[j] - inp.params[k]
     value = (inp.table[k + 1, j] + 4.0 * (m_prime - 1) * p / (b * m_prime) / rules.group_split) / m_prime
     if rules.memory_limit_bytes is not None:
-        versions = math.ceil((rules.workers - (m + 1)) / m_prime) + rules.extra_version
+        versions = np.ceil((rules.workers - (m + 1)) / m_prime) + rules.extra_version
         mem = versions * (inp.acts[j] - inp.acts[k] + p) / rules.memory_divisor
         value = np.where(mem > rules.memory_limit_bytes, INF, value)
     if rules.comm_ratio is not None:
         transfer_in = 2.0 * inp.boundary[k] / (b * m_prime) / rules.comm_ratio
-        transfer_out = np.where(j < n - 1, 2.0 * inp.boundary[j] / (b * m_prime) / rules.comm_ratio, 0.0)
+        transfer_out = np.where(np.asarray(j) < n - 1, 2.0 * inp.boundary[j] / (b * m_prime) / rules.comm_ratio, 0.0)
         value = np.maximum(value, np.maximum(transfer_in, transfer_out))
     return value
 
 
-def solve_rows(inp: LevelInput, rules: LevelRules, rows: np.ndarray, nested: np.ndarray | None = None) -> np.ndarray:
-    """``A[r, j, m]`` for every row in ``rows`` (no back-pointers), shape ``(len(rows), n, M)``.
+def combos(rules: LevelRules) -> tuple[np.ndarray, np.ndarray]:
+    """All ``(m, m')`` pairs of the recurrence (``m >= 1``, ``1 <= m' <= m``; ``m' = 1`` when straight), by ``m``."""
+    pairs = [(m, mp) for m in range(1, rules.workers) for mp in ([1] if rules.straight else range(1, m + 1))]
+    return np.array([m for m, _ in pairs], dtype=np.int64), np.array([mp for _, mp in pairs], dtype=np.int64)
 
-    ``nested[r - 1, k]`` (default mode) says state ``k`` contains state ``r - 1``; without it a split
-    may follow any state with a later topological index (the release).
+
+def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], nested: np.ndarray | None = None) -> np.ndarray:
+    """``A[r, j, M - 1]`` for every row ``r = 0..n`` (values only, all workers), shape ``(n + 1, n)``, seconds.
+
+    ``cols[j]`` lists the states after which a split may end at ``j`` (the ancestors of ``j``, possibly
+    with dominated ones removed, see :func:`pipedream.planner.prune.undominated_ancestors`). With
+    ``rules.nested_only``, ``nested[r - 1, k]`` must also hold. End states are visited in topological
+    order and, for each, every row and every ``(m, m')`` at once.
     """
     n, big_m = inp.n, rules.workers
-    table = initial_stage(inp, rules, rows)
+    # Work on A[m, j, r] so that gathering the split states ks reads contiguous rows of r.
+    table = initial_table(inp, rules, np.arange(n + 1))
     if big_m == 1 or n == 1:
-        return table
-    splits = [1] if rules.straight else None
-    cols = [np.flatnonzero(inp.ancestors[:, j]) for j in range(n)]
-    row_mask = None
-    if rules.nested_only and nested is not None:
-        prev = np.where(rows > 0, rows - 1, 0)
-        row_mask = np.where((rows > 0)[:, None], nested[prev], True)
-    first_row = int(rows.min())
-    for m in range(1, big_m):
-        for j in range(first_row + 1, n):
-            ks = cols[j]
-            ks = ks[ks >= first_row]
-            if not len(ks):
-                continue
-            live = rows < j
-            best = table[live, j, m]
-            for m_prime in splits or range(1, m + 1):
-                last = last_stage(inp, rules, ks, np.full(len(ks), j), m, m_prime)
-                cand = np.maximum(table[np.ix_(live, ks, [m - m_prime])][:, :, 0], last[None, :])
-                if row_mask is not None:
-                    cand = np.where(row_mask[np.ix_(live, ks)], cand, INF)
-                best = np.minimum(best, cand.min(axis=1))
-            table[live, j, m] = best
-    return table
-
+        return np.ascontiguousarray(table[-1].T)
+    m_of, mp_of = combos(rules)
+    prefix_m = m_of - mp_of
+    group_starts = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
+    ms = m_of[group_starts]
+    for j in range(1, n):
+        ks = cols[j]
+        if not len(ks):
+            continue
+        top = int(ks.max()) + 1  # rows r <= max(k) can use some k >= r
+        last = last_stage(inp, rules, ks[None, :], j, m_of[:, None], mp_of[:, None])
+        prefix = table[prefix_m[:, None], ks[None, :], :top]
+        if rules.nested_only and nested is not None:
+            ok = np.ones((len(ks), top), dtype=bool)
+            ok[:, 1:] = nested[: top - 1][:, ks].T
+            prefix = np.where(ok[None, :, :], prefix, INF)
+        np.maximum(prefix, last[:, :, None], out=prefix)
+        best = np.minimum.reduceat(prefix.min(axis=1), group_starts, axis=0)
+        table[ms, j, :top] = np.minimum(table[ms, j, :top], best)
+    return np.ascontiguousarray(table[-1].T)
 
 @dataclass
 class RowSolution:
@@ -176,6 +187,16 @@ class RowSolution:
     time: np.ndarray
     split: np.ndarray
     replicas: np.ndarray
+
+
+def _pairs(inp: LevelInput) -> tuple[np.ndarray, np.ndarray]:
+    """All (split state, end state) pairs, sorted by end state then split state (cached on ``inp``)."""
+    cached = getattr(inp, "_pairs_cache", None)
+    if cached is None:
+        pj, pk = np.nonzero(inp.ancestors.T)  # row-major over (j, k): sorted by j, then k
+        cached = (pk, pj)
+        inp._pairs_cache = cached  # type: ignore[attr-defined]
+    return cached
 
 
 def solve_row(inp: LevelInput, rules: LevelRules, r: int, nested: np.ndarray | None = None) -> RowSolution:
@@ -190,9 +211,7 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, nested: np.ndarray | N
     replicas = np.tile(np.arange(1, big_m + 1), (n, 1))
     if big_m == 1 or n == 1:
         return RowSolution(time, split, replicas)
-    pk, pj = np.nonzero(inp.ancestors)
-    order = np.lexsort((pk, pj))
-    pk, pj = pk[order], pj[order]
+    pk, pj = _pairs(inp)
     keep = (pk >= r) & (pj > r)
     if rules.nested_only and r > 0 and nested is not None:
         keep &= nested[r - 1, pk]
@@ -202,24 +221,32 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, nested: np.ndarray | N
     heads = np.flatnonzero(np.r_[True, pj[1:] != pj[:-1]])
     seg_j = pj[heads]
     counts = np.diff(np.r_[heads, len(pj)])
+    seg_of = np.repeat(np.arange(len(heads)), counts)
+    splits = [1] if rules.straight else range(1, big_m)
+    # Without a memory limit the last stage does not depend on m: price it once per m'.
+    fixed = {} if rules.memory_limit_bytes is not None else {mp: last_stage(inp, rules, pk, pj, 0, mp) for mp in splits}
     for m in range(1, big_m):
-        best = time[seg_j, m].copy()
-        best_k = np.full(len(seg_j), -1)
+        cands, mins = {}, {}
+        for mp in [1] if rules.straight else range(1, m + 1):
+            last = fixed[mp] if fixed else last_stage(inp, rules, pk, pj, m, mp)
+            cand = np.maximum(time[pk, m - mp], last)
+            cands[mp], mins[mp] = cand, np.minimum.reduceat(cand, heads)
+        unsplit = time[seg_j, m]
+        best = np.minimum(unsplit, np.min(np.stack(list(mins.values())), axis=0))
+        best_k = np.full(len(seg_j), n)
         best_mp = replicas[seg_j, m].copy()
-        for m_prime in [1] if rules.straight else range(1, m + 1):
-            cand = np.maximum(time[pk, m - m_prime], last_stage(inp, rules, pk, pj, m, m_prime))
-            seg_min = np.minimum.reduceat(cand, heads)
-            hit = np.flatnonzero(cand == np.repeat(seg_min, counts))
-            seg_of_hit = np.searchsorted(heads, hit, side="right") - 1
-            uniq, first = np.unique(seg_of_hit, return_index=True)
-            arg_k = np.full(len(seg_j), -1)
-            arg_k[uniq] = pk[hit[first]]
-            better = (seg_min < best) | ((seg_min == best) & (best_k >= 0) & (arg_k >= 0) & (arg_k < best_k))
-            better &= np.isfinite(seg_min)
-            best = np.where(better, seg_min, best)
-            best_k = np.where(better, arg_k, best_k)
-            best_mp = np.where(better, m_prime, best_mp)
+        open_seg = np.isfinite(best) & (best < unsplit)  # a split is strictly better than one stage
+        for mp, cand in cands.items():
+            tied = open_seg & (mins[mp] == best)
+            if not tied.any():
+                continue
+            hit = np.flatnonzero((cand == best[seg_of]) & tied[seg_of])
+            first = hit[np.r_[True, seg_of[hit[1:]] != seg_of[hit[:-1]]]]
+            segs, ks = seg_of[first], pk[first]
+            better = ks < best_k[segs]  # earlier split wins; equal k keeps the smaller m'
+            best_k[segs[better]] = ks[better]
+            best_mp[segs[better]] = mp
         time[seg_j, m] = best
-        split[seg_j, m] = best_k
-        replicas[seg_j, m] = best_mp
+        split[seg_j, m] = np.where(open_seg, best_k, -1)
+        replicas[seg_j, m] = np.where(open_seg, best_mp, replicas[seg_j, m])
     return RowSolution(time, split, replicas)

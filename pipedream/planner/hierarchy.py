@@ -37,7 +37,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipedream.errors import PipeDreamError
+from pipedream.planner.banded import solve_rows_banded
 from pipedream.planner.dp import LevelInput, LevelRules, solve_row, solve_rows
+from pipedream.planner.prune import all_ancestors, undominated_ancestors
 from pipedream.planner.states import StateGraph
 from pipedream.topology import Cluster
 
@@ -115,9 +117,8 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
             f"{n} split points (antichain states); use fewer workers or drop --straight"
         )
     c_prev = np.concatenate(([0.0], states.compute_s))
-    rows_all = np.arange(n + 1)
     table = states.compute_s[None, :] - c_prev[:, None]
-    table = np.where(np.arange(n)[None, :] >= rows_all[:, None], table, np.inf)
+    table = np.where(np.arange(n)[None, :] >= np.arange(n + 1)[:, None], table, np.inf)
     boundary = states.boundary_bytes if compat else states.cut_bytes
     inputs: list[LevelInput] = []
     nested = None if compat else states.nested
@@ -126,8 +127,15 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
         inputs.append(inp)
         if idx == len(rules) - 1:
             break
-        solved = solve_rows(inp, lv, rows_all, nested)
-        table = solved[:, :, -1]
+        if idx == 0:  # stage times are functions of the cumulative values: prune dominated splits
+            keys = [states.compute_s, states.param_bytes]
+            if lv.memory_limit_bytes is not None:
+                keys.append(states.activation_bytes)
+            if lv.comm_ratio is not None:
+                keys.append(boundary)
+            table = solve_rows_banded(inp, lv, undominated_ancestors(states, keys), states.compute_s, nested)
+        else:
+            table = solve_rows(inp, lv, all_ancestors(states), nested)
     top = solve_row(inputs[-1], rules[-1], 0, nested)
     time_s = float(top.time[n - 1, -1])
     if not math.isfinite(time_s):

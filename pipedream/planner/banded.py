@@ -1,0 +1,121 @@
+"""The innermost level's all-rows solve, restricted to the splits that can still win (same values as
+:func:`pipedream.planner.dp.solve_rows`, much less work).
+
+At the innermost level a stage's time is at least its compute divided by its replicas, so for row ``r``
+(the segment starts after state ``r - 1``), end state ``j``, ``m + 1`` workers and a last stage on
+``m'`` replicas, a split after ``k`` can only beat the current value ``U`` if
+
+* the last stage is faster than ``U``: ``(C_j - C_k) / m' < U``, and
+* the prefix on ``m + 1 - m'`` workers is: ``(C_k - C_{r-1} + d_r) / (m + 1 - m') < U``,
+
+where ``C`` is the cumulative compute and ``d_r <= 0`` bounds how far a negative parameter difference
+can lower a prefix's weight-sync term (only the release's splits after states that do not contain the
+segment's start have one; see :mod:`pipedream.planner.hierarchy`, difference 5). The prefix bound holds
+because the replica-weighted mean of the stage times of any split is at least the total compute over
+the workers. So ``C_k`` must lie in a window around the balanced split; with the splits of each end
+state sorted by ``C`` the window is two binary searches, and only the candidates inside it are priced.
+``U`` starts as the unsplit value; where that is infinite (a memory limit) the window is open.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pipedream.planner.dp import INF, LevelInput, LevelRules, combos, initial_table, last_stage
+
+_SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
+_DENSE_BELOW = 40_000  # candidate-rows below which pricing everything is cheaper than the window
+_BANDED_GAIN = 12  # pricing one windowed candidate costs about this many dense ones (gathers)
+
+
+def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], compute: np.ndarray,
+                      nested: np.ndarray | None = None) -> np.ndarray:
+    """``A[r, j, M - 1]`` for all rows, shape ``(n + 1, n)``, seconds; ``inp.table`` must be the compute
+    differences ``C_j - C_{r-1}`` (the innermost level). Arguments as for ``solve_rows``."""
+    n, big_m = inp.n, rules.workers
+    table = initial_table(inp, rules, np.arange(n + 1))  # A[m, j, r]
+    if big_m == 1 or n == 1:
+        return np.ascontiguousarray(table[-1].T)
+    m_of, mp_of = combos(rules)
+    prefix_m = m_of - mp_of
+    group_starts = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
+    ms = m_of[group_starts]
+    c_prev = np.concatenate(([0.0], compute))
+    # d_r: the most negative weight-sync contribution a prefix of row r can get (0 unless P can drop).
+    p_prev = np.concatenate(([0.0], inp.params))
+    suffix_min_p = np.minimum.accumulate(inp.params[::-1])[::-1]
+    drop = np.minimum(0.0, np.r_[suffix_min_p, np.inf][: n + 1] - p_prev)
+    sync_max = 4.0 * (big_m - 1) / (rules.bandwidth_Bps * big_m) / min(rules.group_init, rules.group_split)
+    d = drop * sync_max
+    slack = _SLACK * max(float(np.max(np.abs(compute))), 1e-30)
+    n_combos = len(m_of)
+    for j in range(1, n):
+        ks = cols[j]
+        if not len(ks):
+            continue
+        top = int(ks.max()) + 1
+        last = last_stage(inp, rules, ks[None, :], j, m_of[:, None], mp_of[:, None])  # (combos, K)
+        order = np.argsort(compute[ks], kind="stable")
+        distinct = 1 + int(np.count_nonzero(np.diff(compute[ks[order]])))
+        if n_combos * len(ks) * top <= _DENSE_BELOW or distinct * 4 < len(ks):
+            best = _dense(table, ks, top, last, prefix_m, rules, nested)  # a window in compute would not narrow it
+        else:
+            best = _banded(table, ks[order], compute[ks[order]], top, j, last[:, order], m_of, mp_of, prefix_m,
+                           compute, c_prev, d, slack, rules, nested)
+        best = np.minimum.reduceat(best, group_starts, axis=0)
+        table[ms, j, :top] = np.minimum(table[ms, j, :top], best)
+    return np.ascontiguousarray(table[-1].T)
+
+
+def _dense(table, ks, top, last, prefix_m, rules, nested) -> np.ndarray:
+    """Best split value per (combo, row) over every candidate in ``ks``; shape ``(combos, top)``."""
+    prefix = table[prefix_m[:, None], ks[None, :], :top]
+    if rules.nested_only and nested is not None:
+        ok = np.ones((len(ks), top), dtype=bool)
+        ok[:, 1:] = nested[: top - 1][:, ks].T
+        prefix = np.where(ok[None, :, :], prefix, INF)
+    np.maximum(prefix, last[:, :, None], out=prefix)
+    return prefix.min(axis=1)
+
+
+def _price(table, ks, last, prefix_m, combo, row, pos, rules, nested) -> np.ndarray:
+    k = ks[pos]
+    vals = np.maximum(table[prefix_m[combo], k, row], last[combo, pos])
+    if rules.nested_only and nested is not None:
+        vals = np.where((row == 0) | nested[np.maximum(row - 1, 0), k], vals, INF)
+    return vals
+
+
+def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev, d, slack, rules, nested) -> np.ndarray:
+    """As :func:`_dense` with ``ks`` sorted by compute, pricing only the candidates inside the window."""
+    n_combos, n_k = last.shape
+    rows = np.arange(top)
+    grid_combo = np.repeat(np.arange(n_combos), top)
+    grid_row = np.tile(rows, n_combos)
+    # An upper bound better than the unsplit value: price the splits nearest the balanced one.
+    share = ((prefix_m + 1) / (m_of + 1))[:, None]
+    target = c_prev[rows][None, :] + (compute[j] - c_prev[rows][None, :]) * share
+    mid = np.searchsorted(cs, target).ravel()
+    bound = table[m_of, j, :top].ravel()
+    for shift in (-1, 0):
+        pos = np.clip(mid + shift, 0, n_k - 1)
+        bound = np.minimum(bound, _price(table, ks, last, prefix_m, grid_combo, grid_row, pos, rules, nested))
+    bound = bound.reshape(n_combos, top)
+    lo_val = compute[j] - mp_of[:, None] * bound - slack
+    hi_val = c_prev[rows][None, :] - d[rows][None, :] + (prefix_m + 1)[:, None] * bound + slack
+    lo = np.searchsorted(cs, np.where(np.isfinite(lo_val), lo_val, -np.inf), side="right").ravel()
+    hi = np.searchsorted(cs, np.where(np.isfinite(hi_val), hi_val, np.inf), side="left").ravel()
+    lengths = np.maximum(hi - lo, 0)
+    total = int(lengths.sum())
+    if total * _BANDED_GAIN > n_combos * n_k * top:
+        return np.minimum(bound, _dense(table, ks, top, last, prefix_m, rules, nested))
+    best = bound.ravel().copy()
+    if total:
+        seg = np.flatnonzero(lengths)
+        seg_len = lengths[seg]
+        starts = np.concatenate(([0], np.cumsum(seg_len)[:-1]))
+        seg_rep = np.repeat(seg, seg_len)
+        pos = np.repeat(lo[seg] - starts, seg_len) + np.arange(total)
+        vals = _price(table, ks, last, prefix_m, grid_combo[seg_rep], grid_row[seg_rep], pos, rules, nested)
+        best[seg] = np.minimum(best[seg], np.minimum.reduceat(vals, starts))
+    return best.reshape(n_combos, top)
