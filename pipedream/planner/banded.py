@@ -25,7 +25,8 @@ from pipedream.planner.dp import INF, LevelInput, LevelRules, combos, initial_ta
 
 _SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
 _DENSE_BELOW = 40_000  # candidate-rows below which pricing everything is cheaper than the window
-_BANDED_GAIN = 12  # pricing one windowed candidate costs about this many dense ones (gathers)
+_BANDED_GAIN = 12
+_CACHE_BYTES = 16 * 2**20  # pricing one windowed candidate costs about this many dense ones (gathers)
 
 
 def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], compute: np.ndarray,
@@ -49,6 +50,9 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
     d = drop * sync_max
     slack = _SLACK * max(float(np.max(np.abs(compute))), 1e-30)
     n_combos = len(m_of)
+    # Windowed pricing gathers scattered entries of the table; once the table no longer fits in the
+    # cache that costs more than pricing every candidate from contiguous rows (GNMT-16: 72 MB).
+    big = table.nbytes > _CACHE_BYTES
     for j in range(1, n):
         ks = cols[j]
         if not len(ks):
@@ -57,7 +61,7 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
         last = last_stage(inp, rules, ks[None, :], j, m_of[:, None], mp_of[:, None])  # (combos, K)
         order = np.argsort(compute[ks], kind="stable")
         distinct = 1 + int(np.count_nonzero(np.diff(compute[ks[order]])))
-        if n_combos * len(ks) * top <= _DENSE_BELOW or distinct * 4 < len(ks):
+        if big or n_combos * len(ks) * top <= _DENSE_BELOW or distinct * 4 < len(ks):
             best = _dense(table, ks, top, last, prefix_m, rules, nested)  # a window in compute would not narrow it
         else:
             best = _banded(table, ks[order], compute[ks[order]], top, j, last[:, order], m_of, mp_of, prefix_m,
@@ -92,14 +96,13 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
     rows = np.arange(top)
     grid_combo = np.repeat(np.arange(n_combos), top)
     grid_row = np.tile(rows, n_combos)
-    # An upper bound better than the unsplit value: price the splits nearest the balanced one.
+    # An upper bound better than the unsplit value: price the split nearest the balanced one.
     share = ((prefix_m + 1) / (m_of + 1))[:, None]
     target = c_prev[rows][None, :] + (compute[j] - c_prev[rows][None, :]) * share
     mid = np.searchsorted(cs, target).ravel()
     bound = table[m_of, j, :top].ravel()
-    for shift in (-1, 0):
-        pos = np.clip(mid + shift, 0, n_k - 1)
-        bound = np.minimum(bound, _price(table, ks, last, prefix_m, grid_combo, grid_row, pos, rules, nested))
+    probe = np.minimum(mid, n_k - 1)
+    bound = np.minimum(bound, _price(table, ks, last, prefix_m, grid_combo, grid_row, probe, rules, nested))
     bound = bound.reshape(n_combos, top)
     lo_val = compute[j] - mp_of[:, None] * bound - slack
     hi_val = c_prev[rows][None, :] - d[rows][None, :] + (prefix_m + 1)[:, None] * bound + slack

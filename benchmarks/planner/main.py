@@ -1,0 +1,68 @@
+"""Planner speed: seconds per model and cluster, compat mode, against the release optimizer's times.
+
+Usage (from the repository root):
+
+    .venv/bin/python benchmarks/planner/main.py                      # the three cases of the brief
+    .venv/bin/python benchmarks/planner/main.py --all --repeats 3    # every profile on A_4x4 and B_2x8
+
+Prints, per case, the best wall-clock and CPU (process) seconds over the repeats, the config string and
+the predicted time per sample. CPU seconds are what the planner itself costs; wall seconds also count
+waiting for a shared, busy machine. The release numbers are those quoted in the project brief for
+``optimizer_graph_hierarchical.py`` on the same profiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from pipedream.graph import LayerGraph  # noqa: E402
+from pipedream.planner import plan_pipeline  # noqa: E402
+from pipedream.topology import get_cluster  # noqa: E402
+
+MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
+RELEASE_S = {("resnet50", "A_4x4"): "46", ("resnet50", "B_2x8"): "143", ("gnmt_large", "A_4x4"): ">328"}
+TARGET_S = {("resnet50", "A_4x4"): 0.5, ("resnet50", "B_2x8"): 0.5, ("gnmt_large", "A_4x4"): 3.0}
+
+
+def time_case(model: str, cluster_name: str, repeats: int, compat: bool) -> tuple[float, float, object]:
+    """Best (wall s, CPU s) over ``repeats`` runs of the whole planner (states + DP + plan), and the plan."""
+    graph = LayerGraph.read(REPO / "experiments" / "data" / "profiles" / model / "graph.txt")
+    cluster = get_cluster(cluster_name, REPO / "experiments" / "clusters.yaml")
+    walls, cpus, plan = [], [], None
+    for _ in range(repeats):
+        wall, cpu = time.perf_counter(), time.process_time()
+        plan = plan_pipeline(graph, cluster, model=model, minibatch_size=MINIBATCH[model], compat=compat)
+        cpus.append(time.process_time() - cpu)
+        walls.append(time.perf_counter() - wall)
+    return min(walls), min(cpus), plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="every profile on A_4x4 and B_2x8")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per case; the best is printed")
+    parser.add_argument("--default-mode", action="store_true", help="time the default (fixed) mode instead of --compat")
+    args = parser.parse_args(argv)
+    cases = list(RELEASE_S) if not args.all else [(m, c) for m in MINIBATCH for c in ("A_4x4", "B_2x8")]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"planner benchmark, {'default' if args.default_mode else 'compat'} mode, best of {args.repeats}, "
+          f"{os.cpu_count()} CPUs, load average {load:.1f}")
+    header = ("model", "cluster", "wall s", "cpu s", "target s", "release s", "config", "s/sample")
+    print("{:<11} {:<7} {:>8} {:>8} {:>8} {:>9}  {:<24} {:>12}".format(*header))
+    for model, cluster in cases:
+        wall, cpu, plan = time_case(model, cluster, args.repeats, compat=not args.default_mode)
+        target = TARGET_S.get((model, cluster))
+        print(f"{model:<11} {cluster:<7} {wall:8.3f} {cpu:8.3f} {target if target else '':>8} "
+              f"{RELEASE_S.get((model, cluster), ''):>9}  {plan.config:<24} {plan.time_per_sample_s:12.6e}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
