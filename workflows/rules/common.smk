@@ -4,3 +4,16 @@
 def _train(model, key, default=None):
     """A model's training setting from the config, or ``default``."""
     return config["models"][model]["train"].get(key, default)
+
+
+def train_extra_args(model):
+    """Optional `pipedream train` flags: link throttle, optimizer, time-to-accuracy threshold."""
+    args = []
+    if config.get("emulate_bandwidth_Bps"):
+        args.append(f"--emulate-bandwidth {config['emulate_bandwidth_Bps']}")
+    if _train(model, "optimizer"):
+        args.append(f"--optimizer {_train(model, 'optimizer')}")
+    threshold = config["models"][model].get("threshold")
+    if threshold and threshold["metric"] in ("top1", "perplexity"):
+        args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")
+    return " ".join(args)

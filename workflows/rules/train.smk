@@ -21,6 +21,7 @@ rule train:
         val_subset=lambda w: _train(w.model, "val_subset", 0),
         seed=lambda w: _train(w.model, "seed", 0),
         experiment=lambda w: f"{w.model}/{CLUSTER}",
+        extra=lambda w: train_extra_args(w.model),
     conda:
         "../../environment.yml"
     threads: workflow.cores
@@ -31,4 +32,4 @@ rule train:
         "--plan {input.plan} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
         "--lr {params.lr} --momentum {params.momentum} --weight-decay {params.wd} --seed {params.seed} "
         "--train-subset {params.train_subset} --val-subset {params.val_subset} "
-        "--experiment {params.experiment} --out-dir $(dirname {output}) > {log} 2>&1"
+        "--experiment {params.experiment} {params.extra} --no-progress --out-dir $(dirname {output}) > {log} 2>&1"
