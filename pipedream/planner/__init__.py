@@ -1,6 +1,54 @@
-"""The PipeDream planner (paper §3.1): antichain states, the hierarchical DP, the resulting Plan.
+"""The PipeDream planner (paper §3.1): profile + cluster -> :class:`pipedream.plan.Plan`.
 
-``plan_pipeline(graph, cluster, model=..., minibatch_size=...) -> Plan``; see :mod:`.core`.
+``plan_pipeline(graph, cluster, model=..., minibatch_size=...) -> Plan`` (:mod:`.core`).
+
+Pipeline of the package:
+
+* :mod:`.states`: antichain states of the layer DAG, enumerated as the release does;
+* :mod:`.dp`: one level of the dynamic program (the recurrences for ``T(i→j, m)`` and ``A(j, m)``),
+  all rows at once or one row with back-pointers; :mod:`.prune` and :mod:`.banded` make the innermost
+  level fast without changing a value;
+* :mod:`.hierarchy`: level by level, innermost first, then the chosen splits expanded into stages;
+* :mod:`.core`: stages of graph nodes, ranks, the per-stage numbers; :mod:`.report` and
+  :mod:`.explain`: the table and ``--explain``.
+
+Two modes. ``compat=True`` reproduces the predicted time per sample of the release's
+``optimizer_graph_hierarchical.py`` for the same graph and flags (``-n``/``-b`` = the cluster's levels,
+``--use_memory_constraint -s`` = ``memory_limit`` with the cluster's device memory,
+``--straight_pipeline``, ``--activation_compression_ratio``). The default mode fixes what is wrong in it.
+The differences (default mode vs. the release) and why:
+
+1. Activation transfers are always charged (compression ratio 1 unless given). The release ignores
+   them entirely unless ``--activation_compression_ratio`` is passed, although §3.1's ``A(j, m)``
+   includes the ``2 C_i`` term; without it a split is free and communication-heavy models
+   (GNMT, VGG's early layers) look better pipelined than they are.
+2. The activation bytes of a split are those of the nodes inside the state that feed a node outside it.
+   The release sums the state's *augmented* antichain, which can count nodes whose consumers are all
+   inside the state already (e.g. the fork of a residual block once both branches have started).
+3. At upper levels the weight-sync term of a replicated last stage is divided by the devices per group,
+   as the release does for an unsplit segment and for its data-parallel baseline. The release omits the
+   division only for the last stage of a split, so the same stage costs ``g`` times more sync when it is
+   not alone. (Also: the release divides by the previous level's width, we by the devices per group;
+   the two agree for two levels.)
+4. Memory: a stage must fit its working copy too (``versions = ceil(downstream / replicas) + 1``). The
+   release counts only the extra stashed versions, so an unsplit data-parallel segment or a last stage
+   never fails the check however large it is. At an upper level the segment is spread over the
+   devices of a group, so its bytes are divided by the devices per group before the check (the release
+   compares a whole segment with one device's memory).
+5. A split must follow a state that contains the segment's start. The release accepts any state later
+   in topological order, so on DAGs (ResNet, GNMT) a segment can be "split" at a state that does not
+   contain its start; the stage times it then uses are differences of non-nested sets, which can even be
+   negative, and the predicted time can be better than any real split (a plan's ``extra["warnings"]``
+   says so when it happens; on the five shipped profiles it never changes the result).
+6. Ties are broken by a stated rule, in both modes: an unsplit stage beats a split of equal time, then
+   the split after the earliest state (topological index) wins, then the fewest replicas in the last
+   stage. The release breaks them by set iteration order, which changes from run to run, so its config
+   string can differ from ours (and from run to run) while the predicted time is the same.
+
+What compat mode cannot copy: the release numbers its states in a depth-first order that depends on
+Python's string hash seed; we use file order instead. Only difference 5 makes the predicted time depend
+on that order, and on the shipped profiles it does not (checked with shuffled orders). The release's
+``--use_fewer_machines`` and ``-m`` options are not offered.
 """
 
 from pipedream.planner.core import plan_pipeline

@@ -55,7 +55,7 @@ def plan_pipeline(
     states = build_states(graph)
     rules = level_rules(cluster, compat=compat, memory_limit=memory_limit, straight=straight, ratio=activation_compression_ratio)
     solution = solve(states, cluster, rules, compat=compat)
-    stages = _stages(graph, states, solution, cluster)
+    stages, details = _stages(graph, states, solution, cluster)
     plan = Plan(
         model=model,
         cluster=cluster.name,
@@ -75,7 +75,9 @@ def plan_pipeline(
             "bottleneck_time_per_minibatch_s": solution.time_s,
             "dp_time_per_minibatch_s": solution.dp_time_s,
             "replicas_per_level": [seg.per_level for seg in solution.segments],
+            "offsets_per_level": [seg.offsets for seg in solution.segments],
             "placement_rank_map": _placement(solution.segments, cluster),
+            "stage_details": details,
         },
     )
     slowest = max(s.compute_s / s.replicas for s in stages)
@@ -89,8 +91,10 @@ def plan_pipeline(
     return plan
 
 
-def _stages(graph: LayerGraph, states: StateGraph, solution: Solution, cluster: Cluster) -> list[Stage]:
-    """Graph nodes per stage, first stage whose end state contains a node gets it (the release's rule)."""
+def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
+            cluster: Cluster) -> tuple[list[Stage], list[dict[str, float]]]:
+    """Graph nodes per stage (the first stage whose end state contains a node gets it, the release's rule),
+    and per stage the parts of its cost: ``sync_s``, ``activation_s``, ``param_bytes``, ``time_s``."""
     stage_of: dict[str, int] = {}
     taken = 0
     for idx, seg in enumerate(solution.segments):
@@ -113,6 +117,7 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution, cluster: 
     order = graph.topological_order()
     workers_after = np.cumsum([seg.replicas for seg in solution.segments][::-1])[::-1]
     out: list[Stage] = []
+    details: list[dict[str, float]] = []
     rank = 0
     for idx, seg in enumerate(solution.segments):
         nodes = [n for n in order if stage_of[n] == idx]
@@ -120,24 +125,27 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution, cluster: 
         params = sum(graph.nodes[n].param_bytes for n in nodes)
         acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
         versions = math.ceil(int(workers_after[idx]) / seg.replicas)
+        sync, act = _comm_s(states, solution, idx, params, cluster)
         out.append(
             Stage(
                 nodes=nodes,
                 replicas=seg.replicas,
                 ranks=list(range(rank, rank + seg.replicas)),
                 compute_s=compute,
-                comm_s=_comm_s(states, solution, idx, params, cluster),
+                comm_s=sync + act,
                 memory_bytes=versions * (params + acts),
             )
         )
+        details.append({"sync_s": sync, "activation_s": act, "param_bytes": params,
+                        "time_s": max(compute + sync, act) / seg.replicas})
         rank += seg.replicas
-    return out
+    return out, details
 
 
-def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, cluster: Cluster) -> float:
-    """Communication charged to stage ``idx`` per minibatch, seconds: weight sync at every level where the
-    stage is replicated, ``4 (r - 1) P / (B r)``, plus sending and receiving its boundary activations
-    (``2 a / B`` each way, at the bandwidth of the innermost level the boundary crosses)."""
+def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, cluster: Cluster) -> tuple[float, float]:
+    """Communication of stage ``idx`` per minibatch on one replica, seconds: the weight sync at every level
+    where the stage is replicated, ``4 (r - 1) P / (B r)`` (§3.1's W), and sending and receiving its
+    boundary activations, ``2 a / B`` each (§3.1's C, at the bandwidth of the level the boundary crosses)."""
     seg: Segment = solution.segments[idx]
     sync = sum(
         4.0 * (r - 1) * params / (bw * r) for r, (_, bw) in zip(seg.per_level, cluster.levels, strict=False) if r > 1
@@ -148,7 +156,7 @@ def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, clu
         act += 2.0 * float(states.cut_bytes[segs[idx - 1].end]) / _link_bandwidth(segs[idx - 1], seg, cluster)
     if idx < len(segs) - 1:
         act += 2.0 * float(states.cut_bytes[seg.end]) / _link_bandwidth(seg, segs[idx + 1], cluster)
-    return sync + act
+    return sync, act
 
 
 def _link_bandwidth(a: Segment, b: Segment, cluster: Cluster) -> float:

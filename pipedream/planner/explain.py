@@ -1,54 +1,117 @@
-"""``pipedream plan --explain``: why the chosen split won, in words."""
+"""``pipedream plan --explain``: why the chosen split won, in words.
+
+The numbers are those of the plan (:attr:`pipedream.plan.Plan.extra` ``stage_details``): per stage its
+share of the compute and of the weights, its replicas, its weight synchronisation (§3.1's ``W``) and
+activation transfers (§3.1's ``C``), compared with data parallelism and with a straight pipeline.
+"""
 
 from __future__ import annotations
 
+import math
+
+from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan
 from pipedream.topology import Cluster
 
 
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _layers(nodes: list[str]) -> str:
+    return nodes[0] if len(nodes) == 1 else f"{nodes[0]}..{nodes[-1]} ({len(nodes)} layers)"
+
+
+def _levels(plan: Plan, cluster: Cluster) -> str | None:
+    """How the hierarchy split the work: the top level's segments and the split inside their groups."""
+    per_level = plan.extra.get("replicas_per_level") or []
+    offsets = plan.extra.get("offsets_per_level") or []
+    if len(cluster.levels) < 2 or not per_level or len(offsets) != len(per_level):
+        return None
+    segments: list[tuple[int, list[int]]] = []  # (groups at the top level, inner replicas of its stages)
+    previous = None
+    for reps, offs in zip(per_level, offsets, strict=True):
+        if offs[-1] != previous:
+            segments.append((reps[-1], []))
+        previous = offs[-1]
+        segments[-1][1].append(math.prod(reps[:-1]))  # replicas inside one top-level group
+    groups, width = cluster.levels[-1][0], cluster.workers // cluster.levels[-1][0]
+    if len(segments) == 1:
+        inner = "-".join(map(str, segments[0][1]))
+        return (f"The top level does not split the model: each of the {groups} groups of {width} workers runs the same "
+                f"{inner} pipeline and the groups are data-parallel.")
+    parts = "; ".join(f"{g} group{'s' if g > 1 else ''} running {'-'.join(map(str, inner))}" for g, inner in segments)
+    return f"The top level split the model into {len(segments)} segments over its {groups} groups of {width} workers: {parts}."
+
+
+def _straight(plan: Plan, graph: LayerGraph, cluster: Cluster) -> Plan | None:
+    from pipedream.planner.core import plan_pipeline
+
+    if plan.config == "straight":
+        return None
+    try:
+        return plan_pipeline(graph, cluster, model=plan.model, minibatch_size=plan.minibatch_size,
+                             memory_limit=bool(plan.extra.get("memory_limit")), straight=True,
+                             compat=plan.extra.get("mode") == "compat",
+                             activation_compression_ratio=plan.extra.get("activation_compression_ratio"))
+    except PipeDreamError:
+        return None
+
+
 def explain(plan: Plan, graph: LayerGraph, cluster: Cluster) -> str:
-    """A few sentences: the bottleneck, the comparison with data parallelism, what limits the split."""
+    """A short account of why ``plan`` won: its bottleneck, data parallelism, a straight pipeline,
+    what each stage holds, how the levels split the work, and the mode's caveats."""
     ex = plan.extra
-    per_mb = ex.get("bottleneck_time_per_minibatch_s", plan.time_per_sample_s * plan.minibatch_size)
-    dp_mb = ex.get("dp_time_per_minibatch_s", plan.dp_time_per_sample_s * plan.minibatch_size)
+    mb = plan.minibatch_size
+    per_mb = float(ex.get("bottleneck_time_per_minibatch_s", plan.time_per_sample_s * mb))
+    dp_mb = float(ex.get("dp_time_per_minibatch_s", plan.dp_time_per_sample_s * mb))
     total = sum(n.fwd_s + n.bwd_s for n in graph.nodes.values() if not n.is_input)
-    params = sum(n.param_bytes for n in graph.nodes.values())
-    out = []
+    weights = sum(n.param_bytes for n in graph.nodes.values())
+    n = plan.workers
+    out = [f"Why {plan.config} won for {plan.model} on {cluster.name} ({n} workers, {ex.get('mode', 'default')} mode):"]
+    compute_share = total / n
+    dp_line = (f"data parallelism on all {n} workers needs {_ms(dp_mb)} per minibatch of {mb}: {_ms(compute_share)} of "
+               f"compute per worker plus {_ms(max(dp_mb - compute_share, 0.0))} to synchronise all "
+               f"{weights / 1e6:.1f} MB of weights")
     if len(plan.stages) == 1:
-        out.append(
-            f"Data parallelism won: no pipeline split of {plan.model} on {cluster.name} beats replicating the whole model "
-            f"on all {plan.workers} workers ({dp_mb * 1e3:.3f} ms per minibatch of {plan.minibatch_size})."
-        )
+        out.append(f"- No split beats {dp_line}; every pipeline found has a stage slower than that.")
     else:
-        loads = [(s.compute_s + s.comm_s) / s.replicas for s in plan.stages]
-        worst = max(range(len(loads)), key=loads.__getitem__)
-        out.append(
-            f"Config {plan.config} won: its slowest stage takes {per_mb * 1e3:.3f} ms per minibatch of {plan.minibatch_size}, "
-            f"against {dp_mb * 1e3:.3f} ms for data parallelism on all {plan.workers} workers "
-            f"({plan.predicted_speedup:.2f}x)."
-        )
-        out.append(
-            f"Stage {worst} ({len(plan.stages[worst].nodes)} layers, {plan.stages[worst].replicas} replica(s)) carries the most "
-            f"work per replica; more replicas there would take them from a stage that would then become slower."
-        )
-    sync = 4.0 * (plan.workers - 1) * params / (cluster.levels[-1][1] * plan.workers)
-    out.append(
-        f"The model computes for {total * 1e3:.1f} ms per minibatch and has {params / 1e6:.1f} MB of weights; "
-        f"synchronising them across all workers at {cluster.levels[-1][1] / 1e9:g} GB/s would cost about {sync * 1e3:.1f} ms "
-        "per minibatch, which is what replicated stages pay and pipelining avoids."
-    )
+        out.append(f"- The slowest stage needs {_ms(per_mb)} per minibatch of {mb} ({plan.time_per_sample_s * 1e6:.2f} us "
+                   f"per sample), while {dp_line}: the pipeline is {plan.predicted_speedup:.2f}x faster.")
+    alt = _straight(plan, graph, cluster)
+    if alt is not None:
+        verdict = "slower" if alt.time_per_sample_s > plan.time_per_sample_s else "no faster"
+        out.append(f"- A straight pipeline ({len(alt.stages)} stages, one worker each) would need "
+                   f"{_ms(float(alt.extra['bottleneck_time_per_minibatch_s']))} per minibatch: {verdict}.")
+    details = ex.get("stage_details") or [{} for _ in plan.stages]
+    slowest = max(range(len(details)), key=lambda i: details[i].get("time_s", 0.0))
+    for i, (stage, d) in enumerate(zip(plan.stages, details, strict=True)):
+        share_c = stage.compute_s / total if total else 0.0
+        share_w = d.get("param_bytes", 0.0) / weights if weights else 0.0
+        line = (f"- Stage {i}{' (the slowest)' if i == slowest and len(details) > 1 else ''}: {_layers(stage.nodes)}, "
+                f"{share_c:.0%} of the compute and {share_w:.0%} of the weights, on {stage.replicas} "
+                f"worker{'s' if stage.replicas > 1 else ''}")
+        sync, act = d.get("sync_s", 0.0), d.get("activation_s", 0.0)
+        if stage.compute_s <= 0.0:
+            line += ": it computes nothing and only passes activations on"
+        elif stage.replicas > 1:
+            line += (f": its {_ms(stage.compute_s)} of compute is split {stage.replicas} ways, and synchronising its "
+                     f"weights costs {_ms(sync)} per minibatch")
+        elif share_w > share_c:
+            line += ": it holds more of the weights than of the compute, so replicas would mostly add weight sync"
+        if act > 0:
+            line += f"; sending and receiving its activations takes {_ms(act)}"
+        out.append(line + ".")
+    levels = _levels(plan, cluster)
+    if levels:
+        out.append(f"- {levels}")
     if ex.get("mode") == "compat":
-        ratio = ex.get("activation_compression_ratio")
-        out.append(
-            "Compat mode: activation transfers between stages are "
-            + (
-                "ignored (the release charges them only with --activation-compression-ratio)."
-                if ratio is None
-                else f"charged, compressed {ratio:g}x."
-            )
-        )
+        if ex.get("activation_compression_ratio") is None:
+            out.append("- Compat mode ignores activation transfers between stages (the release charges them only "
+                       "with --activation-compression-ratio); default mode charges them.")
+        out.extend(f"- Warning: {w}" for w in ex.get("warnings", []))
     if ex.get("memory_limit"):
-        gb = cluster.device_memory_bytes / 1e9
-        out.append(f"Every stage's stashed weights and activations had to fit {gb:g} GB per device.")
+        out.append(f"- Every stage's stashed weights and activations had to fit {cluster.device_memory_bytes / 1e9:g} GB "
+                   "per device.")
     return "\n".join(out)

@@ -1,32 +1,8 @@
 """The hierarchical solve (paper §3.1, "the algorithm is applied recursively"): level by level,
 innermost first; a whole lower-level group acts as one worker of the next level.
 
-Compat mode follows the release optimizer's semantics exactly; default mode fixes what is wrong in it.
-The differences (default mode vs. the release) and why:
-
-1. Activation transfers are always charged (compression ratio 1 unless given). The release ignores
-   them entirely unless ``--activation_compression_ratio`` is passed, although §3.1's ``A(j, m)``
-   includes the ``2 C_i`` term; without it a split is free and communication-heavy models
-   (GNMT, VGG's early layers) look better pipelined than they are.
-2. The activation bytes of a split are those of the nodes inside the state that feed a node outside it.
-   The release sums the state's *augmented* antichain, which can count nodes whose consumers are all
-   inside the state already (e.g. the fork of a residual block once both branches have started).
-3. At upper levels the weight-sync term of a replicated last stage is divided by the devices per group,
-   as the release does for an unsplit segment and for its data-parallel baseline. The release omits the
-   division only for the last stage of a split, so the same stage costs ``g`` times more sync when it is
-   not alone. (Also: the release divides by the previous level's width, we by the devices per group;
-   the two agree for two levels.)
-4. Memory: a stage must fit its working copy too (``versions = ceil(downstream / replicas) + 1``). The
-   release counts only the extra stashed versions, so an unsplit data-parallel segment or a last stage
-   never fails the check however large it is. At an upper level the segment is spread over the
-   devices of a group, so its bytes are divided by the devices per group before the check (the release
-   compares a whole segment with one device's memory).
-5. A split must follow a state that contains the segment's start. The release accepts any state later
-   in topological order, so on DAGs (ResNet, GNMT) a segment can be "split" at a state that does not
-   contain its start; the stage times it then uses are differences of non-nested sets, which can even be
-   negative, and the predicted time can be better than any real split.
-6. Ties are broken by a stated rule (:func:`pipedream.planner.dp.solve_row`), in both modes; the
-   release breaks them by set iteration order, which changes from run to run.
+Compat mode follows the release optimizer's semantics exactly; default mode fixes what is wrong in it
+(the list of differences and why is in :mod:`pipedream.planner`).
 """
 
 from __future__ import annotations
