@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipedream.planner.dp import INF, LevelInput, LevelRules, combos, initial_table, last_stage
+from pipedream.planner.dp import INF, LevelInput, LevelRules, best_splits, combos, initial_table, last_stage
 
 _SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
 _DENSE_BELOW = 40_000  # candidate-rows below which pricing everything is cheaper than the window
-_BANDED_GAIN = 12
-_CACHE_BYTES = 16 * 2**20  # pricing one windowed candidate costs about this many dense ones (gathers)
+_BANDED_GAIN = 12  # pricing one windowed candidate costs about this many dense ones (scattered gathers)
+_CACHE_BYTES = 16 * 2**20  # tables larger than this are priced densely (see below)
 
 
 def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], compute: np.ndarray,
@@ -60,26 +60,15 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
         top = int(ks.max()) + 1
         last = last_stage(inp, rules, ks[None, :], j, m_of[:, None], mp_of[:, None])  # (combos, K)
         order = np.argsort(compute[ks], kind="stable")
-        distinct = 1 + int(np.count_nonzero(np.diff(compute[ks[order]])))
+        distinct = 1 + int(np.count_nonzero(np.diff(compute[ks[order]])))  # few: a window would not narrow it
         if big or n_combos * len(ks) * top <= _DENSE_BELOW or distinct * 4 < len(ks):
-            best = _dense(table, ks, top, last, prefix_m, rules, nested)  # a window in compute would not narrow it
+            best = best_splits(table, ks, top, last, prefix_m, rules, nested)
         else:
             best = _banded(table, ks[order], compute[ks[order]], top, j, last[:, order], m_of, mp_of, prefix_m,
                            compute, c_prev, d, slack, rules, nested)
         best = np.minimum.reduceat(best, group_starts, axis=0)
         table[ms, j, :top] = np.minimum(table[ms, j, :top], best)
     return np.ascontiguousarray(table[-1].T)
-
-
-def _dense(table, ks, top, last, prefix_m, rules, nested) -> np.ndarray:
-    """Best split value per (combo, row) over every candidate in ``ks``; shape ``(combos, top)``."""
-    prefix = table[prefix_m[:, None], ks[None, :], :top]
-    if rules.nested_only and nested is not None:
-        ok = np.ones((len(ks), top), dtype=bool)
-        ok[:, 1:] = nested[: top - 1][:, ks].T
-        prefix = np.where(ok[None, :, :], prefix, INF)
-    np.maximum(prefix, last[:, :, None], out=prefix)
-    return prefix.min(axis=1)
 
 
 def _price(table, ks, last, prefix_m, combo, row, pos, rules, nested) -> np.ndarray:
@@ -91,7 +80,7 @@ def _price(table, ks, last, prefix_m, combo, row, pos, rules, nested) -> np.ndar
 
 
 def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev, d, slack, rules, nested) -> np.ndarray:
-    """As :func:`_dense` with ``ks`` sorted by compute, pricing only the candidates inside the window."""
+    """As :func:`~pipedream.planner.dp.best_splits`, ``ks`` sorted by compute, pricing only the window."""
     n_combos, n_k = last.shape
     rows = np.arange(top)
     grid_combo = np.repeat(np.arange(n_combos), top)
@@ -111,7 +100,7 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
     lengths = np.maximum(hi - lo, 0)
     total = int(lengths.sum())
     if total * _BANDED_GAIN > n_combos * n_k * top:
-        return np.minimum(bound, _dense(table, ks, top, last, prefix_m, rules, nested))
+        return np.minimum(bound, best_splits(table, ks, top, last, prefix_m, rules, nested))
     best = bound.ravel().copy()
     if total:
         seg = np.flatnonzero(lengths)

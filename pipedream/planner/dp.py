@@ -169,15 +169,26 @@ def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], neste
             continue
         top = int(ks.max()) + 1  # rows r <= max(k) can use some k >= r
         last = last_stage(inp, rules, ks[None, :], j, m_of[:, None], mp_of[:, None])
-        prefix = table[prefix_m[:, None], ks[None, :], :top]
-        if rules.nested_only and nested is not None:
-            ok = np.ones((len(ks), top), dtype=bool)
-            ok[:, 1:] = nested[: top - 1][:, ks].T
-            prefix = np.where(ok[None, :, :], prefix, INF)
-        np.maximum(prefix, last[:, :, None], out=prefix)
-        best = np.minimum.reduceat(prefix.min(axis=1), group_starts, axis=0)
+        best = np.minimum.reduceat(best_splits(table, ks, top, last, prefix_m, rules, nested), group_starts, axis=0)
         table[ms, j, :top] = np.minimum(table[ms, j, :top], best)
     return np.ascontiguousarray(table[-1].T)
+
+
+def best_splits(table: np.ndarray, ks: np.ndarray, top: int, last: np.ndarray, prefix_m: np.ndarray,
+                rules: LevelRules, nested: np.ndarray | None) -> np.ndarray:
+    """For one end state: the best split over the candidates ``ks`` per ``(m, m')`` pair and row.
+
+    ``table`` is ``A[m, j, r]``, ``last[c, i]`` the last stage's time for pair ``c`` after ``ks[i]``.
+    Returns shape ``(pairs, top)``: ``min_k max(A[m - m', k, r], last)``, ``inf`` where none is valid.
+    """
+    prefix = table[prefix_m[:, None], ks[None, :], :top]
+    if rules.nested_only and nested is not None:
+        ok = np.ones((len(ks), top), dtype=bool)
+        ok[:, 1:] = nested[: top - 1][:, ks].T
+        prefix = np.where(ok[None, :, :], prefix, INF)
+    np.maximum(prefix, last[:, :, None], out=prefix)
+    return prefix.min(axis=1)
+
 
 @dataclass
 class RowSolution:
