@@ -388,43 +388,15 @@ def test_pruned_windowed_kernel_equals_the_plain_one() -> None:
     for name in ("gnmt", "resnet50"):
         s = build_states(read_profile(name))
         c_prev = np.concatenate(([0.0], s.compute_s))
-        rows = np.arange(s.n + 1)[:, None]
-        table = np.where(np.arange(s.n)[None, :] >= rows, s.compute_s[None, :] - c_prev[:, None], np.inf)
         for compat, memory_limit, ratio in [(True, False, None), (True, True, 2.0), (False, True, None)]:
+            allowed = np.arange(s.n)[None, :] >= np.arange(s.n + 1)[:, None]
+            if not compat:
+                allowed[1:] &= s.nested
+            table = np.where(allowed, s.compute_s[None, :] - c_prev[:, None], np.inf)
             rules = level_rules(get_cluster("B_2x8" if name == "gnmt" else "A_4x4", CLUSTERS), compat=compat,
                                 memory_limit=memory_limit, straight=False, ratio=ratio)[0]
             boundary = s.boundary_bytes if compat else s.cut_bytes
             inp = LevelInput(table, s.param_bytes, s.activation_bytes, boundary, s.ancestors)
             keys = [s.compute_s, s.param_bytes, s.activation_bytes, boundary]
-            nested = None if compat else s.nested
-            fast = solve_rows_banded(inp, rules, undominated_ancestors(s, keys), s.compute_s, nested)
-            assert np.array_equal(fast, solve_rows(inp, rules, all_ancestors(s), nested)), (name, compat, memory_limit)
-
-
-# ------------------------------------------------------------------------------------ explain
-
-
-def test_explain_names_the_bottleneck_dp_and_the_levels() -> None:
-    from pipedream.planner.explain import explain
-
-    graph = read_profile("resnet50")
-    cluster = get_cluster("A_4x4", CLUSTERS)
-    plan = plan_pipeline(graph, cluster, model="resnet50", minibatch_size=128, compat=True, memory_limit=True,
-                         activation_compression_ratio=1.0)
-    text = explain(plan, graph, cluster)
-    dp_ms = plan.dp_time_per_sample_s * 128 * 1e3
-    assert text.splitlines()[0] == "Why 8-4-4 won for resnet50 on A_4x4 (16 workers, compat mode):"
-    assert f"data parallelism on all 16 workers needs {dp_ms:.2f} ms per minibatch of 128" in text
-    assert "each of the 4 groups of 4 workers runs the same 2-1-1 pipeline" in text
-    assert "A straight pipeline (16 stages, one worker each)" in text
-    assert "fit 16 GB per device" in text
-
-
-def test_explain_says_when_data_parallelism_wins() -> None:
-    from pipedream.planner.explain import explain
-
-    graph = chain_graph([(50.0, 1e3, 1e9), (50.0, 1e3, 1e9)])  # tiny weights, huge activations
-    cluster = Cluster("fast", [(4, 1e9)])
-    plan = plan_pipeline(graph, cluster, model="m", minibatch_size=4)
-    assert plan.config == "4" and plan.predicted_speedup == pytest.approx(1.0)
-    assert "- No split beats data parallelism on all 4 workers" in explain(plan, graph, cluster)
+            fast = solve_rows_banded(inp, rules, undominated_ancestors(s, keys), s.compute_s)
+            assert np.array_equal(fast, solve_rows(inp, rules, all_ancestors(s))), (name, compat, memory_limit)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipedream.planner.dp import INF, LevelInput, LevelRules, best_splits, combos, initial_table, last_stage
+from pipedream.planner.dp import LevelInput, LevelRules, best_splits, combos, initial_table, last_stage
 
 _SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
 _DENSE_BELOW = 40_000  # candidate-rows below which pricing everything is cheaper than the window
@@ -30,7 +30,7 @@ _CACHE_BYTES = 16 * 2**20  # tables larger than this are priced densely (see bel
 
 
 def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], compute: np.ndarray,
-                      nested: np.ndarray | None = None) -> np.ndarray:
+                      ) -> np.ndarray:
     """``A[r, j, M - 1]`` for all rows, shape ``(n + 1, n)``, seconds; ``inp.table`` must be the compute
     differences ``C_j - C_{r-1}`` (the innermost level). Arguments as for ``solve_rows``."""
     n, big_m = inp.n, rules.workers
@@ -62,24 +62,20 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
         order = np.argsort(compute[ks], kind="stable")
         distinct = 1 + int(np.count_nonzero(np.diff(compute[ks[order]])))  # few: a window would not narrow it
         if big or n_combos * len(ks) * top <= _DENSE_BELOW or distinct * 4 < len(ks):
-            best = best_splits(table, ks, top, last, prefix_m, rules, nested)
+            best = best_splits(table, ks, top, last, prefix_m)
         else:
             best = _banded(table, ks[order], compute[ks[order]], top, j, last[:, order], m_of, mp_of, prefix_m,
-                           compute, c_prev, d, slack, rules, nested)
+                           compute, c_prev, d, slack)
         best = np.minimum.reduceat(best, group_starts, axis=0)
         table[ms, j, :top] = np.minimum(table[ms, j, :top], best)
     return np.ascontiguousarray(table[-1].T)
 
 
-def _price(table, ks, last, prefix_m, combo, row, pos, rules, nested) -> np.ndarray:
-    k = ks[pos]
-    vals = np.maximum(table[prefix_m[combo], k, row], last[combo, pos])
-    if rules.nested_only and nested is not None:
-        vals = np.where((row == 0) | nested[np.maximum(row - 1, 0), k], vals, INF)
-    return vals
+def _price(table, ks, last, prefix_m, combo, row, pos) -> np.ndarray:
+    return np.maximum(table[prefix_m[combo], ks[pos], row], last[combo, pos])
 
 
-def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev, d, slack, rules, nested) -> np.ndarray:
+def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev, d, slack) -> np.ndarray:
     """As :func:`~pipedream.planner.dp.best_splits`, ``ks`` sorted by compute, pricing only the window."""
     n_combos, n_k = last.shape
     rows = np.arange(top)
@@ -91,7 +87,7 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
     mid = np.searchsorted(cs, target).ravel()
     bound = table[m_of, j, :top].ravel()
     probe = np.minimum(mid, n_k - 1)
-    bound = np.minimum(bound, _price(table, ks, last, prefix_m, grid_combo, grid_row, probe, rules, nested))
+    bound = np.minimum(bound, _price(table, ks, last, prefix_m, grid_combo, grid_row, probe))
     bound = bound.reshape(n_combos, top)
     lo_val = compute[j] - mp_of[:, None] * bound - slack
     hi_val = c_prev[rows][None, :] - d[rows][None, :] + (prefix_m + 1)[:, None] * bound + slack
@@ -100,7 +96,7 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
     lengths = np.maximum(hi - lo, 0)
     total = int(lengths.sum())
     if total * _BANDED_GAIN > n_combos * n_k * top:
-        return np.minimum(bound, best_splits(table, ks, top, last, prefix_m, rules, nested))
+        return np.minimum(bound, best_splits(table, ks, top, last, prefix_m))
     best = bound.ravel().copy()
     if total:
         seg = np.flatnonzero(lengths)
@@ -108,6 +104,6 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
         starts = np.concatenate(([0], np.cumsum(seg_len)[:-1]))
         seg_rep = np.repeat(seg, seg_len)
         pos = np.repeat(lo[seg] - starts, seg_len) + np.arange(total)
-        vals = _price(table, ks, last, prefix_m, grid_combo[seg_rep], grid_row[seg_rep], pos, rules, nested)
+        vals = _price(table, ks, last, prefix_m, grid_combo[seg_rep], grid_row[seg_rep], pos)
         best[seg] = np.minimum(best[seg], np.minimum.reduceat(vals, starts))
     return best.reshape(n_combos, top)

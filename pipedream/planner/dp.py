@@ -53,8 +53,6 @@ class LevelRules:
         comm_ratio: activation compression ratio; ``None`` ignores activation transfers (release
             without ``--activation_compression_ratio``).
         straight: one replica per stage.
-        nested_only: only split at states that contain the segment's start state (default mode); the
-            release also accepts any later state in topological order.
     """
 
     workers: int
@@ -66,7 +64,6 @@ class LevelRules:
     extra_version: int = 0
     comm_ratio: float | None = None
     straight: bool = False
-    nested_only: bool = False
 
 
 @dataclass
@@ -146,13 +143,14 @@ def combos(rules: LevelRules) -> tuple[np.ndarray, np.ndarray]:
     return np.array([m for m, _ in pairs], dtype=np.int64), np.array([mp for _, mp in pairs], dtype=np.int64)
 
 
-def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], nested: np.ndarray | None = None) -> np.ndarray:
+def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]) -> np.ndarray:
     """``A[r, j, M - 1]`` for every row ``r = 0..n`` (values only, all workers), shape ``(n + 1, n)``, seconds.
 
     ``cols[j]`` lists the states after which a split may end at ``j`` (the ancestors of ``j``, possibly
-    with dominated ones removed, see :func:`pipedream.planner.prune.undominated_ancestors`). With
-    ``rules.nested_only``, ``nested[r - 1, k]`` must also hold. End states are visited in topological
-    order and, for each, every row and every ``(m, m')`` at once.
+    with dominated ones removed, see :func:`pipedream.planner.prune.undominated_ancestors`). End states
+    are visited in topological order and, for each, every row and every ``(m, m')`` at once. A split
+    after ``k`` is valid for row ``r`` when ``A[r, k]`` is finite (``T`` is ``inf`` where a segment is
+    not allowed, e.g. ``k < r``).
     """
     n, big_m = inp.n, rules.workers
     # Work on A[m, j, r] so that gathering the split states ks reads contiguous rows of r.
@@ -169,23 +167,18 @@ def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray], neste
             continue
         top = int(ks.max()) + 1  # rows r <= max(k) can use some k >= r
         last = last_stage(inp, rules, ks[None, :], j, m_of[:, None], mp_of[:, None])
-        best = np.minimum.reduceat(best_splits(table, ks, top, last, prefix_m, rules, nested), group_starts, axis=0)
+        best = np.minimum.reduceat(best_splits(table, ks, top, last, prefix_m), group_starts, axis=0)
         table[ms, j, :top] = np.minimum(table[ms, j, :top], best)
     return np.ascontiguousarray(table[-1].T)
 
 
-def best_splits(table: np.ndarray, ks: np.ndarray, top: int, last: np.ndarray, prefix_m: np.ndarray,
-                rules: LevelRules, nested: np.ndarray | None) -> np.ndarray:
+def best_splits(table: np.ndarray, ks: np.ndarray, top: int, last: np.ndarray, prefix_m: np.ndarray) -> np.ndarray:
     """For one end state: the best split over the candidates ``ks`` per ``(m, m')`` pair and row.
 
     ``table`` is ``A[m, j, r]``, ``last[c, i]`` the last stage's time for pair ``c`` after ``ks[i]``.
     Returns shape ``(pairs, top)``: ``min_k max(A[m - m', k, r], last)``, ``inf`` where none is valid.
     """
     prefix = table[prefix_m[:, None], ks[None, :], :top]
-    if rules.nested_only and nested is not None:
-        ok = np.ones((len(ks), top), dtype=bool)
-        ok[:, 1:] = nested[: top - 1][:, ks].T
-        prefix = np.where(ok[None, :, :], prefix, INF)
     np.maximum(prefix, last[:, :, None], out=prefix)
     return prefix.min(axis=1)
 
@@ -210,7 +203,7 @@ def _pairs(inp: LevelInput) -> tuple[np.ndarray, np.ndarray]:
     return cached
 
 
-def solve_row(inp: LevelInput, rules: LevelRules, r: int, nested: np.ndarray | None = None) -> RowSolution:
+def solve_row(inp: LevelInput, rules: LevelRules, r: int) -> RowSolution:
     """Row ``r`` with back-pointers, ties broken deterministically.
 
     Tie rule: an unsplit stage beats a split of equal time; between splits of equal time the one after
@@ -224,8 +217,6 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, nested: np.ndarray | N
         return RowSolution(time, split, replicas)
     pk, pj = _pairs(inp)
     keep = (pk >= r) & (pj > r)
-    if rules.nested_only and r > 0 and nested is not None:
-        keep &= nested[r - 1, pk]
     pk, pj = pk[keep], pj[keep]
     if not len(pk):
         return RowSolution(time, split, replicas)

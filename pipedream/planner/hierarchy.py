@@ -61,7 +61,7 @@ def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight:
         else:
             rules.append(LevelRules(workers, bandwidth, group_init=devices, group_split=devices,
                                     memory_limit_bytes=mem, memory_divisor=devices, extra_version=1,
-                                    comm_ratio=1.0 if ratio is None else ratio, straight=straight, nested_only=True))
+                                    comm_ratio=1.0 if ratio is None else ratio, straight=straight))
         previous_width = workers
         devices *= workers
     return rules
@@ -94,10 +94,12 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
         )
     c_prev = np.concatenate(([0.0], states.compute_s))
     table = states.compute_s[None, :] - c_prev[:, None]
-    table = np.where(np.arange(n)[None, :] >= np.arange(n + 1)[:, None], table, np.inf)
+    allowed = np.arange(n)[None, :] >= np.arange(n + 1)[:, None]  # the release: any state at or after the start
+    if not compat:  # difference 5: only states that contain the segment's start state
+        allowed[1:] &= states.nested
+    table = np.where(allowed, table, np.inf)
     boundary = states.boundary_bytes if compat else states.cut_bytes
     inputs: list[LevelInput] = []
-    nested = None if compat else states.nested
     for idx, lv in enumerate(rules):
         inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors)
         inputs.append(inp)
@@ -109,10 +111,10 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
                 keys.append(states.activation_bytes)
             if lv.comm_ratio is not None:
                 keys.append(boundary)
-            table = solve_rows_banded(inp, lv, undominated_ancestors(states, keys), states.compute_s, nested)
+            table = solve_rows_banded(inp, lv, undominated_ancestors(states, keys), states.compute_s)
         else:
-            table = solve_rows(inp, lv, all_ancestors(states), nested)
-    top = solve_row(inputs[-1], rules[-1], 0, nested)
+            table = solve_rows(inp, lv, all_ancestors(states))
+    top = solve_row(inputs[-1], rules[-1], 0)
     time_s = float(top.time[n - 1, -1])
     if not math.isfinite(time_s):
         raise PipeDreamError(_no_plan_message(states, cluster, rules))
@@ -120,7 +122,7 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     for idx in range(len(rules) - 1, -1, -1):
         expanded = []
         for seg in segments:
-            row = top if (idx == len(rules) - 1) else solve_row(inputs[idx], rules[idx], seg.start, nested)
+            row = top if (idx == len(rules) - 1) else solve_row(inputs[idx], rules[idx], seg.start)
             offset = 0
             for start, end, reps in _backtrack(row, seg.start, seg.end, rules[idx].workers):
                 expanded.append(Segment(start, end, seg.replicas * reps, [reps, *seg.per_level], [offset, *seg.offsets]))
