@@ -16,11 +16,13 @@ from tests.tiny import build, reference_batches, tiny_model, write_data
 pytestmark = pytest.mark.slow
 
 
-def test_dp_matches_single_process_sgd(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bandwidth", [None, 1e9], ids=["raw", "throttled"])
+def test_dp_matches_single_process_sgd(tmp_path: Path, bandwidth: float | None) -> None:
+    """Also with the link throttle's DDP comm hook, which must not change the arithmetic."""
     data = write_data(tmp_path / "data")
     cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), out_dir=str(tmp_path / "out"),
                       batch_size=8, lr=0.1, momentum=0.9, weight_decay=5e-4, max_minibatches=6, progress=False,
-                      debug_dump=True, timeout_s=30)
+                      debug_dump=True, timeout_s=30, emulate_bandwidth_Bps=bandwidth)
     spawn_local(cfg, 2, fn=train)
     batches = reference_batches(data, 8, 0, 0)[:6]
     model = build(tiny_model)

@@ -34,7 +34,9 @@ from pipedream.runtime.task import count_correct, load_task
 def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
     """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows."""
 
-    def hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    # no annotations: DDP compares them with dist.GradBucket at run time, and this module's
+    # `from __future__ import annotations` would turn them into strings that fail that check
+    def hook(state, bucket):  # type: ignore[no-untyped-def]
         buf = bucket.buffer()
         t0 = time.time()
         target_s = allreduce_s(buf.numel() * buf.element_size(), world, bandwidth_Bps)
