@@ -126,55 +126,56 @@ def build_states(graph: LayerGraph) -> StateGraph:
         for c in out[x]:
             succ[x] |= succ[c] | (1 << c)
     out_mask = [sum(1 << c for c in out[x]) for x in range(v)]
+    # Ancestors of a that feed a node outside a's ancestors (and other than a): the "extra" nodes that
+    # a contributes to any augmented antichain it belongs to.
+    feeds_beyond = [
+        sum(1 << p for p in _bits(pred[a]) if out_mask[p] & ~(pred[a] | (1 << a))) for a in range(v)
+    ]
 
     def augment(antichain: tuple[int, ...]) -> list[int]:
         extra = 0
         for a in antichain:
-            inside = pred[a] | (1 << a)
-            for p in _bits(pred[a]):
-                if out_mask[p] & ~inside:
-                    extra |= 1 << p
+            extra |= feeds_beyond[a]
         return _bits(extra) + [a for a in antichain if not (extra >> a) & 1]
 
     def deaugment(items: list[int]) -> tuple[int, ...]:
         mask = 0
         for x in items:
             mask |= 1 << x
-        kept: list[int] = []
-        for x in items:
-            if not succ[x] & mask and x not in kept:
-                kept.append(x)
-        return tuple(kept)
+        return tuple(dict.fromkeys(x for x in items if not succ[x] & mask))
 
     start = (next(x for x in range(v) if not inn[x]),)
-    ids: dict[frozenset[int], int] = {frozenset(start): 0}
+    ids: dict[int, int] = {1 << start[0]: 0}  # antichain (as a bit mask) -> state id, in discovery order
     antichains: list[tuple[int, ...]] = [start]
     augmented: list[list[int]] = [augment(start)]
     edges: list[list[int]] = [[]]
     expanded: set[int] = set()
-    queue = deque([start])
+    queue = deque([0])
     while queue:
-        antichain = queue.popleft()
-        sid = ids[frozenset(antichain)]
+        sid = queue.popleft()
         if sid in expanded:
             continue
         expanded.add(sid)
         aug = augmented[sid]
         aug_mask = sum(1 << x for x in aug)
-        members = set(antichain)
+        members = set(antichains[sid])
         for x in aug:
             for y in out[x]:
                 if y in members or succ[y] & aug_mask:
                     continue
-                nxt = deaugment([y if e == x else e for e in aug])
-                key = frozenset(nxt)
+                swapped = (aug_mask & ~(1 << x)) | (1 << y)
+                key = 0  # the next antichain as a mask: members of the swapped list with no successor in it
+                for e in _bits(swapped):
+                    if not succ[e] & swapped:
+                        key |= 1 << e
                 if key not in ids:
+                    nxt = deaugment([y if e == x else e for e in aug])  # the ordered form, as the release keeps it
                     ids[key] = len(antichains)
                     antichains.append(nxt)
                     augmented.append(augment(nxt))
                     edges.append([])
                 edges[sid].append(ids[key])
-                queue.append(nxt)
+                queue.append(ids[key])
     topo = _dfs_topological(edges)
     n = len(topo)
     ideal_of = []
@@ -188,16 +189,19 @@ def build_states(graph: LayerGraph) -> StateGraph:
     acts = np.array([nd.output_bytes for nd in nodes])
     params = np.array([nd.param_bytes for nd in nodes])
     ideals = [ideal_of[s] for s in topo]
-    member = np.array([[(mask >> b) & 1 for b in range(v)] for mask in ideals], dtype=bool)
+    member = _unpack(ideals, v)
     boundary = np.array([acts[augmented[s]].sum() for s in topo])
-    feeds_out = np.array([[bool(out_mask[b] & ~mask) for b in range(v)] for mask in ideals], dtype=bool)
+    adjacency = np.zeros((v, v), dtype=np.int32)
+    for x in range(v):
+        adjacency[x, out[x]] = 1
+    feeds_out = (~member).astype(np.int32) @ adjacency.T > 0  # [s, b]: b has a consumer outside state s
     position = {s: i for i, s in enumerate(topo)}
-    ancestors = np.zeros((n, n), dtype=bool)
+    below = [0] * n  # per state (topological index), its descendants as a bit mask
     for s in reversed(topo):  # reverse topological: a state's descendants are done first
         i = position[s]
         for t in edges[s]:
-            ancestors[i] |= ancestors[position[t]]
-            ancestors[i, position[t]] = True
+            below[i] |= below[position[t]] | (1 << position[t])
+    ancestors = _unpack(below, n)
     sizes = member.sum(axis=1)
     subset = _subset_matrix(member)
     nested = subset & (sizes[:, None] < sizes[None, :])
@@ -215,6 +219,13 @@ def build_states(graph: LayerGraph) -> StateGraph:
         ancestors=ancestors,
         nested=nested,
     )
+
+
+def _unpack(masks: list[int], width: int) -> np.ndarray:
+    """Boolean matrix ``[i, b]`` = bit ``b`` of ``masks[i]``, shape ``(len(masks), width)``."""
+    nbytes = (width + 7) // 8
+    packed = np.frombuffer(b"".join(m.to_bytes(nbytes, "little") for m in masks), dtype=np.uint8)
+    return np.unpackbits(packed.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :width].astype(bool)
 
 
 def _subset_matrix(member: np.ndarray) -> np.ndarray:
