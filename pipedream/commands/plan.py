@@ -3,7 +3,7 @@
 Reads a graph.txt profile and a cluster (by name from clusters.yaml, or a what-if string such as
 '8x2:25e9,3.125e9', innermost level first), runs PipeDream's hierarchical dynamic program, writes the
 plan as JSON and prints the stage table. --compat reproduces the release optimizer's predicted time;
-the default mode fixes its known problems (see pipedream/planner/hierarchy.py).
+the default mode fixes its known problems (listed in pipedream/planner/__init__.py).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ def plan_pipeline(
         memory_limit: reject stages whose stashed weights and activations exceed the device memory.
         straight: one replica per stage (no data parallelism inside stages).
         compat: reproduce the release optimizer's predicted time exactly (see
-            :mod:`pipedream.planner.hierarchy` for what default mode changes and why).
+            :mod:`pipedream.planner` for what default mode changes and why).
         activation_compression_ratio: divide activation transfer bytes by this (> 0).
     Returns:
         the plan: stages in pipeline order with nodes in topological order, contiguous ranks, predicted
@@ -85,7 +85,7 @@ def plan_pipeline(
         plan.extra["warnings"] = [
             f"a stage of this plan computes for {slowest * 1e3:.3f} ms per minibatch per replica, more than the "
             f"predicted bottleneck of {solution.time_s * 1e3:.3f} ms: the release's model (--compat) split a "
-            "segment at a state that does not contain its start (see pipedream/planner/hierarchy.py, difference 5)"
+            "segment at a state that does not contain its start (see pipedream/planner/__init__.py, difference 5)"
         ]
     plan.validate()
     return plan
