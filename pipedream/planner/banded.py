@@ -10,7 +10,7 @@ At the innermost level a stage's time is at least its compute divided by its rep
 
 where ``C`` is the cumulative compute and ``d_r <= 0`` bounds how far a negative parameter difference
 can lower a prefix's weight-sync term (only the release's splits after states that do not contain the
-segment's start have one; see :mod:`pipedream.planner.hierarchy`, difference 5). The prefix bound holds
+segment's start have one; see :mod:`pipedream.planner`, difference 5). The prefix bound holds
 because the replica-weighted mean of the stage times of any split is at least the total compute over
 the workers. So ``C_k`` must lie in a window around the balanced split; with the splits of each end
 state sorted by ``C`` the window is two binary searches, and only the candidates inside it are priced.
