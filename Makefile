@@ -13,10 +13,11 @@ CONFIG ?= experiments/ci.yaml
 export OMP_NUM_THREADS ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test setup data ui lint clean-results
+.PHONY: run test setup data ui lint dry-run-paper clean-results
 
 run: setup data
-	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG)
+	@$(BIN)/python -m pipedream.cli check --config $(CONFIG)
+	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
 
 test: setup data
 	$(BIN)/python -m pytest
@@ -59,6 +60,11 @@ ui: setup
 lint: setup
 	$(BIN)/ruff check pipedream tests benchmarks
 	$(BIN)/snakemake --lint --configfile $(CONFIG)
+
+# the paper-scale workflow, planned but not run (shows every job a GPU cluster would execute)
+dry-run-paper: setup
+	$(BIN)/python -m pipedream.cli check --config experiments/table1.yaml
+	$(BIN)/snakemake --dry-run --quiet --cores 16 --configfile experiments/table1.yaml
 
 clean-results:
 	rm -rf results/*/ results/*.md results/*.csv results/mlflow.db .snakemake

@@ -6,7 +6,10 @@ import sys
 from snakemake.utils import validate
 
 
-configfile: "experiments/ci.yaml"
+# the reduced CPU config unless --configfile names another (configs are not merged with it)
+if not workflow.configfiles:
+
+    configfile: "experiments/ci.yaml"
 
 
 validate(config, "workflows/schemas/config.schema.yaml")
@@ -16,7 +19,7 @@ MODELS = list(config["models"])
 CLUSTER = config["cluster"]
 MODES = ["pipedream", "dp"]
 PD = f"{sys.executable} -m pipedream.cli"
-CONFIG_FILE = workflow.configfiles[-1] if workflow.configfiles else "experiments/ci.yaml"
+CONFIG_FILE = str(workflow.configfiles[-1])
 # models of Table 1 without a V100 profile in the release: the predicted table uses our own profiles
 OWN_PROFILE_MODELS = [m for m in MODELS if m in ("awd_lm", "s2vt")]
 

@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="store_true", help="save per-stage checkpoints every epoch")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out-dir")
     parser.add_argument("--no-progress", action="store_true", help="no per-minibatch progress bar")
+    parser.add_argument("--nnodes", type=int, default=1,
+                        help="nodes of a multi-node run (start this same command on every node, e.g. with srun)")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
+    parser.add_argument("--node-rank", type=int, default=0,
+                        help="this node's index; only node 0 logs to MLflow (out-dir on a shared file system)")
     parser.add_argument("--threshold", type=float,
                         help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
     parser.add_argument("--threshold-metric", choices=("accuracy", "top1", "perplexity"), default="accuracy",
@@ -158,8 +163,12 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
     entry = WORKER_MODULE if args.mode == "pipedream" else DP_MODULE
     t0 = time.time()
-    launch(torchrun_command(entry, cfg, args.workers), out_dir, args.timeout_s)
+    launch(torchrun_command(entry, cfg, args.workers, args.nnodes, args.rdzv_endpoint, run_id=args.model),
+           out_dir, args.timeout_s)
     total_s = time.time() - t0
+    if args.node_rank != 0:
+        print(f"node {args.node_rank}: workers finished; node 0 logs the run")
+        return 0
     metrics_path = out_dir / "metrics.json"
     if not metrics_path.is_file():
         raise PipeDreamError(f"workers finished but wrote no {metrics_path}; see {out_dir / 'train.log'}")

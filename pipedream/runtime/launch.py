@@ -25,9 +25,25 @@ WORKER_MODULE = "pipedream.runtime.worker"
 DP_MODULE = "pipedream.baselines.dp"
 
 
-def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int) -> list[str]:
-    """The torchrun command line that runs ``entry_module`` on ``workers`` local processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={workers}",
+def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: int = 1,
+                     rdzv_endpoint: str | None = None, run_id: str = "pipedream") -> list[str]:
+    """The torchrun command line that runs ``entry_module`` on ``workers`` processes in all.
+
+    One node: ``--standalone``. Several nodes (the same command started once on each node, e.g. by
+    ``srun``): ``workers / nnodes`` processes a node, c10d rendezvous at ``rdzv_endpoint`` (host:port).
+
+    Raises:
+        PipeDreamError: if ``workers`` is not a multiple of ``nnodes`` or the endpoint is missing.
+    """
+    if nnodes == 1:
+        where = ["--standalone", f"--nproc_per_node={workers}"]
+    else:
+        if workers % nnodes or not rdzv_endpoint:
+            raise PipeDreamError(f"--workers {workers} over --nnodes {nnodes} needs a whole number of workers "
+                                 "a node and --rdzv-endpoint HOST:PORT")
+        where = [f"--nnodes={nnodes}", f"--nproc_per_node={workers // nnodes}", "--rdzv_backend=c10d",
+                 f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={run_id}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where,
             "--monitor-interval=0.5", "-m", entry_module, *cfg.to_args()]
 
 

@@ -22,13 +22,15 @@ rule train:
         seed=lambda w: _train(w.model, "seed", 0),
         experiment=lambda w: f"{w.model}/{CLUSTER}",
         extra=lambda w: train_extra_args(w.model),
+        prefix=config.get("launch", {}).get("prefix", ""),
     conda:
         "../../environment.yml"
     threads: workflow.cores
     resources:
         workers=config["workers"],
+        nodes=config.get("launch", {}).get("nnodes", 1),
     shell:
-        "{params.pd} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
+        "{params.prefix} {params.pd} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
         "--plan {input.plan} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
         "--lr {params.lr} --momentum {params.momentum} --weight-decay {params.wd} --seed {params.seed} "
         "--train-subset {params.train_subset} --val-subset {params.val_subset} "

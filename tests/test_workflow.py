@@ -1,0 +1,81 @@
+"""The Snakemake workflow: dry runs of both configs, and one real tiny run end to end with MLflow."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
+
+
+def _snakemake(*args: str, cwd: Path = REPO, timeout: int = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([SNAKEMAKE, "-s", str(REPO / "Snakefile"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _job_counts(out: str) -> dict[str, int]:
+    """Rule -> job count from the 'Job stats' table of a dry run."""
+    lines = out.split("Job stats:")[1].splitlines()[3:]
+    counts = {}
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 2 or not parts[1].isdigit():
+            break
+        counts[parts[0]] = int(parts[1])
+    return counts
+
+
+@pytest.mark.parametrize("config, models, trains", [("experiments/ci.yaml", None, None),
+                                                     ("experiments/table1.yaml", 7, 14)])
+def test_dry_run(config: str, models: int | None, trains: int | None, tmp_path: Path) -> None:
+    cfg = yaml.safe_load((REPO / config).read_text())
+    cfg["results_dir"] = str(tmp_path / "results")  # nothing exists there: every job is planned
+    for key in ("clusters_file", "paper_table"):
+        cfg[key] = str(REPO / cfg[key])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    proc = _snakemake("--dry-run", "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), "--directory", str(REPO))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = _job_counts(proc.stdout)
+    n = len(cfg["models"])
+    assert counts["profile"] == n and counts["plan"] == n and counts["train"] == 2 * n
+    assert counts["speedup"] == n and counts["predicted"] == 1 and counts["report"] == 1 and counts["all"] == 1
+    if models is not None:
+        assert (n, counts["train"]) == (models, trains)
+
+
+@pytest.mark.slow
+def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
+    (tmp_path / "experiments").symlink_to(REPO / "experiments")  # a user runs from a checkout
+    cfg = yaml.safe_load((REPO / "experiments" / "ci.yaml").read_text())
+    cfg["results_dir"] = "results"
+    cfg["profile"].update(warmup=0, iters=1)
+    cfg["models"] = {"vgg16": {"preset": "reduced", "train": {
+        "epochs": 1, "batch_size": 16, "lr": 0.01, "train_subset": 256, "val_subset": 64, "max_minibatches": 8}}}
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    proc = _snakemake("--cores", "2", "--configfile", str(config), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = tmp_path / "results"
+    for rel in ("profiles/vgg16/graph.txt", "plans/vgg16/cpu4_1gbps.json", "runs/vgg16/pipedream/run.json",
+                "runs/vgg16/dp/run.json", "speedup/vgg16.json", "table1.md", "table1.csv", "report.html",
+                "table1_predicted.md", "plots/vgg16_accuracy_vs_time.png", "plots/table1_speedups.png"):
+        assert (res / rel).is_file(), rel
+    assert sum(1 for _ in (res / "logs").rglob("*.log")) == 7  # one log per job (all has none)
+
+    again = _snakemake("--cores", "2", "--configfile", str(config), "--dry-run", cwd=tmp_path)
+    assert "Nothing to be done" in again.stdout + again.stderr
+
+    forced = _snakemake("--cores", "2", "--configfile", str(config), "--forcerun", "results/runs/vgg16/dp/run.json",
+                        "--until", "speedup", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    check = subprocess.run(
+        [sys.executable, "-c", "from pipedream.tracking import load_runs; "
+         "print(sorted(r['run_name'] for r in load_runs('vgg16/cpu4_1gbps')))"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert check.stdout.strip().splitlines()[-1] == "['dp', 'pipedream']", check.stderr[-2000:]
