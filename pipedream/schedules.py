@@ -161,6 +161,28 @@ def warmup_count(replicas: Sequence[int], stage: int) -> int:
     return math.ceil(sum(replicas[stage:]) / replicas[stage])
 
 
+def warmup_count_consistent(replicas: Sequence[int], stage: int) -> int:
+    """Warm-up forwards that cover what the downstream stages actually hold in flight (an option).
+
+    :func:`warmup_count` (the release's formula) counts one minibatch per downstream *worker*; but a
+    replica of a downstream stage ``t`` holds ``w_t`` minibatches (it needs its ``w_t``-th forward before
+    its first backward), i.e. ``D_t = r_t * w_t``, which exceeds the workers when ``r_t`` does not divide
+    evenly. Here ``D_last = r_last`` and ``w_s = ceil(D_{s+1} / r_s) + 1``, so stage ``s`` admits
+    enough to feed ``D_{s+1}`` plus one of its own per replica. Equal to :func:`warmup_count` for straight
+    pipelines and for ``15-1``-like configs; larger when a single stage feeds a replicated one
+    (``1-5-1-1-7-1``: stage 3 admits 15, not 9).
+    """
+    held = 0
+    w = 1
+    for s in range(len(replicas) - 1, stage - 1, -1):
+        w = math.ceil(held / replicas[s]) + 1 if held else 1
+        held = replicas[s] * w
+    return w
+
+
+WARMUPS = {"release": warmup_count, "consistent": warmup_count_consistent}
+
+
 def _stage_ranks(replicas: Sequence[int]) -> list[list[int]]:
     out, nxt = [], 0
     for r in replicas:
@@ -203,8 +225,10 @@ def _update(s: int, m: int, replicated: bool) -> list[Action]:
     return ([Action(s, Kind.ALLREDUCE, m)] if replicated else []) + [Action(s, Kind.STEP, m)]
 
 
-def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule:
+def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int, warmup: str = "release") -> Schedule:
     """PipeDream 1F1B-RR (§3.2): warm-up of :func:`warmup_count` forwards, then one backward, one forward.
+
+    ``warmup="consistent"`` uses :func:`warmup_count_consistent` instead (an option of the simulator).
 
     Replicas of a stage take minibatches round robin; each replica updates its weights after every
     backward (averaging gradients with the other replicas of its stage first when replicated).
@@ -213,13 +237,15 @@ def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule:
         PipeDreamError: empty stages, or ``num_minibatches`` not a multiple of some stage's replicas.
     """
     _check(stage_ranks, num_minibatches, straight=False, name="1F1B")
+    if warmup not in WARMUPS:
+        raise PipeDreamError(f"unknown warm-up {warmup!r}; use {' or '.join(WARMUPS)}")
     replicas = [len(rs) for rs in stage_ranks]
     last = len(stage_ranks) - 1
     order: dict[int, list[Action]] = {}
     for s, ranks in enumerate(stage_ranks):
         for i, rank in enumerate(ranks):
             mine = list(range(i, num_minibatches, len(ranks)))
-            w = min(warmup_count(replicas, s), len(mine))
+            w = min(WARMUPS[warmup](replicas, s), len(mine))
             acts: list[Action] = []
             for m in mine[:w]:
                 acts += _forward(s, last, m)

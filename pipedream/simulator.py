@@ -108,13 +108,15 @@ class SimResult:
         return d
 
 
-def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, microbatches: int = 1) -> schedules.Schedule:
-    """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`)."""
+def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, microbatches: int = 1,
+                   warmup: str = "release") -> schedules.Schedule:
+    """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`);
+    ``warmup`` picks 1F1B's warm-up counts (``release`` or ``consistent``)."""
     name = SCHEDULES.get(kind)
     if name is None:
         raise PipeDreamError(f"unknown schedule {kind!r}; use pipedream, gpipe, 2bw or dp")
     if name == "1f1b":
-        return schedules.one_f_one_b(stage_ranks, minibatches)
+        return schedules.one_f_one_b(stage_ranks, minibatches, warmup)
     if name == "gpipe":
         return schedules.gpipe(stage_ranks, minibatches, microbatches)
     if name == "2bw":
@@ -127,10 +129,12 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
 
 def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster,
                     minibatches: int, microbatches: int = 1, overlap: bool = True,
-                    allreduce: str = "hierarchical", record: bool = False) -> Trace:
-    """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network."""
-    sched = build_schedule(kind, stage_ranks, minibatches, microbatches)
-    return run(sched, costs, Network(cluster, allreduce), overlap=overlap, record=record)
+                    allreduce: str = "hierarchical", record: bool = False, contention: str = "lanes",
+                    sync: str = "lockstep", warmup: str = "release") -> Trace:
+    """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
+    (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`)."""
+    sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
+    return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync)
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -151,7 +155,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     cluster: Cluster, *, schedule: str = "pipedream", batch_size: int | None = None,
                     microbatches: int = 1, dataset_size: int = IMAGENET_TRAIN_SAMPLES, overlap: bool = True,
                     allreduce: str = "hierarchical", keep_trace: bool = False,
-                    costs: list[StageCost] | None = None) -> SimResult:
+                    costs: list[StageCost] | None = None, contention: str = "lanes",
+                    sync: str = "lockstep", warmup: str = "release") -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -167,6 +172,12 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         allreduce: ``hierarchical`` or ``ring``.
         keep_trace: keep the spans of the first short run (for timelines).
         costs: precomputed stage costs (else computed from ``graph``).
+        contention: ``lanes`` (collectives and point-to-point transfers on separate lanes of a port) or
+            ``exclusive`` (see :mod:`pipedream.sim.network`).
+        sync: ``lockstep`` (DDP, the release) or ``independent`` replicas (the planner's assumption), see
+            :mod:`pipedream.sim.engine`.
+        warmup: 1F1B warm-up counts, ``release`` (the release runtime's formula) or ``consistent``
+            (:func:`pipedream.schedules.warmup_count_consistent`).
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
     """
@@ -184,7 +195,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     unit, n0 = _unit(kind, stage_ranks, m)
 
     def sim(n: int, record: bool = False) -> Trace:
-        return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record)
+        return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
+                               contention=contention, sync=sync, warmup=warmup)
 
     first = sim(n0, record=keep_trace)
     n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)

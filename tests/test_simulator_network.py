@@ -79,15 +79,21 @@ def test_hierarchical_allreduce_sums_one_ring_per_level() -> None:
     assert Network(c).allreduce_bytes(list(range(15)), s) == pytest.approx((3 * 6 + 4 + 6) * s)
 
 
-def test_allreduce_contends_with_transfers() -> None:
-    net = Network(two_level())
+def test_allreduce_contends_with_transfers_only_when_exclusive() -> None:
+    net = Network(two_level(), contention="exclusive")
     assert net.send(0, 4, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
     start, end = net.collective([0, 4], 1 * GB, 0.0)  # 2 (2-1)/2 * 1 GB / 1 GB/s = 1 s
     assert (start, end) == pytest.approx((1.0, 2.0))
+    lanes = Network(two_level())  # default: separate lanes, the collective does not queue behind the send
+    assert lanes.send(0, 4, 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
+    assert lanes.collective([0, 4], 1 * GB, 0.0) == pytest.approx((0.0, 1.0))
+    assert lanes.collective([0, 4], 1 * GB, 0.0) == pytest.approx((1.0, 2.0))  # collectives still queue
 
 
 def test_errors_name_the_problem() -> None:
     with pytest.raises(PipeDreamError, match="unknown allreduce"):
         Network(two_level(), "tree")
+    with pytest.raises(PipeDreamError, match="unknown contention"):
+        Network(two_level(), contention="fair")
     with pytest.raises(PipeDreamError, match="rank 8 is outside cluster"):
         Network(two_level()).check_rank(8)

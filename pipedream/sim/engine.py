@@ -11,6 +11,14 @@ Wait-free backpropagation (``overlap=True``, what PyTorch DistributedDataParalle
 §5.1): the allreduce of a layer's gradients may start as soon as that layer's backward has finished on
 every replica; layers are reduced one after another in backward order, and the step waits for the last.
 Without overlap the whole stage is reduced after the backward.
+
+Replica synchronisation (``sync``). ``"lockstep"`` (the default) is what the release runtime does: every
+replicated stage's modules are wrapped in DistributedDataParallel over the stage's ranks, so each
+backward ends with a blocking allreduce that all replicas join (the k-th backward of every replica),
+and a replica whose gradients are ready waits for the slowest. ``"independent"`` is the planner's
+assumption (paper §3.1): each replica pays its stage's allreduce time ``2 (r - 1) / r * P / B`` alone
+after its own backward, never waiting for the others and booking no links; it isolates the cost of
+lockstep synchronisation in round-robin pipelines.
 """
 
 from __future__ import annotations
@@ -72,8 +80,11 @@ def _recv_key(a: Action) -> tuple[str, int, int, int]:
     return ("F" if a.kind == Kind.RECV_F else "B", a.stage, a.minibatch, j)
 
 
+SYNC_KINDS = ("lockstep", "independent")
+
+
 def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: bool = True,
-        record: bool = True) -> Trace:
+        record: bool = True, sync: str = "lockstep") -> Trace:
     """Time ``schedule`` with per-stage ``costs`` on ``network``.
 
     Args:
@@ -82,12 +93,15 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         network: the links (fresh: reservations of an earlier run would carry over).
         overlap: wait-free backpropagation for allreduces (see the module docstring).
         record: keep the spans (for plots); totals are kept either way.
+        sync: ``"lockstep"`` or ``"independent"`` replicas (see the module docstring).
     Raises:
         PipeDreamError: stage/cost count mismatch, a rank outside the cluster, or a deadlock (names the
             stuck actions).
     """
     if len(costs) != schedule.num_stages:
         raise PipeDreamError(f"schedule has {schedule.num_stages} stages but {len(costs)} stage costs were given")
+    if sync not in SYNC_KINDS:
+        raise PipeDreamError(f"unknown replica sync {sync!r}; use {' or '.join(SYNC_KINDS)}")
     order = schedule.order
     for r in order:
         network.check_rank(r)
@@ -173,6 +187,15 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                     clock[r] = arrive
                     heapq.heappush(heap, (arrive, r))
                     break
+            elif a.kind == Kind.ALLREDUCE and sync == "independent":
+                group_ranks = schedule.stage_ranks[a.stage]
+                dur = network.allreduce_time(group_ranks, cost.param_bytes)
+                tr.allreduce_bytes += network.allreduce_bytes(group_ranks, cost.param_bytes) / len(group_ranks)
+                tr.allreduce_wait_s[r] += dur
+                clock[r] = t + dur
+                pos[r] += 1
+                heapq.heappush(heap, (clock[r], r))
+                break
             elif a.kind == Kind.ALLREDUCE:
                 members = groups.setdefault((a.stage, ar_count[r]), {})
                 members[r] = t

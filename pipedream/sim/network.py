@@ -19,7 +19,17 @@ all-gather, each ``(n - 1) / n * S`` per worker). ``hierarchical`` (the default,
 GPUs) runs one ring per level: inside each group the ranks reduce-scatter and all-gather, and the
 level-``l`` groups run a ring over their shards, which all cross the group's one port, so level ``l``
 costs ``2 (n_l - 1) / n_l * S / B_l`` with ``n_l`` the most level-``l`` groups taking part inside one
-level-``l+1`` group. ``ring`` is one flat ring bottlenecked by the slowest link it crosses.
+level-``l+1`` group. ``ring`` is one flat ring bottlenecked by the slowest link it crosses: NCCL 2.4's
+ring over all ``n`` GPUs (what PyTorch 1.1's DistributedDataParallel used, paper §5.1), whose ``2 (n - 1)``
+steps of ``S / n`` bytes each cross every server's NIC.
+
+Lanes (``contention``). ``"lanes"`` (the default): collectives and point-to-point transfers book separate
+lanes of each port, so an activation send never queues behind a whole allreduce (NCCL's allreduce and the
+runtime's send/receive use separate connections, and the real link shares its bandwidth between them
+rather than serving one at a time); within a lane a port still carries one transfer at a time. This is
+optimistic when the two together exceed the port's bandwidth. ``"exclusive"``: one lane per port (a
+transfer waits for a whole collective on any port it shares, including the NIC ports a hierarchical
+allreduce holds during its intra-server phase): pessimistic.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.topology import Cluster
 
 ALLREDUCE_KINDS = ("hierarchical", "ring")
+CONTENTION_KINDS = ("lanes", "exclusive")
 Port = tuple[int, int, str]  # (level, group index at that level, "out" | "in")
 
 
@@ -61,13 +72,17 @@ class Network:
     Args:
         cluster: the topology; ranks are ``0 .. cluster.workers - 1``, consecutive ranks share a server.
         allreduce: ``"hierarchical"`` or ``"ring"`` (see the module docstring).
+        contention: ``"lanes"`` or ``"exclusive"`` (see the module docstring).
     Raises:
-        PipeDreamError: for an unknown allreduce kind.
+        PipeDreamError: for an unknown allreduce or contention kind.
     """
 
-    def __init__(self, cluster: Cluster, allreduce: str = "hierarchical") -> None:
+    def __init__(self, cluster: Cluster, allreduce: str = "hierarchical", contention: str = "lanes") -> None:
         if allreduce not in ALLREDUCE_KINDS:
             raise PipeDreamError(f"unknown allreduce {allreduce!r}; use {' or '.join(ALLREDUCE_KINDS)}")
+        if contention not in CONTENTION_KINDS:
+            raise PipeDreamError(f"unknown contention {contention!r}; use {' or '.join(CONTENTION_KINDS)}")
+        self.contention = contention
         self.cluster = cluster
         self.allreduce_kind = allreduce
         self.bandwidths = [float(b) for _, b in cluster.levels]
@@ -188,5 +203,7 @@ class Network:
         dur = per_byte * nbytes
         if dur <= 0:
             return ready_s, ready_s
+        if self.contention == "lanes":  # the collective lane of each port (see the module docstring)
+            ports = [(lv, g, f"{d}:coll") for lv, g, d in ports]
         start = self.reserve(ports, ready_s, dur)
         return start, start + dur
