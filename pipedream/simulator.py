@@ -39,6 +39,7 @@ from pipedream.topology import Cluster
 SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "dp": "dp"}
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 MAX_DOUBLINGS = 6
+STEADY_RTOL = 1e-4  # relative agreement of successive periods that counts as the steady state
 
 
 @dataclass
@@ -247,13 +248,13 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
 
 
 def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[int, int, Trace, Trace, bool]:
-    """Find run lengths past the transient: ``T(2n) - T(n) == T(3n) - T(2n)`` (relative 1e-9), doubling ``n``
+    """Find run lengths past the transient: ``T(2n) - T(n) == T(3n) - T(2n)`` (relative :data:`STEADY_RTOL`), doubling ``n``
     from ``n0`` (at most :data:`MAX_DOUBLINGS` times); returns ``(2n, 3n, trace(2n), trace(3n), converged)``."""
     n, t1, t2 = n0, first, sim(2 * n0)
     for _ in range(MAX_DOUBLINGS + 1):
         t3 = sim(3 * n)
         s1, s2 = t2.makespan_s - t1.makespan_s, t3.makespan_s - t2.makespan_s
-        if abs(s1 - s2) <= 1e-9 * abs(s2):
+        if abs(s1 - s2) <= STEADY_RTOL * abs(s2):
             return 2 * n, 3 * n, t2, t3, True
         n, t1, t2 = 2 * n, t2, sim(4 * n)
     return n, 2 * n, t1, t2, False
