@@ -39,7 +39,7 @@ from pipedream.sim.split import ranks_for, replicas_of, split_for_replicas
 from pipedream.simulator import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
 from pipedream.topology import Cluster, get_cluster
 
-RELEASE_PROFILES = Path("experiments/data/profiles")
+RELEASE_PROFILES = Path(__file__).resolve().parent.parent / "experiments" / "data" / "profiles"
 # paper model -> (release profile folder, profiled minibatch, per-GPU batch of paper §5.1)
 PAPER_MODELS = {"vgg16": ("vgg16", 128, 64), "resnet50": ("resnet50", 128, 128), "alexnet": ("alexnet", 256, 256),
                 "gnmt8": ("gnmt", 64, 64), "gnmt16": ("gnmt_large", 64, 64)}

@@ -192,6 +192,16 @@ def notes(cfg: dict[str, Any]) -> list[str]:
     ]
 
 
+def _attach_to_runs(model_runs: Path, files: list[Path]) -> None:
+    """Attach ``files`` to the MLflow runs recorded in ``<model_runs>/<mode>/run.json`` (if any)."""
+    from pipedream.tracking import attach_artifacts
+
+    for mode in MODES:
+        marker = model_runs / mode / "run.json"
+        if marker.is_file():
+            attach_artifacts(json.loads(marker.read_text())["run_id"], files)
+
+
 def write_report(cfg: dict[str, Any]) -> pd.DataFrame:
     """Write ``table1.csv``, ``table1.md``, ``report.html`` and the plots; returns the table."""
     from pipedream import plots
@@ -200,7 +210,9 @@ def write_report(cfg: dict[str, Any]) -> pd.DataFrame:
     df = build_table(cfg)
     for model in cfg["models"]:
         runs = {m: read_metrics(results / "runs" / model / m) for m in MODES}
-        plots.accuracy_vs_time(model, runs, cfg["workers"], results / "plots" / f"{model}_accuracy_vs_time.png")
+        png = results / "plots" / f"{model}_accuracy_vs_time.png"
+        plots.accuracy_vs_time(model, runs, cfg["workers"], png)
+        _attach_to_runs(results / "runs" / model, [png])
     plots.speedup_bars(df, results / "plots" / "table1_speedups.png")
     atomic_write_text(results / "table1.csv", df.to_csv(index=False))
     atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes(cfg)))

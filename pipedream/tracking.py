@@ -131,3 +131,11 @@ def load_runs(experiment: str) -> list[dict[str, Any]]:
             "history": history,
         })
     return out
+
+
+def attach_artifacts(run_id: str, paths: Iterable[Path]) -> None:
+    """Attach files (e.g. the report's plots) to an existing run; missing files are skipped."""
+    client = _mlflow().MlflowClient()
+    for path in paths:
+        if Path(path).is_file():
+            client.log_artifact(run_id, str(path))

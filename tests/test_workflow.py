@@ -75,7 +75,12 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
                         "--until", "speedup", cwd=tmp_path)
     assert forced.returncode == 0, forced.stderr[-3000:]
     check = subprocess.run(
-        [sys.executable, "-c", "from pipedream.tracking import load_runs; "
-         "print(sorted(r['run_name'] for r in load_runs('vgg16/cpu4_1gbps')))"],
+        [sys.executable, "-c", "from pipedream.tracking import load_runs, _mlflow; "
+         "runs = load_runs('vgg16/cpu4_1gbps'); print(sorted(r['run_name'] for r in runs)); "
+         "c = _mlflow().MlflowClient(); pd = [r for r in runs if r['run_name'] == 'pipedream'][0]; "
+         "print(sorted(a.path for a in c.list_artifacts(pd['run_id'])))"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert check.stdout.strip().splitlines()[-1] == "['dp', 'pipedream']", check.stderr[-2000:]
+    names, artifacts = check.stdout.strip().splitlines()[-2:]
+    assert names == "['dp', 'pipedream']", check.stderr[-2000:]
+    for artifact in ("cpu4_1gbps.json", "graph.txt", "metrics.json", "vgg16_accuracy_vs_time.png"):
+        assert artifact in artifacts

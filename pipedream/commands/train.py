@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="store_true", help="save per-stage checkpoints every epoch")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out-dir")
     parser.add_argument("--no-progress", action="store_true", help="no per-minibatch progress bar")
+    parser.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
     parser.add_argument("--nnodes", type=int, default=1,
                         help="nodes of a multi-node run (start this same command on every node, e.g. with srun)")
     parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         experiment=args.experiment or f"{args.model}/{cluster}", run_name=args.mode, params=params,
         epochs=[{k: float(v) for k, v in e.items() if k != "epoch"} for e in epochs], final_metrics=final,
         tags={"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset},
-        artifacts=[p for p in (args.plan, metrics_path) if p is not None])
+        artifacts=[p for p in (args.plan, args.profile, metrics_path) if p is not None])
     atomic_write_json(out_dir / "run.json", {"run_id": run_id, "mode": args.mode, "config": config,
                                               "epochs": len(epochs), **final})
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "

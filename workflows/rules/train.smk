@@ -2,6 +2,7 @@ rule train:
     """Train one model with PipeDream (1F1B, weight stashing) or data parallelism (DDP); log to MLflow."""
     input:
         plan=f"{RESULTS}/plans/{{model}}/{CLUSTER}.json",
+        profile=f"{RESULTS}/profiles/{{model}}/graph.txt",
     output:
         f"{RESULTS}/runs/{{model}}/{{mode}}/run.json",
     log:
@@ -31,7 +32,7 @@ rule train:
         nodes=config.get("launch", {}).get("nnodes", 1),
     shell:
         "{params.prefix} {params.pd} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
-        "--plan {input.plan} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
+        "--plan {input.plan} --profile {input.profile} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
         "--lr {params.lr} --momentum {params.momentum} --weight-decay {params.wd} --seed {params.seed} "
         "--train-subset {params.train_subset} --val-subset {params.val_subset} "
         "--experiment {params.experiment} {params.extra} --no-progress --out-dir $(dirname {output}) > {log} 2>&1"
