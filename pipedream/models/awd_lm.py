@@ -11,7 +11,7 @@ tensor: ``tokens (B, T) int64 -> (B, T, E) -> (B, T, H) -> ... -> logits (B, T, 
 0.65 (input), 0.3 (between layers), 0.4 (output), 0.5 (weight drop), decoder tied to the embedding
 (24 M parameters; a pipeline that splits them needs the tied weight kept in one stage or synced).
 ``reduced``: embedding 128, hidden 256, same 3 layers and dropouts scaled for a small model, decoder
-NOT tied so that no parameter is shared between the first and last pipeline stage (3.6 M parameters).
+NOT tied so that no parameter is shared between the first and last pipeline stage (3.7 M parameters).
 Not modelled: the activation regularisers (AR/TAR), NT-ASGD, and hidden state carried between
 minibatches (each ``bptt`` window starts from zero state, :mod:`pipedream.data.language_model`).
 """

@@ -20,6 +20,9 @@ DecoderLayer x (D-1)  ``(y, ctx)``                           ``(y, ctx)``
 Classifier            ``(y, ctx)``                           ``logits (B, T, V)``
 ====================  =====================================  ======================================
 
+``full``: 32320-symbol vocabulary, width 1024: GNMT-8 193.8 M parameters (the released profile:
+193.77 M), GNMT-16 277.7 M. ``reduced``: 6400-word vocabularies, width 128: 3.9 M and 5.3 M.
+
 ``x[:, 0]`` holds source ids, ``x[:, 1]`` the decoder input (eos then the target), right-padded with
 fairseq's pad id 1 (:mod:`pipedream.data.translation`). Integer ``src``/``prev`` ride along the tuple so
 that any layer boundary can be a stage boundary; they need no gradient.
