@@ -126,6 +126,7 @@ def profile_module(
     example_input: torch.Tensor | tuple[torch.Tensor, ...],
     settings: ProfileSettings | None = None,
     name: str = "model",
+    granularity: str = "layer",
 ) -> LayerGraph:
     """Profile ``model`` on ``example_input`` (a whole minibatch) and return its layer graph.
 
@@ -134,6 +135,10 @@ def profile_module(
         example_input: one minibatch, e.g. shape ``(batch, 3, 32, 32)``; a tuple for several inputs.
         settings: warm-up, iterations and device.
         name: shown on the progress bar.
+        granularity: ``"layer"``: each child of an ``nn.Sequential`` is one node (what the planner's
+            stages and the runtime's slices are made of; a ResNet block or a GNMT layer stays whole);
+            ``"op"``: torch.fx's default, every leaf ``torch.nn`` module and function is a node, so a
+            block's skip connection shows as a branch in the DAG.
     Returns:
         A :class:`LayerGraph` with ``minibatch_size`` set to the first input's batch dimension; node
         times in seconds per minibatch, activations and parameters in bytes.
@@ -147,8 +152,15 @@ def profile_module(
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)
     inputs = tuple(t.to(device) for t in inputs)
     model = model.to(device).train()
+    if granularity not in ("layer", "op"):
+        raise PipeDreamError(f"unknown granularity {granularity!r}; use 'layer' or 'op'")
     try:
-        gm = fx.symbolic_trace(model)
+        if granularity == "layer":
+            from pipedream.models import trace_layers
+
+            gm = trace_layers(model)
+        else:
+            gm = fx.symbolic_trace(model)
     except Exception as e:  # fx raises many types for untraceable code
         raise PipeDreamError(f"cannot trace {name} with torch.fx ({type(e).__name__}: {e})") from None
 

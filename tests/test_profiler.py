@@ -57,3 +57,13 @@ def test_vgg16_reduced_profile_matches_layers(tmp_path) -> None:
     back = LayerGraph.read(tmp_path / "graph.txt")
     assert back.totals()["param_bytes"] == g.totals()["param_bytes"]
     assert read_meta(tmp_path / "graph.txt") == {"minibatch_size": 4, "model": "vgg16"}
+
+
+def test_layer_granularity_keeps_blocks_whole() -> None:
+    """'layer': one node per child of the sequence (the runtime's slices); 'op': the block's DAG."""
+    model = nn.Sequential(nn.Linear(6, 6), Skip(), nn.Linear(6, 2))
+    layer = profile_module(model, torch.randn(3, 6), FAST, granularity="layer")
+    assert [n.desc.split("(")[0] for n in layer.nodes.values()] == ["Input", "Linear", "Skip", "Linear"]
+    assert layer.is_chain() and layer.nodes["node2"].param_bytes == 4 * 42
+    op = profile_module(model, torch.randn(3, 6), FAST, granularity="op")
+    assert len(op.nodes) == 6 and not op.is_chain()  # input, linear, block's linear, relu, add, linear

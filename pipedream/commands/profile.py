@@ -22,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per layer")
     p.add_argument("--iters", type=int, default=5, help="timed runs per layer (mean)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
+    p.add_argument("--granularity", default="layer", choices=["layer", "op"],
+                   help="layer: one node per layer of the model's sequence (what plan and train use); "
+                        "op: every torch.fx operation, a DAG with skip connections as branches")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
@@ -33,9 +36,9 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(args.model, args.preset, args.seed)
     x = example_input(args.model, args.batch_size, args.preset, args.seed)
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
-    graph = profile_module(model, x, settings, name=args.model)
+    graph = profile_module(model, x, settings, name=args.model, granularity=args.granularity)
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
-            "iters": args.iters}
+            "iters": args.iters, "granularity": args.granularity}
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
