@@ -3,15 +3,14 @@ tuple boundaries included), the reduced presets learn on their real data, paper-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from torch import fx, nn
+from torch import nn
 
-from pipedream.models import build_model, example_input, get_spec, layer_node_id, model_names, trace_layers
+from pipedream.models import build_model, example_input, get_spec, layer_node_id, model_names
 from pipedream.profiler import ProfileSettings, profile_module
 from tests.conftest import REPO
 
@@ -32,17 +31,6 @@ def _detached(v: object) -> object:
     return tuple(_detached(x) for x in v)  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def layer_profiler(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Profile with :func:`pipedream.models.trace_layers` (one node per layer of a sequence).
-
-    Until ``pipedream.profiler`` traces with it itself, its ``fx.symbolic_trace`` call is routed there
-    for the test; once it does, this changes nothing.
-    """
-    monkeypatch.setattr(fx, "symbolic_trace", trace_layers)
-    yield
-
-
 def test_all_table1_models_are_registered() -> None:
     assert set(MODELS) <= set(model_names())
     for name in MODELS:
@@ -52,7 +40,8 @@ def test_all_table1_models_are_registered() -> None:
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_profile_has_one_node_per_layer(name: str, layer_profiler: None) -> None:
+def test_profile_has_one_node_per_layer(name: str) -> None:
+    """The profiler's default (layer) granularity: node{i+1} is layer i, whatever the layer is."""
     torch.manual_seed(0)
     model = build_model(name)
     g = profile_module(model, example_input(name, 2), FAST, name=name)
