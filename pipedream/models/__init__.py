@@ -109,6 +109,14 @@ def example_input(name: str, batch_size: int, preset: str = "reduced", seed: int
     return torch.randn((batch_size, *spec.input_shape(preset)), generator=g)
 
 
+def disable_inplace(layers: list[nn.Module]) -> None:
+    """Make every ``nn.ReLU`` out-of-place: an in-place one would overwrite a tensor received at a stage
+    boundary (or a stage's output) that the neighbouring stage's backward still needs."""
+    for layer in layers:
+        if isinstance(layer, nn.ReLU):
+            layer.inplace = False
+
+
 def layer_node_id(index: int) -> str:
     """Graph node id of layer ``index`` of a model's sequence (``node0`` is the input)."""
     return f"node{index + 1}"
@@ -156,10 +164,3 @@ def trace_layers(model: nn.Module) -> fx.GraphModule:
 
 def _load_all() -> None:
     from pipedream.models import alexnet, awd_lm, gnmt, resnet, s2vt, vgg  # noqa: F401  (register themselves)
-
-    if _REGISTRY["vgg16"].make_datasets is None:  # vgg.py predates the data hooks: attach them here
-        from dataclasses import replace
-
-        from pipedream.data.images import image_datasets, top1_accuracy
-
-        register(replace(_REGISTRY["vgg16"], make_datasets=image_datasets(32), evaluate=top1_accuracy))

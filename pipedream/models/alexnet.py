@@ -16,7 +16,7 @@ from torch import nn
 from torchvision.models.alexnet import alexnet as tv_alexnet
 
 from pipedream.data.images import image_datasets, top1_accuracy
-from pipedream.models import ModelSpec, register
+from pipedream.models import ModelSpec, disable_inplace, register
 
 REDUCED_SIZE = 64
 REDUCED_WIDTH_DIVISOR = 4
@@ -42,9 +42,7 @@ def build_alexnet(preset: str) -> nn.Sequential:
             nn.Dropout(0.5), nn.Linear(REDUCED_HIDDEN, REDUCED_HIDDEN), nn.ReLU(),
             nn.Linear(REDUCED_HIDDEN, REDUCED_CLASSES),
         ]
-    for layer in layers:  # in-place ReLUs would overwrite a received activation at a stage boundary
-        if isinstance(layer, nn.ReLU):
-            layer.inplace = False
+    disable_inplace(layers)
     return nn.Sequential(*layers)
 
 

@@ -17,7 +17,7 @@ from torch import nn
 from torchvision.models import resnet as tv
 
 from pipedream.data.images import image_datasets, top1_accuracy
-from pipedream.models import ModelSpec, register
+from pipedream.models import ModelSpec, disable_inplace, register
 
 STAGE_BLOCKS = (3, 4, 6, 3)  # ResNet-50
 REDUCED_WIDTH_DIVISOR = 4
@@ -56,10 +56,7 @@ def build_resnet50(preset: str) -> nn.Sequential:
             elif isinstance(mod, nn.BatchNorm2d):
                 nn.init.ones_(mod.weight)
                 nn.init.zeros_(mod.bias)
-    # the stem's in-place ReLU would overwrite a received activation at a stage boundary
-    for layer in layers:
-        if isinstance(layer, nn.ReLU):
-            layer.inplace = False
+    disable_inplace(layers)
     return nn.Sequential(*layers)
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from torch import nn
 from torchvision.models import vgg as tv_vgg
 
-from pipedream.models import ModelSpec, register
+from pipedream.data.images import image_datasets, top1_accuracy
+from pipedream.models import ModelSpec, disable_inplace, register
 
 REDUCED_WIDTH_DIVISOR = 4
 REDUCED_HIDDEN = 256
@@ -40,10 +41,7 @@ def build_vgg16(preset: str) -> nn.Sequential:
         if isinstance(layer, nn.Conv2d):
             nn.init.kaiming_normal_(layer.weight, mode="fan_out", nonlinearity="relu")
             nn.init.zeros_(layer.bias)
-    # in-place ReLUs would overwrite a stage's output that the next stage's backward still needs
-    for layer in layers:
-        if isinstance(layer, nn.ReLU):
-            layer.inplace = False
+    disable_inplace(layers)
     return nn.Sequential(*layers)
 
 
@@ -53,4 +51,6 @@ register(ModelSpec(
     build=build_vgg16,
     input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, 32, 32),
     dataset="fashion_mnist",
+    make_datasets=image_datasets(32),
+    evaluate=top1_accuracy,
 ))
