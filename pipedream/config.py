@@ -13,11 +13,12 @@ from pipedream.errors import PipeDreamError
 SCHEMA = Path(__file__).resolve().parent.parent / "workflows" / "schemas" / "config.schema.yaml"
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Parse a YAML file; raises PipeDreamError naming the file and line on a syntax error."""
+def load_yaml(path: str | Path, what: str = "config file", hint: str = "") -> Any:
+    """Parse a YAML file; raises PipeDreamError naming the file (as ``what``) if it is missing, with
+    ``hint`` appended, and the file and line on a syntax error."""
     path = Path(path)
     if not path.is_file():
-        raise PipeDreamError(f"config file {path} not found")
+        raise PipeDreamError(f"{what} {path} not found{hint}")
     try:
         return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

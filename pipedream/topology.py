@@ -143,15 +143,9 @@ def load_clusters(path: str | Path = DEFAULT_CLUSTERS_PATH) -> dict[str, Cluster
     Raises:
         PipeDreamError: if the file is missing or malformed, or a cluster has a bad value (named).
     """
-    import yaml
+    from pipedream.config import load_yaml
 
-    path = Path(path)
-    if not path.is_file():
-        raise PipeDreamError(f"clusters file {path} not found; pass --clusters PATH (e.g. experiments/clusters.yaml)")
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise PipeDreamError(f"clusters file {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    doc = load_yaml(path, "clusters file", "; pass --clusters PATH (e.g. experiments/clusters.yaml)")
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), dict):
         raise PipeDreamError(f"clusters file {path}: expected a top-level 'clusters:' mapping of name -> cluster")
     return {str(name): cluster_from_dict(str(name), d) for name, d in doc["clusters"].items()}

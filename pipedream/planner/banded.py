@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipedream.planner.dp import LevelInput, LevelRules, best_splits, combos, initial_table, last_stage
+from pipedream.planner.dp import LevelInput, LevelRules, best_splits, combo_groups, initial_table, last_stage
 
 _SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
 _DENSE_BELOW = 40_000  # candidate-rows below which pricing everything is cheaper than the window
@@ -37,10 +37,7 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
     table = initial_table(inp, rules, np.arange(n + 1))  # A[m, j, r]
     if big_m == 1 or n == 1:
         return np.ascontiguousarray(table[-1].T)
-    m_of, mp_of = combos(rules)
-    prefix_m = m_of - mp_of
-    group_starts = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
-    ms = m_of[group_starts]
+    m_of, mp_of, prefix_m, group_starts, ms = combo_groups(rules)
     c_prev = np.concatenate(([0.0], compute))
     # d_r: the most negative weight-sync contribution a prefix of row r can get (0 unless P can drop).
     p_prev = np.concatenate(([0.0], inp.params))

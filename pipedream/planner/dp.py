@@ -143,6 +143,17 @@ def combos(rules: LevelRules) -> tuple[np.ndarray, np.ndarray]:
     return np.array([m for m, _ in pairs], dtype=np.int64), np.array([mp for _, mp in pairs], dtype=np.int64)
 
 
+def combo_groups(rules: LevelRules) -> tuple[np.ndarray, ...]:
+    """:func:`combos` plus what the kernels index with: ``(m_of, mp_of, prefix_m, group_starts, ms)``.
+
+    ``prefix_m = m - m'`` is the worker count left to the prefix of a split; ``group_starts`` are the
+    indices where a new ``m`` begins (for ``np.minimum.reduceat``) and ``ms`` those ``m`` values.
+    """
+    m_of, mp_of = combos(rules)
+    group_starts = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
+    return m_of, mp_of, m_of - mp_of, group_starts, m_of[group_starts]
+
+
 def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]) -> np.ndarray:
     """``A[r, j, M - 1]`` for every row ``r = 0..n`` (values only, all workers), shape ``(n + 1, n)``, seconds.
 
@@ -157,10 +168,7 @@ def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]) -> np
     table = initial_table(inp, rules, np.arange(n + 1))
     if big_m == 1 or n == 1:
         return np.ascontiguousarray(table[-1].T)
-    m_of, mp_of = combos(rules)
-    prefix_m = m_of - mp_of
-    group_starts = np.flatnonzero(np.r_[True, m_of[1:] != m_of[:-1]])
-    ms = m_of[group_starts]
+    m_of, mp_of, prefix_m, group_starts, ms = combo_groups(rules)
     for j in range(1, n):
         ks = cols[j]
         if not len(ks):
