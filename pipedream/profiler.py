@@ -34,6 +34,7 @@ from torch import fx, nn
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_json
+from pipedream.runtime.split import OPS, node_ids, trace
 
 
 @dataclass
@@ -152,32 +153,19 @@ def profile_module(
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)
     inputs = tuple(t.to(device) for t in inputs)
     model = model.to(device).train()
-    if granularity not in ("layer", "op"):
-        raise PipeDreamError(f"unknown granularity {granularity!r}; use 'layer' or 'op'")
-    try:
-        if granularity == "layer":
-            from pipedream.models import trace_layers
-
-            gm = trace_layers(model)
-        else:
-            gm = fx.symbolic_trace(model)
-    except Exception as e:  # fx raises many types for untraceable code
-        raise PipeDreamError(f"cannot trace {name} with torch.fx ({type(e).__name__}: {e})") from None
+    gm = trace(model, granularity)
 
     graph = LayerGraph(minibatch_size=int(inputs[0].shape[0]))
     values: dict[fx.Node, Any] = {}
-    ids: dict[fx.Node, str] = {}
+    ids = node_ids(gm)  # the ids the runtime cuts the model by
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(inputs):
         raise PipeDreamError(f"{name} takes {len(placeholders)} inputs but {len(inputs)} were given")
     for k, (ph, x) in enumerate(zip(placeholders, inputs, strict=True)):
         values[ph] = x
-        ids[ph] = f"node{k}" if k else "node0"
         suffix = str(k) if len(placeholders) > 1 else ""
         graph.add_node(Node(ids[ph], f"Input{suffix}", 0.0, 0.0, (float(x.numel() * x.element_size()),), 0.0))
-    # node ids for inputs beyond the first would collide with operation ids: number operations after them
-    next_id = len(placeholders) if len(placeholders) > 1 else 1
-    ops = [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method", "get_attr")]
+    ops = [n for n in gm.graph.nodes if n.op in OPS]
     for node in _progress(ops, f"profile {name}"):
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
         run = _runner(gm, node)
@@ -186,8 +174,6 @@ def profile_module(
         values[node] = out
         fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings) if node.op != "get_attr" else 0.0
         bwd_s = _backward_time(run, args, kwargs, settings)
-        ids[node] = f"node{next_id}"
-        next_id += 1
         acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
         graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
         for src in node.all_input_nodes:

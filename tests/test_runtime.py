@@ -11,9 +11,9 @@ from pipedream.errors import PipeDreamError
 from pipedream.models import layer_node_id
 from pipedream.plan import Plan, Stage
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
-from pipedream.runtime.stage import boundary_shapes, build_stage, stage_layer_ranges, straight_plan
+from pipedream.runtime.stage import boundary_shapes, build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
-from tests.tiny import tiny_model, tuple_model
+from tests.tiny import SkipNet, op_plan, tiny_model, tuple_model
 
 
 def test_stages_slice_the_chain_and_compose_to_the_model() -> None:
@@ -21,23 +21,25 @@ def test_stages_slice_the_chain_and_compose_to_the_model() -> None:
     plan = straight_plan("tiny", 8, [3, 1, 2, 2])
     assert [list(r) for r in stage_layer_ranges(plan, 8)] == [[0, 1, 2], [3], [4, 5], [6, 7]]
     x = torch.randn(5, 3, 32, 32)
-    y = x
-    for s in range(4):
-        y = build_stage(model, plan, s)(y)
+    stages = build_stages(model, plan, x[:1])
+    y = stages.modules[0](x)
+    for module in stages.modules[1:]:
+        assert isinstance(y, tuple)  # a flat tuple of tensors crosses every boundary
+        y = module(*y)
     assert torch.equal(y, model(x))
-    shapes = boundary_shapes(model, plan, x[:1])
-    assert [b.specs for b in shapes] == [(((256,), torch.float32),), (((16,), torch.float32),),
-                                         (((16,), torch.float32),), (((10,), torch.float32),)]
-    assert not any(b.is_tuple for b in shapes)
+    assert [b.specs for b in stages.boundaries] == [(((256,), torch.float32),), (((16,), torch.float32),),
+                                                    (((16,), torch.float32),), (((10,), torch.float32),)]
+    # stage modules keep the whole model's parameter names
+    assert [n for n, _ in stages.modules[2].named_parameters()] == ["5.weight", "5.bias"]
 
 
 def test_tuple_boundaries_keep_integer_passengers() -> None:
     model = tuple_model()
     b = boundary_shapes(model, straight_plan("t", 4, [1, 1, 1, 1]), torch.randn(1, 3, 32, 32))
-    assert b[0].is_tuple and b[0].specs == (((16,), torch.float32), ((), torch.int64))
+    assert b[0].specs == (((16,), torch.float32), ((), torch.int64))  # the tuple crosses as its two tensors
     assert b[0].grad_items == [0]
     assert b[0].batched(5, grads=True) == [((5, 16), torch.float32)]
-    assert not b[3].is_tuple
+    assert b[3].specs == (((10,), torch.float32),)
 
 
 def test_plan_with_gaps_or_foreign_layers_is_rejected() -> None:
@@ -131,3 +133,43 @@ def test_link_throttle_serialises_messages_on_a_link() -> None:
     assert link_ready_s(20.0, second, 0, bw) == 20.0
     assert allreduce_s(1_000_000, 4, bw) == pytest.approx(1.5)
     assert allreduce_s(1_000_000, 1, bw) == 0.0
+
+
+SKIP_STAGES = [["conv", "relu", "flatten", "fc1", "tanh"], ["fc2", "tanh_1"], ["fc3", "tanh_2"], ["add", "head"]]
+
+
+def test_fx_split_carries_a_skip_connection_through_the_stages_it_jumps() -> None:
+    model = SkipNet()
+    x = torch.randn(5, 3, 32, 32)
+    stages = build_stages(model, op_plan(model, SKIP_STAGES), x[:1])
+    # `a` (tanh of fc1, 16 features) leaves stage 0 and rides through stages 1 and 2 to the add in stage 3
+    assert [len(b.specs) for b in stages.boundaries] == [1, 2, 2, 1]
+    assert [[n for n, _ in m.named_parameters()] for m in stages.modules] == [
+        ["conv.weight", "conv.bias", "fc1.weight", "fc1.bias"], ["fc2.weight", "fc2.bias"],
+        ["fc3.weight", "fc3.bias"], ["head.weight", "head.bias"]]
+    y = stages.modules[0](x)
+    for module in stages.modules[1:]:
+        y = module(*y)
+    torch.testing.assert_close(y, model(x), rtol=0, atol=0)
+    y.sum().backward()  # gradients through the pieces reach every parameter of the model
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("stages,match", [
+    ([["conv", "relu", "flatten", "fc1", "tanh"], ["fc2", "tanh_1", "fc3"], ["tanh_2", "head"]], "in no stage"),
+    ([["conv", "relu", "flatten", "fc1", "tanh", "add"], ["fc2", "tanh_1", "fc3", "tanh_2", "head"]], "later stage"),
+    ([["conv", "relu", "flatten", "fc1", "tanh"], ["tanh", "fc2", "tanh_1", "fc3", "tanh_2", "add", "head"]],
+     "belongs to one stage"),
+])
+def test_fx_split_rejects_plans_that_do_not_cut_the_graph(stages: list[list[str]], match: str) -> None:
+    model = SkipNet()
+    with pytest.raises(PipeDreamError, match=match):
+        build_stages(model, op_plan(model, stages), torch.randn(1, 3, 32, 32))
+
+
+def test_tied_weights_across_stages_are_rejected() -> None:
+    model = tiny_model()
+    model[7] = torch.nn.Linear(16, 16)
+    model[7].weight = model[5].weight  # layer 7 (stage 1) reuses layer 5's weight (stage 0)
+    with pytest.raises(PipeDreamError, match="tied weights"):
+        build_stages(model, straight_plan("t", 8, [6, 2]), torch.randn(1, 3, 32, 32))

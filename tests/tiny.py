@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from pipedream.data import fashion_mnist as fm
+from pipedream.plan import Plan
+from pipedream.runtime.stage import straight_plan
 
 
 def tiny_model() -> nn.Sequential:
@@ -50,8 +52,8 @@ def build(factory, seed: int = 0) -> nn.Sequential:  # type: ignore[no-untyped-d
 
 
 def stage_params(model: nn.Sequential, layers: range) -> dict[str, torch.Tensor]:
-    """Parameters of layers ``layers`` of ``model`` named as in the stage's own ``nn.Sequential``."""
-    return {f"{i - layers.start}.{n}": p for i in layers for n, p in model[i].named_parameters()}
+    """Parameters of layers ``layers`` of ``model`` under the whole model's names (as stages name them)."""
+    return {f"{i}.{n}": p for i in layers for n, p in model[i].named_parameters()}
 
 
 class _Split(nn.Module):
@@ -91,3 +93,32 @@ class _Head(nn.Module):
 def tuple_model() -> nn.Sequential:
     """4 layers whose boundaries carry ``(float features, int64 ids)`` tuples (like GNMT's layers)."""
     return nn.Sequential(_Split(), _Mix(), _Mix(), _Head())
+
+
+class SkipNet(nn.Module):
+    """(B, 3, 32, 32) -> 10 logits, a DAG: ``c = tanh(fc3(tanh(fc2(a)))) + a`` skips over fc2 and fc3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, stride=4)
+        self.fc1 = nn.Linear(256, 16)
+        self.fc2 = nn.Linear(16, 16)
+        self.fc3 = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.tanh(self.fc1(torch.relu(self.conv(x)).flatten(1)))
+        c = torch.tanh(self.fc3(torch.tanh(self.fc2(a)))) + a
+        return self.head(c)
+
+
+def op_plan(model: nn.Module, stages: list[list[str]], replicas: list[int] | None = None) -> Plan:
+    """A plan over ``model``'s op-granularity graph from fx node names per stage (tests' hand-made cuts)."""
+    from pipedream.runtime.split import node_ids, trace
+
+    ids = {n.name: i for n, i in node_ids(trace(model, "op")).items()}
+    plan = straight_plan("t", sum(map(len, stages)), [len(s) for s in stages], replicas)
+    for stage, names in zip(plan.stages, stages, strict=True):
+        stage.nodes = [ids[n] for n in names]
+    plan.extra["granularity"] = "op"
+    return plan

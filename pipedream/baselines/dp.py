@@ -126,7 +126,7 @@ def train(cfg: TrainConfig) -> None:
     if bar is not None:
         bar.close()
     if rank == 0:
-        assemble.save_stage(Path(cfg.out_dir), 0, model, range(len(model)), [range(len(model))])
+        assemble.save_stage(Path(cfg.out_dir), 0, model, 1)
     if cfg.debug_dump:
         path = Path(cfg.out_dir) / "debug" / f"rank{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         compat=args.compat,
         activation_compression_ratio=args.activation_compression_ratio,
     )
+    meta = Path(args.profile).parent / "meta.json"
+    if meta.is_file():  # the runtime cuts the model at the granularity the node ids were profiled at
+        plan.extra["granularity"] = str(json.loads(meta.read_text()).get("granularity", "layer"))
     if args.explain:
         from pipedream.planner.explain import explain
 

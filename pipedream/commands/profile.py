@@ -23,8 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=5, help="timed runs per layer (mean)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"],
-                   help="layer: one node per layer of the model's sequence (what plan and train use); "
-                        "op: every torch.fx operation, a DAG with skip connections as branches")
+                   help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
+                        "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
+                        "train accept both: the runtime cuts the model with torch.fx at the plan's nodes")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 

@@ -67,7 +67,9 @@ class StageExecutor:
 
     Args:
         stage: stage index; ``num_stages`` the pipeline depth.
-        module: the stage's layers (its parameters are the master weights).
+        module: the stage's module (:func:`pipedream.runtime.stage.build_stages`: stage 0 takes the
+            model input, later stages the boundary's tensors as ``*args``); its parameters are the
+            master weights.
         versions: the stage's weight versions (policy included).
         optimizer: updates the master weights at ``STEP``.
         p2p: point-to-point transport.
@@ -149,7 +151,7 @@ class StageExecutor:
         for t in msg.tensors:
             t.requires_grad_(self.phase == 0 and t.is_floating_point())
         unit["inputs"] = msg.tensors
-        unit["input"] = self.in_shape.pack(msg.tensors)  # type: ignore[union-attr]
+        unit["input"] = tuple(msg.tensors)
         unit["carried"] = msg.version
 
     def _do_recv_b(self, a: Action) -> None:
@@ -169,14 +171,15 @@ class StageExecutor:
         m, j = a.key
         if self.is_first:
             assert self.data.inputs is not None
-            unit["input"] = self.data.inputs(m, j)
+            x = self.data.inputs(m, j)
+            unit["input"] = x if isinstance(x, tuple) else (x,)
         if self.phase == 1:
             self._forward_eval(a, unit)
         else:
             v = self.versions.version_for(self.minibatch_offset + m, unit.get("carried"))
             params = self.versions.acquire(v)
             unit["version"], unit["params"] = v, params
-            out = functional_call(self.module, params, (unit["input"],))
+            out = functional_call(self.module, params, unit["input"])
             if self.is_last:
                 assert self.data.labels is not None
                 labels = self.data.labels(m, j)
@@ -194,7 +197,7 @@ class StageExecutor:
 
     def _forward_eval(self, a: Action, unit: dict[str, Any]) -> None:
         with torch.no_grad():
-            out = self.module(unit["input"])
+            out = self.module(*unit["input"])
         if self.is_last:
             assert self.data.labels is not None
             labels = self.data.labels(*a.key)

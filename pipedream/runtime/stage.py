@@ -1,8 +1,9 @@
-"""Build a stage's module from a Plan by slicing the model's flat ``nn.Sequential`` (§3.1 partitions).
+"""A plan's stages as modules, and what crosses each boundary (§3.1 partitions).
 
-Stage ``s`` of a plan owns graph nodes ``node{i+1}`` = layer ``i`` of the sequence
-(:func:`pipedream.models.node_layer_index`); the input node ``node0`` belongs to no layer. A chain
-model's stages must own contiguous, consecutive layer ranges that together cover the model.
+:func:`build_stages` cuts any torch.fx-traceable model along the plan's node ids
+(:mod:`pipedream.runtime.split`), chains and DAGs alike. For a chain of layers (the ``"layer"``
+granularity) stage ``s`` owns graph nodes ``node{i+1}`` = layer ``i`` of the sequence
+(:func:`pipedream.models.node_layer_index`); :func:`stage_layer_ranges` gives those ranges.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import nn
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
 from pipedream.plan import Plan
+from pipedream.runtime import split
 
 
 def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
@@ -47,23 +49,20 @@ def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
     return ranges
 
 
-def build_stage(model: nn.Sequential, plan: Plan, stage: int) -> nn.Sequential:
-    """The layers of ``stage`` as their own ``nn.Sequential`` (sharing the model's parameters)."""
-    r = stage_layer_ranges(plan, len(model))[stage]
-    return nn.Sequential(*(model[i] for i in r))
+def granularity_of(plan: Plan) -> str:
+    """The profile granularity the plan's node ids refer to (``plan.extra["granularity"]``, default layer)."""
+    return str(plan.extra.get("granularity", "layer"))
 
 
 @dataclass(frozen=True)
 class Boundary:
-    """What crosses one stage boundary, per sample: one tensor or a flat tuple of tensors.
+    """What crosses one stage boundary, per sample: a flat tuple of tensors.
 
     Attributes:
         specs: ``(shape without the batch dimension, dtype)`` of each tensor, in order.
-        is_tuple: whether the layers exchange a tuple (else a single tensor).
     """
 
     specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
-    is_tuple: bool
 
     @property
     def grad_items(self) -> list[int]:
@@ -75,42 +74,65 @@ class Boundary:
         items = self.grad_items if grads else range(len(self.specs))
         return [((batch, *self.specs[k][0]), self.specs[k][1]) for k in items]
 
-    def pack(self, tensors: list[torch.Tensor]) -> Any:
-        """The value the next stage's first layer takes: the tuple, or the single tensor."""
-        return tuple(tensors) if self.is_tuple else tensors[0]
-
     @staticmethod
     def unpack(value: Any) -> list[torch.Tensor]:
         """The tensors of a stage's output value (a tensor or a flat tuple of tensors)."""
         return list(value) if isinstance(value, tuple | list) else [value]
 
 
-def boundary_shapes(model: nn.Sequential, plan: Plan, example: torch.Tensor) -> list[Boundary]:
-    """What crosses each stage's output boundary, stages in order (the last one: the model output).
+@dataclass
+class Stages:
+    """A model cut into the stages of a plan.
 
-    Computed by one forward pass of ``example`` (a batch of one sample, model input) through the
-    whole model in evaluation mode.
-
-    Raises:
-        PipeDreamError: a boundary carries something other than a tensor or a flat tuple of tensors.
+    Attributes:
+        modules: stage ``s``'s module; stage 0 takes the model input, every later stage takes the
+            previous stage's flat tuple of tensors as ``*args``; all but the last return such a tuple.
+        boundaries: what leaves each stage, stages in order (the last one: the model output).
     """
-    ranges = stage_layer_ranges(plan, len(model))
-    out = []
-    x = example
+
+    modules: list[nn.Module]
+    boundaries: list[Boundary]
+
+
+def build_stages(model: nn.Module, plan: Plan, example: Any) -> Stages:
+    """Cut ``model`` into the stages of ``plan`` with torch.fx (:mod:`pipedream.runtime.split`).
+
+    Args:
+        model: the whole model; the stage modules share its parameters (names unchanged).
+        plan: its stages' node ids refer to a profile at ``plan.extra["granularity"]`` (default layer).
+        example: a model input of one sample ``(1, ...)``, run once to learn the boundary shapes.
+    Raises:
+        PipeDreamError: the plan does not cover the model's graph exactly once in graph order, a
+            boundary carries something other than tensors, or two stages share a parameter.
+    """
+    gm = split.trace(model, granularity_of(plan))
+    part = split.split(gm, [s.nodes for s in plan.stages], example)
+    owner: dict[int, tuple[int, str]] = {}
+    for s, module in enumerate(part.modules):
+        for name, p in module.named_parameters():
+            if owner.setdefault(id(p), (s, name))[0] != s:
+                raise PipeDreamError(f"parameter {name} is used by stages {owner[id(p)][0]} and {s} (tied weights); "
+                                     "re-plan so that all of its users are in one stage")
+    out: list[Boundary] = []
     was_training = model.training
     model.eval()
     with torch.no_grad():
-        for s, r in enumerate(ranges):
-            for i in r:
-                x = model[i](x)
-            items = Boundary.unpack(x)
-            if not all(isinstance(t, torch.Tensor) for t in items):
-                raise PipeDreamError(f"the output of stage {s} is {type(x).__name__} of "
-                                     f"{[type(t).__name__ for t in items]}; stage boundaries must carry a tensor or "
-                                     "a flat tuple of tensors")
-            out.append(Boundary(tuple((tuple(t.shape[1:]), t.dtype) for t in items), isinstance(x, tuple | list)))
+        x: Any = example if isinstance(example, tuple) else (example,)
+        for module in part.modules:
+            x = Boundary.unpack(module(*x))
+            out.append(Boundary(tuple((tuple(t.shape[1:]), t.dtype) for t in x)))
     model.train(was_training)
-    return out
+    return Stages(list(part.modules), out)
+
+
+def build_stage(model: nn.Module, plan: Plan, stage: int, example: Any) -> nn.Module:
+    """Stage ``stage``'s module of :func:`build_stages` (sharing the model's parameters)."""
+    return build_stages(model, plan, example).modules[stage]
+
+
+def boundary_shapes(model: nn.Module, plan: Plan, example: Any) -> list[Boundary]:
+    """What crosses each stage's output boundary (:attr:`Stages.boundaries`)."""
+    return build_stages(model, plan, example).boundaries
 
 
 def straight_plan(model: str, num_layers: int, layers_per_stage: list[int], replicas: list[int] | None = None) -> Plan:

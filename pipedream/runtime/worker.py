@@ -25,14 +25,14 @@ from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
 from pipedream.plan import Plan
-from pipedream.runtime import assemble
+from pipedream.runtime import assemble, split
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.optim import make_optimizer
-from pipedream.runtime.stage import boundary_shapes, build_stage, stage_layer_ranges, straight_plan
+from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
@@ -57,9 +57,14 @@ class Batches:
         return self.data.batch(self.rows(m, j))[1]
 
 
-def load_plan(cfg: TrainConfig, num_layers: int, world: int) -> Plan:
-    """The plan of the run: ``cfg.plan`` checked against model and world size, or an even straight split."""
+def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int) -> Plan:
+    """The plan of the run: ``cfg.plan`` checked against model and world size, or an even straight split.
+
+    Without ``cfg.plan`` the model's layers (the operations of its layer-granularity graph) are split
+    into ``world`` consecutive stages of nearly equal length.
+    """
     if cfg.plan is None:
+        num_layers = sum(1 for n in split.trace(model).graph.nodes if n.op in split.OPS)
         if world > num_layers:
             raise PipeDreamError(f"{world} workers but the model has only {num_layers} layers")
         sizes = [num_layers // world + (1 if i < num_layers % world else 0) for i in range(world)]
@@ -107,14 +112,13 @@ def train(cfg: TrainConfig) -> None:
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
     task = load_task(cfg)
     model = task.model
-    plan = load_plan(cfg, len(model), world)
+    plan = load_plan(cfg, model, world)
     replicas = [s.replicas for s in plan.stages]
     stage_ranks = [list(s.ranks) for s in plan.stages]
     s = plan.stage_of_rank(rank)
-    shapes = boundary_shapes(model, plan, task.example)
-    module = build_stage(model, plan, s).to(device)
-    num_layers = len(model)
-    del model
+    stages = build_stages(model, plan, task.example)
+    shapes, module = stages.boundaries, stages.modules[s].to(device)
+    del model, stages
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
     versions = WeightVersions(module, policy_of(cfg, replicas))
     optimizer = make_optimizer(cfg, versions.master)
@@ -180,8 +184,7 @@ def train(cfg: TrainConfig) -> None:
     if bar is not None:
         bar.close()
     if rank == stage_ranks[s][0]:
-        ranges = stage_layer_ranges(plan, num_layers)
-        assemble.save_stage(out_dir, s, module, ranges[s], ranges if rank == 0 else None)
+        assemble.save_stage(out_dir, s, module, len(plan.stages) if rank == 0 else None)
     if cfg.debug_dump:
         _dump(out_dir, rank, s, executor, versions)
     D.barrier(cfg.timeout_s, "end of training")
