@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# the multi-process tests start several workers on one machine: gloo on the CPU even where GPUs are
+# (NCCL takes one GPU per worker); tests/test_gpu.py switches it off for its own workers
+os.environ.setdefault("PIPEDREAM_FORCE_GLOO", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "experiments" / "data" / "profiles"

@@ -27,6 +27,8 @@ from pipedream.runtime.comm import wait_or_raise
 def init(timeout_s: float) -> tuple[int, int, torch.device]:
     """Join the process group from the environment: gloo on CPU, NCCL when CUDA is available.
 
+    ``PIPEDREAM_FORCE_GLOO=1`` keeps a machine with GPUs on gloo and the CPU (the test suite sets it).
+
     Returns:
         (rank, world size, device of this rank).
     """
@@ -34,6 +36,10 @@ def init(timeout_s: float) -> tuple[int, int, torch.device]:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if torch.cuda.is_available() and os.environ.get("PIPEDREAM_FORCE_GLOO") != "1":
         local = int(os.environ.get("LOCAL_RANK", rank))
+        if local >= torch.cuda.device_count():
+            raise PipeDreamError(f"local rank {local} needs GPU {local} but this node has {torch.cuda.device_count()}; "
+                                 "NCCL takes one GPU per worker: start fewer workers per node, or set "
+                                 "PIPEDREAM_FORCE_GLOO=1 to train on the CPU")
         torch.cuda.set_device(local)
         device, backend = torch.device("cuda", local), "nccl"
     else:

@@ -172,7 +172,7 @@ class StageExecutor:
         if self.is_first:
             assert self.data.inputs is not None
             x = self.data.inputs(m, j)
-            unit["input"] = x if isinstance(x, tuple) else (x,)
+            unit["input"] = tuple(t.to(self.p2p.device) for t in (x if isinstance(x, tuple) else (x,)))
         if self.phase == 1:
             self._forward_eval(a, unit)
         else:
@@ -182,7 +182,7 @@ class StageExecutor:
             out = functional_call(self.module, params, unit["input"])
             if self.is_last:
                 assert self.data.labels is not None
-                labels = self.data.labels(m, j)
+                labels = self.data.labels(m, j).to(self.p2p.device)
                 loss = self.criterion(out, labels)
                 value = float(loss.detach())
                 self.stats.loss_sum += value * labels.shape[0]
@@ -200,7 +200,7 @@ class StageExecutor:
             out = self.module(*unit["input"])
         if self.is_last:
             assert self.data.labels is not None
-            labels = self.data.labels(*a.key)
+            labels = self.data.labels(*a.key).to(self.p2p.device)
             correct, counted = count_correct(out, labels)
             self.stats.correct += correct
             self.stats.counted += counted
