@@ -9,7 +9,9 @@ Per action kind (§3.2, §3.3):
 * ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added
   to the master weights' ``.grad``; the input gradient is kept for ``SEND_B``.
 * ``SEND_F``/``SEND_B``: asynchronous send to the rank that runs the minibatch on the next/previous stage.
-* ``ALLREDUCE``: average ``.grad`` over the stage's replicas (one flat buffer, per-stage process group).
+* ``ALLREDUCE``: sum ``.grad`` over the stage's replicas (one flat buffer, per-stage process group) and
+  divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`: an average over replicas that hold
+  whole minibatches (1F1B-RR), a plain sum over replicas that hold microbatches (GPipe, 2BW).
 * ``STEP``: optimizer step on the master weights, zero the gradients, commit a new weight version.
 """
 
@@ -267,7 +269,7 @@ class StageExecutor:
             if delay > time.perf_counter():
                 time.sleep(delay - time.perf_counter())
         self.stats.wait_s += time.perf_counter() - t0
-        flat /= replicas
+        flat /= self.schedule.reduce_divisor(self.stage)
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))

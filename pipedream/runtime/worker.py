@@ -88,11 +88,12 @@ def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
 
 
 def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int]) -> int:
-    """Full minibatches of one epoch, a multiple of every stage's replica count (round robin, §3.2)."""
+    """Full minibatches of one epoch: with 1F1B-RR a multiple of every stage's replica count (round robin
+    over minibatches, §3.2); GPipe and 2BW share each minibatch's microbatches among replicas instead."""
     n = num_samples // cfg.batch_size
     if cfg.max_minibatches is not None:
         n = min(n, cfg.max_minibatches)
-    step = math.lcm(*replicas)
+    step = math.lcm(*replicas) if cfg.schedule == "1f1b" else 1
     n -= n % step
     if n < 1:
         raise PipeDreamError(f"{num_samples} training samples give no full round of {step} minibatches of "
