@@ -81,6 +81,25 @@ def test_vertical_sync_every_stage_uses_the_input_stages_version(tmp_path: Path)
         assert {m: v for kind, _, m, _, v in d["trace"] if kind == "B"} == per_stage[0]
 
 
+@pytest.mark.parametrize("replicas", [[2, 1], [1, 2]])
+def test_vertical_sync_on_replicated_stages_carries_update_counts(tmp_path: Path, replicas: list[int]) -> None:
+    """Minibatch m carries c(m) = updates in the input stage's weights at its forward (version x replicas
+    there); every stage runs its forward and backward on its newest version with at most c(m) updates."""
+    plan = straight_plan("t", 8, [4, 4], replicas=replicas)
+    dumps = run(tmp_path, 3, plan=plan, max_minibatches=8, weight_sync="vertical")
+    sched = schedules.build("1f1b", replicas, 8)
+    carried = {m: replicas[0] * steps for r in plan.stages[0].ranks for m, steps in _steps_before(sched.order[r]).items()}
+    assert sorted(carried) == list(range(8)) and max(carried.values()) > 0
+    for d in dumps:
+        r = replicas[d["stage"]]  # updates per version of this stage
+        mine = {m for _, _, m, _, _ in d["trace"]}
+        for kind in ("F", "B"):
+            updates = {m: v * r for k, _, m, _, v in d["trace"] if k == kind}
+            assert updates == {m: carried[m] - carried[m] % r for m in mine}
+            if replicas == [2, 1]:  # every stage's weights hold exactly the carried updates
+                assert updates == {m: carried[m] for m in mine}
+
+
 def _reference(batches, steps: int, optimizer: str, lr: float, momentum: float, wd: float):  # type: ignore[no-untyped-def]
     model = build(tiny_model)
     opt = (torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd) if optimizer == "adam"

@@ -74,17 +74,17 @@ def load_plan(cfg: TrainConfig, num_layers: int, world: int) -> Plan:
 
 
 def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
-    """Weight-version policy for the schedule (§3.3; 2BW; GPipe's flush)."""
+    """Weight-version policy for the schedule (§3.3; 2BW; GPipe's flush).
+
+    Every policy runs on replicated stages (``replicas``, one count per stage, no longer restricts it):
+    vertical sync carries update counts rather than version numbers (:mod:`pipedream.runtime.versions`),
+    and the replicas of a GPipe or 2BW stage share each minibatch's microbatches.
+    """
     if cfg.schedule == "gpipe":
         return Policy.FLUSH
     if cfg.schedule == "2bw":
         return Policy.TWO_BW
-    if cfg.weight_sync == "vertical":
-        if any(r > 1 for r in replicas):
-            raise PipeDreamError("--weight-sync vertical needs an unreplicated pipeline (version numbers of "
-                                 "replicated stages advance at different rates); use stash")
-        return Policy.VERTICAL
-    return Policy.STASH
+    return Policy.VERTICAL if cfg.weight_sync == "vertical" else Policy.STASH
 
 
 def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int]) -> int:
