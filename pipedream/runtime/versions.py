@@ -16,6 +16,8 @@ Which version a forward uses is a :class:`Policy`:
   ``< k * r`` in its version ``k``, so its count is ``k * r``. Every stage uses its newest version whose
   count is at most the carried one, ``carried // r``; in an unreplicated pipeline that is the carried
   version number itself, and with a 2-1 plan every stage uses weights of exactly the carried count.
+  That version exists when the minibatch arrives: the input stage applied those updates only after
+  every stage's backward of those minibatches, and each replica steps right after its backward.
 * ``2bw`` (PipeDream-2BW): minibatch ``t`` uses version ``max(t - 1, 0)`` on every stage, so at most
   two versions are alive and ``W(t + 1) = W(t) - lr * grad(W(t - 1))``.
 * ``flush`` (GPipe): the newest version; the pipeline is flushed before every step, so all
