@@ -13,11 +13,18 @@ Semantics every consumer relies on:
   ``RECV_F(s + 1, m)``. ``SEND_B(s, m)`` sends the gradient of stage ``s``'s input to stage ``s - 1``;
   it matches ``RECV_B(s - 1, m)``. Sends are asynchronous (never block); receives block until the
   matching send has happened.
-* Minibatch ``m`` of stage ``s`` runs on rank ``stage_ranks[s][m % replicas(s)]`` (round robin, §3.2);
-  the same replica does its forward and backward.
-* ``ALLREDUCE(s, m)`` averages the stage's gradients over its replicas; the ``k``-th ``ALLREDUCE`` of
-  every replica of stage ``s`` forms one collective.
-* ``STEP(s, m)`` applies the (averaged, coalesced) gradients: one optimizer step, one new weight version.
+* Replicas of a stage take turns (:attr:`Schedule.round_robin`). In 1F1B-RR and DP they take whole
+  minibatches: minibatch ``m`` of stage ``s`` runs on rank ``stage_ranks[s][m % replicas(s)]`` (§3.2).
+  In GPipe and 2BW they take the microbatches of every minibatch: microbatch ``j`` runs on
+  ``stage_ranks[s][j % replicas(s)]``, so ``num_microbatches`` is a multiple of every stage's replicas.
+  Either way the same replica does a unit's forward and backward.
+* ``ALLREDUCE(s, m)`` combines the stage's gradients over its replicas into the gradient of one update;
+  the ``k``-th ``ALLREDUCE`` of every replica of stage ``s`` forms one collective. With minibatch round
+  robin each replica holds whole minibatches' gradients and they are *averaged* (the replicas step once
+  per ``replicas(s)`` minibatches, data parallelism inside the stage, §3.1); with microbatch round robin
+  each replica holds its share of the same minibatch(es), already scaled by ``1 / num_microbatches``, and
+  they are *summed*, so the update is exactly the unreplicated one (:meth:`Schedule.reduce_divisor`).
+* ``STEP(s, m)`` applies the (combined, coalesced) gradients: one optimizer step, one new weight version.
 
 Text form: ``f"{stage}{kind}{minibatch}"`` plus ``".{microbatch}"`` for GPipe and 2BW, e.g. ``"1F3"``,
 ``"0SEND_F2.1"``, ``"2STEP4"``.
@@ -91,6 +98,8 @@ class Schedule:
         num_minibatches: minibatches (weight updates of a straight pipeline) in the schedule.
         num_microbatches: microbatches per minibatch (1 for 1F1B and DP).
         order: rank -> its actions in execution order.
+        round_robin: what a stage's replicas take turns over: ``"minibatch"`` (1F1B-RR, DP) or
+            ``"microbatch"`` (GPipe, 2BW; the microbatches of every minibatch), see the module docstring.
     """
 
     name: str
@@ -98,20 +107,29 @@ class Schedule:
     num_minibatches: int
     num_microbatches: int = 1
     order: dict[int, list[Action]] = field(default_factory=dict)
+    round_robin: str = "minibatch"
 
     @property
     def num_stages(self) -> int:
         return len(self.stage_ranks)
 
-    def rank_of(self, stage: int, minibatch: int) -> int:
-        """The rank that runs ``minibatch`` on ``stage`` (round robin over the stage's replicas)."""
+    def rank_of(self, stage: int, minibatch: int, microbatch: int | None = None) -> int:
+        """The rank that runs ``minibatch`` (microbatch ``microbatch``) on ``stage``: round robin over the
+        stage's replicas by minibatch or by microbatch (:attr:`round_robin`)."""
         ranks = self.stage_ranks[stage]
-        return ranks[minibatch % len(ranks)]
+        turn = (microbatch or 0) if self.round_robin == "microbatch" else minibatch
+        return ranks[turn % len(ranks)]
 
     def peer(self, action: Action) -> int | None:
         """Rank at the other end of a send or receive; None for other kinds."""
         offset = {Kind.SEND_F: 1, Kind.RECV_F: -1, Kind.SEND_B: -1, Kind.RECV_B: 1}.get(action.kind)
-        return None if offset is None else self.rank_of(action.stage + offset, action.minibatch)
+        return None if offset is None else self.rank_of(action.stage + offset, action.minibatch, action.microbatch)
+
+    def reduce_divisor(self, stage: int) -> int:
+        """What an ``ALLREDUCE`` of ``stage`` divides the summed gradients by: the stage's replicas when
+        they hold whole minibatches (an average), 1 when they hold microbatches of the same minibatch
+        (a sum of gradients already scaled by ``1 / num_microbatches``)."""
+        return len(self.stage_ranks[stage]) if self.round_robin == "minibatch" else 1
 
     def grid(self, backward_cost: int = 1) -> str:
         """A step x rank text grid of the compute actions, timed by :func:`dry_run`."""
@@ -191,18 +209,23 @@ def _stage_ranks(replicas: Sequence[int]) -> list[list[int]]:
     return out
 
 
-def _check(stage_ranks: list[list[int]], num_minibatches: int, straight: bool, name: str) -> None:
+def _check(stage_ranks: list[list[int]], num_minibatches: int, name: str, num_microbatches: int | None = None) -> None:
+    """Replicas take turns over minibatches (``num_microbatches`` None) or over the microbatches of each
+    minibatch; either count must then be a multiple of every stage's replicas."""
     if not stage_ranks or any(not rs for rs in stage_ranks):
         raise PipeDreamError(f"{name} schedule: every stage needs at least one rank, got {stage_ranks}")
     if num_minibatches < 1:
         raise PipeDreamError(f"{name} schedule: needs at least one minibatch, got {num_minibatches}")
-    if straight and any(len(rs) > 1 for rs in stage_ranks):
-        raise PipeDreamError(f"{name} schedule needs an unreplicated pipeline; got replicas "
-                             f"{[len(rs) for rs in stage_ranks]} (use --schedule 1f1b for replicated stages)")
+    if num_microbatches is not None and num_microbatches < 1:
+        raise PipeDreamError(f"{name} schedule: needs at least one microbatch per minibatch, got {num_microbatches}")
     for s, rs in enumerate(stage_ranks):
-        if num_minibatches % len(rs):
+        if num_microbatches is None and num_minibatches % len(rs):
             raise PipeDreamError(f"{name} schedule: {num_minibatches} minibatches do not divide evenly over "
                                  f"the {len(rs)} replicas of stage {s}; use a multiple of {len(rs)}")
+        if num_microbatches is not None and num_microbatches % len(rs):
+            raise PipeDreamError(f"{name} schedule: {num_microbatches} microbatches per minibatch do not divide "
+                                 f"evenly over the {len(rs)} replicas of stage {s} (replicas take turns over "
+                                 f"microbatches); use --microbatches a multiple of {len(rs)}")
 
 
 def _forward(s: int, last: int, m: int, j: int | None = None) -> list[Action]:
@@ -236,7 +259,7 @@ def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int, warmup: str 
     Raises:
         PipeDreamError: empty stages, or ``num_minibatches`` not a multiple of some stage's replicas.
     """
-    _check(stage_ranks, num_minibatches, straight=False, name="1F1B")
+    _check(stage_ranks, num_minibatches, "1F1B")
     if warmup not in WARMUPS:
         raise PipeDreamError(f"unknown warm-up {warmup!r}; use {' or '.join(WARMUPS)}")
     replicas = [len(rs) for rs in stage_ranks]
@@ -260,55 +283,74 @@ def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int, warmup: str 
 def gpipe(stage_ranks: list[list[int]], num_minibatches: int, num_microbatches: int) -> Schedule:
     """GPipe: the forwards of all microbatches of a minibatch, then their backwards, then a flush (STEP).
 
+    A replicated stage's replicas take the microbatches of every minibatch round robin (microbatch ``j``
+    on replica ``j % r``) and sum their gradients at the flush (``ALLREDUCE``) before all of them step,
+    so training stays exactly synchronous SGD on the whole minibatch. With every stage replicated ``r``
+    times this is ``r`` independent pipelines of ``M / r`` microbatches each; with equal stage times its
+    bubble is ``(p - 1) / (M / r + p - 1)`` for ``p`` stages (GPipe's ``(p - 1) / (M + p - 1)`` at ``r = 1``).
+
     Raises:
-        PipeDreamError: replicated stages (GPipe here runs one straight pipeline) or bad counts.
+        PipeDreamError: empty stages, or ``num_microbatches`` not a multiple of some stage's replicas.
     """
-    _check(stage_ranks, num_minibatches, straight=True, name="GPipe")
+    _check(stage_ranks, num_minibatches, "GPipe", num_microbatches)
     last = len(stage_ranks) - 1
     order: dict[int, list[Action]] = {}
-    for s, (rank,) in enumerate(stage_ranks):
-        acts: list[Action] = []
-        for m in range(num_minibatches):
-            for j in range(num_microbatches):
-                acts += _forward(s, last, m, j)
-            for j in range(num_microbatches):
-                acts += _backward(s, last, m, j)
-            acts += _update(s, m, False)
-        order[rank] = acts
-    return Schedule("gpipe", stage_ranks, num_minibatches, num_microbatches, order)
+    for s, ranks in enumerate(stage_ranks):
+        for i, rank in enumerate(ranks):
+            mine = range(i, num_microbatches, len(ranks))
+            acts: list[Action] = []
+            for m in range(num_minibatches):
+                for j in mine:
+                    acts += _forward(s, last, m, j)
+                for j in mine:
+                    acts += _backward(s, last, m, j)
+                acts += _update(s, m, len(ranks) > 1)
+            order[rank] = acts
+    return Schedule("gpipe", stage_ranks, num_minibatches, num_microbatches, order, "microbatch")
 
 
 def two_bw(stage_ranks: list[list[int]], num_minibatches: int, num_microbatches: int) -> Schedule:
     """PipeDream-2BW: 1F1B over the stream of microbatches, gradients coalesced over each minibatch.
 
-    A stage steps after the backward of the last microbatch of every minibatch. With double-buffered
-    weights, minibatch ``t`` runs on version ``max(t - 1, 0)`` at every stage (the runtime's concern),
-    which needs ``num_microbatches >= stages``.
+    A replicated stage's replicas take the microbatches of every minibatch round robin (microbatch ``j``
+    on replica ``j % r``); each replica runs 1F1B over its own stream with :func:`warmup_count` forwards
+    of warm-up (``stages - s`` when unreplicated) and, after its last microbatch of a minibatch, sums the
+    coalesced gradients with the other replicas (``ALLREDUCE``) and steps. With double-buffered weights,
+    minibatch ``t`` runs on version ``max(t - 1, 0)`` at every stage (the runtime's concern); that needs
+    the microbatches a stage's replicas hold in flight, ``r * warmup``, to fit in one minibatch
+    (``num_microbatches >= stages`` when unreplicated).
 
     Raises:
-        PipeDreamError: replicated stages, bad counts, or fewer microbatches than stages.
+        PipeDreamError: bad counts (microbatches not a multiple of some stage's replicas, or too few).
     """
-    _check(stage_ranks, num_minibatches, straight=True, name="2BW")
-    depth = len(stage_ranks)
-    if num_microbatches < depth:
+    _check(stage_ranks, num_minibatches, "2BW", num_microbatches)
+    replicas = [len(rs) for rs in stage_ranks]
+    need = max(r * warmup_count(replicas, s) for s, r in enumerate(replicas))
+    if num_microbatches < need and max(replicas) == 1:
         raise PipeDreamError(f"2BW needs at least as many microbatches per minibatch as stages "
-                             f"({num_microbatches} < {depth}); raise --microbatches")
-    last = depth - 1
-    stream = [(m, j) for m in range(num_minibatches) for j in range(num_microbatches)]
+                             f"({num_microbatches} < {need}); raise --microbatches")
+    if num_microbatches < need:
+        raise PipeDreamError(f"2BW on replicas {replicas} needs at least {need} microbatches per minibatch (the "
+                             f"replicas x warm-up microbatches a stage holds in flight must fit in one minibatch), "
+                             f"got {num_microbatches}; raise --microbatches")
+    last = len(stage_ranks) - 1
     order: dict[int, list[Action]] = {}
-    for s, (rank,) in enumerate(stage_ranks):
-        w = min(depth - s, len(stream))
-        acts: list[Action] = []
-        for m, j in stream[:w]:
-            acts += _forward(s, last, m, j)
-        for k, (m, j) in enumerate(stream):
-            acts += _backward(s, last, m, j)
-            if j == num_microbatches - 1:
-                acts += _update(s, m, False)
-            if k + w < len(stream):
-                acts += _forward(s, last, *stream[k + w])
-        order[rank] = acts
-    return Schedule("2bw", stage_ranks, num_minibatches, num_microbatches, order)
+    for s, ranks in enumerate(stage_ranks):
+        r = len(ranks)
+        for i, rank in enumerate(ranks):
+            stream = [(m, j) for m in range(num_minibatches) for j in range(i, num_microbatches, r)]
+            w = min(warmup_count(replicas, s), len(stream))
+            acts: list[Action] = []
+            for m, j in stream[:w]:
+                acts += _forward(s, last, m, j)
+            for k, (m, j) in enumerate(stream):
+                acts += _backward(s, last, m, j)
+                if j + r >= num_microbatches:  # this replica's last microbatch of minibatch m
+                    acts += _update(s, m, r > 1)
+                if k + w < len(stream):
+                    acts += _forward(s, last, *stream[k + w])
+            order[rank] = acts
+    return Schedule("2bw", stage_ranks, num_minibatches, num_microbatches, order, "microbatch")
 
 
 def forward_only(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule:

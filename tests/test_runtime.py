@@ -92,6 +92,18 @@ def test_vertical_sync_uses_the_carried_version() -> None:
         v.version_for(3, 7)
 
 
+def test_vertical_sync_on_a_replicated_stage_maps_update_counts_to_versions() -> None:
+    """A stage whose steps average 2 minibatches holds updates of minibatches < 2k in version k."""
+    v = WeightVersions(torch.nn.Linear(2, 2), Policy.VERTICAL)
+    v.acquire(v.version_for(0, 0, 2))
+    _step(v, 1.0)
+    _step(v, 1.0)
+    assert [v.version_for(m, c, 2) for m, c in [(1, 1), (2, 2), (3, 3), (4, 4)]] == [0, 1, 1, 2]
+    assert v.version_for(5, 2) == 2  # unreplicated: the carried count is the version
+    with pytest.raises(PipeDreamError, match="not available"):
+        v.version_for(6, 6, 2)
+
+
 def test_2bw_keeps_two_versions_and_uses_the_previous_one() -> None:
     v = WeightVersions(torch.nn.Linear(2, 2), Policy.TWO_BW)
     for t in range(5):

@@ -81,6 +81,25 @@ def test_vertical_sync_every_stage_uses_the_input_stages_version(tmp_path: Path)
         assert {m: v for kind, _, m, _, v in d["trace"] if kind == "B"} == per_stage[0]
 
 
+@pytest.mark.parametrize("replicas", [[2, 1], [1, 2]])
+def test_vertical_sync_on_replicated_stages_carries_update_counts(tmp_path: Path, replicas: list[int]) -> None:
+    """Minibatch m carries c(m) = updates in the input stage's weights at its forward (version x replicas
+    there); every stage runs its forward and backward on its newest version with at most c(m) updates."""
+    plan = straight_plan("t", 8, [4, 4], replicas=replicas)
+    dumps = run(tmp_path, 3, plan=plan, max_minibatches=8, weight_sync="vertical")
+    sched = schedules.build("1f1b", replicas, 8)
+    carried = {m: replicas[0] * steps for r in plan.stages[0].ranks for m, steps in _steps_before(sched.order[r]).items()}
+    assert sorted(carried) == list(range(8)) and max(carried.values()) > 0
+    for d in dumps:
+        r = replicas[d["stage"]]  # updates per version of this stage
+        mine = {m for _, _, m, _, _ in d["trace"]}
+        for kind in ("F", "B"):
+            updates = {m: v * r for k, _, m, _, v in d["trace"] if k == kind}
+            assert updates == {m: carried[m] - carried[m] % r for m in mine}
+            if replicas == [2, 1]:  # every stage's weights hold exactly the carried updates
+                assert updates == {m: carried[m] for m in mine}
+
+
 def _reference(batches, steps: int, optimizer: str, lr: float, momentum: float, wd: float):  # type: ignore[no-untyped-def]
     model = build(tiny_model)
     opt = (torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd) if optimizer == "adam"
@@ -109,6 +128,26 @@ def test_gpipe_equals_synchronous_training(tmp_path: Path, optimizer: str, lr: f
             torch.testing.assert_close(d["first_grads"][n], g, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("replicas,optimizer,lr", [([2, 1], "sgd", 0.1), ([1, 2], "adam", 0.01)])
+def test_gpipe_on_replicated_stages_equals_synchronous_training(tmp_path: Path, replicas: list[int],
+                                                                optimizer: str, lr: float) -> None:
+    """Replicas take a minibatch's microbatches round robin and sum gradients at the flush: still SGD."""
+    plan = straight_plan("t", 8, [4, 4], replicas=replicas)
+    dumps = run(tmp_path, 3, plan=plan, schedule="gpipe",
+                microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4, optimizer=optimizer, lr=lr)
+    model, first = _reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
+    halves = [range(0, 4), range(4, 8)]
+    for rank, d in enumerate(dumps):
+        layers = halves[d["stage"]]
+        replica = plan.stages[d["stage"]].ranks.index(rank)  # runs microbatches replica, replica + r, ...
+        assert sorted({j for k, _, _, j, _ in d["trace"]}) == list(range(replica, 4, replicas[d["stage"]]))
+        for n, p in stage_params(model, layers).items():
+            torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+        ref_first = {f"{i}.{k}": first[f"{i}.{k}"] for i in layers for k in ("weight", "bias") if f"{i}.{k}" in first}
+        for n, g in ref_first.items():
+            torch.testing.assert_close(d["first_grads"][n], g, rtol=1e-5, atol=1e-7)
+
+
 def test_2bw_one_microbatch_in_flight_equals_sgd(tmp_path: Path) -> None:
     """One stage, one microbatch: nothing is in flight, 2BW's delay term vanishes only in its first step."""
     dumps = run(tmp_path, 2, schedule="2bw", microbatches=2, max_minibatches=1, plan=straight_plan("t", 8, [4, 4]))
@@ -118,12 +157,8 @@ def test_2bw_one_microbatch_in_flight_equals_sgd(tmp_path: Path) -> None:
             torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
 
 
-def test_2bw_update_rule_on_a_linear_model(tmp_path: Path) -> None:
-    """W(t+1) = W(t) - lr * grad f_t(W(t-1)) over two epochs of two minibatches of two microbatches."""
-    lr = 0.05
-    dumps = run(tmp_path, 2, factory=linear_model, schedule="2bw", microbatches=2, max_minibatches=2, epochs=2,
-                lr=lr, plan=straight_plan("t", 3, [2, 1]))
-    batches = [b for e in range(2) for b in reference_batches(tmp_path / "data", 8, 0, e)[:2]]
+def _2bw_reference(batches, lr: float) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """Weights of :func:`linear_model` after each 2BW update ``W(t+1) = W(t) - lr * grad f_t(W(t-1))``."""
     ws = [{n: p.detach().clone() for n, p in build(linear_model).named_parameters()}]
     for t, (x, y) in enumerate(batches):
         old = {n: w.clone().requires_grad_() for n, w in ws[max(t - 1, 0)].items()}
@@ -131,12 +166,43 @@ def test_2bw_update_rule_on_a_linear_model(tmp_path: Path) -> None:
         loss = F.cross_entropy(F.linear(h, old["2.weight"], old["2.bias"]), y)
         grads = dict(zip(old, torch.autograd.grad(loss, list(old.values())), strict=True))
         ws.append({n: ws[t][n] - lr * grads[n] for n in ws[t]})
+    return ws
+
+
+def test_2bw_update_rule_on_a_linear_model(tmp_path: Path) -> None:
+    """W(t+1) = W(t) - lr * grad f_t(W(t-1)) over two epochs of two minibatches of two microbatches."""
+    lr = 0.05
+    dumps = run(tmp_path, 2, factory=linear_model, schedule="2bw", microbatches=2, max_minibatches=2, epochs=2,
+                lr=lr, plan=straight_plan("t", 3, [2, 1]))
+    batches = [b for e in range(2) for b in reference_batches(tmp_path / "data", 8, 0, e)[:2]]
+    ws = _2bw_reference(batches, lr)
     final = {**dumps[0]["params"], **dumps[1]["params"]}  # stages keep the model's parameter names
     for n, w in ws[-1].items():
         torch.testing.assert_close(final[n], w, rtol=1e-5, atol=1e-6)
     # minibatch t (numbered per epoch in the trace) runs on version max(t - 1, 0) on both stages
     for d in dumps:
         assert [v for kind, _, _, j, v in d["trace"] if kind == "F" and j == 0] == [0, 0, 1, 2]
+    assert max(d["max_versions"] for d in dumps) == 2
+
+
+def test_2bw_update_rule_on_replicated_stages(tmp_path: Path) -> None:
+    """Plan 2-1: replicas take microbatches round robin, sum the coalesced gradients, and the update is
+    still W(t+1) = W(t) - lr * grad f_t(W(t-1)) over the whole minibatch (two epochs of two minibatches)."""
+    lr = 0.05
+    dumps = run(tmp_path, 3, factory=linear_model, schedule="2bw", microbatches=4, max_minibatches=2, epochs=2,
+                lr=lr, plan=straight_plan("t", 3, [2, 1], replicas=[2, 1]))
+    batches = [b for e in range(2) for b in reference_batches(tmp_path / "data", 8, 0, e)[:2]]
+    ws = _2bw_reference(batches, lr)
+    for rank, d in enumerate(dumps):
+        final = d["params"]  # stages keep the model's parameter names
+        assert final.keys() == {n for n in ws[-1] if n.startswith("1.") == (d["stage"] == 0)}
+        for n, w in final.items():
+            torch.testing.assert_close(w, ws[-1][n], rtol=1e-5, atol=1e-6)
+        # this rank's microbatches of minibatch t (per epoch in the trace) run on version max(t - 1, 0)
+        assert sorted({j for _, _, _, j, _ in d["trace"]}) == ([rank, rank + 2] if d["stage"] == 0 else [0, 1, 2, 3])
+        first_micro = min(j for _, _, _, j, _ in d["trace"])
+        assert [v for k, _, _, j, v in d["trace"] if k == "F" and j == first_micro] == [0, 0, 1, 2]
+        assert sorted(v for k, *_, v in d["trace"] if k == "B") == sorted(v for k, *_, v in d["trace"] if k == "F")
     assert max(d["max_versions"] for d in dumps) == 2
 
 

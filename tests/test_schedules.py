@@ -69,6 +69,61 @@ def test_2bw_coalesces_and_steps_once_per_minibatch() -> None:
         S.build("2bw", [1, 1, 1], 2, 2)
 
 
+def test_gpipe_replicated_stage_takes_microbatches_round_robin() -> None:
+    s = S.build("gpipe", [2, 1], 2, 2)
+    assert texts(s, 0) == ("0F0.0 0SEND_F0.0 0RECV_B0.0 0B0.0 0ALLREDUCE0 0STEP0 "
+                           "0F1.0 0SEND_F1.0 0RECV_B1.0 0B1.0 0ALLREDUCE1 0STEP1")
+    assert texts(s, 1) == ("0F0.1 0SEND_F0.1 0RECV_B0.1 0B0.1 0ALLREDUCE0 0STEP0 "
+                           "0F1.1 0SEND_F1.1 0RECV_B1.1 0B1.1 0ALLREDUCE1 0STEP1")
+    assert texts(s, 2) == ("1RECV_F0.0 1F0.0 1RECV_F0.1 1F0.1 1B0.0 1SEND_B0.0 1B0.1 1SEND_B0.1 1STEP0 "
+                           "1RECV_F1.0 1F1.0 1RECV_F1.1 1F1.1 1B1.0 1SEND_B1.0 1B1.1 1SEND_B1.1 1STEP1")
+    assert [s.rank_of(0, m, j) for m in range(2) for j in range(2)] == [0, 1, 0, 1]
+    assert s.peer(Action(1, Kind.SEND_B, 0, 1)) == 1
+    assert s.peer(Action(0, Kind.SEND_F, 1, 0)) == 2
+    assert s.reduce_divisor(0) == 1  # replicas hold microbatches of one minibatch: their gradients add up
+    assert S.build("1f1b", [2, 1], 2).reduce_divisor(0) == 2  # whole minibatches: averaged
+
+
+def _makespan(s: S.Schedule, backward_cost: int) -> int:
+    times = S.dry_run(s, backward_cost)
+    return max(t + (1 if a.kind == Kind.F else backward_cost if a.kind == Kind.B else 0)
+               for r in s.order for a, t in zip(s.order[r], times[r], strict=True))
+
+
+@pytest.mark.parametrize("p,r,m", [(2, 1, 4), (3, 1, 4), (2, 2, 4), (3, 2, 8), (2, 4, 8), (4, 3, 6)])
+def test_gpipe_bubble_with_every_stage_replicated(p: int, r: int, m: int) -> None:
+    """``r`` replicas of each of ``p`` equal stages: ``(p - 1) / (m / r + p - 1)`` idle (GPipe's at r = 1)."""
+    s = S.build("gpipe", [r] * p, 1, m)
+    span = _makespan(s, 2)
+    busy = m * p * 3  # every microbatch: one forward (1) and one backward (2) on every stage
+    assert 1 - busy / (r * p * span) == pytest.approx((p - 1) / (m / r + p - 1))
+
+
+def test_2bw_replicated_stage_round_robin_and_versions() -> None:
+    s = S.build("2bw", [2, 1], 2, 4)
+    core = (Kind.F, Kind.B, Kind.ALLREDUCE, Kind.STEP)
+    assert texts(s, 0, core) == "0F0.0 0F0.2 0B0.0 0F1.0 0B0.2 0ALLREDUCE0 0STEP0 0F1.2 0B1.0 0B1.2 0ALLREDUCE1 0STEP1"
+    assert texts(s, 1, core) == "0F0.1 0F0.3 0B0.1 0F1.1 0B0.3 0ALLREDUCE0 0STEP0 0F1.3 0B1.1 0B1.3 0ALLREDUCE1 0STEP1"
+    assert texts(s, 2, core) == ("1F0.0 1B0.0 1F0.1 1B0.1 1F0.2 1B0.2 1F0.3 1B0.3 1STEP0 "
+                                 "1F1.0 1B1.0 1F1.1 1B1.1 1F1.2 1B1.2 1F1.3 1B1.3 1STEP1")
+    with pytest.raises(PipeDreamError, match="at least 4 microbatches"):
+        S.build("2bw", [2, 1], 2, 2)
+
+
+@pytest.mark.parametrize("replicas,m", [([1, 1, 1, 1], 4), ([2, 1], 4), ([1, 2], 4), ([2, 2], 4), ([1, 2, 1], 4),
+                                        ([3, 1], 6), ([2, 2, 2], 6), ([2, 3], 6)])
+def test_2bw_forwards_find_version_t_minus_1(replicas: list[int], m: int) -> None:
+    """2BW's forward of minibatch ``t`` uses version ``max(t - 1, 0)``; the runtime keeps the newest two."""
+    s = S.build("2bw", replicas, 5, m)
+    S.dry_run(s, backward_cost=2)
+    for acts in s.order.values():
+        steps = 0
+        for a in acts:
+            steps += a.kind == Kind.STEP
+            if a.kind == Kind.F:
+                assert max(a.minibatch - 1, 0) in (steps - 1, steps), (a, steps)
+
+
 def test_data_parallel_is_one_replicated_stage() -> None:
     s = S.build("dp", [3], 6)
     assert texts(s, 1) == "0F1 0B1 0ALLREDUCE1 0STEP1 0F4 0B4 0ALLREDUCE4 0STEP4"
@@ -77,6 +132,7 @@ def test_data_parallel_is_one_replicated_stage() -> None:
 @pytest.mark.parametrize("name,replicas,n,m", [
     ("1f1b", [1, 1, 1, 1], 8, 1), ("1f1b", [2, 1], 6, 1), ("1f1b", [3, 1], 6, 1), ("1f1b", [1, 2, 1], 8, 1),
     ("1f1b", [2, 2], 4, 1), ("1f1b", [1, 3], 9, 1), ("gpipe", [1, 1, 1], 3, 4), ("2bw", [1, 1, 1, 1], 3, 4),
+    ("gpipe", [2, 1], 3, 4), ("gpipe", [1, 3, 2], 2, 6), ("2bw", [2, 1], 3, 4), ("2bw", [1, 3], 3, 6),
     ("dp", [4], 8, 1),
 ])
 def test_every_schedule_runs_without_deadlock_and_balances(name: str, replicas: list[int], n: int, m: int) -> None:
@@ -88,7 +144,7 @@ def test_every_schedule_runs_without_deadlock_and_balances(name: str, replicas: 
         assert sorted(fs) == sorted(bs)  # every forward has its backward on the same rank
         for k in fs:
             stage = next(a.stage for a in acts if a.kind == Kind.F)
-            assert s.rank_of(stage, k[0]) == rank
+            assert s.rank_of(stage, *k) == rank
     units = n * m
     assert sum(a.kind == Kind.F for acts in s.order.values() for a in acts) == units * len(replicas)
 
@@ -103,8 +159,10 @@ def test_dry_run_reports_deadlock() -> None:
 def test_bad_counts_are_explained() -> None:
     with pytest.raises(PipeDreamError, match="replicas"):
         S.build("1f1b", [2, 1], 3)
-    with pytest.raises(PipeDreamError, match="unreplicated"):
-        S.build("gpipe", [2, 1], 2, 2)
+    with pytest.raises(PipeDreamError, match="multiple of 2"):
+        S.build("gpipe", [2, 1], 2, 3)  # replicas take turns over the microbatches
+    with pytest.raises(PipeDreamError, match="multiple of 3"):
+        S.build("2bw", [1, 3], 2, 8)
     with pytest.raises(PipeDreamError, match="unknown schedule"):
         S.build("zero-bubble", [1], 1)
 

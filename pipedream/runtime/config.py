@@ -28,8 +28,10 @@ class TrainConfig:
         model, preset: registry model and preset (:func:`pipedream.models.build_model`).
         plan: plan JSON path (PipeDream mode); None splits the layers evenly into a straight pipeline.
         schedule: ``1f1b`` (PipeDream 1F1B-RR), ``gpipe`` or ``2bw``.
-        microbatches: microbatches per minibatch (GPipe, 2BW); the batch size must be a multiple.
-        weight_sync: ``stash`` (weight stashing) or ``vertical`` (vertical sync) for 1F1B (§3.3).
+        microbatches: microbatches per minibatch (GPipe, 2BW); the batch size must be a multiple, and so
+            must this of every stage's replicas (replicas take turns over a minibatch's microbatches).
+        weight_sync: ``stash`` (weight stashing) or ``vertical`` (vertical sync) for 1F1B (§3.3), on
+            unreplicated and replicated stages alike.
         epochs, batch_size, lr, momentum, weight_decay, optimizer, seed: training hyper-parameters;
             ``batch_size`` is the minibatch of one pipeline (PipeDream) or of one worker (DP).
         train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).

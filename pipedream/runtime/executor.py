@@ -5,11 +5,15 @@ Per action kind (§3.2, §3.3):
 * ``RECV_F``/``RECV_B``: wait for the activation/gradient posted ahead of need (``irecv``).
 * ``F``: run the stage on the weight version chosen by the :class:`~pipedream.runtime.versions.Policy`
   (``torch.func.functional_call`` on that version's tensors); the last stage adds the cross-entropy
-  loss, divided by the microbatches per minibatch so coalesced gradients are minibatch means.
+  loss, divided by the microbatches per minibatch so coalesced gradients are minibatch means. The
+  activation sent on carries the update count of vertical sync (§3.3): the input stage sends how many
+  minibatches' updates its weights contain (version x minibatches per step), later stages pass it on.
 * ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added
   to the master weights' ``.grad``; the input gradient is kept for ``SEND_B``.
 * ``SEND_F``/``SEND_B``: asynchronous send to the rank that runs the minibatch on the next/previous stage.
-* ``ALLREDUCE``: average ``.grad`` over the stage's replicas (one flat buffer, per-stage process group).
+* ``ALLREDUCE``: sum ``.grad`` over the stage's replicas (one flat buffer, per-stage process group) and
+  divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`: an average over replicas that hold
+  whole minibatches (1F1B-RR), a plain sum over replicas that hold microbatches (GPipe, 2BW).
 * ``STEP``: optimizer step on the master weights, zero the gradients, commit a new weight version.
 """
 
@@ -119,6 +123,7 @@ class StageExecutor:
         self.units: dict[tuple[int, int], dict[str, Any]] = {}
         self.pending: dict[Action, PendingRecv] = {}
         self.scale = 1.0 / schedule.num_microbatches
+        self.updates_per_version = schedule.reduce_divisor(self.stage)  # minibatches one STEP applies
         recvs = [i for i, a in enumerate(actions) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
         next_recv = 0
         for i, a in enumerate(actions):
@@ -152,7 +157,7 @@ class StageExecutor:
             t.requires_grad_(self.phase == 0 and t.is_floating_point())
         unit["inputs"] = msg.tensors
         unit["input"] = tuple(msg.tensors)
-        unit["carried"] = msg.version
+        unit["carried"] = msg.version  # update count of the input stage's weights (vertical sync)
 
     def _do_recv_b(self, a: Action) -> None:
         self.units[a.key]["grad_out"] = self._wait(a).tensors
@@ -176,7 +181,7 @@ class StageExecutor:
         if self.phase == 1:
             self._forward_eval(a, unit)
         else:
-            v = self.versions.version_for(self.minibatch_offset + m, unit.get("carried"))
+            v = self.versions.version_for(self.minibatch_offset + m, unit.get("carried"), self.updates_per_version)
             params = self.versions.acquire(v)
             unit["version"], unit["params"] = v, params
             out = functional_call(self.module, params, unit["input"])
@@ -213,7 +218,7 @@ class StageExecutor:
 
     def _do_send_f(self, a: Action) -> None:
         unit = self.units[a.key]
-        version = unit.get("carried", unit.get("version", self.versions.latest))
+        version = unit.get("carried", unit.get("version", self.versions.latest) * self.updates_per_version)
         self.p2p.isend(Boundary.unpack(unit["output"]), self.schedule.peer(a), self._tag(a, False),  # type: ignore[arg-type]
                        *a.key, version=version)
         if self.phase == 1:
@@ -270,7 +275,7 @@ class StageExecutor:
             if delay > time.perf_counter():
                 time.sleep(delay - time.perf_counter())
         self.stats.wait_s += time.perf_counter() - t0
-        flat /= replicas
+        flat /= self.schedule.reduce_divisor(self.stage)
         offset = 0
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))

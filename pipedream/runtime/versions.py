@@ -10,8 +10,14 @@ newest weights: ``W(latest + 1) = W(latest) - lr * grad(W(v))``.
 Which version a forward uses is a :class:`Policy`:
 
 * ``stash`` (PipeDream weight stashing, §3.3): the newest version at the time of the forward.
-* ``vertical`` (vertical sync, §3.3): the input stage uses its newest version; the version number
-  travels with the minibatch and every later stage uses its own weights of that same version.
+* ``vertical`` (vertical sync, §3.3): the input stage uses its newest version, and the minibatch
+  carries the *update count* of those weights: how many minibatches' updates they contain. A stage
+  whose replicas average ``r`` minibatches per step (1F1B-RR) holds updates of minibatches
+  ``< k * r`` in its version ``k``, so its count is ``k * r``. Every stage uses its newest version whose
+  count is at most the carried one, ``carried // r``; in an unreplicated pipeline that is the carried
+  version number itself, and with a 2-1 plan every stage uses weights of exactly the carried count.
+  That version exists when the minibatch arrives: the input stage applied those updates only after
+  every stage's backward of those minibatches, and each replica steps right after its backward.
 * ``2bw`` (PipeDream-2BW): minibatch ``t`` uses version ``max(t - 1, 0)`` on every stage, so at most
   two versions are alive and ``W(t + 1) = W(t) - lr * grad(W(t - 1))``.
 * ``flush`` (GPipe): the newest version; the pipeline is flushed before every step, so all
@@ -59,14 +65,19 @@ class WeightVersions:
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in zip(self.names, self.master, strict=True)}
 
-    def version_for(self, minibatch: int, carried: int | None) -> int:
-        """The version a forward of ``minibatch`` uses; ``carried`` is the version from upstream (or None).
+    def version_for(self, minibatch: int, carried: int | None, updates_per_version: int = 1) -> int:
+        """The version a forward of ``minibatch`` uses.
 
+        Args:
+            minibatch: global minibatch number (2BW).
+            carried: update count that came with the minibatch from the input stage (None there).
+            updates_per_version: minibatches whose updates one step of this stage applies (its replicas
+                in 1F1B-RR, else 1); vertical sync uses version ``carried // updates_per_version``.
         Raises:
             PipeDreamError: the policy needs a version this stage no longer (or not yet) has.
         """
         if self.policy == Policy.VERTICAL and carried is not None:
-            v = carried
+            v = carried // updates_per_version
         elif self.policy == Policy.TWO_BW:
             v = max(minibatch - 1, 0)
         else:

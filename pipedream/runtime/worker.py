@@ -79,25 +79,26 @@ def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int) -> Plan:
 
 
 def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
-    """Weight-version policy for the schedule (§3.3; 2BW; GPipe's flush)."""
+    """Weight-version policy for the schedule (§3.3; 2BW; GPipe's flush).
+
+    Every policy runs on replicated stages (``replicas``, one count per stage, no longer restricts it):
+    vertical sync carries update counts rather than version numbers (:mod:`pipedream.runtime.versions`),
+    and the replicas of a GPipe or 2BW stage share each minibatch's microbatches.
+    """
     if cfg.schedule == "gpipe":
         return Policy.FLUSH
     if cfg.schedule == "2bw":
         return Policy.TWO_BW
-    if cfg.weight_sync == "vertical":
-        if any(r > 1 for r in replicas):
-            raise PipeDreamError("--weight-sync vertical needs an unreplicated pipeline (version numbers of "
-                                 "replicated stages advance at different rates); use stash")
-        return Policy.VERTICAL
-    return Policy.STASH
+    return Policy.VERTICAL if cfg.weight_sync == "vertical" else Policy.STASH
 
 
 def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int]) -> int:
-    """Full minibatches of one epoch, a multiple of every stage's replica count (round robin, §3.2)."""
+    """Full minibatches of one epoch: with 1F1B-RR a multiple of every stage's replica count (round robin
+    over minibatches, §3.2); GPipe and 2BW share each minibatch's microbatches among replicas instead."""
     n = num_samples // cfg.batch_size
     if cfg.max_minibatches is not None:
         n = min(n, cfg.max_minibatches)
-    step = math.lcm(*replicas)
+    step = math.lcm(*replicas) if cfg.schedule == "1f1b" else 1
     n -= n % step
     if n < 1:
         raise PipeDreamError(f"{num_samples} training samples give no full round of {step} minibatches of "
