@@ -76,9 +76,6 @@ def run(args: argparse.Namespace) -> int:
         source = "planner"
     opts = {"dataset_size": args.dataset_size, "overlap": not args.no_overlap, "allreduce": args.allreduce,
             "microbatches": args.microbatches}
-    if args.schedule in ("gpipe", "2bw") and any(s.replicas > 1 for s in plan.stages):
-        raise PipeDreamError(f"{args.schedule} needs a straight plan (one worker per stage); plan {plan.config!r} "
-                             "has replicated stages: use --schedule pipedream, or a straight plan")
     res = simulate_plan(graph, plan, cluster, schedule=args.schedule, **opts)
     dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **opts)
     out = {"profile": str(path), "plan": source, "plan_config": plan.config, "cluster": cluster.describe(),
