@@ -89,3 +89,31 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
     straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in straight]
+
+
+def test_killed_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Checkpoints every 3 minibatches; rank 1 dies in minibatch 7 of epoch 1; the resumed run ends bitwise equal."""
+    data = write_data(tmp_path / "data")
+
+    def cfg(out: str, resume: bool = False) -> TrainConfig:
+        return TrainConfig(model="tiny", model_factory=tiny_dropout_model, data_dir=str(data), epochs=2,
+                           out_dir=str(tmp_path / out), batch_size=8, lr=0.05, momentum=0.9, max_minibatches=8,
+                           checkpoint=True, checkpoint_every=3, resume=resume, progress=False, debug_dump=True,
+                           timeout_s=30)
+
+    spawn_local(cfg("straight"), 2)
+    t0 = time.monotonic()
+    with pytest.raises(PipeDreamError, match="rank 1"):
+        spawn_local(cfg("resumed"), 2, env={FAULT_ENV: "1:7"})
+    assert time.monotonic() - t0 < 60
+    assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == ["e0-m3", "e0-m6"]
+    spawn_local(cfg("resumed", resume=True), 2)
+    for rank in range(2):
+        a = torch.load(tmp_path / "straight" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
+        b = torch.load(tmp_path / "resumed" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
+        for n in a:
+            assert torch.equal(a[n], b[n]), n
+    rows = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in straight]
+    assert [r["train_samples"] for r in rows] == [64, 64]

@@ -61,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--emulate-bandwidth", type=float, metavar="BYTES_PER_S",
                         help="throttle every link to this bandwidth (bytes/s); logged as a parameter")
     parser.add_argument("--checkpoint", action="store_true", help="save per-stage checkpoints every epoch")
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                        help="pipedream mode: also checkpoint every N minibatches inside an epoch (the pipeline "
+                             "is flushed there, so 1F1B pays a drain every N minibatches); implies --checkpoint")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out-dir")
     parser.add_argument("--no-progress", action="store_true", help="no per-minibatch progress bar")
     parser.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
@@ -86,7 +89,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         val_subset=args.val_subset or None, max_minibatches=args.max_minibatches,
         data_dir=str(args.data_dir) if args.data_dir else None, out_dir=str(args.out_dir),
         timeout_s=args.comm_timeout_s, emulate_bandwidth_Bps=args.emulate_bandwidth,
-        checkpoint=args.checkpoint, resume=args.resume, progress=not args.no_progress)
+        checkpoint=args.checkpoint or args.checkpoint_every is not None, checkpoint_every=args.checkpoint_every,
+        resume=args.resume, progress=not args.no_progress)
     cfg.validate()
     return cfg
 

@@ -1,14 +1,19 @@
-"""Per-stage checkpoints at epoch boundaries, and resume.
+"""Per-stage checkpoints at epoch and N-minibatch boundaries, and resume.
 
-Every rank writes ``<out_dir>/checkpoints/epoch<e>/rank<r>.pt`` with its stage's weights, optimizer
-state, stored weight versions, RNG state and the metrics rows so far; after a barrier rank 0 writes
-``COMPLETE`` in that folder. The data-loader position is the epoch number (each epoch's sample order is
-fixed by the seed and the epoch), so resuming at an epoch boundary continues exactly where the
-interrupted run would have. Files are read with ``torch.load(weights_only=True)``.
+A checkpoint is taken at a *position* ``(epochs done, minibatches done in the next epoch)``: at the
+end of every epoch ``(e, 0)`` and, with ``--checkpoint-every N``, after every N minibatches inside
+an epoch, where the pipeline is flushed (the epoch's schedule runs as segments of N minibatches).
+Every rank writes ``<out_dir>/checkpoints/e<epochs>-m<minibatches>/rank<r>.pt`` with its stage's
+weights, optimizer state, stored weight versions, RNG state, the metrics rows so far and its partial
+sums of the epoch in progress; after a barrier rank 0 writes ``COMPLETE`` in that folder. The
+data-loader position is the position itself (each epoch's sample order is fixed by the seed and the
+epoch), so a resumed run continues exactly where the interrupted run would have. Files are read with
+``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -19,48 +24,55 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.versions import WeightVersions
 
 MARKER = "COMPLETE"
+_NAME = re.compile(r"^e(\d+)-m(\d+)$")
 
 
-def _dir(out_dir: Path, epoch: int) -> Path:
-    return out_dir / "checkpoints" / f"epoch{epoch}"
+def _dir(out_dir: Path, position: tuple[int, int]) -> Path:
+    return out_dir / "checkpoints" / f"e{position[0]}-m{position[1]}"
 
 
-def latest_complete(out_dir: Path) -> int:
-    """The newest epoch with a complete checkpoint, 0 if none."""
+def latest_complete(out_dir: Path) -> tuple[int, int]:
+    """The newest position ``(epochs, minibatches)`` with a complete checkpoint, ``(0, 0)`` if none."""
     root = out_dir / "checkpoints"
-    done = [int(p.name[5:]) for p in root.glob("epoch*") if (p / MARKER).is_file() and p.name[5:].isdigit()]
-    return max(done, default=0)
+    done = [(int(m[1]), int(m[2])) for p in root.glob("e*-m*") if (m := _NAME.match(p.name)) and (p / MARKER).is_file()]
+    return max(done, default=(0, 0))
 
 
-def save_stage(out_dir: Path, epoch: int, stage: int, rank: int, stage_ranks: list[list[int]], module: nn.Module,
-               optimizer: torch.optim.Optimizer, versions: WeightVersions, rows: list[dict[str, float]]) -> None:
-    """Write this rank's checkpoint after ``epoch`` (1-based) epochs; rank 0 marks it complete after all wrote."""
-    d = _dir(out_dir, epoch)
+def save_stage(out_dir: Path, position: tuple[int, int], stage: int, rank: int, stage_ranks: list[list[int]],
+               module: nn.Module, optimizer: torch.optim.Optimizer, versions: WeightVersions,
+               rows: list[dict[str, float]], partial: list[float] | None = None) -> None:
+    """Write this rank's checkpoint at ``position``; rank 0 marks it complete after all ranks wrote.
+
+    ``partial``: this rank's running sums of the epoch in progress (mid-epoch checkpoints).
+    """
+    d = _dir(out_dir, position)
     d.mkdir(parents=True, exist_ok=True)
-    state = {"epoch": epoch, "stage": stage, "stage_ranks": stage_ranks, "module": module.state_dict(),
+    state = {"position": list(position), "stage": stage, "stage_ranks": stage_ranks, "module": module.state_dict(),
              "optimizer": optimizer.state_dict(), "versions": versions.state(), "rng": torch.get_rng_state(),
-             "rows": rows}
+             "rows": rows, "partial": partial or []}
     tmp = d / f".rank{rank}.pt.tmp"
     torch.save(state, tmp)
     tmp.replace(d / f"rank{rank}.pt")
-    D.barrier(600.0, f"checkpoint of epoch {epoch}")
+    D.barrier(600.0, f"checkpoint at epoch {position[0]} + {position[1]} minibatches")
     if rank == 0:
-        (d / MARKER).write_text(f"{epoch}\n")
+        (d / MARKER).write_text(f"{position[0]} {position[1]}\n")
 
 
 def load_stage(out_dir: Path, stage: int, rank: int, stage_ranks: list[list[int]], module: nn.Module,
-               optimizer: torch.optim.Optimizer, versions: WeightVersions) -> tuple[int, list[dict[str, float]]]:
-    """Restore this rank from the newest complete checkpoint; returns (epochs done, metrics rows).
+               optimizer: torch.optim.Optimizer, versions: WeightVersions
+               ) -> tuple[tuple[int, int], list[dict[str, float]], list[float]]:
+    """Restore this rank from the newest complete checkpoint.
 
-    Starts from scratch (0, []) when there is none.
-
+    Returns:
+        (position, metrics rows, partial sums of the epoch in progress); ``((0, 0), [], [])`` when
+        there is no checkpoint.
     Raises:
         PipeDreamError: the checkpoint was written for another plan.
     """
-    epoch = latest_complete(out_dir)
-    if epoch == 0:
-        return 0, []
-    path = _dir(out_dir, epoch) / f"rank{rank}.pt"
+    position = latest_complete(out_dir)
+    if position == (0, 0):
+        return position, [], []
+    path = _dir(out_dir, position) / f"rank{rank}.pt"
     state = torch.load(path, weights_only=True)
     if state["stage"] != stage or state["stage_ranks"] != stage_ranks:
         raise PipeDreamError(f"checkpoint {path} is for stage {state['stage']} of {state['stage_ranks']}, not stage "
@@ -69,4 +81,4 @@ def load_stage(out_dir: Path, stage: int, rank: int, stage_ranks: list[list[int]
     optimizer.load_state_dict(state["optimizer"])
     versions.load_state(state["versions"])
     torch.set_rng_state(state["rng"])
-    return int(state["epoch"]), list(state["rows"])
+    return position, list(state["rows"]), [float(x) for x in state["partial"]]

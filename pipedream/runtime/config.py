@@ -41,6 +41,8 @@ class TrainConfig:
         timeout_s: longest wait for any message or collective, s.
         emulate_bandwidth_Bps: throttle every link to this many bytes/s (None = raw link).
         checkpoint: save each stage's state at every epoch boundary under ``out_dir/checkpoints``.
+        checkpoint_every: also checkpoint after every this many minibatches inside an epoch (the
+            pipeline is flushed there; implies ``checkpoint``); None = epoch boundaries only.
         resume: continue from the newest complete checkpoint in ``out_dir/checkpoints``.
         progress: show a tqdm bar on one rank.
         debug_dump: write per-rank traces, first gradients and final weights (tests).
@@ -68,6 +70,7 @@ class TrainConfig:
     timeout_s: float = 60.0
     emulate_bandwidth_Bps: float | None = None
     checkpoint: bool = False
+    checkpoint_every: int | None = None
     resume: bool = False
     progress: bool = True
     debug_dump: bool = False
@@ -88,6 +91,8 @@ class TrainConfig:
                                  f"{self.microbatches}")
         if self.schedule == "1f1b" and self.microbatches != 1:
             raise PipeDreamError("--microbatches applies to --schedule gpipe or 2bw; 1F1B uses whole minibatches")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise PipeDreamError("--checkpoint-every must be a positive number of minibatches")
         if self.timeout_s <= 0:
             raise PipeDreamError("--timeout-s must be positive")
         if self.emulate_bandwidth_Bps is not None and self.emulate_bandwidth_Bps <= 0:

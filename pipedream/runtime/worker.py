@@ -98,12 +98,29 @@ def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int
     n = num_samples // cfg.batch_size
     if cfg.max_minibatches is not None:
         n = min(n, cfg.max_minibatches)
-    step = math.lcm(*replicas) if cfg.schedule == "1f1b" else 1
+    step = minibatch_step(cfg, replicas)
     n -= n % step
     if n < 1:
         raise PipeDreamError(f"{num_samples} training samples give no full round of {step} minibatches of "
                              f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
     return n
+
+
+def minibatch_step(cfg: TrainConfig, replicas: list[int]) -> int:
+    """Minibatches of one round: 1F1B-RR hands whole minibatches to replicas in turn (§3.2), GPipe/2BW microbatches."""
+    return math.lcm(*replicas) if cfg.schedule == "1f1b" else 1
+
+
+def segment_bounds(num_minibatches: int, every: int | None, step: int) -> list[tuple[int, int]]:
+    """``(first minibatch, count)`` of the schedule segments of one epoch, split for mid-epoch checkpoints.
+
+    Without ``every`` the epoch is one segment. Otherwise segments have ``every`` minibatches rounded
+    up to a multiple of ``step`` (the last one what is left); the pipeline drains at each boundary.
+    """
+    if not every:
+        return [(0, num_minibatches)]
+    every = math.ceil(every / step) * step
+    return [(m0, min(every, num_minibatches - m0)) for m0 in range(0, num_minibatches, every)]
 
 
 def train(cfg: TrainConfig) -> None:
@@ -128,17 +145,20 @@ def train(cfg: TrainConfig) -> None:
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
     micro = cfg.batch_size // cfg.microbatches
-    sched = schedules.build(cfg.schedule, replicas, nb, cfg.microbatches)
+    segments = [(m0, schedules.build(cfg.schedule, replicas, count, cfg.microbatches))
+                for m0, count in segment_bounds(nb, cfg.checkpoint_every, minibatch_step(cfg, replicas))]
     n_val = len(val_split) // micro
     eval_sched = schedules.forward_only(stage_ranks, n_val)
     is_reporter = rank == stage_ranks[-1][0]
-    bar = _progress(cfg, is_reporter, len(sched.order[rank]))
+    backwards = sum(1 for _, sched in segments for a in sched.order[rank] if a.kind == schedules.Kind.B)
+    bar = _progress(cfg, is_reporter, backwards)
     fault = _fault(rank)
+    offset = 0  # first minibatch of the segment being run, within its epoch
 
     def on_backward(m: int, j: int) -> None:
         if bar is not None:
             bar.update(1)
-        if fault is not None and m >= fault:
+        if fault is not None and offset + m >= fault:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection for tests: die without a word
 
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
@@ -147,24 +167,38 @@ def train(cfg: TrainConfig) -> None:
                              criterion=task.criterion,
                              on_backward=on_backward)
 
-    start_epoch, rows = 0, []
+    (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume:
-        start_epoch, rows = ckpt.load_stage(out_dir, s, rank, stage_ranks, module, optimizer, versions)
+        (start_epoch, start_mb), rows, partial = ckpt.load_stage(out_dir, s, rank, stage_ranks, module, optimizer,
+                                                                 versions)
     log = D.MetricsLog(out_dir, rows)
     wall0 = time.time() - (rows[-1]["wall_time_s"] if rows else 0.0)
     for epoch in range(start_epoch, cfg.epochs):
-        batches = Batches(train_split, fm.minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch), micro)
+        order = fm.minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)
+        resumed = epoch == start_epoch and start_mb > 0
+        # this rank's running sums of the epoch: loss, loss count, samples, training seconds
+        sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
         D.barrier(cfg.timeout_s, f"start of epoch {epoch + 1}")
-        t0 = time.time()
         if bar is not None:
-            bar.reset(total=sum(1 for a in sched.order[rank] if a.kind == schedules.Kind.B))
+            bar.reset(total=backwards)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
         module.train()
-        stats = executor.run(sched.order[rank], sched, StageData(batches.inputs, batches.labels), micro,
-                             minibatch_offset=epoch * nb)
-        loss_sum, loss_n, samples = D.allreduce_sum([stats.loss_sum, stats.loss_count, stats.samples],
-                                                    cfg.timeout_s, "end-of-epoch loss reduction")
-        epoch_time = time.time() - t0
+        for k, (m0, sched) in enumerate(segments):
+            if resumed and m0 < start_mb:
+                if bar is not None:
+                    bar.update(sum(1 for a in sched.order[rank] if a.kind == schedules.Kind.B))
+                continue
+            offset, t0 = m0, time.time()
+            batches = Batches(train_split, order[m0:], micro)  # the segment's minibatches, numbered from 0
+            stats = executor.run(sched.order[rank], sched, StageData(batches.inputs, batches.labels), micro,
+                                 minibatch_offset=epoch * nb + m0)
+            sums = [a + b for a, b in zip(sums, [stats.loss_sum, stats.loss_count, stats.samples, 0.0], strict=True)]
+            sums[3] += time.time() - t0
+            if cfg.checkpoint_every and k + 1 < len(segments):
+                ckpt.save_stage(out_dir, (epoch, segments[k + 1][0]), s, rank, stage_ranks, module, optimizer,
+                                versions, log.rows, sums)
+        loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.timeout_s, "end-of-epoch loss reduction")
+        epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint writes excluded
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
         ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
@@ -181,7 +215,7 @@ def train(cfg: TrainConfig) -> None:
         if rank == 0:
             log.add(row)
         if cfg.checkpoint:
-            ckpt.save_stage(out_dir, epoch + 1, s, rank, stage_ranks, module, optimizer, versions, log.rows)
+            ckpt.save_stage(out_dir, (epoch + 1, 0), s, rank, stage_ranks, module, optimizer, versions, log.rows)
     if bar is not None:
         bar.close()
     if rank == stage_ranks[s][0]:
