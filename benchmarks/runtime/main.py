@@ -226,10 +226,10 @@ def _turns(fn):  # type: ignore[no-untyped-def]
     """Run ``fn()`` on one rank at a time (barriers between), so each rank is timed alone; its result."""
     out = None
     for r in range(dist.get_world_size()):
-        D.barrier(600.0)
+        D.barrier(120.0)
         if r == dist.get_rank():
             out = fn()
-    D.barrier(600.0)
+    D.barrier(120.0)
     return out
 
 
@@ -284,7 +284,7 @@ def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
     if args.time_together:  # all stages at once: their times include sharing cores and memory
         D.barrier(120.0)
         mine = _stage_times(args, plan, x, y)
-        D.barrier(600.0)
+        D.barrier(120.0)
     else:
         mine = _turns(lambda: _stage_times(args, plan, x, y))
     stages: list[dict[str, float]] = [{} for _ in range(args.workers)]
@@ -368,8 +368,8 @@ def main() -> None:
     parser.add_argument("--link-mb", type=float, default=4.0, help="MB per ping-pong when measuring the link")
     parser.add_argument("--out", type=Path, help="also write the numbers as JSON here")
     args = parser.parse_args()
-    if args.threads < 1 or args.time_reps < 1 or args.steps < 1 or args.microbatches < 1:
-        parser.error("--threads, --time-reps, --steps and --microbatches must be at least 1")
+    if args.threads < 1 or args.time_reps < 1 or args.steps < 1 or args.microbatches < 1 or args.workers < 2:
+        parser.error("--threads, --time-reps, --steps and --microbatches must be at least 1, --workers at least 2")
     torch.set_num_threads(1)  # the parent times layers for the balance on one thread: forking after a
     # multi-threaded OpenMP region can hang the children
     model = build(args.model, args.seed)
