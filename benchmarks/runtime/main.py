@@ -115,7 +115,10 @@ def _schedule(kind: str, stages: int, units: int, microbatches: int) -> schedule
     return schedules.build("gpipe", [1] * stages, units // microbatches, microbatches)
 
 
-def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, y: torch.Tensor) -> float:
+def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, y: torch.Tensor,
+          busy: dict[str, float]) -> float:
+    """Samples/s of our executor; fills ``busy`` with this rank's ``compute_s`` and ``wait_s`` (receive
+    waits) per unit of the timed run, seconds."""
     rank = dist.get_rank()
     model = build(args.model, args.seed)
     s = plan.stage_of_rank(rank)
@@ -132,7 +135,8 @@ def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, 
 
     def run(n: int) -> None:
         sched = _schedule(schedule, len(plan.stages), n, m)
-        ex.run(sched.order[rank], sched, data, args.batch_size)
+        stats = ex.run(sched.order[rank], sched, data, args.batch_size)
+        busy.update(compute_s=stats.compute_s / n, wait_s=stats.wait_s / n)
 
     run(m)  # warm-up
     return units * args.batch_size / _timed(lambda: run(units))
@@ -290,19 +294,22 @@ def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
     stages: list[dict[str, float]] = [{} for _ in range(args.workers)]
     dist.all_gather_object(stages, mine)
     stages.sort(key=lambda st: st["stage"])
+    busy: dict[str, dict[str, float]] = {"ours-1F1B": {}, "ours-GPipe": {}}
     results = {
-        "ours-1F1B": _ours(args, plan, "1f1b", x, y),
-        "ours-GPipe": _ours(args, plan, "gpipe", x, y),
+        "ours-1F1B": _ours(args, plan, "1f1b", x, y, busy["ours-1F1B"]),
+        "ours-GPipe": _ours(args, plan, "gpipe", x, y, busy["ours-GPipe"]),
         "torch-1F1B": _torch(args, plan, "1f1b", x, y),
         "torch-GPipe": _torch(args, plan, "gpipe", x, y),
     }
+    in_run: list[dict[str, dict[str, float]]] = [{} for _ in range(args.workers)]
+    dist.all_gather_object(in_run, busy)  # ranks in stage order (straight plans)
     if index == 0:
-        _report(args, plan, results, stages, link_Bps)
+        _report(args, plan, results, stages, link_Bps, in_run)
     dist.destroy_process_group()
 
 
 def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], stages: list[dict[str, float]],
-            link_Bps: float) -> None:
+            link_Bps: float, in_run: list[dict[str, dict[str, float]]]) -> None:
     ranges = [list(r) for r in stage_layer_ranges(plan, sum(len(s.nodes) for s in plan.stages))]
     cores = len(os.sched_getaffinity(0))
     print(f"model {args.model}, {args.workers} stages (layers {[f'{r[0]}-{r[-1]}' for r in ranges]}), "
@@ -328,6 +335,12 @@ def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], sta
     for k, row in prediction.items():
         print(f"  {k:<12} predicted {row['predicted_samples_per_s']:8.1f}  measured "
               f"{row['measured_samples_per_s']:8.1f}  measured/predicted {row['measured_over_predicted']:5.2f}")
+    print("  in the timed runs, per unit and stage: executor compute ms (forward + backward) / receive wait ms")
+    for k in prediction:
+        cells = [f"{r[k]['compute_s'] * 1e3:6.1f} /{r[k]['wait_s'] * 1e3:6.1f}" for r in in_run]
+        print(f"  {k:<12} {'  '.join(cells)}")
+        prediction[k]["in_run_compute_s"] = [r[k]["compute_s"] for r in in_run]
+        prediction[k]["in_run_wait_s"] = [r[k]["wait_s"] for r in in_run]
     oversubscribed = args.workers * args.threads > cores
     # all work of one unit spread over the cores (no pipeline bubble, no communication): samples/s
     work_s = sum(st["fwd_s"] + st["bwd_s"] for st in stages)
