@@ -310,6 +310,7 @@ def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
 
 def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], stages: list[dict[str, float]],
             link_Bps: float, in_run: list[dict[str, dict[str, float]]]) -> None:
+    """Print (rank 0) samples/s and ratios, the stage times, predicted vs measured samples/s; write ``--out``."""
     ranges = [list(r) for r in stage_layer_ranges(plan, sum(len(s.nodes) for s in plan.stages))]
     cores = len(os.sched_getaffinity(0))
     print(f"model {args.model}, {args.workers} stages (layers {[f'{r[0]}-{r[-1]}' for r in ranges]}), "
