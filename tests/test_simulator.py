@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.schedules import Action, Kind, Schedule
-from pipedream.sim.costs import stage_costs, uniform_costs
+from pipedream.sim.costs import measured_costs, stage_costs, uniform_costs
 from pipedream.sim.engine import run
 from pipedream.sim.network import Network
 from pipedream.simulator import extrapolate, run_minibatches, simulate_dp, simulate_stages
@@ -187,3 +188,19 @@ def test_closed_form_waits_for_the_end_of_a_long_transient() -> None:
     full = run_minibatches("pipedream", ranks, stage_costs(g, nodes, 64), cluster, 600)
     assert res.steady_state_converged
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
+
+
+def test_measured_costs_two_stage_1f1b_by_hand() -> None:
+    """f = 1 s, b = 2 s per stage; 1F1B on 2 stages: stage 0 warms up with 2 forwards, then its
+    backward k ends at 3 + 3 (k + 1) s (one f + b per minibatch, no bubble), so N minibatches take
+    3 N + 3 s. One minibatch with a 0.5 s transfer each way: f + c + f + b + c + b = 7 s."""
+    costs = measured_costs([1.0, 1.0], [2.0, 2.0], [1e6])
+    assert [(c.send_fwd_bytes, c.send_bwd_bytes) for c in costs] == [(1e6, 0.0), (0.0, 1e6)]
+    free = Cluster(name="fast", levels=[(2, 1e30)])
+    for n in (1, 2, 4, 9):
+        tr = run(schedules.build("1f1b", [1, 1], n), costs, Network(free))
+        assert tr.makespan_s == pytest.approx(3 * n + 3, rel=1e-12)
+    slow = Cluster(name="slow", levels=[(2, 2e6)])  # 1e6 bytes take 0.5 s
+    assert run(schedules.build("1f1b", [1, 1], 1), costs, Network(slow)).makespan_s == pytest.approx(7.0)
+    with pytest.raises(PipeDreamError, match="n - 1 boundary sizes"):
+        measured_costs([1.0, 1.0], [2.0, 2.0], [])

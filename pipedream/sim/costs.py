@@ -129,3 +129,32 @@ def uniform_costs(stages: int, fwd_s: float, bwd_s: float, boundary_bytes: float
             grad_chunks=[(bwd_s, param_bytes)] if param_bytes > 0 else [],
         ))
     return out
+
+
+def measured_costs(fwd_s: list[float], bwd_s: list[float], boundary_bytes: list[float],
+                   param_bytes: list[float] | None = None) -> list[StageCost]:
+    """Stage costs from times measured per stage (e.g. by a benchmark), not from a layer profile.
+
+    Args:
+        fwd_s: forward seconds of one (micro)batch, per stage in pipeline order.
+        bwd_s: backward seconds of one (micro)batch, per stage.
+        boundary_bytes: bytes crossing the boundary after each stage but the last, per (micro)batch
+            (``len(fwd_s) - 1`` values); the gradient sent back is taken to be the same size.
+        param_bytes: parameter bytes per stage (default 0: no allreduce is modelled); a stage's whole
+            gradient counts as ready at the end of its backward.
+    Raises:
+        PipeDreamError: lists of inconsistent lengths, or a negative time or size.
+    """
+    n = len(fwd_s)
+    params = [0.0] * n if param_bytes is None else list(param_bytes)
+    if n == 0 or len(bwd_s) != n or len(boundary_bytes) != n - 1 or len(params) != n:
+        raise PipeDreamError(f"measured costs need n forward and backward times, n - 1 boundary sizes and n parameter "
+                             f"sizes; got {len(fwd_s)}, {len(bwd_s)}, {len(boundary_bytes)} and {len(params)}")
+    if min(*fwd_s, *bwd_s, *boundary_bytes, *params, 0.0) < 0:
+        raise PipeDreamError("measured stage times and sizes must not be negative")
+    return [StageCost(fwd_s=fwd_s[s], bwd_s=bwd_s[s],
+                      send_fwd_bytes=boundary_bytes[s] if s < n - 1 else 0.0,
+                      send_bwd_bytes=boundary_bytes[s - 1] if s > 0 else 0.0,
+                      param_bytes=params[s],
+                      grad_chunks=[(bwd_s[s], params[s])] if params[s] > 0 else [])
+            for s in range(n)]
