@@ -47,7 +47,7 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.launch import free_port
-from pipedream.runtime.stage import Boundary, boundary_shapes, build_stage, stage_layer_ranges, straight_plan
+from pipedream.runtime.stage import Boundary, build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
 from pipedream.sim.costs import measured_costs
 from pipedream.sim.engine import run as simulate
@@ -122,8 +122,8 @@ def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, 
     rank = dist.get_rank()
     model = build(args.model, args.seed)
     s = plan.stage_of_rank(rank)
-    shapes = boundary_shapes(model, plan, x[:1])
-    module = build_stage(model, plan, s)
+    stages = build_stages(model, plan, x[:1])
+    shapes, module = stages.boundaries, stages.modules[s]
     m = args.microbatches
     policy = Policy.STASH if schedule == "1f1b" else Policy.FLUSH
     versions = WeightVersions(module, policy)
@@ -147,7 +147,7 @@ def _torch(args: argparse.Namespace, plan: Plan, kind: str, x: torch.Tensor, y: 
 
     rank = dist.get_rank()
     s = plan.stage_of_rank(rank)
-    module = copy.deepcopy(build_stage(build(args.model, args.seed), plan, s))
+    module = copy.deepcopy(build_stages(build(args.model, args.seed), plan, x[:1]).modules[s])
     stage = PipelineStage(module, s, len(plan.stages), torch.device("cpu"))
     cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
     sched = cls(stage, args.microbatches, loss_fn=F.cross_entropy)
@@ -188,20 +188,21 @@ def _stage_times(args: argparse.Namespace, plan: Plan, x: torch.Tensor, y: torch
     s = plan.stage_of_rank(dist.get_rank())
     last = s == len(plan.stages) - 1
     model = build(args.model, args.seed)
-    start = stage_layer_ranges(plan, len(model))[s].start
-    module = build_stage(model, plan, s)
+    stages = build_stages(model, plan, x[:1])
+    module = stages.modules[s]
     params = [p for p in module.parameters() if p.requires_grad]
+    feed = [x]
     with torch.no_grad():
-        feed = Boundary.unpack(model[:start](x)) if s > 0 else [x]
+        for earlier in stages.modules[:s]:  # this stage's real input
+            feed = Boundary.unpack(earlier(*feed))
     inputs = [t.detach().requires_grad_(s > 0 and t.is_floating_point()) for t in feed]
-    packed = tuple(inputs) if len(inputs) > 1 else inputs[0]
     in_float = [t for t in inputs if t.requires_grad]
     opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
     out_bytes = [0.0]
 
     def unit() -> tuple[float, float, float]:
         t0 = time.perf_counter()
-        out = module(packed)
+        out = module(*inputs)
         if last:
             outs, grad_outs = [F.cross_entropy(out, y)], None
         else:
