@@ -69,6 +69,16 @@ def test_killed_rank_ends_the_job_quickly_with_a_clear_error(tmp_path: Path, mon
     assert "rank 1" in message
 
 
+def _same_weights_and_metrics(run: Path, reference: Path) -> tuple[list[dict], list[dict]]:
+    """Assert both 2-rank runs ended with bitwise equal weights; return their metrics rows."""
+    for rank in range(2):
+        a = torch.load(reference / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
+        b = torch.load(run / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
+        for n in a:
+            assert torch.equal(a[n], b[n]), n
+    return json.loads((run / "metrics.json").read_text()), json.loads((reference / "metrics.json").read_text())
+
+
 def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
     data = write_data(tmp_path / "data")
 
@@ -80,13 +90,7 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
     spawn_local(cfg("straight", 3), 2)
     spawn_local(cfg("resumed", 1), 2)  # "interrupted" after epoch 1
     spawn_local(cfg("resumed", 3, resume=True), 2)
-    for rank in range(2):
-        a = torch.load(tmp_path / "straight" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
-        b = torch.load(tmp_path / "resumed" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
-        for n in a:
-            assert torch.equal(a[n], b[n]), n
-    rows = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
-    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    rows, straight = _same_weights_and_metrics(tmp_path / "resumed", tmp_path / "straight")
     assert [r["epoch"] for r in rows] == [1, 2, 3]
     assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in straight]
 
@@ -108,12 +112,6 @@ def test_killed_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path: Pat
     assert time.monotonic() - t0 < 60
     assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == ["e0-m3", "e0-m6"]
     spawn_local(cfg("resumed", resume=True), 2)
-    for rank in range(2):
-        a = torch.load(tmp_path / "straight" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
-        b = torch.load(tmp_path / "resumed" / "debug" / f"rank{rank}.pt", weights_only=False)["params"]
-        for n in a:
-            assert torch.equal(a[n], b[n]), n
-    rows = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
-    straight = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    rows, straight = _same_weights_and_metrics(tmp_path / "resumed", tmp_path / "straight")
     assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in straight]
     assert [r["train_samples"] for r in rows] == [64, 64]
