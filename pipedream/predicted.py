@@ -34,8 +34,9 @@ from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_text
 from pipedream.plan import Plan
 from pipedream.report import to_markdown
+from pipedream.schedules import consecutive_ranks
 from pipedream.sim.network import Network
-from pipedream.sim.split import ranks_for, replicas_of, split_for_replicas
+from pipedream.sim.split import replicas_of, split_for_replicas
 from pipedream.simulator import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
 from pipedream.topology import Cluster, get_cluster
 
@@ -189,7 +190,7 @@ def _simulate_config(g: LayerGraph, cluster: Cluster, config: str, dataset: int,
     if reps == [s.replicas for s in plan.stages]:
         return pd_res
     stages = split_for_replicas(g, reps, Network(cluster, ALLREDUCE), g.minibatch_size)
-    return simulate_stages(g, stages, ranks_for(reps), cluster, dataset_size=dataset, allreduce=ALLREDUCE)
+    return simulate_stages(g, stages, consecutive_ranks(reps), cluster, dataset_size=dataset, allreduce=ALLREDUCE)
 
 
 def _row_label(model: str, p: pd.Series) -> str:
@@ -335,7 +336,7 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
         raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
     reps = [1] * cluster.workers
     stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
-    ranks = ranks_for(reps)
+    ranks = consecutive_ranks(reps)
     panels = []
     for sched, label in (("pipedream", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
                          ("2bw", f"PipeDream-2BW, {microbatches} microbatches"), ("dp", "data parallelism")):

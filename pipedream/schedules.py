@@ -201,7 +201,8 @@ def warmup_count_consistent(replicas: Sequence[int], stage: int) -> int:
 WARMUPS = {"release": warmup_count, "consistent": warmup_count_consistent}
 
 
-def _stage_ranks(replicas: Sequence[int]) -> list[list[int]]:
+def consecutive_ranks(replicas: Sequence[int]) -> list[list[int]]:
+    """Consecutive ranks for each stage: ``[15, 1] -> [[0..14], [15]]``."""
     out, nxt = [], 0
     for r in replicas:
         out.append(list(range(nxt, nxt + r)))
@@ -381,7 +382,7 @@ def build(name: str, replicas: Sequence[int], num_minibatches: int, num_microbat
     Raises:
         PipeDreamError: unknown name, or the checks of the chosen schedule.
     """
-    stage_ranks = _stage_ranks(replicas)
+    stage_ranks = consecutive_ranks(replicas)
     if name == "1f1b":
         return one_f_one_b(stage_ranks, num_minibatches)
     if name == "gpipe":

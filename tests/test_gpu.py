@@ -11,37 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from pipedream.profiler import ProfileSettings, profile_module
-from pipedream.runtime.config import TrainConfig
-from pipedream.runtime.launch import spawn_local
 from pipedream.runtime.stage import straight_plan
-from tests.tiny import build, reference_batches, tiny_model, write_data
+from tests.test_runtime_pipeline import reference, run
+from tests.tiny import reference_batches, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 NCCL = {"PIPEDREAM_FORCE_GLOO": "0"}
 
 
-def _sgd(root: Path, steps: int) -> dict[str, torch.Tensor]:
-    model = build(tiny_model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in reference_batches(root, 8, 0, 0)[:steps]:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
+def _sgd(tmp_path: Path, steps: int) -> dict[str, torch.Tensor]:
+    model, _ = reference(reference_batches(tmp_path / "data", 8, 0, 0), steps)
     return {n: p.detach() for n, p in model.named_parameters()}
-
-
-def _train(tmp_path: Path, workers: int, fn=None, plan=None, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
-    data = write_data(tmp_path / "data")
-    if plan is not None:
-        plan.save(tmp_path / "plan.json")
-    cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), out_dir=str(tmp_path / "out"),
-                      progress=False, debug_dump=True, timeout_s=60, epochs=1, batch_size=8, lr=0.1, momentum=0.0,
-                      weight_decay=0.0, plan=str(tmp_path / "plan.json") if plan else None, **kw)
-    spawn_local(cfg, workers, fn=fn, env=NCCL, timeout_s=180)
-    return [torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(workers)]
 
 
 def test_profile_on_cuda_times_every_layer() -> None:
@@ -53,8 +35,8 @@ def test_profile_on_cuda_times_every_layer() -> None:
 
 
 def test_one_stage_pipeline_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
-    dumps = _train(tmp_path, 1, schedule="gpipe", microbatches=2, max_minibatches=3)
-    ref = _sgd(tmp_path / "data", 3)
+    dumps = run(tmp_path, 1, env=NCCL, schedule="gpipe", microbatches=2, max_minibatches=3)
+    ref = _sgd(tmp_path, 3)
     for n, p in dumps[0]["params"].items():  # TF32 convolutions on the GPU: close, not bitwise
         torch.testing.assert_close(p, ref[n], rtol=1e-3, atol=1e-3)
 
@@ -62,16 +44,17 @@ def test_one_stage_pipeline_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
 def test_ddp_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
     from pipedream.baselines.dp import train
 
-    dumps = _train(tmp_path, 1, fn=train, max_minibatches=3)
-    ref = _sgd(tmp_path / "data", 3)
+    dumps = run(tmp_path, 1, fn=train, env=NCCL, max_minibatches=3)
+    ref = _sgd(tmp_path, 3)
     for n, p in dumps[0]["params"].items():
         torch.testing.assert_close(p, ref[n], rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per stage")
 def test_two_stage_gpipe_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
-    dumps = _train(tmp_path, 2, plan=straight_plan("t", 8, [4, 4]), schedule="gpipe", microbatches=2, max_minibatches=3)
-    ref = _sgd(tmp_path / "data", 3)
+    dumps = run(tmp_path, 2, plan=straight_plan("t", 8, [4, 4]), env=NCCL, schedule="gpipe", microbatches=2,
+                max_minibatches=3)
+    ref = _sgd(tmp_path, 3)
     for d in dumps:
         for n, p in d["params"].items():
             torch.testing.assert_close(p, ref[n], rtol=1e-3, atol=1e-3)

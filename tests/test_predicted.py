@@ -15,8 +15,9 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan, Stage
 from pipedream.predicted import build_table, find_profile, scaled, slug, whatif_table
+from pipedream.schedules import consecutive_ranks
 from pipedream.sim.network import Network
-from pipedream.sim.split import ranks_for, replicas_of, split_for_replicas
+from pipedream.sim.split import replicas_of, split_for_replicas
 from pipedream.simulator import interleave, plan_ranks, simulate_dp, simulate_stages
 from pipedream.topology import Cluster, get_cluster
 from tests.conftest import REPO
@@ -43,7 +44,7 @@ def test_scaled_profile_scales_times_and_activations_not_parameters() -> None:
 
 def test_config_strings_and_split() -> None:
     assert replicas_of("15-1", 16) == [15, 1] and replicas_of("straight", 4) == [1, 1, 1, 1]
-    assert ranks_for([3, 1]) == [[0, 1, 2], [3]]
+    assert consecutive_ranks([3, 1]) == [[0, 1, 2], [3]]
     for bad in ("15-2", "x-1", "0-16"):
         with pytest.raises(PipeDreamError):
             replicas_of(bad, 16)
@@ -72,7 +73,7 @@ def _write_plan(plans: Path, model: str, cluster: Cluster, config: str) -> Plan:
     reps = replicas_of(config, cluster.workers)
     stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
     plan = Plan(model, cluster.name, cluster.workers,
-                [Stage(s, r, rk) for s, r, rk in zip(stages, reps, ranks_for(reps), strict=True)], prof.batch, 1.0, 2.0)
+                [Stage(s, r, rk) for s, r, rk in zip(stages, reps, consecutive_ranks(reps), strict=True)], prof.batch, 1.0, 2.0)
     plan.save(plans / model / f"{cluster.name}.json")
     return plan
 

@@ -11,7 +11,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.models import layer_node_id
 from pipedream.plan import Plan, Stage
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
-from pipedream.runtime.stage import boundary_shapes, build_stages, stage_layer_ranges, straight_plan
+from pipedream.runtime.stage import build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
 from tests.tiny import SkipNet, op_plan, tiny_model, tuple_model
 
@@ -35,7 +35,7 @@ def test_stages_slice_the_chain_and_compose_to_the_model() -> None:
 
 def test_tuple_boundaries_keep_integer_passengers() -> None:
     model = tuple_model()
-    b = boundary_shapes(model, straight_plan("t", 4, [1, 1, 1, 1]), torch.randn(1, 3, 32, 32))
+    b = build_stages(model, straight_plan("t", 4, [1, 1, 1, 1]), torch.randn(1, 3, 32, 32)).boundaries
     assert b[0].specs == (((16,), torch.float32), ((), torch.int64))  # the tuple crosses as its two tensors
     assert b[0].grad_items == [0]
     assert b[0].batched(5, grads=True) == [((5, 16), torch.float32)]

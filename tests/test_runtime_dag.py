@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from tests.test_runtime import SKIP_STAGES
-from tests.test_runtime_pipeline import run
-from tests.tiny import SkipNet, build, op_plan, reference_batches
+from tests.test_runtime_pipeline import reference, run
+from tests.tiny import SkipNet, op_plan, reference_batches
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +24,7 @@ def test_skip_connection_across_stages_equals_sgd(tmp_path: Path, schedule: str,
                                                   minibatches: int) -> None:
     dumps = run(tmp_path, 4, factory=SkipNet, plan=op_plan(SkipNet(), SKIP_STAGES), schedule=schedule,
                 microbatches=microbatches, max_minibatches=minibatches)
-    model = build(SkipNet)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    first = None
-    for x, y in reference_batches(tmp_path / "data", 8, 0, 0)[:minibatches]:
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        first = first or {n: p.grad.clone() for n, p in model.named_parameters()}
-        opt.step()
+    model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), minibatches, factory=SkipNet)
     ref = dict(model.named_parameters())
     assert sorted(n for d in dumps for n in d["params"]) == sorted(ref)  # every parameter in exactly one stage
     for d in dumps:

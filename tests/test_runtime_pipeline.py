@@ -23,14 +23,16 @@ pytestmark = pytest.mark.slow
 LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split of tiny_model on 4 stages
 
 
-def run(tmp_path: Path, workers: int, factory=tiny_model, plan=None, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
+def run(tmp_path: Path, workers: int, factory=tiny_model, plan=None, fn=None, env=None,  # type: ignore[no-untyped-def]
+        **kw) -> list[dict]:
+    """Train on ``workers`` forked ranks (``fn``: the PipeDream worker by default) and load their debug dumps."""
     data = write_data(tmp_path / "data")
     if plan is not None:
         plan.save(tmp_path / "plan.json")
     cfg = TrainConfig(model="tiny", model_factory=factory, data_dir=str(data), out_dir=str(tmp_path / "out"),
                       progress=False, debug_dump=True, timeout_s=30, plan=str(tmp_path / "plan.json") if plan else None,
                       **{"epochs": 1, "batch_size": 8, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, **kw})
-    spawn_local(cfg, workers, timeout_s=90)
+    spawn_local(cfg, workers, fn=fn, env=env, timeout_s=180)
     return [torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(workers)]
 
 
@@ -100,8 +102,10 @@ def test_vertical_sync_on_replicated_stages_carries_update_counts(tmp_path: Path
                 assert updates == {m: carried[m] for m in mine}
 
 
-def _reference(batches, steps: int, optimizer: str, lr: float, momentum: float, wd: float):  # type: ignore[no-untyped-def]
-    model = build(tiny_model)
+def reference(batches, steps: int, optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0,  # type: ignore[no-untyped-def]
+              wd: float = 0.0, factory=tiny_model):
+    """The model after ``steps`` single-process steps on ``batches``, and the gradients of the first step."""
+    model = build(factory)
     opt = (torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd) if optimizer == "adam"
            else torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd))
     first = None
@@ -119,7 +123,7 @@ def test_gpipe_equals_synchronous_training(tmp_path: Path, optimizer: str, lr: f
     # with a throttled link (50 MB/s): slower, never different
     dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4,
                 optimizer=optimizer, lr=lr, emulate_bandwidth_Bps=5e7)
-    model, first = _reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
+    model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, LAYERS[s]).items():
             torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
@@ -135,7 +139,7 @@ def test_gpipe_on_replicated_stages_equals_synchronous_training(tmp_path: Path, 
     plan = straight_plan("t", 8, [4, 4], replicas=replicas)
     dumps = run(tmp_path, 3, plan=plan, schedule="gpipe",
                 microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4, optimizer=optimizer, lr=lr)
-    model, first = _reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
+    model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
     halves = [range(0, 4), range(4, 8)]
     for rank, d in enumerate(dumps):
         layers = halves[d["stage"]]
@@ -151,13 +155,13 @@ def test_gpipe_on_replicated_stages_equals_synchronous_training(tmp_path: Path, 
 def test_2bw_one_microbatch_in_flight_equals_sgd(tmp_path: Path) -> None:
     """One stage, one microbatch: nothing is in flight, 2BW's delay term vanishes only in its first step."""
     dumps = run(tmp_path, 2, schedule="2bw", microbatches=2, max_minibatches=1, plan=straight_plan("t", 8, [4, 4]))
-    model, first = _reference(reference_batches(tmp_path / "data", 8, 0, 0), 1, "sgd", 0.1, 0.0, 0.0)
+    model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 1, "sgd", 0.1, 0.0, 0.0)
     for s, layers in enumerate([range(0, 4), range(4, 8)]):
         for n, p in stage_params(model, layers).items():
             torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
 
 
-def _2bw_reference(batches, lr: float) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
+def _2bwreference(batches, lr: float) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
     """Weights of :func:`linear_model` after each 2BW update ``W(t+1) = W(t) - lr * grad f_t(W(t-1))``."""
     ws = [{n: p.detach().clone() for n, p in build(linear_model).named_parameters()}]
     for t, (x, y) in enumerate(batches):
@@ -175,7 +179,7 @@ def test_2bw_update_rule_on_a_linear_model(tmp_path: Path) -> None:
     dumps = run(tmp_path, 2, factory=linear_model, schedule="2bw", microbatches=2, max_minibatches=2, epochs=2,
                 lr=lr, plan=straight_plan("t", 3, [2, 1]))
     batches = [b for e in range(2) for b in reference_batches(tmp_path / "data", 8, 0, e)[:2]]
-    ws = _2bw_reference(batches, lr)
+    ws = _2bwreference(batches, lr)
     final = {**dumps[0]["params"], **dumps[1]["params"]}  # stages keep the model's parameter names
     for n, w in ws[-1].items():
         torch.testing.assert_close(final[n], w, rtol=1e-5, atol=1e-6)
@@ -192,7 +196,7 @@ def test_2bw_update_rule_on_replicated_stages(tmp_path: Path) -> None:
     dumps = run(tmp_path, 3, factory=linear_model, schedule="2bw", microbatches=4, max_minibatches=2, epochs=2,
                 lr=lr, plan=straight_plan("t", 3, [2, 1], replicas=[2, 1]))
     batches = [b for e in range(2) for b in reference_batches(tmp_path / "data", 8, 0, e)[:2]]
-    ws = _2bw_reference(batches, lr)
+    ws = _2bwreference(batches, lr)
     for rank, d in enumerate(dumps):
         final = d["params"]  # stages keep the model's parameter names
         assert final.keys() == {n for n in ws[-1] if n.startswith("1.") == (d["stage"] == 0)}

@@ -20,9 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipedream.graph import LayerGraph  # noqa: E402
 from pipedream.predicted import scaled  # noqa: E402
+from pipedream.schedules import consecutive_ranks
 from pipedream.sim.costs import stage_costs  # noqa: E402
 from pipedream.sim.network import Network  # noqa: E402
-from pipedream.sim.split import ranks_for, replicas_of, split_for_replicas  # noqa: E402
+from pipedream.sim.split import replicas_of, split_for_replicas  # noqa: E402
 from pipedream.simulator import IMAGENET_TRAIN_SAMPLES, run_minibatches, simulate_stages  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
 
@@ -52,7 +53,7 @@ def main() -> None:
         if sched == "dp":
             stages, ranks = [list(g.nodes)], [list(range(cluster.workers))]
         else:
-            stages, ranks = split_for_replicas(g, reps, Network(cluster), batch), ranks_for(reps)
+            stages, ranks = split_for_replicas(g, reps, Network(cluster), batch), consecutive_ranks(reps)
         costs = stage_costs(g, stages, batch)
         best = math.inf
         for _ in range(args.repeats):

@@ -125,16 +125,6 @@ def build_stages(model: nn.Module, plan: Plan, example: Any) -> Stages:
     return Stages(list(part.modules), out)
 
 
-def build_stage(model: nn.Module, plan: Plan, stage: int, example: Any) -> nn.Module:
-    """Stage ``stage``'s module of :func:`build_stages` (sharing the model's parameters)."""
-    return build_stages(model, plan, example).modules[stage]
-
-
-def boundary_shapes(model: nn.Module, plan: Plan, example: Any) -> list[Boundary]:
-    """What crosses each stage's output boundary (:attr:`Stages.boundaries`)."""
-    return build_stages(model, plan, example).boundaries
-
-
 def straight_plan(model: str, num_layers: int, layers_per_stage: list[int], replicas: list[int] | None = None) -> Plan:
     """A plan by hand: consecutive stages of ``layers_per_stage`` layers, ranks assigned in order.
 

@@ -17,16 +17,8 @@ import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
+from pipedream.schedules import consecutive_ranks
 from pipedream.sim.network import Network
-
-
-def ranks_for(replicas: list[int]) -> list[list[int]]:
-    """Consecutive ranks for each stage: ``[15, 1] -> [[0..14], [15]]``."""
-    out, nxt = [], 0
-    for r in replicas:
-        out.append(list(range(nxt, nxt + r)))
-        nxt += r
-    return out
 
 
 def replicas_of(config: str, workers: int) -> list[int]:
@@ -55,13 +47,13 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
         replicas: replica count per stage.
         network: the cluster's links (used for bandwidths and allreduce times only; nothing is booked).
         samples: samples per minibatch on one worker (scales times and activations).
-        stage_ranks: ranks per stage (default :func:`ranks_for`).
+        stage_ranks: ranks per stage (default :func:`pipedream.schedules.consecutive_ranks`).
     Raises:
         PipeDreamError: more stages than layers, or an unknown profiled minibatch size.
     """
     if graph.minibatch_size <= 0:
         raise PipeDreamError("the profile's minibatch size is unknown")
-    ranks = stage_ranks or ranks_for(replicas)
+    ranks = stage_ranks or consecutive_ranks(replicas)
     scale = samples / graph.minibatch_size
     topo = graph.topological_order()
     order = [n for n in topo if not graph.nodes[n].is_input]
