@@ -138,6 +138,24 @@ class LayerGraph:
             "param_bytes": sum(n.param_bytes for n in self.nodes.values()),
         }
 
+    def scaled(self, batch: int) -> LayerGraph:
+        """A copy with times and activation bytes scaled linearly to ``batch`` samples (§3.1's profile is per
+        minibatch; the release optimizer also assumes linear scaling). Parameter bytes do not change.
+
+        Raises:
+            PipeDreamError: the profiled minibatch size is unknown (0) or ``batch`` is not positive.
+        """
+        if self.minibatch_size < 1 or batch < 1:
+            raise PipeDreamError(f"cannot scale a profile of {self.minibatch_size} samples to {batch}; "
+                                 "give the profiled minibatch size (meta.json or --profiled-batch)")
+        f = batch / self.minibatch_size
+        out = LayerGraph(minibatch_size=batch)
+        for n in self.nodes.values():
+            out.add_node(Node(n.node_id, n.desc, n.fwd_s * f, n.bwd_s * f, tuple(a * f for a in n.activation_bytes),
+                              n.param_bytes, n.stage_id))
+        out.edges = list(self.edges)
+        return out
+
     # ----------------------------------------------------------------------------------- I/O
 
     @classmethod

@@ -143,7 +143,7 @@ def load_clusters(path: str | Path = DEFAULT_CLUSTERS_PATH) -> dict[str, Cluster
     Raises:
         PipeDreamError: if the file is missing or malformed, or a cluster has a bad value (named).
     """
-    from pipedream.config import load_yaml
+    from pipedream.experiment import load_yaml
 
     doc = load_yaml(path, "clusters file", "; pass --clusters PATH (e.g. experiments/clusters.yaml)")
     if not isinstance(doc, dict) or not isinstance(doc.get("clusters"), dict):

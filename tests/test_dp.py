@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipedream.baselines.dp import train
+from pipedream.baselines.ddp import train
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import spawn_local
 from tests.tiny import build, reference_batches, tiny_model, write_data
@@ -22,7 +22,7 @@ def test_dp_matches_single_process_sgd(tmp_path: Path, bandwidth: float | None) 
     data = write_data(tmp_path / "data")
     cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), out_dir=str(tmp_path / "out"),
                       batch_size=8, lr=0.1, momentum=0.9, weight_decay=5e-4, max_minibatches=6, progress=False,
-                      debug_dump=True, timeout_s=30, emulate_bandwidth_Bps=bandwidth)
+                      debug_dump=True, comm_timeout_s=30, emulate_bandwidth_Bps=bandwidth)
     spawn_local(cfg, 2, fn=train)
     batches = reference_batches(data, 8, 0, 0)[:6]
     model = build(tiny_model)

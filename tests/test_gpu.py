@@ -42,7 +42,7 @@ def test_one_stage_pipeline_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
 
 
 def test_ddp_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
-    from pipedream.baselines.dp import train
+    from pipedream.baselines.ddp import train
 
     dumps = run(tmp_path, 1, fn=train, env=NCCL, max_minibatches=3)
     ref = _sgd(tmp_path, 3)

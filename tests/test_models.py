@@ -205,7 +205,7 @@ def test_gnmt_structure() -> None:
 
 
 def test_experiment_configs_validate() -> None:
-    from pipedream.config import load_config
+    from pipedream.experiment import load_config
 
     for f in ("table1.yaml", "ci_models.yaml"):
         cfg = load_config(REPO / "experiments" / f)

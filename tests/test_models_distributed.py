@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipedream.baselines.dp import train as dp_train
+from pipedream.baselines.ddp import train as dp_train
 from pipedream.models import model_names
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import spawn_local
@@ -19,7 +19,7 @@ from pipedream.runtime.launch import spawn_local
 pytestmark = pytest.mark.slow
 # Adam with a fixed small budget: 2 epochs x 6 minibatches of 16 samples, the same for every model
 SETTINGS = {"epochs": 2, "batch_size": 16, "optimizer": "adam", "lr": 2e-3, "weight_decay": 0.0,
-            "train_subset": 96, "val_subset": 32, "max_minibatches": 6, "progress": False, "timeout_s": 60}
+            "train_subset": 96, "val_subset": 32, "max_minibatches": 6, "progress": False, "comm_timeout_s": 60}
 
 
 @pytest.mark.parametrize("mode", ["pipedream", "dp"])

@@ -1,6 +1,6 @@
 """Tests for the planner: the DP against brute force on small graphs, shipped configs, determinism,
 bad input. Brute force here enumerates every split and replica assignment and prices it with the cost
-model written out once more, stage by stage (see pipedream/planner/dp.py for the formulas)."""
+model written out once more, stage by stage (see pipedream/planner/recurrence.py for the formulas)."""
 
 from __future__ import annotations
 
@@ -281,7 +281,7 @@ def test_bad_arguments(kwargs: dict, match: str) -> None:
 
 def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipedream.cli import main
-    from pipedream.plan import Plan
+    from pipedream.planner.plan import Plan
 
     folder = tmp_path / "vgg16"
     folder.mkdir()
@@ -381,9 +381,9 @@ def test_pruned_windowed_kernel_equals_the_plain_one() -> None:
     import numpy as np
 
     from pipedream.planner.banded import solve_rows_banded
-    from pipedream.planner.dp import LevelInput, solve_rows
     from pipedream.planner.hierarchy import level_rules
     from pipedream.planner.prune import all_ancestors, undominated_ancestors
+    from pipedream.planner.recurrence import LevelInput, solve_rows
 
     for name in ("gnmt", "resnet50"):
         s = build_states(read_profile(name))

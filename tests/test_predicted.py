@@ -13,12 +13,12 @@ import pytest
 from pipedream.cli import main
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
-from pipedream.plan import Plan, Stage
-from pipedream.predicted import build_table, find_profile, scaled, slug, whatif_table
+from pipedream.planner.fixed_split import replicas_of, split_for_replicas
+from pipedream.planner.plan import Plan, Stage
 from pipedream.schedules import consecutive_ranks
+from pipedream.sim import interleave, plan_ranks, simulate_dp, simulate_stages
 from pipedream.sim.network import Network
-from pipedream.sim.split import replicas_of, split_for_replicas
-from pipedream.simulator import interleave, plan_ranks, simulate_dp, simulate_stages
+from pipedream.table1.predicted import build_table, find_profile, slug, whatif_table
 from pipedream.topology import Cluster, get_cluster
 from tests.conftest import REPO
 
@@ -35,7 +35,7 @@ def _chain(times: list[float], batch: int = 8) -> LayerGraph:
 
 
 def test_scaled_profile_scales_times_and_activations_not_parameters() -> None:
-    g = scaled(_chain([0.3, 0.6], batch=8), 2)
+    g = _chain([0.3, 0.6], batch=8).scaled(2)
     n = g.nodes["n1"]
     assert (g.minibatch_size, n.fwd_s, n.bwd_s, n.activation_bytes, n.param_bytes) == (
         2, pytest.approx(0.05), pytest.approx(0.1), (pytest.approx(250.0),), 100.0)

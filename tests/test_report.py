@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from pipedream.plan import Plan, Stage
-from pipedream.report import epochs_to_accuracy, time_to_accuracy, write_report, write_speedup
+from pipedream.planner.plan import Plan, Stage
+from pipedream.table1.measured import epochs_to_accuracy, time_to_accuracy, write_speedup
+from pipedream.table1.table import write_report
 from tests.conftest import REPO
 
 

@@ -85,7 +85,7 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
     def cfg(out: str, epochs: int, resume: bool = False) -> TrainConfig:
         return TrainConfig(model="tiny", model_factory=tiny_dropout_model, data_dir=str(data), epochs=epochs,
                            out_dir=str(tmp_path / out), batch_size=8, lr=0.05, momentum=0.9, max_minibatches=6,
-                           checkpoint=True, resume=resume, progress=False, debug_dump=True, timeout_s=30)
+                           checkpoint=True, resume=resume, progress=False, debug_dump=True, comm_timeout_s=30)
 
     spawn_local(cfg("straight", 3), 2)
     spawn_local(cfg("resumed", 1), 2)  # "interrupted" after epoch 1
@@ -103,7 +103,7 @@ def test_killed_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path: Pat
         return TrainConfig(model="tiny", model_factory=tiny_dropout_model, data_dir=str(data), epochs=2,
                            out_dir=str(tmp_path / out), batch_size=8, lr=0.05, momentum=0.9, max_minibatches=8,
                            checkpoint=True, checkpoint_every=3, resume=resume, progress=False, debug_dump=True,
-                           timeout_s=30)
+                           comm_timeout_s=30)
 
     spawn_local(cfg("straight"), 2)
     t0 = time.monotonic()

@@ -30,7 +30,7 @@ def run(tmp_path: Path, workers: int, factory=tiny_model, plan=None, fn=None, en
     if plan is not None:
         plan.save(tmp_path / "plan.json")
     cfg = TrainConfig(model="tiny", model_factory=factory, data_dir=str(data), out_dir=str(tmp_path / "out"),
-                      progress=False, debug_dump=True, timeout_s=30, plan=str(tmp_path / "plan.json") if plan else None,
+                      progress=False, debug_dump=True, comm_timeout_s=30, plan=str(tmp_path / "plan.json") if plan else None,
                       **{"epochs": 1, "batch_size": 8, "lr": 0.1, "momentum": 0.0, "weight_decay": 0.0, **kw})
     spawn_local(cfg, workers, fn=fn, env=env, timeout_s=180)
     return [torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(workers)]

@@ -18,8 +18,8 @@ import pytest
 from pipedream.graph import LayerGraph, Node
 from pipedream.planner import plan_pipeline
 from pipedream.schedules import warmup_count, warmup_count_consistent
+from pipedream.sim import simulate_stages
 from pipedream.sim.costs import stage_costs
-from pipedream.simulator import simulate_stages
 from pipedream.topology import Cluster
 
 GB = 1e9

@@ -8,10 +8,10 @@ from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.schedules import Action, Kind, Schedule
+from pipedream.sim import extrapolate, run_minibatches, simulate_dp, simulate_stages
 from pipedream.sim.costs import measured_costs, stage_costs, uniform_costs
 from pipedream.sim.engine import run
 from pipedream.sim.network import Network
-from pipedream.simulator import extrapolate, run_minibatches, simulate_dp, simulate_stages
 from pipedream.topology import Cluster
 from tests.conftest import PROFILES
 

@@ -1,7 +1,7 @@
 """Simulator speed: one ImageNet-size epoch (1,281,167 samples) on 16 workers, per schedule.
 
 Each case builds the stage costs once, then times ``simulate_stages`` (two short event simulations and the
-closed-form steady state, see pipedream/simulator.py) as the best of ``--repeats`` runs. ``--check``
+closed-form steady state, see pipedream/sim/simulate.py) as the best of ``--repeats`` runs. ``--check``
 also event-simulates every minibatch of the epoch and prints the relative difference to the closed form.
 
     .venv/bin/python benchmarks/simulator/main.py [--repeats 3] [--check] [--out results/benchmarks/simulator.json]
@@ -19,12 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipedream.graph import LayerGraph  # noqa: E402
-from pipedream.predicted import scaled  # noqa: E402
+from pipedream.planner.fixed_split import replicas_of, split_for_replicas  # noqa: E402
 from pipedream.schedules import consecutive_ranks
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, run_minibatches, simulate_stages  # noqa: E402
 from pipedream.sim.costs import stage_costs  # noqa: E402
 from pipedream.sim.network import Network  # noqa: E402
-from pipedream.sim.split import replicas_of, split_for_replicas  # noqa: E402
-from pipedream.simulator import IMAGENET_TRAIN_SAMPLES, run_minibatches, simulate_stages  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
 
 PROFILES = Path("experiments/data/profiles")
@@ -47,7 +46,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for label, folder, mb, batch, cname, sched, config, m in CASES:
-        g = scaled(LayerGraph.read(PROFILES / folder / "graph.txt", mb), batch)
+        g = LayerGraph.read(PROFILES / folder / "graph.txt", mb).scaled(batch)
         cluster = get_cluster(cname)
         reps = replicas_of(config, cluster.workers)
         if sched == "dp":

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipedream.config import load_config
 from pipedream.errors import PipeDreamError
+from pipedream.experiment import load_config
 from pipedream.models import get_spec
 from pipedream.topology import get_cluster
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.planner import plan_pipeline
-from pipedream.planner.report import format_plan
+from pipedream.planner.explain import format_plan
 from pipedream.topology import DEFAULT_CLUSTERS_PATH, get_cluster
 
 HELP = "partition a profile into pipeline stages for a cluster (PipeDream's planner)"

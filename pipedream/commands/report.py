@@ -6,10 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from pipedream import predicted
-from pipedream.config import load_config
 from pipedream.errors import PipeDreamError
-from pipedream.report import write_report, write_speedup
+from pipedream.experiment import load_config
 
 HELP = "write results/table1.{md,csv} and plots from finished runs"
 
@@ -18,17 +16,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream report``."""
     p.add_argument("--config", default="experiments/ci.yaml", help="experiment config (YAML)")
     p.add_argument("--predicted", action="store_true",
-                   help="write the predicted Table 1 (V100 profiles, planner, simulator) instead; see pipedream/predicted.py")
+                   help="write the predicted Table 1 (V100 profiles, planner, simulator) instead "
+                        "(pipedream/table1/predicted.py)")
     p.add_argument("--speedup", metavar="MODEL", help="only write MODEL's measured speedup JSON to --out")
     p.add_argument("--out", help="output file of --speedup, e.g. results/speedup/vgg16.json")
-    predicted.add_arguments(p)
+    _add_predicted_arguments(p)
+
+
+def _add_predicted_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of ``pipedream report --predicted``."""
+    g = p.add_argument_group("predicted Table 1 (with --predicted)")
+    g.add_argument("--out-dir", default="results", help="where table1_predicted.{csv,md} and plots/ go")
+    g.add_argument("--cluster", default=None,
+                   help="what-if: a cluster name or string like '8x8:25e9,12.5e9' (innermost first, bytes/s)")
+    g.add_argument("--clusters", default="experiments/clusters.yaml", help="clusters file")
+    g.add_argument("--paper-table", default="experiments/paper_table1.csv", help="the paper's Table 1 as CSV")
+    g.add_argument("--profiles-dir", default="results/profiles", help="user profiles (<dir>/<model>/graph.txt)")
+    g.add_argument("--plans-dir", default=None, help="reuse <dir>/<model>/<cluster>.json plans when present")
+    g.add_argument("--models", nargs="+", default=None, help="only these models")
+    g.add_argument("--no-plots", action="store_true", help="skip the plots")
 
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print the table; returns 0."""
     if args.predicted:
-        print(predicted.run(args).to_string(index=False))
+        from pipedream.table1.predicted import write
+
+        df = write(Path(args.out_dir), Path(args.clusters), Path(args.paper_table), Path(args.profiles_dir),
+                   Path(args.plans_dir) if args.plans_dir else None, args.models, args.cluster, not args.no_plots)
+        print(df.to_string(index=False))
         return 0
+    from pipedream.table1.measured import write_speedup
+    from pipedream.table1.table import write_report
+
     cfg = load_config(args.config)
     if args.speedup:
         if args.speedup not in cfg["models"]:

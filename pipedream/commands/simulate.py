@@ -53,9 +53,8 @@ def _profiled_batch(path: Path, given: int | None) -> int:
 def run(args: argparse.Namespace) -> int:
     """Simulate and print the results; returns 0."""
     from pipedream.graph import LayerGraph
-    from pipedream.plan import Plan
-    from pipedream.predicted import scaled
-    from pipedream.simulator import simulate_dp, simulate_plan
+    from pipedream.planner.plan import Plan
+    from pipedream.sim import simulate_dp, simulate_plan
     from pipedream.topology import get_cluster
 
     if args.microbatches < 1 or (args.batch_size is not None and args.batch_size < 1) or args.dataset_size < 1:
@@ -63,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     path = Path(args.profile)
     graph = LayerGraph.read(path, _profiled_batch(path, args.profiled_batch))
     if args.batch_size:
-        graph = scaled(graph, args.batch_size)
+        graph = graph.scaled(args.batch_size)
     if args.plan:
         plan = Plan.load(args.plan)
         cluster = get_cluster(args.plan_cluster or plan.cluster, args.clusters)

@@ -1,7 +1,7 @@
 """Train a model with PipeDream (a plan's pipeline) or data parallelism on local worker processes.
 
 Launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` with the PipeDream worker
-(``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.dp``), streams the workers'
+(``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.ddp``), streams the workers'
 progress to stderr (and ``<out-dir>/train.log``), then logs ``<out-dir>/metrics.json`` to MLflow and
 writes ``<out-dir>/run.json`` (the MLflow run id and final metrics) last, as the completion marker.
 A failed or killed worker ends the whole job with one ``error:`` line and a non-zero exit.
@@ -29,70 +29,38 @@ HELP = "train with PipeDream (a plan's pipeline) or data parallelism on local pr
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``pipedream train``."""
-    parser.add_argument("--mode", choices=("pipedream", "dp"), required=True)
-    parser.add_argument("--model", default="vgg16")
-    parser.add_argument("--preset", choices=("reduced", "full"), default="reduced")
-    parser.add_argument("--plan", type=Path, help="plan JSON from `pipedream plan` (pipedream mode; default: "
-                        "an even split of the layers into a straight pipeline)")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--schedule", choices=("1f1b", "gpipe", "2bw"), default="1f1b",
-                        help="pipedream mode: 1F1B-RR with weight stashing, GPipe, or PipeDream-2BW")
-    parser.add_argument("--microbatches", type=int, default=1, help="microbatches per minibatch (gpipe, 2bw)")
-    parser.add_argument("--weight-sync", choices=("stash", "vertical"), default="stash",
-                        help="1f1b: weight stashing alone or with vertical sync (§3.3)")
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32,
-                        help="samples per minibatch of the pipeline (pipedream) or of each worker (dp)")
-    parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--weight-decay", type=float, default=5e-4)
-    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--train-subset", type=int, default=8192, help="training samples (0 = all 60000)")
-    parser.add_argument("--val-subset", type=int, default=1024, help="validation samples (0 = all 10000)")
-    parser.add_argument("--max-minibatches", type=int, help="cap on minibatches per epoch (smoke runs)")
-    parser.add_argument("--data-dir", type=Path, help="Fashion-MNIST folder (default: the Debian package's)")
-    parser.add_argument("--out-dir", type=Path, required=True, help="e.g. results/runs/vgg16/pipedream")
-    parser.add_argument("--experiment", help="MLflow experiment (default: <model>/<cluster of the plan or cpuW>)")
-    parser.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run, s")
-    parser.add_argument("--comm-timeout-s", type=float, default=60.0,
-                        help="limit for any single wait on a message or collective, s")
-    parser.add_argument("--emulate-bandwidth", type=float, metavar="BYTES_PER_S",
-                        help="throttle every link to this bandwidth (bytes/s); logged as a parameter")
-    parser.add_argument("--checkpoint", action="store_true", help="save per-stage checkpoints every epoch")
-    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
-                        help="pipedream mode: also checkpoint every N minibatches inside an epoch (the pipeline "
-                             "is flushed there, so 1F1B pays a drain every N minibatches); implies --checkpoint")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out-dir")
-    parser.add_argument("--no-progress", action="store_true", help="no per-minibatch progress bar")
-    parser.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
-    parser.add_argument("--nnodes", type=int, default=1,
-                        help="nodes of a multi-node run (start this same command on every node, e.g. with srun)")
-    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
-    parser.add_argument("--node-rank", type=int, default=0,
-                        help="this node's index; only node 0 logs to MLflow (out-dir on a shared file system)")
-    parser.add_argument("--threshold", type=float,
-                        help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
-    parser.add_argument("--threshold-metric", choices=("accuracy", "top1", "perplexity"), default="accuracy",
-                        help="what --threshold is: validation accuracy 0-1, top-1 percent, or perplexity (lower is better)")
+    """Options of ``pipedream train``: the launcher's own, then one per :class:`TrainConfig` field."""
+    from pipedream.runtime.config import CLI_HIDDEN
+    from pipedream.runtime.config import add_arguments as add_train_arguments
+
+    run = parser.add_argument_group("the run")
+    run.add_argument("--mode", choices=("pipedream", "dp"), required=True,
+                     help="pipedream: the plan's pipeline; dp: data parallelism (DistributedDataParallel)")
+    run.add_argument("--workers", type=int, default=4, help="worker processes on this node (one per GPU on CUDA)")
+    run.add_argument("--experiment", help="MLflow experiment (default: <model>/<cluster of the plan or cpuW>)")
+    run.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run, s")
+    run.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
+    run.add_argument("--threshold", type=float,
+                     help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
+    run.add_argument("--threshold-metric", choices=("accuracy", "top1", "perplexity"), default="accuracy",
+                     help="what --threshold is: validation accuracy 0-1, top-1 percent, or perplexity (lower is better)")
+    nodes = parser.add_argument_group("several nodes")
+    nodes.add_argument("--nnodes", type=int, default=1,
+                       help="nodes of a multi-node run (start this same command on every node, e.g. with srun)")
+    nodes.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="c10d rendezvous of a multi-node run")
+    nodes.add_argument("--node-rank", type=int, default=0,
+                       help="this node's index; only node 0 logs to MLflow (out-dir on a shared file system)")
+    add_train_arguments(parser.add_argument_group("training (the same options as the workers')"), hide=CLI_HIDDEN)
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.config import from_args
 
-    cfg = TrainConfig(
-        model=args.model, preset=args.preset, plan=str(args.plan) if args.plan and args.mode == "pipedream" else None,
-        schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync, epochs=args.epochs,
-        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
-        optimizer=args.optimizer, seed=args.seed, train_subset=args.train_subset or None,
-        val_subset=args.val_subset or None, max_minibatches=args.max_minibatches,
-        data_dir=str(args.data_dir) if args.data_dir else None, out_dir=str(args.out_dir),
-        timeout_s=args.comm_timeout_s, emulate_bandwidth_Bps=args.emulate_bandwidth,
-        checkpoint=args.checkpoint or args.checkpoint_every is not None, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, progress=not args.no_progress)
-    cfg.validate()
-    return cfg
+    if args.mode != "pipedream":
+        args.plan = None
+    if args.checkpoint_every is not None:
+        args.checkpoint = True
+    return from_args(args)
 
 
 def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
@@ -150,16 +118,16 @@ def _root_cause(log_path: Path) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     """``pipedream train``: launch the workers, then log the run to MLflow and write ``run.json``."""
-    from pipedream.plan import Plan
+    from pipedream.planner.plan import Plan
     from pipedream.runtime.launch import DP_MODULE, WORKER_MODULE, torchrun_command
 
     cfg = _config(args)
     if args.workers < 1:
         raise PipeDreamError("--workers must be positive")
-    plan = Plan.load(args.plan) if args.plan and args.mode == "pipedream" else None
+    plan = Plan.load(args.plan) if args.plan else None
     if plan is not None and plan.workers != args.workers:
         raise PipeDreamError(f"plan {args.plan} is for {plan.workers} workers, not --workers {args.workers}")
-    out_dir: Path = args.out_dir
+    out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", *(() if args.resume else ("metrics.json",))):
         (out_dir / stale).unlink(missing_ok=True)
@@ -186,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
               "epochs": args.epochs, "train_subset": args.train_subset, "val_subset": args.val_subset,
               "schedule": args.schedule if args.mode == "pipedream" else "dp",
               "microbatches": args.microbatches, "weight_sync": args.weight_sync,
-              "emulate_bandwidth_Bps": args.emulate_bandwidth or "none",
+              "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
               "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none"}
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
     if args.threshold is not None:
-        from pipedream.report import epochs_to_accuracy, time_to_accuracy
+        from pipedream.table1.measured import epochs_to_accuracy, time_to_accuracy
 
         final["time_to_accuracy_s"] = time_to_accuracy(epochs, args.threshold, args.threshold_metric)
         final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)

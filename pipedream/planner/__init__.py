@@ -1,16 +1,19 @@
-"""The PipeDream planner (paper §3.1): profile + cluster -> :class:`pipedream.plan.Plan`.
+"""The PipeDream planner (paper §3.1): profile + cluster -> :class:`pipedream.planner.plan.Plan`.
 
 ``plan_pipeline(graph, cluster, model=..., minibatch_size=...) -> Plan`` (:mod:`.core`).
 
 Pipeline of the package:
 
 * :mod:`.states`: antichain states of the layer DAG, enumerated as the release does;
-* :mod:`.dp`: one level of the dynamic program (the recurrences for ``T(i→j, m)`` and ``A(j, m)``),
+* :mod:`.recurrence`: one level of the dynamic program (the recurrences for ``T(i→j, m)`` and ``A(j, m)``),
   all rows at once or one row with back-pointers; :mod:`.prune` and :mod:`.banded` make the innermost
   level fast without changing a value;
 * :mod:`.hierarchy`: level by level, innermost first, then the chosen splits expanded into stages;
-* :mod:`.core`: stages of graph nodes, ranks, the per-stage numbers; :mod:`.report` and
-  :mod:`.explain`: the table and ``--explain``.
+* :mod:`.core`: stages of graph nodes, ranks, the per-stage numbers; :mod:`.explain`: the stage table
+  and ``--explain``;
+* :mod:`.plan`: the :class:`Plan` it writes and the runtime and simulator read;
+* :mod:`.fixed_split`: the fixed splitter: a layer split for a given replica vector (the paper's "15-1",
+  "straight"), to simulate configurations the planner did not choose.
 
 Two modes. ``compat=True`` reproduces the predicted time per sample of the release's
 ``optimizer_graph_hierarchical.py`` for the same graph and flags (``-n``/``-b`` = the cluster's levels,

@@ -1,5 +1,5 @@
 """The innermost level's all-rows solve, restricted to the splits that can still win (same values as
-:func:`pipedream.planner.dp.solve_rows`, much less work).
+:func:`pipedream.planner.recurrence.solve_rows`, much less work).
 
 At the innermost level a stage's time is at least its compute divided by its replicas, so for row ``r``
 (the segment starts after state ``r - 1``), end state ``j``, ``m + 1`` workers and a last stage on
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipedream.planner.dp import LevelInput, LevelRules, best_splits, combo_groups, initial_table, last_stage
+from pipedream.planner.recurrence import LevelInput, LevelRules, best_splits, combo_groups, initial_table, last_stage
 
 _SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
 _DENSE_BELOW = 40_000  # candidate-rows below which pricing everything is cheaper than the window
@@ -73,7 +73,7 @@ def _price(table, ks, last, prefix_m, combo, row, pos) -> np.ndarray:
 
 
 def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev, d, slack) -> np.ndarray:
-    """As :func:`~pipedream.planner.dp.best_splits`, ``ks`` sorted by compute, pricing only the window."""
+    """As :func:`~pipedream.planner.recurrence.best_splits`, ``ks`` sorted by compute, pricing only the window."""
     n_combos, n_k = last.shape
     rows = np.arange(top)
     grid_combo = np.repeat(np.arange(n_combos), top)

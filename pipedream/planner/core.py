@@ -1,4 +1,4 @@
-"""``plan_pipeline``: profile + cluster -> :class:`pipedream.plan.Plan` (paper §3.1).
+"""``plan_pipeline``: profile + cluster -> :class:`pipedream.planner.plan.Plan` (paper §3.1).
 
 The solve itself is in :mod:`pipedream.planner.hierarchy`; this module turns the chosen state splits
 into stages of graph nodes, assigns ranks and fills in the per-stage numbers shown to the user.
@@ -12,8 +12,8 @@ import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.plan import Plan, Stage
 from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
+from pipedream.planner.plan import Plan, Stage
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import Cluster
 

@@ -14,8 +14,8 @@ import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.planner.banded import solve_rows_banded
-from pipedream.planner.dp import LevelInput, LevelRules, solve_row, solve_rows
 from pipedream.planner.prune import all_ancestors, undominated_ancestors
+from pipedream.planner.recurrence import LevelInput, LevelRules, solve_row, solve_rows
 from pipedream.planner.states import StateGraph
 from pipedream.topology import Cluster
 

@@ -1,23 +1,33 @@
-"""Configuration of one training run, shared by the PipeDream workers and the DP baseline.
+"""Configuration of one training run: the one definition of every training option.
 
-The same dataclass is filled from the command line (``python -m pipedream.runtime.worker ...`` under
-torchrun, built by ``pipedream train``) or directly by tests and benchmarks.
+:class:`TrainConfig` is filled from the command line of the workers (``python -m pipedream.runtime.worker
+...`` under torchrun), of ``pipedream train`` (:func:`add_arguments` adds one flag per field, with its
+help and default) and of the workflow (:func:`flags_from_experiment` turns a config file's
+``models.<m>.train`` section into the same flags), or directly by tests and benchmarks. The defaults
+below are the only ones: nothing else declares them again. Importing this module does not import torch.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from typing import Any
-
-from torch import nn
+from dataclasses import MISSING, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from pipedream.errors import PipeDreamError
+
+if TYPE_CHECKING:
+    from torch import nn
 
 SCHEDULES = ("1f1b", "gpipe", "2bw")
 WEIGHT_SYNC = ("stash", "vertical")
 OPTIMIZERS = ("sgd", "adam")
+PRESETS = ("reduced", "full")
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:  # noqa: A002 - argparse's name
+    """A field with its command-line help (and choices) as metadata."""
+    return field(default=default, metadata={"help": help, "choices": choices})
 
 
 @dataclass
@@ -38,7 +48,7 @@ class TrainConfig:
         max_minibatches: cap on training minibatches per epoch (tests, smoke runs).
         data_dir: Fashion-MNIST folder (None = ``$PIPEDREAM_FASHION_MNIST`` or the Debian path).
         out_dir: where ``metrics.json`` (and checkpoints, debug dumps, error files) go.
-        timeout_s: longest wait for any message or collective, s.
+        comm_timeout_s: longest wait for any message or collective, s.
         emulate_bandwidth_Bps: throttle every link to this many bytes/s (None = raw link).
         checkpoint: save each stage's state at every epoch boundary under ``out_dir/checkpoints``.
         checkpoint_every: also checkpoint after every this many minibatches inside an epoch (the
@@ -49,31 +59,35 @@ class TrainConfig:
         model_factory: builds the model instead of the registry (tests); not settable from the CLI.
     """
 
-    model: str = "vgg16"
-    preset: str = "reduced"
-    plan: str | None = None
-    schedule: str = "1f1b"
-    microbatches: int = 1
-    weight_sync: str = "stash"
-    epochs: int = 1
-    batch_size: int = 32
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    optimizer: str = "sgd"
-    seed: int = 0
-    train_subset: int | None = None
-    val_subset: int | None = None
-    max_minibatches: int | None = None
-    data_dir: str | None = None
-    out_dir: str = "results/runs/tmp"
-    timeout_s: float = 60.0
-    emulate_bandwidth_Bps: float | None = None
-    checkpoint: bool = False
-    checkpoint_every: int | None = None
-    resume: bool = False
-    progress: bool = True
-    debug_dump: bool = False
+    model: str = _opt("vgg16", "registered model (pipedream.models), or package.module:fn for your own "
+                      "nn.Sequential factory (see README: training your own model)")
+    preset: str = _opt("reduced", "model size: reduced (CPU) or full (the paper's)", PRESETS)
+    plan: str | None = _opt(None, "plan JSON from `pipedream plan` (pipedream mode; default: an even split of the "
+                                  "layers into a straight pipeline)")
+    schedule: str = _opt("1f1b", "pipedream mode: 1F1B-RR with weight stashing, GPipe, or PipeDream-2BW", SCHEDULES)
+    microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw)")
+    weight_sync: str = _opt("stash", "1f1b: weight stashing alone or with vertical sync (§3.3)", WEIGHT_SYNC)
+    epochs: int = _opt(2, "passes over the training samples")
+    batch_size: int = _opt(32, "samples per minibatch of the pipeline (pipedream) or of each worker (dp)")
+    lr: float = _opt(0.01, "learning rate")
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(5e-4, "L2 weight decay")
+    optimizer: str = _opt("sgd", "optimizer", OPTIMIZERS)
+    seed: int = _opt(0, "seed of the weights, the subsets and the data order")
+    train_subset: int | None = _opt(None, "training samples drawn from the training split (default: all)")
+    val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default: all)")
+    max_minibatches: int | None = _opt(None, "cap on minibatches per epoch (smoke runs)")
+    data_dir: str | None = _opt(None, "data folder (default: the Debian package's or $PIPEDREAM_<DATASET>)")
+    out_dir: str = _opt("results/runs/tmp", "where metrics.json, checkpoints and logs go, e.g. results/runs/vgg16/pipedream")
+    comm_timeout_s: float = _opt(60.0, "limit for any single wait on a message or collective, s")
+    emulate_bandwidth_Bps: float | None = _opt(None, "throttle every link to this many bytes/s (logged); default: raw link")
+    checkpoint: bool = _opt(False, "save per-stage checkpoints every epoch")
+    checkpoint_every: int | None = _opt(None, "pipedream mode: also checkpoint every N minibatches inside an epoch (the "
+                                              "pipeline is flushed there, so 1F1B pays a drain every N); implies "
+                                              "--checkpoint")
+    resume: bool = _opt(False, "continue from the newest checkpoint in --out-dir")
+    progress: bool = _opt(True, "a per-minibatch progress bar on one rank")
+    debug_dump: bool = _opt(False, "write per-rank traces, first gradients and final weights (tests)")
     model_factory: Callable[[], nn.Sequential] | None = field(default=None, repr=False)
 
     def validate(self) -> None:
@@ -93,8 +107,8 @@ class TrainConfig:
             raise PipeDreamError("--microbatches applies to --schedule gpipe or 2bw; 1F1B uses whole minibatches")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise PipeDreamError("--checkpoint-every must be a positive number of minibatches")
-        if self.timeout_s <= 0:
-            raise PipeDreamError("--timeout-s must be positive")
+        if self.comm_timeout_s <= 0:
+            raise PipeDreamError("--comm-timeout-s must be positive")
         if self.emulate_bandwidth_Bps is not None and self.emulate_bandwidth_Bps <= 0:
             raise PipeDreamError("--emulate-bandwidth must be a positive number of bytes/s")
 
@@ -113,23 +127,42 @@ class TrainConfig:
         return out
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one option per :class:`TrainConfig` field (used by the worker and DP entry points)."""
-    defaults = TrainConfig()
+CLI_HIDDEN = ("model_factory", "debug_dump")  # not offered by `pipedream train`
+
+
+def _kind(f: Any) -> type:
+    return {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
+
+
+def add_arguments(parser: argparse.ArgumentParser, hide: tuple[str, ...] = ("model_factory",)) -> None:
+    """Add one option per :class:`TrainConfig` field (``--batch-size`` for ``batch_size``), with the field's
+    default, help and choices; ``hide`` names fields not to offer."""
     for f in fields(TrainConfig):
-        if f.name == "model_factory":
+        if f.name in hide or f.name == "model_factory":
             continue
         flag = "--" + f.name.replace("_", "-")
-        default: Any = getattr(defaults, f.name)
+        default: Any = f.default if f.default is not MISSING else None
+        help_ = f.metadata.get("help")
         if isinstance(default, bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
-            kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-            parser.add_argument(flag, type=kind, default=default)
+            parser.add_argument(flag, type=_kind(f), default=default, choices=f.metadata.get("choices"), help=help_)
 
 
 def from_args(ns: argparse.Namespace) -> TrainConfig:
-    """Build and validate a config from parsed arguments."""
-    cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in fields(TrainConfig) if f.name != "model_factory"})
+    """Build and validate a config from parsed arguments (those of :func:`add_arguments`)."""
+    cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in fields(TrainConfig) if hasattr(ns, f.name)})
     cfg.validate()
     return cfg
+
+
+def flags_from_experiment(train: dict[str, Any]) -> str:
+    """``pipedream train`` flags for an experiment config's ``models.<model>.train`` section.
+
+    Keys are :class:`TrainConfig` field names; a key this function does not know is left to the caller
+    (``pipedream check`` reports it). Missing keys take the TrainConfig defaults.
+
+    Example: ``{"epochs": 2, "batch_size": 32}`` -> ``"--epochs 2 --batch-size 32"``.
+    """
+    known = {f.name for f in fields(TrainConfig)} - {"model_factory"}
+    return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in train.items() if k in known and v is not None)

@@ -22,7 +22,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.runtime.config import TrainConfig
 
 WORKER_MODULE = "pipedream.runtime.worker"
-DP_MODULE = "pipedream.baselines.dp"
+DP_MODULE = "pipedream.baselines.ddp"
 
 
 def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: int = 1,
@@ -63,7 +63,7 @@ def _child(index: int, fn: Callable[[TrainConfig], None], cfg: TrainConfig, worl
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
 
     def run() -> None:
-        D.init(cfg.timeout_s)
+        D.init(cfg.comm_timeout_s)
         fn(cfg)
 
     D.run_guarded(run, Path(cfg.out_dir), index)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
-from pipedream.plan import Plan
+from pipedream.planner.plan import Plan
 from pipedream.runtime import assemble, split
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
@@ -140,7 +140,7 @@ def train(cfg: TrainConfig) -> None:
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
     versions = WeightVersions(module, policy_of(cfg, replicas))
     optimizer = make_optimizer(cfg, versions.master)
-    p2p = P2P(cfg.timeout_s, device, cfg.emulate_bandwidth_Bps)
+    p2p = P2P(cfg.comm_timeout_s, device, cfg.emulate_bandwidth_Bps)
 
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
@@ -163,7 +163,7 @@ def train(cfg: TrainConfig) -> None:
 
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
                              in_shape=shapes[s - 1] if s > 0 else None, out_shape=shapes[s],
-                             stage_group=groups[s], timeout_s=cfg.timeout_s, trace=cfg.debug_dump,
+                             stage_group=groups[s], timeout_s=cfg.comm_timeout_s, trace=cfg.debug_dump,
                              criterion=task.criterion,
                              on_backward=on_backward)
 
@@ -178,7 +178,7 @@ def train(cfg: TrainConfig) -> None:
         resumed = epoch == start_epoch and start_mb > 0
         # this rank's running sums of the epoch: loss, loss count, samples, training seconds
         sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
-        D.barrier(cfg.timeout_s, f"start of epoch {epoch + 1}")
+        D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         if bar is not None:
             bar.reset(total=backwards)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
@@ -197,13 +197,13 @@ def train(cfg: TrainConfig) -> None:
             if cfg.checkpoint_every and k + 1 < len(segments):
                 ckpt.save_stage(out_dir, (epoch, segments[k + 1][0]), s, rank, stage_ranks, module, optimizer,
                                 versions, log.rows, sums)
-        loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.timeout_s, "end-of-epoch loss reduction")
+        loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.comm_timeout_s, "end-of-epoch loss reduction")
         epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint writes excluded
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
         ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
         correct, counted, vloss, vn = D.allreduce_sum([ev.correct, ev.counted, ev.loss_sum, ev.loss_count],
-                                                      cfg.timeout_s, "validation reduction")
+                                                      cfg.comm_timeout_s, "validation reduction")
         row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_sum / max(loss_n, 1),
                "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1),
                "samples_per_s": samples / epoch_time,
@@ -222,7 +222,7 @@ def train(cfg: TrainConfig) -> None:
         assemble.save_stage(out_dir, s, module, len(plan.stages) if rank == 0 else None)
     if cfg.debug_dump:
         _dump(out_dir, rank, s, executor, versions)
-    D.barrier(cfg.timeout_s, "end of training")
+    D.barrier(cfg.comm_timeout_s, "end of training")
 
 
 def _fault(rank: int) -> int | None:
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
 
     def _run() -> None:
-        D.init(cfg.timeout_s)
+        D.init(cfg.comm_timeout_s)
         train(cfg)
 
     D.run_guarded(_run, out_dir, rank)

@@ -1,2 +1,25 @@
-"""The cluster simulator's parts: links (:mod:`.network`), action costs (:mod:`.costs`), the event loop
-(:mod:`.engine`) and plots (:mod:`.plots`). The public entry points are in :mod:`pipedream.simulator`."""
+"""The cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
+
+Public API (from :mod:`.simulate`): :func:`simulate_plan`, :func:`simulate_dp`, :func:`simulate_stages`,
+:func:`run_minibatches`, :class:`SimResult`. Its parts: links with per-level bandwidth and contention
+(:mod:`.network`), the cost of every action from a layer profile or from measured stage times
+(:mod:`.costs`) and the event loop that times the per-rank action lists of :mod:`pipedream.schedules`
+(:mod:`.engine`).
+"""
+
+from pipedream.sim.simulate import (
+    IMAGENET_TRAIN_SAMPLES,
+    SCHEDULES,
+    SimResult,
+    build_schedule,
+    extrapolate,
+    interleave,
+    plan_ranks,
+    run_minibatches,
+    simulate_dp,
+    simulate_plan,
+    simulate_stages,
+)
+
+__all__ = ["IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimResult", "build_schedule", "extrapolate", "interleave",
+           "plan_ranks", "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages"]

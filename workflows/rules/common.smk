@@ -1,24 +1,19 @@
 # Helpers shared by the rules.
-
-
-def _train(model, key, default=None):
-    """A model's training setting from the config, or ``default``."""
-    return config["models"][model]["train"].get(key, default)
+from pipedream.runtime.config import flags_from_experiment
 
 
 def train_extra_args(model):
-    """Optional `pipedream train` flags: link throttle, optimizer, time-to-accuracy threshold."""
+    """`pipedream train` flags that come from the config's top level: link throttle, launch, threshold.
+
+    The model's own `train:` section becomes flags through `flags_from_experiment` (one definition of every
+    training option and its default: pipedream.runtime.config.TrainConfig)."""
     args = []
     if config.get("emulate_bandwidth_Bps"):
-        args.append(f"--emulate-bandwidth {config['emulate_bandwidth_Bps']}")
-    if _train(model, "optimizer"):
-        args.append(f"--optimizer {_train(model, 'optimizer')}")
+        args.append(f"--emulate-bandwidth-Bps {config['emulate_bandwidth_Bps']}")
     launch = config.get("launch", {})
     if launch.get("nnodes", 1) > 1:
         args.append(f"--nnodes {launch['nnodes']} --rdzv-endpoint {launch['rdzv_endpoint']} "
                     f"--node-rank {launch.get('node_rank', '0')}")
-    if _train(model, "max_minibatches"):
-        args.append(f"--max-minibatches {_train(model, 'max_minibatches')}")
     threshold = config["models"][model].get("threshold")
     if threshold and threshold["metric"] in ("top1", "perplexity"):
         args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")

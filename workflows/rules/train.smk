@@ -13,14 +13,7 @@ rule train:
         pd=PD,
         preset=lambda w: config["models"][w.model]["preset"],
         workers=config["workers"],
-        epochs=lambda w: _train(w.model, "epochs"),
-        batch=lambda w: _train(w.model, "batch_size"),
-        lr=lambda w: _train(w.model, "lr"),
-        momentum=lambda w: _train(w.model, "momentum", 0.9),
-        wd=lambda w: _train(w.model, "weight_decay", 0.0),
-        train_subset=lambda w: _train(w.model, "train_subset", 0),
-        val_subset=lambda w: _train(w.model, "val_subset", 0),
-        seed=lambda w: _train(w.model, "seed", 0),
+        train=lambda w: flags_from_experiment(config["models"][w.model]["train"]),
         experiment=lambda w: f"{w.model}/{CLUSTER}",
         extra=lambda w: train_extra_args(w.model),
         prefix=config.get("launch", {}).get("prefix", ""),
@@ -32,7 +25,5 @@ rule train:
         nodes=config.get("launch", {}).get("nnodes", 1),
     shell:
         "{params.prefix} {params.pd} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
-        "--plan {input.plan} --profile {input.profile} --workers {params.workers} --epochs {params.epochs} --batch-size {params.batch} "
-        "--lr {params.lr} --momentum {params.momentum} --weight-decay {params.wd} --seed {params.seed} "
-        "--train-subset {params.train_subset} --val-subset {params.val_subset} "
+        "--plan {input.plan} --profile {input.profile} --workers {params.workers} {params.train} "
         "--experiment {params.experiment} {params.extra} --no-progress --out-dir $(dirname {output}) > {log} 2>&1"

@@ -29,7 +29,7 @@ from typing import Any
 from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.plan import Plan
+from pipedream.planner.plan import Plan
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
@@ -261,7 +261,7 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[i
 
 
 def _config(replicas: list[int]) -> str:
-    from pipedream.plan import config_string
+    from pipedream.planner.plan import config_string
 
     return config_string(replicas)
 

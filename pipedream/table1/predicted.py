@@ -2,9 +2,9 @@
 
 For every row of the paper's Table 1 with a profile, the model is planned for the row's cluster
 (:func:`pipedream.planner.plan_pipeline`) and both PipeDream (1F1B-RR on the plan) and data
-parallelism are simulated (:mod:`pipedream.simulator`); the predicted epoch-time speedup is DP epoch
+parallelism are simulated (:mod:`pipedream.sim`); the predicted epoch-time speedup is DP epoch
 time / PipeDream epoch time, as in the paper's Table 1. The paper's own configuration is simulated too
-(split by :mod:`pipedream.sim.split`), which separates planner differences from model differences.
+(split by :mod:`pipedream.planner.fixed_split`), which separates planner differences from model differences.
 
 DP baseline (paper §5.1): PyTorch's DistributedDataParallel with NCCL (the release's DP driver). DDP
 reduces gradient buckets while the backward is still running (wait-free backpropagation); NCCL rings are
@@ -20,7 +20,6 @@ replicas synchronised in lockstep); two variants isolate where that differs from
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from dataclasses import dataclass
@@ -30,24 +29,24 @@ from typing import Any
 import pandas as pd
 
 from pipedream.errors import PipeDreamError
-from pipedream.graph import LayerGraph, Node
+from pipedream.graph import LayerGraph
 from pipedream.io import atomic_write_text
-from pipedream.plan import Plan
-from pipedream.report import to_markdown
+from pipedream.planner.fixed_split import replicas_of, split_for_replicas
+from pipedream.planner.plan import Plan
 from pipedream.schedules import consecutive_ranks
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
-from pipedream.sim.split import replicas_of, split_for_replicas
-from pipedream.simulator import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
+from pipedream.table1.explain import THRESHOLD, explain
+from pipedream.table1.table import to_markdown
 from pipedream.topology import Cluster, get_cluster
 
-RELEASE_PROFILES = Path(__file__).resolve().parent.parent / "experiments" / "data" / "profiles"
+RELEASE_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "data" / "profiles"
 # paper model -> (release profile folder, profiled minibatch, per-GPU batch of paper §5.1)
 PAPER_MODELS = {"vgg16": ("vgg16", 128, 64), "resnet50": ("resnet50", 128, 128), "alexnet": ("alexnet", 256, 256),
                 "gnmt8": ("gnmt", 64, 64), "gnmt16": ("gnmt_large", 64, 64)}
 # samples per epoch (only epoch times depend on these, never the speedups)
 DATASET_SAMPLES = {"imagenet": IMAGENET_TRAIN_SAMPLES, "synthetic": IMAGENET_TRAIN_SAMPLES,
                    "wmt16_en_de": 4_500_000, "penn_treebank": 929_589, "msvd": 1_200}
-THRESHOLD = 0.15
 ALLREDUCE = "ring"  # NCCL 2.4's flat ring, what the paper's DDP baseline ran (see the module docstring)
 
 
@@ -62,18 +61,6 @@ class Profile:
     batch: int
 
 
-def scaled(graph: LayerGraph, batch: int) -> LayerGraph:
-    """A copy of ``graph`` with times and activations scaled linearly to ``batch`` samples (§3.1's profile
-    is per minibatch; the release optimizer also assumes linear scaling)."""
-    f = batch / graph.minibatch_size
-    out = LayerGraph(minibatch_size=batch)
-    for n in graph.nodes.values():
-        out.add_node(Node(n.node_id, n.desc, n.fwd_s * f, n.bwd_s * f, tuple(a * f for a in n.activation_bytes),
-                          n.param_bytes, n.stage_id))
-    out.edges = list(graph.edges)
-    return out
-
-
 def find_profile(model: str, profiles_dir: Path) -> Profile | None:
     """The V100 release profile of a paper model, else ``<profiles_dir>/<model>/graph.txt`` (with its
     meta.json), else None."""
@@ -81,7 +68,7 @@ def find_profile(model: str, profiles_dir: Path) -> Profile | None:
         folder, mb, batch = PAPER_MODELS[model]
         path = RELEASE_PROFILES / folder / "graph.txt"
         if path.is_file():
-            return Profile(scaled(LayerGraph.read(path, mb), batch), str(path), "V100 (release)", mb, batch)
+            return Profile(LayerGraph.read(path, mb).scaled(batch), str(path), "V100 (release)", mb, batch)
     path = profiles_dir / model / "graph.txt"
     if not path.is_file():
         return None
@@ -228,60 +215,6 @@ def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plan
     return pd.DataFrame(rows)
 
 
-def _gbps(bps: float) -> str:
-    return f"{bps * 8 / 1e9:.3g} Gbps"
-
-
-def explain(r: pd.Series, cluster: Cluster) -> list[str]:
-    """Why a row's prediction differs from the paper by more than 15% (which assumption differs)."""
-    out = []
-    if r["predicted_config"] != r["paper_config"]:
-        line = (f"planner: ours picked {r['predicted_config']} (its own estimate {r['planner_estimate_speedup']:.2f}x, "
-                f"simulated {r['predicted_speedup']:.2f}x); the paper ran {r['paper_config']}, which simulates at "
-                f"{r['paper_config_predicted_speedup']:.2f}x ({r['paper_config_rel_error']:+.0%}).")
-        warm, ind = r.get("consistent_warmup_speedup", math.nan), r.get("independent_replicas_speedup", math.nan)
-        if isinstance(warm, float) and not math.isnan(warm) and abs(ind / r["predicted_speedup"] - 1) > 0.05:
-            line += (f" Of the gap to the planner's estimate: the release's warm-up counts starve replicated stages "
-                     f"fed by unreplicated ones ({warm:.2f}x with warm-up counts that cover what downstream replicas "
-                     f"hold), and lockstep DDP sync of round-robin replicas ({ind:.2f}x with independent replicas, the "
-                     f"planner's assumption); the rest is the planner's cost model (activation transfers, contention, "
-                     f"its 4(r-1)P/(rB) weight-sync term).")
-        out.append(line)
-    if r["paper_config_rel_error"] < -THRESHOLD:
-        line = (f"DP baseline / bandwidth: modelled DP (DDP: NCCL flat ring at line rate, overlapped with the backward) "
-                f"stalls {r['dp_comm_stall_fraction']:.0%} of the time (a hierarchical allreduce would stall "
-                f"{r['dp_hierarchical_comm_stall']:.0%}); without overlap it stalls "
-                f"{r['dp_no_overlap_flat_ring_stall']:.0%} and the paper's config would gain "
-                f"{r['paper_config_speedup_if_dp_not_overlapped']:.2f}x.")
-        bw = r.get("dp_outer_Bps_matching_paper", math.nan)
-        if isinstance(bw, float) and not math.isnan(bw):
-            line += (f" The paper's {r['paper_speedup']:.2f}x needs DP to be as slow as it is at an effective "
-                     f"{_gbps(bw)} between {'servers' if len(cluster.levels) > 1 else 'GPUs'} "
-                     f"(modelled {_gbps(cluster.levels[-1][1])}, {bw / cluster.levels[-1][1]:.0%} of line rate).")
-        out.append(line)
-    if r["paper_config_rel_error"] > THRESHOLD:
-        out.append("pipeline/profile: with this profile the paper's config is predicted faster than measured; "
-                   "the paper's DP was relatively faster, or its pipeline slower, than modelled (profile hardware, "
-                   "runtime overheads the simulator does not charge).")
-    bubble = r.get("paper_config_bubble", math.nan)
-    if isinstance(bubble, float) and not math.isnan(bubble) and bubble > 0.2:
-        line = f"pipeline: the paper's config idles {bubble:.0%} of worker time in the simulation"
-        if r["slowest_layer_s"] > r["balanced_stage_s"]:
-            line += (f"; its slowest layer alone ({r['slowest_layer']}, {r['slowest_layer_s'] * 1e3:.0f} ms forward+backward) "
-                     f"exceeds a balanced share of {r['balanced_stage_s'] * 1e3:.0f} ms per worker, so no split balances it")
-            twin = r.get("slowest_layer_twins_median_s", math.nan)
-            if isinstance(twin, float) and twin * 1.5 < r["slowest_layer_s"]:
-                line += (f" (identical modules in the same profile take {twin * 1e3:.0f} ms: the profile likely charges "
-                         "this layer with a neighbour's backward, so the paper's runtime was probably better balanced)")
-        else:
-            line += ("; its split (pipedream.sim.split, balanced for independent replicas) leaves the replicas of a "
-                     "stage waiting for each other's allreduce (lockstep DDP) and the transfers they send together")
-        out.append(line + ".")
-    out.append(f"profile: {r['profile_hardware']} profile at {int(r['profiled_batch'])} samples, scaled linearly to "
-               f"{int(r['batch_per_gpu'])} per GPU (the release does not state the profiling GPU).")
-    return out
-
-
 MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_speedup": "predicted speedup",
               "paper_config": "paper config", "paper_speedup": "paper speedup", "rel_error": "rel. error",
               "paper_config_predicted_speedup": "paper config, predicted", "paper_config_rel_error": "rel. error (paper config)",
@@ -299,14 +232,14 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
     atomic_write_text(out_dir / f"{stem}.csv", df.to_csv(index=False))
     cols = [c for c in MD_COLUMNS if c in df.columns]
     md = to_markdown(df[cols].rename(columns=MD_COLUMNS), title, [
-        "speedup = DP epoch time / PipeDream epoch time, both simulated (pipedream.simulator) on the row's cluster "
+        "speedup = DP epoch time / PipeDream epoch time, both simulated (pipedream.sim) on the row's cluster "
         "from the release's V100 profiles; rel. error = predicted / paper - 1; 'best simulated' = the fastest of our "
         "planner's config, the paper's config and DP.",
         "DP baseline = the paper's PyTorch 1.1 DistributedDataParallel: NCCL 2.4 flat ring allreduce (every NIC carries "
         "2(n-1)/n of the gradients) overlapped with the backward layer by layer (wait-free backpropagation), at line "
         "rate. PipeDream = the release's 1F1B-RR (its warm-up counts) on our planner's plan, replicated stages "
         "synchronised the same way in lockstep; collectives and activation transfers share links without queueing "
-        "behind each other; 'paper config' = the paper's configuration split by pipedream.sim.split.",
+        "behind each other; 'paper config' = the paper's configuration split by pipedream.planner.fixed_split.",
         "Bytes/sample: activations and their gradients between stages (PipeDream) vs weight-gradient allreduce (DP).",
     ])
     if "paper_speedup" not in df.columns:  # a what-if table: nothing to compare with
@@ -328,7 +261,7 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
 def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
                     microbatches: int = 4) -> None:
     """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW and DP."""
-    from pipedream.sim.plots import gantt
+    from pipedream.table1.plots import gantt
 
     cluster = get_cluster(cluster_name, clusters_path)
     prof = find_profile(model, Path("results/profiles"))
@@ -367,40 +300,29 @@ def whatif_table(cluster: Cluster, profiles_dir: Path, plans_dir: Path | None, m
     return pd.DataFrame(rows)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``pipedream report --predicted``."""
-    g = p.add_argument_group("predicted Table 1 (with --predicted)")
-    g.add_argument("--out-dir", default="results", help="where table1_predicted.{csv,md} and plots/ go")
-    g.add_argument("--cluster", default=None,
-                   help="what-if: a cluster name or string like '8x8:25e9,12.5e9' (innermost first, bytes/s)")
-    g.add_argument("--clusters", default="experiments/clusters.yaml", help="clusters file")
-    g.add_argument("--paper-table", default="experiments/paper_table1.csv", help="the paper's Table 1 as CSV")
-    g.add_argument("--profiles-dir", default="results/profiles", help="user profiles (<dir>/<model>/graph.txt)")
-    g.add_argument("--plans-dir", default=None, help="reuse <dir>/<model>/<cluster>.json plans when present")
-    g.add_argument("--models", nargs="+", default=None, help="only these models")
-    g.add_argument("--no-plots", action="store_true", help="skip the plots")
+def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
+          models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True) -> pd.DataFrame:
+    """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
+    plots under ``out_dir``; returns the table.
 
+    Raises:
+        PipeDreamError: an unknown cluster or model, a missing profile or paper table.
+    """
+    from pipedream.table1 import plots as P
 
-def run(args: argparse.Namespace) -> pd.DataFrame:
-    """Write the predicted Table 1 (or the what-if table) and its plots; returns the table."""
-    from pipedream.sim import plots
-
-    out = Path(args.out_dir)
-    clusters_path = Path(args.clusters)
-    plans_dir = Path(args.plans_dir) if args.plans_dir else None
-    if args.cluster:
-        cluster = get_cluster(args.cluster, clusters_path)
-        df = whatif_table(cluster, Path(args.profiles_dir), plans_dir, args.models)
+    if cluster_name:
+        cluster = get_cluster(cluster_name, clusters_path)
+        df = whatif_table(cluster, profiles_dir, plans_dir, models)
         stem = f"whatif_{slug(cluster.name)}"
-        write_predicted(df, out, clusters_path, stem, f"What-if: predicted PipeDream vs DP on {cluster.describe()}")
-        if not args.no_plots:
-            plots.dp_stall_bars(df, out / "plots" / f"{stem}_dp_comm_stall.png")
+        write_predicted(df, out_dir, clusters_path, stem, f"What-if: predicted PipeDream vs DP on {cluster.describe()}")
+        if plots:
+            P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
         return df
-    df = build_table(Path(args.paper_table), clusters_path, Path(args.profiles_dir), plans_dir, args.models)
-    write_predicted(df, out, clusters_path)
-    if not args.no_plots:
+    df = build_table(paper_table, clusters_path, profiles_dir, plans_dir, models)
+    write_predicted(df, out_dir, clusters_path)
+    if plots:
         have = df[df["predicted_config"] != "no V100 profile"]
-        plots.speedup_bars(have, out / "plots" / "table1_predicted_speedup.png")
-        plots.dp_stall_bars(have, out / "plots" / "dp_comm_stall.png")
-        timeline_panels(out / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
+        P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
+        P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
+        timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
     return df

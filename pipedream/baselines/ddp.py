@@ -1,6 +1,6 @@
 """Data-parallel baseline: the same model, data and metrics as the PipeDream workers, with DDP.
 
-Started by torchrun (``python -m pipedream.baselines.dp ...``, built by ``pipedream train --mode dp``).
+Started by torchrun (``python -m pipedream.baselines.ddp ...``, built by ``pipedream train --mode dp``).
 Every worker holds the whole model; minibatches of ``batch_size`` samples (per worker, as in the
 paper's DP baselines) are dealt round robin to the workers, gradients are averaged by
 ``DistributedDataParallel``'s bucketed allreduce after every minibatch (gloo on CPU, NCCL on GPU).
@@ -81,7 +81,7 @@ def train(cfg: TrainConfig) -> None:
     first_loss: float | None = None
     for epoch in range(cfg.epochs):
         batches = minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)[:nb]
-        D.barrier(cfg.timeout_s, f"start of epoch {epoch + 1}")
+        D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         t0 = time.time()
         if bar is not None:
             bar.reset(total=nb // world)
@@ -100,7 +100,7 @@ def train(cfg: TrainConfig) -> None:
             count += y.shape[0]
             if bar is not None:
                 bar.update(1)
-        loss_total, n = D.allreduce_sum([loss_sum, count], cfg.timeout_s, "end-of-epoch loss reduction")
+        loss_total, n = D.allreduce_sum([loss_sum, count], cfg.comm_timeout_s, "end-of-epoch loss reduction")
         epoch_time = time.time() - t0
         model.eval()
         correct = counted = 0
@@ -114,7 +114,7 @@ def train(cfg: TrainConfig) -> None:
                 correct, counted = correct + c, counted + k
                 vloss += float(task.criterion(out, y)) * y.shape[0]
                 vn += y.shape[0]
-        correct, counted, vloss, vn = D.allreduce_sum([correct, counted, vloss, vn], cfg.timeout_s,
+        correct, counted, vloss, vn = D.allreduce_sum([correct, counted, vloss, vn], cfg.comm_timeout_s,
                                                       "validation reduction")
         row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_total / max(n, 1),
                "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1), "samples_per_s": n / epoch_time,
@@ -132,18 +132,18 @@ def train(cfg: TrainConfig) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"first_loss": first_loss,
                     "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
-    D.barrier(cfg.timeout_s, "end of training")
+    D.barrier(cfg.comm_timeout_s, "end of training")
 
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: the options of :class:`TrainConfig` (plan and schedule options are ignored)."""
-    parser = argparse.ArgumentParser(prog="python -m pipedream.baselines.dp", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m pipedream.baselines.ddp", description=__doc__)
     add_arguments(parser)
     cfg = from_args(parser.parse_args(argv))
     rank = int(os.environ.get("RANK", "0"))
 
     def _run() -> None:
-        D.init(cfg.timeout_s)
+        D.init(cfg.comm_timeout_s)
         train(cfg)
 
     D.run_guarded(_run, Path(cfg.out_dir), rank)

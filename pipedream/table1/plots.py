@@ -1,27 +1,20 @@
-"""Plots of the predicted Table 1 (seaborn): speedup bars, DP communication stalls, schedule timelines."""
+"""Every plot of the report (seaborn, PNG): measured accuracy against time, Table 1 speedup bars (paper,
+predicted, measured), the predicted table's bars, DP communication stalls and schedule timelines."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from pipedream.sim.engine import Trace
+if TYPE_CHECKING:
+    from pipedream.sim.engine import Trace
 
 COLORS = {"F": "#4C72B0", "B": "#DD8452", "ALLREDUCE": "#55A868", "SEND": "#8172B3"}
 
 
-def _save(fig, out: Path) -> None:  # noqa: ANN001 - a matplotlib Figure
-    import matplotlib.pyplot as plt
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
-
-
-def _setup():  # noqa: ANN202
+def _pyplot():  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -32,12 +25,63 @@ def _setup():  # noqa: ANN202
     return plt, sns
 
 
-def speedup_bars(df: pd.DataFrame, out: Path) -> None:
+def _save(fig, out: Path) -> None:  # type: ignore[no-untyped-def]
+    """Write ``fig`` to ``out`` atomically (a temporary file, then a rename) and close it."""
+    import matplotlib.pyplot as plt
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(out)
+
+
+def accuracy_vs_time(model: str, runs: dict[str, list[dict[str, float]]], workers: int, out: Path) -> None:
+    """Validation accuracy against wall time, one line per mode, a marker per epoch (paper Figure 10 style).
+
+    Args:
+        runs: mode (``"pipedream"``/``"dp"``) -> per-epoch metrics with ``wall_time_s`` and ``val_accuracy``.
+    """
+    plt, sns = _pyplot()
+    rows = [{"mode": "PipeDream" if mode == "pipedream" else "DP", "wall time (s)": e["wall_time_s"],
+             "validation accuracy": e["val_accuracy"]} for mode, epochs in runs.items() for e in epochs]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=pd.DataFrame(rows), x="wall time (s)", y="validation accuracy", hue="mode", style="mode",
+                 markers=True, dashes=False, ax=ax)
+    ax.set_title(f"{model} (reduced, {workers} CPU workers): accuracy vs time")
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def speedup_bars(table: pd.DataFrame, out: Path) -> None:
+    """Epoch-time speedup over DP per Table 1 row: paper, predicted and measured bars side by side."""
+    plt, sns = _pyplot()
+    sources = {"paper": "paper_speedup_epoch_time", "predicted": "predicted_speedup_epoch_time",
+               "measured (reduced, CPU)": "measured_speedup_epoch_time"}
+    rows = []
+    for _, r in table.iterrows():
+        for name, col in sources.items():
+            if col in table.columns and pd.notna(r[col]):
+                rows.append({"row": f"{r['model']} {r['hardware']}", "source": name, "speedup over DP": r[col]})
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(table)), 4.5))
+    if rows:
+        sns.barplot(data=pd.DataFrame(rows), x="row", y="speedup over DP", hue="source", ax=ax)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.tick_params(axis="x", rotation=60)
+    for label in ax.get_xticklabels():
+        label.set_horizontalalignment("right")
+    ax.set_xlabel("")
+    ax.set_title("Table 1: epoch-time speedup of PipeDream over data parallelism")
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def predicted_speedup_bars(df: pd.DataFrame, out: Path) -> None:
     """Paper speedup beside the predicted ones (planner's config and the paper's config), one group per row.
 
     ``df`` needs ``row``, ``paper_speedup``, ``predicted_speedup`` and ``paper_config_predicted_speedup``.
     """
-    plt, sns = _setup()
+    plt, sns = _pyplot()
     long = df.melt(id_vars=["row"], value_vars=["paper_speedup", "predicted_speedup", "paper_config_predicted_speedup"],
                    var_name="source", value_name="speedup over DP (epoch time)").dropna()
     long["source"] = long["source"].map({"paper_speedup": "paper", "predicted_speedup": "predicted (our planner's config)",
@@ -57,7 +101,7 @@ def dp_stall_bars(df: pd.DataFrame, out: Path) -> None:
 
     ``df`` needs ``model``, ``hardware`` and ``dp_comm_stall_fraction``.
     """
-    plt, sns = _setup()
+    plt, sns = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     sns.barplot(data=df.dropna(subset=["dp_comm_stall_fraction"]), x="model", y="dp_comm_stall_fraction",
                 hue="hardware", ax=ax)
@@ -76,7 +120,7 @@ def gantt(panels: list[tuple[str, Trace]], out: Path, ranks: int) -> None:
         out: PNG path.
         ranks: ranks to draw (0 .. ranks - 1).
     """
-    plt, _ = _setup()
+    plt, _ = _pyplot()
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.0 + 0.45 * ranks * len(panels)), squeeze=False)
     for ax, (title, tr) in zip(axes[:, 0], panels, strict=True):
         for r in range(ranks):
