@@ -67,15 +67,15 @@ class TrainConfig:
     schedule: str = _opt("1f1b", "pipedream mode: 1F1B-RR with weight stashing, GPipe, or PipeDream-2BW", SCHEDULES)
     microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw)")
     weight_sync: str = _opt("stash", "1f1b: weight stashing alone or with vertical sync (§3.3)", WEIGHT_SYNC)
-    epochs: int = _opt(2, "passes over the training samples")
+    epochs: int = _opt(1, "passes over the training samples")
     batch_size: int = _opt(32, "samples per minibatch of the pipeline (pipedream) or of each worker (dp)")
     lr: float = _opt(0.01, "learning rate")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(5e-4, "L2 weight decay")
     optimizer: str = _opt("sgd", "optimizer", OPTIMIZERS)
     seed: int = _opt(0, "seed of the weights, the subsets and the data order")
-    train_subset: int | None = _opt(None, "training samples drawn from the training split (default: all)")
-    val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default: all)")
+    train_subset: int | None = _opt(None, "training samples drawn from the training split (default or 0: all)")
+    val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default or 0: all)")
     max_minibatches: int | None = _opt(None, "cap on minibatches per epoch (smoke runs)")
     data_dir: str | None = _opt(None, "data folder (default: the Debian package's or $PIPEDREAM_<DATASET>)")
     out_dir: str = _opt("results/runs/tmp", "where metrics.json, checkpoints and logs go, e.g. results/runs/vgg16/pipedream")
@@ -89,6 +89,11 @@ class TrainConfig:
     progress: bool = _opt(True, "a per-minibatch progress bar on one rank")
     debug_dump: bool = _opt(False, "write per-rank traces, first gradients and final weights (tests)")
     model_factory: Callable[[], nn.Sequential] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # 0 samples means "all" on the command line, as None does here
+        self.train_subset = self.train_subset or None
+        self.val_subset = self.val_subset or None
 
     def validate(self) -> None:
         """Raise PipeDreamError naming the first bad setting and how to fix it."""
