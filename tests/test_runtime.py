@@ -185,3 +185,27 @@ def test_tied_weights_across_stages_are_rejected() -> None:
     model[7].weight = model[5].weight  # layer 7 (stage 1) reuses layer 5's weight (stage 0)
     with pytest.raises(PipeDreamError, match="tied weights"):
         build_stages(model, straight_plan("t", 8, [6, 2]), torch.randn(1, 3, 32, 32))
+
+
+def test_token_accuracy_skips_padding_as_the_loss_does() -> None:
+    from pipedream.runtime.task import count_correct
+
+    # 2 sequences x 3 positions over 4 classes; PAD = 1 fills the last position of the first sequence
+    target = torch.tensor([[0, 2, 1], [3, 3, 1]])
+    pred = torch.tensor([[0, 0, 1], [3, 2, 1]])  # argmax per position
+    logits = torch.nn.functional.one_hot(pred, 4).float()
+    assert count_correct(logits, target) == (4, 6)  # the two PAD positions count as hits without ignore_index
+    assert count_correct(logits, target, ignore_index=1) == (2, 4)
+
+
+@pytest.mark.parametrize("model", ["gnmt8", "gnmt16", "s2vt"])
+def test_padded_models_ignore_their_pad_in_loss_and_accuracy(model: str) -> None:
+    from pipedream.models import get_spec
+
+    spec = get_spec(model)
+    assert spec.ignore_index is not None
+    target = torch.tensor([[2, spec.ignore_index]])
+    logits = torch.zeros(1, 2, 8)
+    logits[0, 1, 5] = 100.0  # a confident wrong answer at the padded position must cost nothing
+    logits[0, 0, 2] = 100.0
+    assert float(spec.criterion(logits, target)) == pytest.approx(0.0, abs=1e-6)

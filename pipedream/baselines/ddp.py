@@ -28,7 +28,7 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import allreduce_s
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.optim import make_optimizer
-from pipedream.runtime.task import count_correct, load_task
+from pipedream.runtime.task import load_task
 
 
 def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
@@ -110,7 +110,7 @@ def train(cfg: TrainConfig) -> None:
             for i in range(rank, n_val, world):
                 x, y = (t.to(device) for t in val_split.batch(torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)))
                 out = model(x)
-                c, k = count_correct(out, y)
+                c, k = task.count_correct(out, y)
                 correct, counted = correct + c, counted + k
                 vloss += float(task.criterion(out, y)) * y.shape[0]
                 vn += y.shape[0]

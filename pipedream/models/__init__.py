@@ -41,6 +41,8 @@ class ModelSpec:
         metric: name of the quality metric: ``"top1"`` (percent), ``"bleu"`` (sacrebleu, 0-100),
             ``"perplexity"`` or ``"bleu4"``.
         higher_is_better: whether a larger metric is better (False for perplexity).
+        ignore_index: target id that neither the loss nor the token accuracy counts (padding); None if
+            every target position counts.
         make_datasets: ``make_datasets(preset, train_subset, val_subset, seed) -> (train, val)``
             :class:`~pipedream.data.base.SampleSet` pairs; None if the model has no data hook.
         evaluate: ``evaluate(model, val, batch_size) -> metric value`` on a whole (assembled) model.
@@ -56,6 +58,7 @@ class ModelSpec:
     criterion: Callable[[Any, torch.Tensor], torch.Tensor] = classification_loss
     metric: str = "top1"
     higher_is_better: bool = True
+    ignore_index: int | None = None
     make_datasets: Callable[[str, int | None, int | None, int], tuple[SampleSet, SampleSet]] | None = None
     evaluate: Callable[[nn.Module, SampleSet, int], float] | None = None
     example: Callable[[str, int, int], torch.Tensor] | None = None

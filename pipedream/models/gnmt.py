@@ -280,6 +280,7 @@ for _name in ("gnmt8", "gnmt16"):
         input_shape=lambda preset: (2, EXAMPLE_LENGTH[preset]),
         dataset="ding_de_en",
         criterion=translation_loss,
+        ignore_index=PAD,
         metric="bleu",
         make_datasets=_datasets(_name),
         evaluate=bleu,

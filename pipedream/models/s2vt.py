@@ -204,6 +204,7 @@ register(ModelSpec(
                                 + CONFIGS[preset].max_words,),
     dataset="moving_fashion_mnist",
     criterion=caption_loss,
+    ignore_index=PAD,
     metric="bleu4",
     make_datasets=_datasets,
     evaluate=bleu4,

@@ -84,20 +84,23 @@ class StageExecutor:
         on_backward: called after each backward with (minibatch, microbatch) (progress bars).
         trace: when True, record ``(kind, stage, minibatch, microbatch, version)`` of every F and B.
         criterion: the last stage's loss, ``criterion(output, target) -> mean loss``.
+        count_correct: the last stage's validation accuracy, ``count_correct(output, target) -> (correct,
+            counted)`` (:meth:`pipedream.runtime.task.Task.count_correct` skips padding).
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
                  optimizer: torch.optim.Optimizer, p2p: P2P, in_shape: Boundary | None,
                  out_shape: Boundary, stage_group: Any = None, timeout_s: float = 60.0,
                  on_backward: Callable[[int, int], None] | None = None, trace: bool = False,
-                 criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy) -> None:
+                 criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+                 count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
         self.in_shape, self.out_shape = in_shape, out_shape
         self.stage_group, self.timeout_s = stage_group, timeout_s
         self.on_backward = on_backward
-        self.criterion = criterion
+        self.criterion, self.count_correct = criterion, count_correct
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
         self.first_grads: dict[str, torch.Tensor] | None = None  # gradients applied at the first STEP
         self.stats_history: list[list[tuple[int, int, float]]] = []  # per training pass: (mb, micro, loss)
@@ -206,7 +209,7 @@ class StageExecutor:
         if self.is_last:
             assert self.data.labels is not None
             labels = self.data.labels(*a.key).to(self.p2p.device)
-            correct, counted = count_correct(out, labels)
+            correct, counted = self.count_correct(out, labels)
             self.stats.correct += correct
             self.stats.counted += counted
             self.stats.loss_sum += float(self.criterion(out, labels)) * labels.shape[0]

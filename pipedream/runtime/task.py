@@ -32,6 +32,7 @@ class Task:
         example: one-sample model input ``(1, ...)`` for shape inference.
         train, val: data sets with ``len()`` and ``batch(indices) -> (input, target)``.
         criterion: ``criterion(output, target) -> scalar`` mean loss.
+        ignore_index: target id that validation accuracy skips, as the loss does (padding); None: none.
     """
 
     model: nn.Sequential
@@ -39,6 +40,11 @@ class Task:
     train: Any
     val: Any
     criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ignore_index: int | None = None
+
+    def count_correct(self, output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+        """:func:`count_correct` with this task's ``ignore_index``."""
+        return count_correct(output, target, self.ignore_index)
 
 
 def _import(path: str) -> Callable[[], nn.Sequential]:
@@ -74,14 +80,20 @@ def load_task(cfg: TrainConfig) -> Task:
         train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
         example = example_input(cfg.model, 1, cfg.preset, cfg.seed)
     criterion = getattr(spec, "criterion", None) or F.cross_entropy
-    return Task(model, example, train, val, criterion)
+    return Task(model, example, train, val, criterion, getattr(spec, "ignore_index", None))
 
 
-def count_correct(output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+def count_correct(output: torch.Tensor, target: torch.Tensor, ignore_index: int | None = None) -> tuple[int, int]:
     """(correct, counted) top-1 predictions: ``output (..., C)`` logits against ``target (...)`` ids.
 
-    Returns (0, 0) when the output is not a classification over the target's shape.
+    Positions whose target is ``ignore_index`` (padding) are not counted, as the loss ignores them
+    (``F.cross_entropy(ignore_index=...)``). Returns (0, 0) when the output is not a classification over
+    the target's shape.
     """
     if output.dim() < 1 or target.is_floating_point() or tuple(output.shape[:-1]) != tuple(target.shape):
         return 0, 0
-    return int((output.argmax(dim=-1) == target).sum()), int(target.numel())
+    hit = output.argmax(dim=-1) == target
+    if ignore_index is None:
+        return int(hit.sum()), int(target.numel())
+    keep = target != ignore_index
+    return int((hit & keep).sum()), int(keep.sum())

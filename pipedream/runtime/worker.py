@@ -164,7 +164,7 @@ def train(cfg: TrainConfig) -> None:
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
                              in_shape=shapes[s - 1] if s > 0 else None, out_shape=shapes[s],
                              stage_group=groups[s], timeout_s=cfg.comm_timeout_s, trace=cfg.debug_dump,
-                             criterion=task.criterion,
+                             criterion=task.criterion, count_correct=task.count_correct,
                              on_backward=on_backward)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
