@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,68 @@ def git_commit() -> str:
         return "unknown"
 
 
+class LiveRun:
+    """One training run logged to MLflow while it trains: parameters and tags at the start, each epoch's
+    metrics as it ends (``step`` = epoch, timestamp = the run's start + the epoch's ``wall_time_s``, so
+    the UI's wall-time axis is real time), final metrics, artifacts and the status at the end.
+
+    A rerun of the same target (same experiment and run name: the ``run_key`` tag) deletes the earlier
+    run first, so no duplicate is left.
+
+    Args:
+        experiment: MLflow experiment name (one per Table 1 row, e.g. ``"vgg16/cpu4"``).
+        run_name: e.g. ``"pipedream"`` or ``"dp"``.
+        params: run parameters (model, mode, config, workers, batch size, lr, seed, ...).
+        tags: extra tags (model, cluster, mode, config, reduced/full); ``git_commit`` is added.
+        start_time_s: the run's start (Unix seconds; default now).
+    """
+
+    def __init__(self, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str] | None = None,
+                 start_time_s: float | None = None) -> None:
+        mlflow = _mlflow()
+        from mlflow.entities import Param
+
+        self.experiment_id = _experiment_id(experiment)
+        run_key = f"{experiment}|{run_name}"
+        self.client = mlflow.MlflowClient()
+        for old in self.client.search_runs([self.experiment_id], filter_string=f"tags.run_key = '{run_key}'"):
+            self.client.delete_run(old.info.run_id)
+        self.tags = {"run_key": run_key, "git_commit": git_commit(), **(tags or {})}
+        self.start_ms = int(1000 * (time.time() if start_time_s is None else start_time_s))
+        run = self.client.create_run(self.experiment_id, start_time=self.start_ms, run_name=run_name, tags=self.tags)
+        self.run_id: str = run.info.run_id
+        self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+        self.logged = 0  # epochs logged so far
+
+    def log_epochs(self, epochs: list[dict[str, float]]) -> None:
+        """Log the epochs of ``epochs`` (all of the run so far, in order) that are not logged yet."""
+        from mlflow.entities import Metric
+
+        new = epochs[self.logged:]
+        if not new:
+            return
+        metrics = []
+        for step, row in enumerate(new, start=self.logged + 1):
+            ts = self.start_ms + int(1000 * float(row.get("wall_time_s", 0.0)))
+            metrics += [Metric(k, float(v), ts, step) for k, v in row.items() if k != "epoch"]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        self.logged += len(new)
+
+    def finish(self, final_metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+               artifacts: Iterable[Path] = (), status: str = "FINISHED") -> None:
+        """Log final metrics (step 0, now), extra tags and artifacts (missing files skipped), then end
+        the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+        from mlflow.entities import Metric, RunTag
+
+        now = int(1000 * time.time())
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in (final_metrics or {}).items()],
+                              tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()])
+        for path in artifacts:
+            if Path(path).is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, status=status)
+
+
 def log_training_run(
     experiment: str,
     run_name: str,
@@ -62,49 +125,12 @@ def log_training_run(
     tags: dict[str, str] | None = None,
     artifacts: Iterable[Path] = (),
 ) -> str:
-    """Log one finished training run and return its MLflow run id.
-
-    If a run with the same ``run_key`` tag (experiment, run name and params) already exists, it is
-    deleted first, so a rerun of the same target never leaves a duplicate.
-
-    Args:
-        experiment: MLflow experiment name (one per Table 1 row, e.g. ``"vgg16/cpu4"``).
-        run_name: e.g. ``"pipedream"`` or ``"dp"``.
-        params: run parameters (model, mode, config, workers, batch size, lr, seed, ...).
-        epochs: one dict per epoch, metric name -> value (e.g. ``epoch_time_s``, ``train_loss``,
-            ``val_accuracy``, ``samples_per_s``); logged with ``step`` = epoch index (1-based).
-        final_metrics: metrics logged once (e.g. ``time_to_accuracy_s``).
-        tags: extra tags (model, cluster, mode, config, reduced/full); ``git_commit`` is added.
-        artifacts: files to attach (plan JSON, profile, plots).
-    """
-    mlflow = _mlflow()
-    from mlflow.entities import Metric, Param, RunTag
-
-    exp_id = _experiment_id(experiment)
-    run_key = f"{experiment}|{run_name}"
-    client = mlflow.MlflowClient()
-    for old in client.search_runs([exp_id], filter_string=f"tags.run_key = '{run_key}'"):
-        client.delete_run(old.info.run_id)
-    all_tags = {"run_key": run_key, "git_commit": git_commit(), **(tags or {})}
-    run = client.create_run(exp_id, run_name=run_name, tags=all_tags)
-    rid = run.info.run_id
-    metrics = [
-        Metric(key, float(value), 0, step)
-        for step, row in enumerate(epochs, start=1)
-        for key, value in row.items()
-    ]
-    metrics += [Metric(k, float(v), 0, 0) for k, v in (final_metrics or {}).items()]
-    client.log_batch(
-        rid,
-        metrics=metrics,
-        params=[Param(k, str(v)) for k, v in params.items()],
-        tags=[RunTag(k, str(v)) for k, v in all_tags.items()],
-    )
-    for path in artifacts:
-        if Path(path).is_file():
-            client.log_artifact(rid, str(path))
-    client.set_terminated(rid)
-    return rid
+    """Log one finished training run at once (a :class:`LiveRun` started and finished in one call) and
+    return its MLflow run id. Arguments as for :class:`LiveRun`; ``epochs`` one dict per epoch."""
+    run = LiveRun(experiment, run_name, params, tags)
+    run.log_epochs(epochs)
+    run.finish(final_metrics, artifacts=artifacts)
+    return run.run_id
 
 
 def load_runs(experiment: str) -> list[dict[str, Any]]:

@@ -52,6 +52,16 @@ def test_train_command_writes_metrics_run_json_and_mlflow(tmp_path: Path, mlflow
     (logged,) = load_runs("tiny/test")
     assert logged["run_id"] == run["run_id"]
     assert logged["params"]["mode"] == "pipedream" and logged["params"]["config"] == "straight"
+    assert logged["params"]["schedule"] == "1f1b" and logged["tags"]["cluster"] == "cpu2"
+    from pipedream.tracking import _mlflow
+
+    client = _mlflow().MlflowClient()
+    (point,) = client.get_metric_history(run["run_id"], "val_accuracy")
+    info = client.get_run(run["run_id"]).info
+    assert point.step == 1 and info.status == "FINISHED"
+    # logged with real time: the epoch's wall time after the run's start, not 1970
+    assert point.timestamp == info.start_time + int(1000 * rows[0]["wall_time_s"])
+    assert info.start_time > 1.7e12
     trained = load_into(tmp_path / "run", tiny_model())  # the stages reassemble into the whole model
     assert not torch.equal(trained[0].weight, build(tiny_model)[0].weight)
 

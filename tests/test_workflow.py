@@ -78,9 +78,15 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
         [sys.executable, "-c", "from pipedream.tracking import load_runs, _mlflow; "
          "runs = load_runs('vgg16/cpu4_1gbps'); print(sorted(r['run_name'] for r in runs)); "
          "c = _mlflow().MlflowClient(); pd = [r for r in runs if r['run_name'] == 'pipedream'][0]; "
-         "print(sorted(a.path for a in c.list_artifacts(pd['run_id'])))"],
+         "print(sorted(a.path for a in c.list_artifacts(pd['run_id']))); "
+         "dp = [r for r in runs if r['run_name'] == 'dp'][0]; "
+         "print(sorted(a.path for a in c.list_artifacts(dp['run_id'])), sorted(dp['params']), "
+         "dp['tags']['cluster'] == pd['tags']['cluster'])"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    names, artifacts = check.stdout.strip().splitlines()[-2:]
+    names, artifacts, dp_run = check.stdout.strip().splitlines()[-3:]
     assert names == "['dp', 'pipedream']", check.stderr[-2000:]
     for artifact in ("cpu4_1gbps.json", "graph.txt", "metrics.json", "vgg16_accuracy_vs_time.png"):
         assert artifact in artifacts
+    # DP carries no PipeDream-only artifacts or params, and the same cluster tag as PipeDream
+    assert "metrics.json" in dp_run and "cpu4_1gbps.json" not in dp_run and "graph.txt" not in dp_run
+    assert "'schedule'" not in dp_run and "'weight_sync'" not in dp_run and dp_run.endswith("True")

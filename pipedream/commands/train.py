@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -116,17 +117,47 @@ def _root_cause(log_path: Path) -> str | None:
     return f"worker rank {rank.group(1)} exited with {how}"
 
 
+def _watch(live, metrics_path: Path, stop: threading.Event, every_s: float = 2.0) -> None:  # type: ignore[no-untyped-def]
+    """Log each epoch to MLflow as the workers append it to ``metrics.json`` (written atomically)."""
+    while True:
+        stopping = stop.wait(every_s)
+        try:
+            rows = json.loads(metrics_path.read_text()) if metrics_path.is_file() else []
+            live.log_epochs(rows)
+        except (OSError, ValueError):
+            pass  # a later poll (or the final one) logs it
+        if stopping:
+            return
+
+
+def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """MLflow parameters and tags of the run; PipeDream-only settings only on PipeDream runs."""
+    params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config, "cluster": cluster,
+              "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
+              "weight_decay": args.weight_decay, "optimizer": args.optimizer, "seed": args.seed,
+              "epochs": args.epochs, "train_subset": args.train_subset or "all", "val_subset": args.val_subset or "all",
+              "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
+              "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none",
+              "threads_per_worker": os.environ.get("OMP_NUM_THREADS", "1"), "host_cores": os.cpu_count() or 0}
+    if args.mode == "pipedream":
+        params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync)
+    tags = {"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset}
+    return params, tags
+
+
 def run(args: argparse.Namespace) -> int:
-    """``pipedream train``: launch the workers, then log the run to MLflow and write ``run.json``."""
+    """``pipedream train``: launch the workers while logging each epoch to MLflow, then log the final
+    metrics and write ``run.json``."""
     from pipedream.planner.plan import Plan
     from pipedream.runtime.launch import DP_MODULE, WORKER_MODULE, torchrun_command
 
+    plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it
     cfg = _config(args)
     if args.workers < 1:
         raise PipeDreamError("--workers must be positive")
-    plan = Plan.load(args.plan) if args.plan else None
+    plan = Plan.load(plan_file) if plan_file else None
     if plan is not None and plan.workers != args.workers:
-        raise PipeDreamError(f"plan {args.plan} is for {plan.workers} workers, not --workers {args.workers}")
+        raise PipeDreamError(f"plan {plan_file} is for {plan.workers} workers, not --workers {args.workers}")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", *(() if args.resume else ("metrics.json",))):
@@ -134,51 +165,65 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(out_dir / "errors", ignore_errors=True)
     if not args.resume:
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+    if args.mode == "dp":
+        config = str(args.workers)
+    else:
+        config = plan.config if plan is not None else "straight"
+    cluster = plan.cluster if plan is not None else f"cpu{args.workers}"
+    metrics_path = out_dir / "metrics.json"
     entry = WORKER_MODULE if args.mode == "pipedream" else DP_MODULE
-    t0 = time.time()
-    launch(torchrun_command(entry, cfg, args.workers, args.nnodes, args.rdzv_endpoint, run_id=args.model),
-           out_dir, args.timeout_s)
-    total_s = time.time() - t0
+    cmd = torchrun_command(entry, cfg, args.workers, args.nnodes, args.rdzv_endpoint, run_id=args.model)
     if args.node_rank != 0:
+        launch(cmd, out_dir, args.timeout_s)
         print(f"node {args.node_rank}: workers finished; node 0 logs the run")
         return 0
-    metrics_path = out_dir / "metrics.json"
+    from pipedream.tracking import LiveRun
+
+    params, tags = _params_and_tags(args, config, cluster)
+    t0 = time.time()
+    live = LiveRun(args.experiment or f"{args.model}/{cluster}", args.mode, params, tags, start_time_s=t0)
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch, args=(live, metrics_path, stop), daemon=True)
+    watcher.start()
+    try:
+        launch(cmd, out_dir, args.timeout_s)
+    except BaseException:
+        stop.set()
+        watcher.join(timeout=30)
+        live.finish(status="FAILED", artifacts=[out_dir / "train.log"])
+        raise
+    stop.set()
+    watcher.join(timeout=30)
+    total_s = time.time() - t0
     if not metrics_path.is_file():
+        live.finish(status="FAILED", artifacts=[out_dir / "train.log"])
         raise PipeDreamError(f"workers finished but wrote no {metrics_path}; see {out_dir / 'train.log'}")
     epochs = json.loads(metrics_path.read_text())
-    config = plan.config if plan is not None else (str(args.workers) if args.mode == "dp" else "straight")
-    cluster = plan.cluster if plan is not None else f"cpu{args.workers}"
-    params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config,
-              "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
-              "weight_decay": args.weight_decay, "optimizer": args.optimizer, "seed": args.seed,
-              "epochs": args.epochs, "train_subset": args.train_subset, "val_subset": args.val_subset,
-              "schedule": args.schedule if args.mode == "pipedream" else "dp",
-              "microbatches": args.microbatches, "weight_sync": args.weight_sync,
-              "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
-              "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none"}
+    live.log_epochs(epochs)
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
+    final_tags = {}
     if args.threshold is not None:
         from pipedream.table1.measured import epochs_to_accuracy, time_to_accuracy
 
-        final["time_to_accuracy_s"] = time_to_accuracy(epochs, args.threshold, args.threshold_metric)
-        final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)
+        tta = time_to_accuracy(epochs, args.threshold, args.threshold_metric)
+        if math.isnan(tta):  # never crossed: say so, log no number
+            final_tags["time_to_accuracy"] = "not reached"
+        else:
+            final["time_to_accuracy_s"] = tta
+            final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)
     from pipedream.runtime.assemble import final_metric
 
     metric = final_metric(out_dir, args.model, args.preset, args.seed, args.train_subset or None,
                           args.val_subset or None, args.batch_size)
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
-    from pipedream.tracking import log_training_run
-
-    run_id = log_training_run(
-        experiment=args.experiment or f"{args.model}/{cluster}", run_name=args.mode, params=params,
-        epochs=[{k: float(v) for k, v in e.items() if k != "epoch"} for e in epochs], final_metrics=final,
-        tags={"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset},
-        artifacts=[p for p in (args.plan, args.profile, metrics_path) if p is not None])
-    atomic_write_json(out_dir / "run.json", {"run_id": run_id, "mode": args.mode, "config": config,
-                                              "epochs": len(epochs), **final})
+    own = [plan_file, args.profile] if args.mode == "pipedream" else []
+    live.finish(final, final_tags, artifacts=[p for p in (*own, metrics_path) if p is not None])
+    atomic_write_json(out_dir / "run.json", {"run_id": live.run_id, "experiment_id": live.experiment_id,
+                                              "mode": args.mode, "config": config, "cluster": cluster,
+                                              "epochs": len(epochs), **final, **final_tags})
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
-          f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {run_id}")
+          f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {live.run_id}")
     return 0
