@@ -3,7 +3,7 @@
 Launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` with the PipeDream worker
 (``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.ddp``), streams the workers'
 progress to stderr (and ``<out-dir>/train.log``), then logs ``<out-dir>/metrics.json`` to MLflow and
-writes ``<out-dir>/run.json`` (the MLflow run id and final metrics) last, as the completion marker.
+writes ``<out-dir>/run.json`` (the MLflow run and experiment ids and final metrics) last, as the completion marker.
 A failed or killed worker ends the whole job with one ``error:`` line and a non-zero exit.
 """
 
@@ -170,15 +170,15 @@ def run(args: argparse.Namespace) -> int:
                           args.val_subset or None, args.batch_size)
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
-    from pipedream.tracking import log_training_run
+    from pipedream.tracking import experiment_of_run, log_training_run
 
     run_id = log_training_run(
         experiment=args.experiment or f"{args.model}/{cluster}", run_name=args.mode, params=params,
         epochs=[{k: float(v) for k, v in e.items() if k != "epoch"} for e in epochs], final_metrics=final,
         tags={"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset},
         artifacts=[p for p in (args.plan, args.profile, metrics_path) if p is not None])
-    atomic_write_json(out_dir / "run.json", {"run_id": run_id, "mode": args.mode, "config": config,
-                                              "epochs": len(epochs), **final})
+    atomic_write_json(out_dir / "run.json", {"run_id": run_id, "experiment_id": experiment_of_run(run_id),
+                                              "mode": args.mode, "config": config, "epochs": len(epochs), **final})
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
           f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {run_id}")
     return 0
