@@ -16,6 +16,7 @@ from typing import Any
 
 DEFAULT_TRACKING_URI = "sqlite:///results/mlflow.db"
 DEFAULT_ARTIFACT_ROOT = "results/mlartifacts"
+UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the store
 
 
 def tracking_uri() -> str:
@@ -43,6 +44,19 @@ def _experiment_id(name: str) -> str:
     root = Path(DEFAULT_ARTIFACT_ROOT).resolve()
     root.mkdir(parents=True, exist_ok=True)
     return str(mlflow.create_experiment(name, artifact_location=root.as_uri() + "/" + name))
+
+
+def experiment_of_run(run_id: str) -> str | None:
+    """The MLflow experiment id of a run, or None if the store does not hold it (or cannot be read)."""
+    try:
+        return str(_mlflow().MlflowClient().get_run(run_id).info.experiment_id)
+    except Exception:  # noqa: BLE001 - any store error means "unknown"; the caller shows the bare run id
+        return None
+
+
+def run_url(experiment_id: str, run_id: str) -> str:
+    """The run's page in a local ``mlflow ui`` (``make ui``)."""
+    return f"{UI_URL}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def git_commit() -> str:

@@ -8,6 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pipedream.cli import main
@@ -137,6 +138,9 @@ def test_report_predicted_cli_writes_table_and_plots(tmp_path: Path, tiny_paper:
     for png in ("table1_predicted_speedup.png", "dp_comm_stall.png", "timeline_gnmt8_A_1x4.png"):
         assert (out / "plots" / png).stat().st_size > 10_000
     assert (out / "table1_predicted.csv").read_text().count("\n") == 3
+    why = dict(zip(*pd.read_csv(out / "table1_predicted.csv")[["row", "explanation"]].T.values, strict=True))
+    gnmt = json.loads(why["gnmt8 A 1x4"])
+    assert gnmt and all(f"  - {line}" in md for line in gnmt)  # the CSV holds the markdown's sentences
 
 
 @pytest.fixture(autouse=True)

@@ -1,16 +1,20 @@
-"""Table 1 report: speedups and time-to-accuracy computed by hand from synthetic runs."""
+"""Table 1 report: speedups and time-to-accuracy computed by hand from synthetic runs; report.html."""
 
 from __future__ import annotations
 
+import html
 import json
 import math
+import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from pipedream.planner.plan import Plan, Stage
-from pipedream.table1.measured import epochs_to_accuracy, time_to_accuracy, write_speedup
-from pipedream.table1.table import write_report
+from pipedream.table1.measured import MODES, epochs_to_accuracy, time_to_accuracy, write_speedup
+from pipedream.table1.table import read_explanations, write_report
+from pipedream.tracking import UI_URL, experiment_of_run, log_training_run
 from tests.conftest import REPO
 
 
@@ -35,38 +39,79 @@ def test_time_to_accuracy() -> None:
     assert math.isnan(epochs_to_accuracy(e, 0.9))
 
 
-def test_report_from_runs(tmp_path: Path) -> None:
+def _log_runs(res: Path, model: str, with_experiment_id: bool) -> dict[str, str]:
+    """Log both modes of ``model`` to MLflow and write their run.json as ``pipedream train`` does (or as it did
+    before run.json carried the experiment id); returns mode -> run id."""
+    ids = {}
+    for mode in MODES:
+        rid = log_training_run(f"{model}/cpu4", mode, {"model": model}, [{"val_accuracy": 0.5}])
+        run = {"run_id": rid, "mode": mode, **({"experiment_id": experiment_of_run(rid)} if with_experiment_id else {})}
+        (res / "runs" / model / mode / "run.json").write_text(json.dumps(run))
+        ids[mode] = rid
+    return ids
+
+
+def test_report_from_runs(tmp_path: Path, mlflow_store: Path) -> None:
     res = tmp_path / "results"
-    for mode, times, accs in [("pipedream", [4, 4], [0.6, 0.8]), ("dp", [10, 6], [0.7, 0.8])]:
-        (res / "runs" / "vgg16" / mode).mkdir(parents=True)
-        (res / "runs" / "vgg16" / mode / "metrics.json").write_text(json.dumps(_epochs(times, accs)))
-    stages = [Stage(nodes=["node0", "node1"], replicas=3, ranks=[0, 1, 2]), Stage(nodes=["node2"], ranks=[3])]
-    Plan("vgg16", "cpu4", 4, stages, 32, 1.0, 2.0).save(res / "plans" / "vgg16" / "cpu4.json")
+    models = {"vgg16": ([4, 4], [0.6, 0.8], [10, 6], [0.7, 0.8]), "gnmt8": ([5, 5], [0.3, 0.4], [6, 6], [0.3, 0.4])}
+    for model, (tp, ap, td, ad) in models.items():
+        for mode, times, accs in [("pipedream", tp, ap), ("dp", td, ad)]:
+            (res / "runs" / model / mode).mkdir(parents=True)
+            (res / "runs" / model / mode / "metrics.json").write_text(json.dumps(_epochs(times, accs)))
+        stages = [Stage(nodes=["node0", "node1"], replicas=3, ranks=[0, 1, 2]), Stage(nodes=["node2"], ranks=[3])]
+        Plan(model, "cpu4", 4, stages, 32, 1.0, 2.0).save(res / "plans" / model / "cpu4.json")
+    run_ids = {"vgg16": _log_runs(res, "vgg16", True), "gnmt8": _log_runs(res, "gnmt8", False)}
     cfg = {
-        "results_dir": str(res), "cluster": "cpu4", "workers": 4,
+        "results_dir": str(res), "cluster": "cpu4", "workers": 4, "emulate_bandwidth_Bps": 1.25e8,
         "paper_table": str(REPO / "experiments" / "paper_table1.csv"),
-        "models": {"vgg16": {"preset": "reduced",
-                             "threshold": {"metric": "top1", "value": 80.0},
-                             "train": {"epochs": 2, "batch_size": 32, "lr": 0.01}}},
+        "models": {m: {"preset": "reduced", "threshold": {"metric": "top1", "value": 80.0} if m == "vgg16" else None,
+                       "train": {"epochs": 2, "batch_size": 32, "lr": 0.01}} for m in models},
     }
-    (res / "table1_predicted.csv").write_text(
-        "model,hardware,predicted_config,predicted_speedup,rel_error\nvgg16,A 4x4,15-1,4.0,-0.24\n")
+    why = {"vgg16 A 4x4": ["planner: ours picked 15-1 <because> it's faster.", "profile: V100 (release) profile."]}
+    pd.DataFrame({"row": ["vgg16 A 4x4", "vgg16 B 2x8"], "model": ["vgg16"] * 2, "hardware": ["A 4x4", "B 2x8"],
+                  "predicted_config": ["15-1", "8-8"], "predicted_speedup": [4.0, 2.9], "rel_error": [-0.24, -0.03],
+                  "explanation": [json.dumps(why["vgg16 A 4x4"]), "[]"]}).to_csv(res / "table1_predicted.csv", index=False)
     speedup = write_speedup("vgg16", cfg, res / "speedup" / "vgg16.json")
     assert speedup["measured_speedup_epoch_time"] == pytest.approx(8 / 4)  # mean(10, 6) / mean(4, 4)
     assert speedup["measured_speedup_tta"] == pytest.approx(16 / 8)        # both reach 0.8 in epoch 2
     assert speedup["measured_epochs_to_accuracy_dp"] == 2
-    df = write_report(cfg)
+    df = write_report(cfg, "experiments/ci.yaml")
     assert len(df) == 14  # every row of the paper's Table 1
     vgg = df[df["model"] == "vgg16"].set_index("hardware")
     assert list(vgg.index) == ["A 4x4", "B 2x8"]
     assert vgg.loc["A 4x4", "paper_config"] == "15-1" and vgg.loc["A 4x4", "paper_speedup_epoch_time"] == 5.28
     assert vgg.loc["A 4x4", "predicted_speedup_epoch_time"] == 4.0
-    assert math.isnan(vgg.loc["B 2x8", "predicted_speedup_epoch_time"])
     assert (vgg["measured_config"] == "3-1").all()
     assert list(vgg["measured_speedup_epoch_time"]) == pytest.approx([2.0, 2.0])
-    assert df[df["model"] == "gnmt8"]["measured_config"].isna().all()
-    assert (res / "table1.md").read_text().startswith("# Table 1")
-    html = (res / "report.html").read_text()
-    assert "vgg16_accuracy_vs_time.png" in html and "table1_speedups.png" in html
-    for png in ("vgg16_accuracy_vs_time.png", "table1_speedups.png"):
-        assert (res / "plots" / png).stat().st_size > 1000
+    assert df[df["model"] == "alexnet"]["measured_config"].isna().all()
+    # one reduced run stands for both VGG-16 rows: named on both, the second marked as a repeat
+    assert list(vgg["measured_run"]) == ["vgg16/cpu4"] * 2
+    assert pd.isna(vgg.loc["A 4x4", "measured_note"]) and vgg.loc["B 2x8", "measured_note"] == "same run as vgg16 A 4x4"
+    gnmt = df[df["model"] == "gnmt8"]["measured_note"]
+    assert gnmt.isna().tolist() == [True, False, False] and set(gnmt.dropna()) == {"same run as gnmt8 A 1x4"}
+    md = (res / "table1.md").read_text()
+    assert md.startswith("# Table 1") and "| same run as vgg16 A 4x4 |" in md and "measured_note" in md
+    assert pd.read_csv(res / "table1.csv")["measured_note"].notna().sum() == 3
+
+    page = (res / "report.html").read_text()
+    assert re.findall(r"<img src='([^']*)'", page) and all(
+        src.startswith("data:image/png;base64,") for src in re.findall(r"<img src='([^']*)'", page))
+    assert not re.search(r"<img src=(?!'data:)", page) and "<link" not in page and "<script" not in page
+    assert page.count("<img ") == len(list((res / "plots").glob("*.png"))) == 3  # 2 accuracy curves + speedup bars
+    order = ["id='headline'", "id='fig-table1_speedups'", "id='why'", "id='table1'"]  # headline first, details after
+    assert [page.index(x) for x in order] == sorted(page.index(x) for x in order)
+    for field in ("commit", "date", "experiments/ci.yaml", "workers", "cpu4", "1 Gbps", "host", "CPUs", "torch",
+                  "CUDA device"):
+        assert field in page.split("id='headline'")[0], field  # in the header box, before the tables
+    for line in why["vgg16 A 4x4"]:
+        assert html.escape(line, quote=False) in page
+    for ids in run_ids.values():  # gnmt8's run.json predates experiment_id: looked up in the store
+        for rid in ids.values():
+            assert f"{UI_URL}/#/experiments/{experiment_of_run(rid)}/runs/{rid}'" in page
+    assert "same run as <a href='#row-1'>#1</a> (vgg16 A 4x4)" in page
+    assert "same run as <a href='#row-10'>#10</a> (gnmt8 A 1x4)" in page and "make ui" in page
+
+
+def test_explanations_of_an_older_predicted_table(tmp_path: Path) -> None:
+    (tmp_path / "table1_predicted.csv").write_text("row,model,hardware,predicted_config\nvgg16 A 4x4,vgg16,A 4x4,15-1\n")
+    assert read_explanations(tmp_path) == {}

@@ -47,10 +47,11 @@ def test_train_command_writes_metrics_run_json_and_mlflow(tmp_path: Path, mlflow
     assert {"epoch_time_s", "train_loss", "val_accuracy", "samples_per_s", "wall_time_s"} <= rows[0].keys()
     assert rows[0]["train_samples"] == 128
     run = json.loads((tmp_path / "run" / "run.json").read_text())
-    from pipedream.tracking import load_runs
+    from pipedream.tracking import experiment_of_run, load_runs
 
     (logged,) = load_runs("tiny/test")
     assert logged["run_id"] == run["run_id"]
+    assert run["experiment_id"] == experiment_of_run(run["run_id"]) is not None
     assert logged["params"]["mode"] == "pipedream" and logged["params"]["config"] == "straight"
     assert logged["params"]["schedule"] == "1f1b" and logged["tags"]["cluster"] == "cpu2"
     from pipedream.tracking import _mlflow

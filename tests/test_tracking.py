@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipedream.tracking import load_runs, log_training_run
+from pipedream.tracking import _mlflow, experiment_of_run, load_runs, log_training_run, run_url
 
 
 def test_run_written_and_read_back(mlflow_store: Path) -> None:
@@ -32,3 +32,11 @@ def test_rerun_does_not_duplicate(mlflow_store: Path) -> None:
     assert sorted(r["run_name"] for r in runs) == ["dp", "pipedream"]
     pd_run = next(r for r in runs if r["run_name"] == "pipedream")
     assert pd_run["history"]["val_accuracy"] == [(1, 0.2)]
+
+
+def test_experiment_of_run_and_ui_link(mlflow_store: Path) -> None:
+    rid = log_training_run("vgg16/cpu4", "dp", {}, [{"val_accuracy": 0.5}])
+    eid = _mlflow().get_experiment_by_name("vgg16/cpu4").experiment_id
+    assert experiment_of_run(rid) == eid
+    assert experiment_of_run("0" * 32) is None  # a run the store does not hold
+    assert run_url(eid, rid) == f"http://127.0.0.1:5000/#/experiments/{eid}/runs/{rid}"

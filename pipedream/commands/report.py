@@ -57,6 +57,6 @@ def run(args: argparse.Namespace) -> int:
             raise PipeDreamError("--speedup needs --out FILE")
         print(json.dumps(write_speedup(args.speedup, cfg, Path(args.out)), indent=2))
         return 0
-    df = write_report(cfg)
+    df = write_report(cfg, args.config)
     print(df.to_string(index=False))
     return 0

@@ -1,26 +1,238 @@
-"""``results/report.html``: Table 1 and every plot on one page."""
+"""``results/report.html``: one self-contained page (images inlined, no external CSS or JS).
+
+Order: provenance, the headline table (one row per paper row: paper, predicted and measured speedups) and
+the speedup plot; then why each prediction differs from the paper, every column of Table 1, the other
+plots, and how to open the MLflow runs the measured rows link to.
+"""
 
 from __future__ import annotations
 
-import html
+import base64
+import math
+from html import escape
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from pipedream.table1.table import row_label
 
-def html_report(table: pd.DataFrame, notes: list[str], results: Path) -> str:
-    """A self-contained page: Table 1, its notes, and every PNG under ``results/plots`` (relative links)."""
-    images = sorted((results / "plots").glob("*.png"))
+HEADLINE_PLOT = "table1_speedups.png"
+# plots of the predicted step (pipedream.table1.predicted.write) -> caption; any other PNG gets its file name
+PREDICTED_PLOTS = {
+    "table1_predicted_speedup.png": "Predicted at paper scale: the paper's speedup beside the simulated one for our "
+                                    "planner's config and for the paper's config.",
+    "dp_comm_stall.png": "Simulated share of DP worker time stalled in gradient allreduce, per model and cluster.",
+    "timeline_gnmt8_A_1x4.png": "Simulated timelines of the first minibatches: PipeDream 1F1B, GPipe, 2BW and DP.",
+}
+UI_COMMAND = "make ui"  # = mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port 5000
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#222;
+  max-width:1100px;margin:0 auto;padding:1.2em 1.5em 3em}
+h1{font-size:1.55em;margin:.3em 0 .1em}
+h2{font-size:1.2em;margin:2em 0 .6em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+.lede{color:#444;margin:.2em 0 1em}
+.prov{display:grid;grid-template-columns:repeat(3,max-content 1fr);gap:2px 10px;background:#f6f8fa;
+  border:1px solid #d8dee4;border-radius:6px;padding:8px 12px;font-size:12.5px}
+.prov dt{color:#57606a}.prov dd{margin:0;font-family:ui-monospace,Menlo,Consolas,monospace;overflow-wrap:anywhere}
+.scroll{overflow-x:auto;margin:.5em 0}
+table{border-collapse:collapse;font-size:13px}
+th,td{padding:4px 8px;border-bottom:1px solid #eaeef2;text-align:left;white-space:nowrap;vertical-align:top}
+thead th{background:#f6f8fa;border-bottom:2px solid #d0d7de;font-weight:600}
+thead tr.groups th{text-align:center;border-bottom:1px solid #d0d7de}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+.g{border-left:2px solid #d0d7de}
+td.same{color:#6e7781;font-style:italic;text-align:center}
+.muted{color:#6e7781}
+a{color:#0969da;text-decoration:none}a:hover{text-decoration:underline}
+figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eaeef2}
+figcaption{color:#57606a;font-size:13px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:0 16px}
+h3{font-size:1.02em;margin:1.4em 0 .4em}
+details{margin:.35em 0;padding:.3em .6em;border:1px solid #eaeef2;border-radius:6px}
+summary{cursor:pointer}details ul{margin:.4em 0 .2em;padding-left:1.4em}details li{margin:.25em 0}
+ul.notes li{margin:.3em 0}
+code{font-family:ui-monospace,Menlo,Consolas,monospace;background:#f6f8fa;padding:0 3px;border-radius:3px}
+"""
+
+
+def _text(v: Any) -> str:
+    """Escaped text of a cell; NaN and missing values as an em dash."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return escape(str(v), quote=False)
+
+
+def _x(v: Any) -> str:
+    """A speedup, ``"5.28×"``; NaN as an em dash."""
+    return "—" if v is None or math.isnan(float(v)) else f"{float(v):.2f}×"
+
+
+def _num(v: Any, column: str) -> str:
+    """A number in the detail table: speedups and errors to 2 decimals, others to 3 significant digits."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return _text(v)
+    if math.isnan(v):
+        return "—"
+    return f"{v:.2f}" if "speedup" in column or "error" in column else f"{v:.3g}"
+
+
+def data_uri(png: Path) -> str:
+    """A PNG file as a ``data:`` URI, so the page carries its images."""
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
+def _figure(png: Path, caption: str) -> str:
+    return (f"<figure id='fig-{escape(png.stem)}'><img src='{data_uri(png)}' alt='{escape(caption)}'>"
+            f"<figcaption>{escape(caption, quote=False)}</figcaption></figure>")
+
+
+def _plots(plots: list[Path], models: list[str]) -> str:
+    """The plots below the tables: measured accuracy curves two abreast, then the predicted step's plots."""
+    by_name = {p.name: p for p in plots}
+    curves = [by_name.pop(f"{m}_accuracy_vs_time.png") for m in models if f"{m}_accuracy_vs_time.png" in by_name]
+    by_name.pop(HEADLINE_PLOT, None)
+    out = []
+    if curves:
+        out.append("<h3>Measured: validation accuracy against wall time (reduced models, CPU)</h3><div class='grid'>")
+        out += [_figure(p, p.stem.replace("_", " ")) for p in curves]
+        out.append("</div>")
+    if by_name:
+        out.append("<h3>Predicted at paper scale</h3>")
+        out += [_figure(p, PREDICTED_PLOTS.get(name, p.stem.replace("_", " "))) for name, p in sorted(by_name.items())]
+    return "".join(out)
+
+
+def _provenance(prov: dict[str, str]) -> str:
+    items = "".join(f"<dt>{escape(k)}</dt><dd>{escape(v, quote=False)}</dd>" for k, v in prov.items())
+    return f"<dl class='prov' id='provenance'>{items}</dl>"
+
+
+def _run_links(runs: list[tuple[str, str, str | None]]) -> str:
+    """The MLflow runs of a measured row: a link per mode where the experiment is known, else the bare id."""
+    parts = []
+    for mode, run_id, url in runs:
+        if url:
+            parts.append(f"<a href='{escape(url)}' title='MLflow run {escape(run_id)}'>{escape(mode)}</a>")
+        else:
+            parts.append(f"{escape(mode)} <code title='not in the MLflow store'>{escape(run_id[:8])}</code>")
+    return " · ".join(parts) or "—"
+
+
+def _headline(df: pd.DataFrame, explanations: dict[str, list[str]],
+              runs: dict[str, list[tuple[str, str, str | None]]]) -> str:
+    """One row per paper row: paper, predicted and measured (reduced, CPU) speedups side by side."""
+    first_row = {}  # measured run -> number of the first row it stands for
+    body = []
+    for i, (_, r) in enumerate(df.iterrows(), start=1):
+        label = row_label(r)
+        pred = _x(r.get("predicted_speedup_epoch_time", math.nan))
+        rel = r.get("predicted_rel_error", math.nan)
+        if isinstance(rel, float) and not math.isnan(rel):
+            pred += f" <span class='muted'>({rel:+.0%})</span>"
+        if label in explanations:
+            pred += f" <a href='#why-{i}' title='why it differs from the paper'>why?</a>"
+        cells = [f"<td class='n'>{i}</td>", f"<td>{_text(r['model'])}</td>", f"<td>{_text(r['hardware'])}</td>",
+                 f"<td class='g'>{_text(r['paper_config'])}</td>", f"<td class='n'>{_x(r['paper_speedup_epoch_time'])}</td>",
+                 f"<td class='n'>{_x(r['paper_speedup_tta'])}</td>",
+                 f"<td class='g'>{_text(r.get('predicted_config'))}</td>", f"<td class='n'>{pred}</td>"]
+        run = r.get("measured_run")
+        if isinstance(run, str) and run in first_row:
+            j = first_row[run]
+            cells.append(f"<td class='g same' colspan='4'>same run as <a href='#row-{j}'>#{j}</a> "
+                         f"({_text(r['measured_note'].removeprefix('same run as '))})</td>")
+        else:
+            if isinstance(run, str):
+                first_row[run] = i
+            cells += [f"<td class='g'>{_text(r.get('measured_config'))}</td>",
+                      f"<td class='n'>{_x(r.get('measured_speedup_epoch_time', math.nan))}</td>",
+                      f"<td class='n'>{_x(r.get('measured_speedup_tta', math.nan))}</td>",
+                      f"<td>{_run_links(runs.get(str(r['model']), [])) if isinstance(run, str) else '—'}</td>"]
+        body.append(f"<tr id='row-{i}'>{''.join(cells)}</tr>")
+    head = ("<thead><tr class='groups'><th colspan='3'></th><th class='g' colspan='3'>paper</th>"
+            "<th class='g' colspan='2'>predicted at paper scale</th><th class='g' colspan='4'>measured (reduced, CPU)</th></tr>"
+            "<tr><th class='n'>#</th><th>model</th><th>cluster</th>"
+            "<th class='g'>config</th><th class='n'>epoch</th><th class='n'>TTA</th>"
+            "<th class='g'>config</th><th class='n'>epoch (vs paper)</th>"
+            "<th class='g'>config</th><th class='n'>epoch</th><th class='n'>TTA</th><th>MLflow runs</th></tr></thead>")
+    return f"<div class='scroll'><table id='headline'>{head}<tbody>{''.join(body)}</tbody></table></div>"
+
+
+def _explanations(df: pd.DataFrame, explanations: dict[str, list[str]]) -> str:
+    """A ``<details>`` per row whose prediction is more than 15% off the paper, with the reasons."""
+    blocks = []
+    for i, (_, r) in enumerate(df.iterrows(), start=1):
+        why = explanations.get(row_label(r))
+        if not why:
+            continue
+        rel = r.get("predicted_rel_error", math.nan)
+        gap = "" if not isinstance(rel, float) or math.isnan(rel) else f", {rel:+.0%}"
+        summary = (f"#{i} {_text(row_label(r))}: predicted {_x(r.get('predicted_speedup_epoch_time', math.nan))} "
+                   f"vs paper {_x(r['paper_speedup_epoch_time'])}{gap}")
+        items = "".join(f"<li>{escape(line, quote=False)}</li>" for line in why)
+        blocks.append(f"<details id='why-{i}'><summary>{summary}</summary><ul>{items}</ul></details>")
+    return "".join(blocks) or "<p class='muted'>No predicted row is more than 15% off the paper.</p>"
+
+
+def _full_table(df: pd.DataFrame) -> str:
+    """Every column of Table 1 (as in ``table1.csv``), numbers right-aligned."""
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
+    head = "".join(f"<th class='{'n' if n else ''}'>{escape(c)}</th>" for c, n in zip(df.columns, numeric, strict=True))
+    rows = []
+    for r in df.itertuples(index=False):
+        cells = "".join(f"<td class='n'>{_num(v, c)}</td>" if n else f"<td>{_text(v)}</td>"
+                        for v, c, n in zip(r, df.columns, numeric, strict=True))
+        rows.append(f"<tr>{cells}</tr>")
+    return (f"<div class='scroll'><table id='table1'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
+
+
+def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provenance: dict[str, str] | None = None,
+                explanations: dict[str, list[str]] | None = None,
+                runs: dict[str, list[tuple[str, str, str | None]]] | None = None) -> str:
+    """The whole page as one string: every PNG under ``<results>/plots`` inlined as a ``data:`` URI.
+
+    Args:
+        table: Table 1 (:func:`pipedream.table1.table.build_table`).
+        notes: its footnotes.
+        results: the results folder (plots are read from ``plots/``).
+        provenance: label -> text (:func:`pipedream.table1.provenance.collect`).
+        explanations: row name -> why its prediction is off the paper
+            (:func:`pipedream.table1.table.read_explanations`).
+        runs: model -> ``(mode, run_id, url)`` of its MLflow runs (:func:`pipedream.table1.measured.mlflow_runs`).
+    """
+    explanations = explanations or {}
+    plots = sorted((results / "plots").glob("*.png"))
+    top = [p for p in plots if p.name == HEADLINE_PLOT]
     parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>pipedream-repro: Table 1</title>",
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}img{max-width:900px;display:block;margin:1em 0}"
-        "</style></head><body><h1>Table 1: PipeDream vs data parallelism</h1>",
-        table.to_html(index=False, na_rep="—", float_format=lambda v: f"{v:.3g}"),
-        "<ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>",
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>",
+        "<meta name='viewport' content='width=device-width,initial-scale=1'>",
+        f"<title>pipedream-repro: Table 1</title><style>{CSS}</style></head><body>",
+        "<h1>PipeDream reproduction: Table 1</h1>",
+        "<p class='lede'>Speedup of PipeDream over data parallelism (DP time / PipeDream time) for every row of the "
+        "paper's Table 1: the paper's numbers, our planner and simulator at paper scale, and reduced models "
+        "trained on this machine.</p>",
+        _provenance(provenance or {}),
+        "<h2>Headline</h2>",
+        _headline(table, explanations, runs or {}),
+        "<p class='muted'>epoch = epoch-time speedup, TTA = time-to-accuracy speedup; (±%) = predicted / paper − 1; "
+        f"— = not available. MLflow links open once the UI runs: <code>{UI_COMMAND}</code>.</p>",
+        *(_figure(p, "Epoch-time speedup over DP per Table 1 row: paper, predicted, measured") for p in top),
+        "<h2 id='why'>Why predictions differ from the paper</h2>",
+        "<p>Rows whose predicted speedup is more than 15% off the paper, with the assumption that differs "
+        "(the same sentences as <code>table1_predicted.md</code>).</p>",
+        _explanations(table, explanations),
+        "<h2>Table 1, every column</h2>",
+        _full_table(table),
+        "<ul class='notes'>" + "".join(f"<li>{escape(n, quote=False)}</li>" for n in notes) + "</ul>",
+        "<h2>Plots</h2>",
+        _plots(plots, list(dict.fromkeys(str(m) for m in table["model"]))),
+        "<h2 id='mlflow'>MLflow runs</h2>",
+        f"<p>Every training run is logged to <code>results/mlflow.db</code>. Start the UI with <code>{UI_COMMAND}</code> "
+        "(<code>mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port 5000</code>) and "
+        "open <a href='http://127.0.0.1:5000'>http://127.0.0.1:5000</a>; the links in the headline table go to each "
+        "measured row's PipeDream and DP runs.</p>",
+        "</body></html>",
     ]
-    for img in images:
-        rel = img.relative_to(results).as_posix()
-        parts.append(f"<h3>{html.escape(img.stem)}</h3><img src='{html.escape(rel)}' alt='{html.escape(img.stem)}'>")
-    parts.append("</body></html>")
     return "\n".join(parts)

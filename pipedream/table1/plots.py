@@ -66,12 +66,13 @@ def speedup_bars(table: pd.DataFrame, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(table)), 4.5))
     if rows:
         sns.barplot(data=pd.DataFrame(rows), x="row", y="speedup over DP", hue="source", ax=ax)
+        sns.move_legend(ax, "lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, title=None, frameon=False)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.tick_params(axis="x", rotation=60)
     for label in ax.get_xticklabels():
         label.set_horizontalalignment("right")
     ax.set_xlabel("")
-    ax.set_title("Table 1: epoch-time speedup of PipeDream over data parallelism")
+    ax.set_title("Table 1: epoch-time speedup of PipeDream over data parallelism", pad=26)
     fig.tight_layout()
     _save(fig, out)
 

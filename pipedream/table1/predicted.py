@@ -20,6 +20,7 @@ replicas synchronised in lockstep); two variants isolate where that differs from
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -226,10 +227,31 @@ MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_s
               "pipedream_p2p_bytes_per_sample": "PipeDream act. bytes/sample", "dp_bytes_per_sample": "DP weight bytes/sample"}
 
 
+def mismatch_explanations(df: pd.DataFrame, clusters_path: Path) -> list[list[str]]:
+    """Per row of a predicted Table 1: why its prediction is more than 15% off the paper
+    (:func:`pipedream.table1.explain.explain`), or why it has none; an empty list where it is within 15%."""
+    out: list[list[str]] = []
+    for _, r in df.iterrows():
+        if r["predicted_config"] == "no V100 profile":
+            out.append([f"no V100 profile — {r['profile']}; not predicted."])
+        elif "rel_error" in r and abs(r["rel_error"]) > THRESHOLD:
+            out.append(explain(r, get_cluster(r["cluster"], clusters_path)))
+        else:
+            out.append([])
+    return out
+
+
 def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: str = "table1_predicted",
                     title: str = "Table 1, predicted at paper scale (simulated) beside the paper") -> None:
-    """``<stem>.csv`` and ``<stem>.md`` (table, assumptions, an explanation of every mismatch > 15%)."""
-    atomic_write_text(out_dir / f"{stem}.csv", df.to_csv(index=False))
+    """``<stem>.csv`` and ``<stem>.md`` (table, assumptions, an explanation of every mismatch > 15%).
+
+    Beside the paper, the CSV gets a column ``explanation``: the same sentences as the markdown's
+    mismatch notes, as a JSON list per row (``[]`` where the row is within 15%).
+    """
+    compared = "paper_speedup" in df.columns  # else a what-if table: nothing to compare with
+    lines = mismatch_explanations(df, clusters_path) if compared else []
+    csv = df.assign(explanation=[json.dumps(x) for x in lines]) if compared else df
+    atomic_write_text(out_dir / f"{stem}.csv", csv.to_csv(index=False))
     cols = [c for c in MD_COLUMNS if c in df.columns]
     md = to_markdown(df[cols].rename(columns=MD_COLUMNS), title, [
         "speedup = DP epoch time / PipeDream epoch time, both simulated (pipedream.sim) on the row's cluster "
@@ -242,19 +264,17 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
         "behind each other; 'paper config' = the paper's configuration split by pipedream.planner.fixed_split.",
         "Bytes/sample: activations and their gradients between stages (PipeDream) vs weight-gradient allreduce (DP).",
     ])
-    if "paper_speedup" not in df.columns:  # a what-if table: nothing to compare with
+    if not compared:
         atomic_write_text(out_dir / f"{stem}.md", md)
         return
     notes = ["", f"## Mismatches above {THRESHOLD:.0%}", ""]
-    for _, r in df.iterrows():
+    for (_, r), why in zip(df.iterrows(), lines, strict=True):
         if r["predicted_config"] == "no V100 profile":
-            notes.append(f"- **{r['row']}**: no V100 profile — {r['profile']}; not predicted.")
-            continue
-        if "rel_error" in r and abs(r["rel_error"]) > THRESHOLD:
-            cluster = get_cluster(r["cluster"], clusters_path)
+            notes.append(f"- **{r['row']}**: {why[0]}")
+        elif why:
             notes.append(f"- **{r['row']}** (predicted {r['predicted_speedup']:.2f}x vs paper {r['paper_speedup']:.2f}x, "
                          f"{r['rel_error']:+.0%}):")
-            notes += [f"  - {line}" for line in explain(r, cluster)]
+            notes += [f"  - {line}" for line in why]
     atomic_write_text(out_dir / f"{stem}.md", md + "\n".join(notes) + "\n")
 
 

@@ -53,12 +53,47 @@ def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
                                               "measured_speedup_tta", "measured_threshold", "measured_threshold_metric",
                                               "measured_final_acc_dp", "measured_final_acc_pipedream")})
     if measured:
-        df = df.merge(pd.DataFrame(measured), on="model", how="left")
+        df = _mark_shared_runs(df.merge(pd.DataFrame(measured), on="model", how="left"), cfg)
     unknown = sorted(set(cfg["models"]) - set(df["model"]))
     if unknown:
         raise PipeDreamError(f"model(s) {', '.join(unknown)} have no row in {cfg['paper_table']}; "
                              f"Table 1 models are {', '.join(sorted(set(paper['model'])))}")
     return df
+
+
+def row_label(r: pd.Series) -> str:
+    """A Table 1 row's name, e.g. ``"vgg16 A 4x4"`` (as in ``table1_predicted.csv``'s ``row``)."""
+    return f"{r['model']} {r['hardware']}"
+
+
+def _mark_shared_runs(df: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
+    """Name the run behind each measured row and mark the rows that repeat another row's run.
+
+    One reduced run per model stands for every paper row of that model (e.g. VGG-16 on A 4x4 and B 2x8):
+    ``measured_run`` is its MLflow experiment (``<model>/<cluster>``) on every such row, and
+    ``measured_note`` says ``"same run as <first row>"`` on all but the first.
+    """
+    df = df.assign(measured_run=pd.Series(math.nan, index=df.index, dtype=object),
+                   measured_note=pd.Series(math.nan, index=df.index, dtype=object))
+    for model in cfg["models"]:
+        rows = df.index[df["model"] == model]
+        df.loc[rows, "measured_run"] = f"{model}/{cfg['cluster']}"
+        df.loc[rows[1:], "measured_note"] = f"same run as {row_label(df.loc[rows[0]])}"
+    return df
+
+
+def read_explanations(results: Path) -> dict[str, list[str]]:
+    """Row name -> why its prediction is more than 15% off the paper, from ``table1_predicted.csv``'s
+    ``explanation`` column (written by :func:`pipedream.table1.predicted.write_predicted`); rows within
+    15%, and tables written before that column existed, have none."""
+    path = results / "table1_predicted.csv"
+    if not path.is_file():
+        return {}
+    pred = pd.read_csv(path)
+    if "explanation" not in pred.columns or "row" not in pred.columns:
+        return {}
+    return {str(r): json.loads(e) for r, e in zip(pred["row"], pred["explanation"], strict=True)
+            if isinstance(e, str) and json.loads(e)}
 
 
 def _fmt(v: Any) -> str:
@@ -82,7 +117,9 @@ def notes(cfg: dict[str, Any]) -> list[str]:
         "predicted_*: the release's V100 profiles planned for the row's cluster and simulated "
         "(results/table1_predicted.md explains each gap above 15%).",
         f"measured_*: reduced models on real stand-in data on this machine's CPU ({cfg['workers']} gloo "
-        f"processes, cluster {cfg['cluster']}); the same reduced run stands for every row of its model.",
+        f"processes, cluster {cfg['cluster']}). One reduced run per model stands for every paper row of that "
+        "model: measured_run names it (its MLflow experiment), and measured_note says 'same run as <row>' on the "
+        "rows that repeat it; those rows are not separate measurements of clusters A/B.",
         "measured_threshold (measured_threshold_metric): the time-to-accuracy target; 'accuracy' is validation "
         "token/top-1 accuracy (0-1), used where the model's own metric (BLEU) is scored only at the end.",
     ]
@@ -98,10 +135,17 @@ def _attach_to_runs(model_runs: Path, files: list[Path]) -> None:
             attach_artifacts(json.loads(marker.read_text())["run_id"], files)
 
 
-def write_report(cfg: dict[str, Any]) -> pd.DataFrame:
-    """Write ``table1.csv``, ``table1.md``, ``report.html`` and the plots; returns the table."""
+def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.DataFrame:
+    """Write ``table1.csv``, ``table1.md``, ``report.html`` and the plots; returns the table.
+
+    Args:
+        cfg: the experiment config (validated).
+        config_path: the config's file, shown in the report's provenance.
+    """
     from pipedream.table1 import plots
     from pipedream.table1.html import html_report
+    from pipedream.table1.measured import mlflow_runs
+    from pipedream.table1.provenance import collect
 
     results = Path(cfg["results_dir"])
     df = build_table(cfg)
@@ -113,5 +157,8 @@ def write_report(cfg: dict[str, Any]) -> pd.DataFrame:
     plots.speedup_bars(df, results / "plots" / "table1_speedups.png")
     atomic_write_text(results / "table1.csv", df.to_csv(index=False))
     atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes(cfg)))
-    atomic_write_text(results / "report.html", html_report(df, notes(cfg), results))
+    page = html_report(df, notes(cfg), results, provenance=collect(cfg, config_path),
+                       explanations=read_explanations(results),
+                       runs={m: mlflow_runs(results / "runs" / m) for m in cfg["models"]})
+    atomic_write_text(results / "report.html", page)
     return df
