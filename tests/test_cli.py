@@ -44,3 +44,22 @@ def test_schema_violation_names_the_key(tmp_path: Path) -> None:
 def test_help_explains(cmd: str) -> None:
     proc = _run(cmd, "--help")
     assert proc.returncode == 0 and "--" in proc.stdout
+
+
+def test_unknown_training_key_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "experiments" / "ci.yaml").read_text().replace("seed: 0}", "seed: 0, warmup_steps: 9}", 1))
+    _assert_clean_error(_run("check", "--config", str(bad)), "warmup_steps")
+
+
+def test_every_training_key_of_the_schema_is_a_train_flag() -> None:
+    """The workflow turns each models.<m>.train key into a `pipedream train` flag: none may be ignored."""
+    from dataclasses import fields
+
+    import yaml
+
+    from pipedream.runtime.config import TrainConfig
+
+    schema = yaml.safe_load((REPO / "workflows" / "schemas" / "config.schema.yaml").read_text())
+    train = schema["properties"]["models"]["additionalProperties"]["properties"]["train"]["properties"]
+    assert set(train) <= {f.name for f in fields(TrainConfig)}

@@ -1,4 +1,6 @@
-"""The DDP baseline equals single-process SGD on the union of the workers' minibatches."""
+"""The DDP baseline equals single-process SGD on the same samples, under both minibatch semantics:
+``per_worker`` (a step takes every worker's minibatch; lr scaled by the workers, Goyal et al. 2017) and
+``global`` (each minibatch split over the workers; the pipeline's lr)."""
 
 from __future__ import annotations
 
@@ -11,35 +13,69 @@ import torch.nn.functional as F
 from pipedream.baselines.ddp import train
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import spawn_local
+from pipedream.runtime.lr import lr_at
 from tests.tiny import build, reference_batches, tiny_model, write_data
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("bandwidth", [None, 1e9], ids=["raw", "throttled"])
-def test_dp_matches_single_process_sgd(tmp_path: Path, bandwidth: float | None) -> None:
-    """Also with the link throttle's DDP comm hook, which must not change the arithmetic."""
+def _run(tmp_path: Path, **kw) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     data = write_data(tmp_path / "data")
     cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), out_dir=str(tmp_path / "out"),
                       batch_size=8, lr=0.1, momentum=0.9, weight_decay=5e-4, max_minibatches=6, progress=False,
-                      debug_dump=True, comm_timeout_s=30, emulate_bandwidth_Bps=bandwidth)
+                      debug_dump=True, comm_timeout_s=30, **kw)
     spawn_local(cfg, 2, fn=train)
-    batches = reference_batches(data, 8, 0, 0)[:6]
+    d0, d1 = (torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(2))
+    for n, p in d0["params"].items():
+        torch.testing.assert_close(d1["params"][n], p)  # replicas stay identical
+    return d0
+
+
+def _sgd(steps: list[tuple[torch.Tensor, torch.Tensor]], lrs: list[float], clip: float = 0.0) -> torch.nn.Module:
     model = build(tiny_model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
-    first_loss = None
-    for k in range(0, 6, 2):  # worker r takes minibatches r, r + 2, ...; DDP averages the two gradients
-        x = torch.cat([batches[k][0], batches[k + 1][0]])
-        y = torch.cat([batches[k][1], batches[k + 1][1]])
-        if first_loss is None:
-            with torch.no_grad():
-                first_loss = float(F.cross_entropy(model(batches[0][0]), batches[0][1]))
+    opt = torch.optim.SGD(model.parameters(), lr=lrs[0], momentum=0.9, weight_decay=5e-4)
+    for (x, y), lr in zip(steps, lrs, strict=True):
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        for g in opt.param_groups:
+            g["lr"] = lr
         opt.step()
-    for rank in range(2):
-        d = torch.load(tmp_path / "out" / "debug" / f"rank{rank}.pt", weights_only=False)
-        for n, p in model.state_dict().items():
-            torch.testing.assert_close(d["params"][n], p, rtol=1e-5, atol=1e-6)
-    d0 = torch.load(tmp_path / "out" / "debug" / "rank0.pt", weights_only=False)
+    return model
+
+
+@pytest.mark.parametrize("bandwidth", [None, 1e9], ids=["raw", "throttled"])
+def test_per_worker_dp_is_sgd_on_both_minibatches_at_the_scaled_lr(tmp_path: Path, bandwidth: float | None) -> None:
+    """Also with the link throttle's DDP comm hook, which must not change the arithmetic."""
+    d0 = _run(tmp_path, emulate_bandwidth_Bps=bandwidth)
+    batches = reference_batches(tmp_path / "data", 8, 0, 0)[:6]
+    # worker r takes minibatches r, r + 2, ...; DDP averages the two gradients; lr x 2 workers, no warm-up
+    steps = [(torch.cat([batches[k][0], batches[k + 1][0]]), torch.cat([batches[k][1], batches[k + 1][1]]))
+             for k in range(0, 6, 2)]
+    model = _sgd(steps, [0.2] * 3)
+    for n, p in model.state_dict().items():
+        torch.testing.assert_close(d0["params"][n], p, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        first_loss = float(F.cross_entropy(build(tiny_model)(batches[0][0]), batches[0][1]))
     assert d0["first_loss"] == pytest.approx(first_loss, rel=1e-6)
+
+
+def test_global_dp_with_warmup_polynomial_lr_and_clipping_is_single_process_sgd(tmp_path: Path) -> None:
+    kw = {"dp_batch": "global", "lr_policy": "polynomial", "lr_power": 2.0, "lr_warmup_epochs": 0.5,
+          "clip_norm": 0.5}
+    d0 = _run(tmp_path, **kw)
+    batches = reference_batches(tmp_path / "data", 8, 0, 0)[:6]
+    cfg = TrainConfig(lr=0.1, epochs=1, **kw)
+    lrs = [lr_at(cfg, i / 6) for i in range(6)]  # global: no scaling, so the warm-up is flat at lr
+    assert lrs[0] == pytest.approx(0.1) and lrs[3] == pytest.approx(0.1 * 0.5 ** 2)
+    model = _sgd(batches, lrs, clip=0.5)  # each minibatch of 8 split 4 + 4 over the workers
+    for n, p in model.state_dict().items():
+        torch.testing.assert_close(d0["params"][n], p, rtol=1e-5, atol=1e-6)
+
+
+def test_linear_scaling_warms_up_from_the_base_lr() -> None:
+    cfg = TrainConfig(lr=0.1, epochs=4, lr_warmup_epochs=2.0)
+    assert [lr_at(cfg, p, scale=4) for p in (0.0, 1.0, 2.0, 3.0)] == pytest.approx([0.1, 0.25, 0.4, 0.4])
+    step = TrainConfig(lr=0.1, epochs=90, lr_policy="step", lr_step_epochs=30)
+    assert [lr_at(step, p) for p in (0, 29.9, 30, 61)] == pytest.approx([0.1, 0.1, 0.01, 0.001])

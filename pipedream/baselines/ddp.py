@@ -1,9 +1,16 @@
 """Data-parallel baseline: the same model, data and metrics as the PipeDream workers, with DDP.
 
 Started by torchrun (``python -m pipedream.baselines.ddp ...``, built by ``pipedream train --mode dp``).
-Every worker holds the whole model; minibatches of ``batch_size`` samples (per worker, as in the
-paper's DP baselines) are dealt round robin to the workers, gradients are averaged by
-``DistributedDataParallel``'s bucketed allreduce after every minibatch (gloo on CPU, NCCL on GPU).
+Every worker holds the whole model; gradients are averaged by ``DistributedDataParallel``'s bucketed
+allreduce after every step (gloo on CPU, NCCL on GPU). Two minibatch semantics (``cfg.dp_batch``):
+
+* ``per_worker`` (the paper's DP baselines): each worker takes a whole minibatch of ``batch_size``
+  samples, dealt round robin, so a step consumes ``workers`` minibatches and an epoch has ``workers``
+  times fewer updates than a pipeline's; the learning rate follows the linear scaling rule with
+  gradual warm-up (Goyal et al. 2017; :mod:`pipedream.runtime.lr`), ``lr x workers``.
+* ``global``: each minibatch of ``batch_size`` samples is split over the workers, so DP makes the same
+  updates as single-process SGD on the pipeline's minibatch, at the same learning rate.
+
 An epoch is one pass over the same training samples as a PipeDream epoch.
 
 With ``emulate_bandwidth_Bps`` each gradient bucket's allreduce takes at least the time a ring
@@ -23,7 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
-from pipedream.runtime import assemble
+from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import allreduce_s
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
@@ -64,18 +71,26 @@ def train(cfg: TrainConfig) -> None:
         ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
     optimizer = make_optimizer(cfg, list(model.parameters()))
     train_split, val_split = task.train, task.val
+    per_worker = cfg.dp_batch == "per_worker"
+    if not per_worker and cfg.batch_size % world:
+        raise PipeDreamError(f"--dp-batch global splits each minibatch over the workers: --batch-size "
+                             f"{cfg.batch_size} is not a multiple of {world} workers")
     nb = len(train_split) // cfg.batch_size
     if cfg.max_minibatches is not None:
         nb = min(nb, cfg.max_minibatches)
-    nb -= nb % world
+    if per_worker:
+        nb -= nb % world
     if nb < 1:
         raise PipeDreamError(f"{len(train_split)} training samples give fewer than {world} minibatches of "
                              f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
+    # per_worker: each step takes `world` of the pipeline's minibatches at once, with the learning rate
+    # scaled by `world` (Goyal et al. 2017); global: each step takes one minibatch, split over the workers
+    steps, scale = (nb // world, float(world)) if per_worker else (nb, 1.0)
     bar = None
     if cfg.progress and rank == 0:
         from tqdm import tqdm
 
-        bar = tqdm(total=nb // world, unit="mb", mininterval=2.0, dynamic_ncols=True)
+        bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True)
     log = D.MetricsLog(Path(cfg.out_dir))
     wall0 = time.time()
     first_loss: float | None = None
@@ -84,15 +99,17 @@ def train(cfg: TrainConfig) -> None:
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         t0 = time.time()
         if bar is not None:
-            bar.reset(total=nb // world)
+            bar.reset(total=steps)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
         model.train()
         loss_sum, count = 0.0, 0
-        for rows in batches[rank::world]:
+        mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
+        for i, rows in enumerate(mine):
             x, y = (t.to(device) for t in train_split.batch(rows))
             loss = task.criterion(ddp(x), y)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
+            lr.before_step(cfg, optimizer, list(model.parameters()), epoch + i / steps, scale)
             optimizer.step()
             value = float(loss.detach())
             first_loss = value if first_loss is None else first_loss

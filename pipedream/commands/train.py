@@ -139,8 +139,15 @@ def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tup
               "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
               "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none",
               "threads_per_worker": os.environ.get("OMP_NUM_THREADS", "1"), "host_cores": os.cpu_count() or 0}
+    params.update(lr_policy=args.lr_policy, lr_warmup_epochs=args.lr_warmup_epochs, clip_norm=args.clip_norm)
     if args.mode == "pipedream":
         params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync)
+    else:  # the DP semantics in force (pipedream.baselines.ddp)
+        per_worker = args.dp_batch == "per_worker"
+        params.update(dp_batch=args.dp_batch,
+                      dp_global_minibatch=args.batch_size * (args.workers if per_worker else 1),
+                      dp_lr_scaling=f"linear x{args.workers}, warm-up {args.lr_warmup_epochs:g} epochs"
+                      if per_worker else "none")
     tags = {"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset}
     return params, tags
 

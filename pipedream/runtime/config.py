@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 SCHEDULES = ("1f1b", "gpipe", "2bw")
 WEIGHT_SYNC = ("stash", "vertical")
 OPTIMIZERS = ("sgd", "adam")
+LR_POLICIES = ("constant", "polynomial", "step")
+DP_BATCH = ("per_worker", "global")
 PRESETS = ("reduced", "full")
 
 
@@ -74,6 +76,16 @@ class TrainConfig:
     weight_decay: float = _opt(5e-4, "L2 weight decay")
     optimizer: str = _opt("sgd", "optimizer", OPTIMIZERS)
     seed: int = _opt(0, "seed of the weights, the subsets and the data order")
+    lr_policy: str = _opt("constant", "learning-rate policy over the epochs: constant, polynomial "
+                                      "(lr * (1 - p/epochs)^lr_power) or step (x0.1 every lr_step_epochs)", LR_POLICIES)
+    lr_power: float = _opt(2.0, "power of the polynomial policy")
+    lr_step_epochs: float = _opt(30.0, "epochs between the step policy's x0.1 decays")
+    lr_warmup_epochs: float = _opt(0.0, "epochs of linear warm-up to a scaled learning rate (Goyal et al. 2017); "
+                                        "0: none")
+    clip_norm: float = _opt(0.0, "clip gradients to this L2 norm (dp: the model's; pipedream: each stage's); 0: off")
+    dp_batch: str = _opt("per_worker", "dp: --batch-size per worker (a minibatch of workers x batch, lr scaled by "
+                                       "workers with warm-up: Goyal et al. 2017) or global (each worker takes "
+                                       "batch/workers: the pipeline's minibatch and learning rate)", DP_BATCH)
     train_subset: int | None = _opt(None, "training samples drawn from the training split (default or 0: all)")
     val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default or 0: all)")
     max_minibatches: int | None = _opt(None, "cap on minibatches per epoch (smoke runs)")
@@ -103,6 +115,14 @@ class TrainConfig:
             raise PipeDreamError(f"unknown --weight-sync {self.weight_sync!r}; use one of {', '.join(WEIGHT_SYNC)}")
         if self.optimizer not in OPTIMIZERS:
             raise PipeDreamError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        if self.lr_policy not in LR_POLICIES:
+            raise PipeDreamError(f"unknown --lr-policy {self.lr_policy!r}; use one of {', '.join(LR_POLICIES)}")
+        if self.dp_batch not in DP_BATCH:
+            raise PipeDreamError(f"unknown --dp-batch {self.dp_batch!r}; use one of {', '.join(DP_BATCH)}")
+        if self.lr <= 0 or self.lr_power <= 0 or self.lr_step_epochs <= 0:
+            raise PipeDreamError("--lr, --lr-power and --lr-step-epochs must be positive")
+        if self.clip_norm < 0 or self.lr_warmup_epochs < 0:
+            raise PipeDreamError("--clip-norm and --lr-warmup-epochs must be >= 0 (0 turns them off)")
         if self.epochs < 1 or self.batch_size < 1 or self.microbatches < 1:
             raise PipeDreamError("--epochs, --batch-size and --microbatches must be positive")
         if self.batch_size % self.microbatches:

@@ -86,6 +86,8 @@ class StageExecutor:
         criterion: the last stage's loss, ``criterion(output, target) -> mean loss``.
         count_correct: the last stage's validation accuracy, ``count_correct(output, target) -> (correct,
             counted)`` (:meth:`pipedream.runtime.task.Task.count_correct` skips padding).
+        before_step: called before each optimizer step with the global index of the minibatch it
+            completes (``minibatch_offset`` + its index): sets the learning rate, clips gradients.
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
@@ -93,14 +95,15 @@ class StageExecutor:
                  out_shape: Boundary, stage_group: Any = None, timeout_s: float = 60.0,
                  on_backward: Callable[[int, int], None] | None = None, trace: bool = False,
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
-                 count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct) -> None:
+                 count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct,
+                 before_step: Callable[[int], None] | None = None) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
         self.in_shape, self.out_shape = in_shape, out_shape
         self.stage_group, self.timeout_s = stage_group, timeout_s
         self.on_backward = on_backward
-        self.criterion, self.count_correct = criterion, count_correct
+        self.criterion, self.count_correct, self.before_step = criterion, count_correct, before_step
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
         self.first_grads: dict[str, torch.Tensor] | None = None  # gradients applied at the first STEP
         self.stats_history: list[list[tuple[int, int, float]]] = []  # per training pass: (mb, micro, loss)
@@ -288,6 +291,8 @@ class StageExecutor:
         if self.first_grads is None:
             self.first_grads = {n: p.grad.detach().clone()  # type: ignore[union-attr]
                                 for n, p in zip(self.versions.names, self.versions.master, strict=True)}
+        if self.before_step is not None:
+            self.before_step(self.minibatch_offset + a.minibatch)
         with torch.no_grad():
             self.optimizer.step()
         for p in self.versions.master:

@@ -25,7 +25,7 @@ from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
 from pipedream.planner.plan import Plan
-from pipedream.runtime import assemble, split
+from pipedream.runtime import assemble, lr, split
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
@@ -165,6 +165,7 @@ def train(cfg: TrainConfig) -> None:
                              in_shape=shapes[s - 1] if s > 0 else None, out_shape=shapes[s],
                              stage_group=groups[s], timeout_s=cfg.comm_timeout_s, trace=cfg.debug_dump,
                              criterion=task.criterion, count_correct=task.count_correct,
+                             before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb),
                              on_backward=on_backward)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []

@@ -1,0 +1,53 @@
+"""Learning-rate policy, warm-up and gradient clipping, applied before every optimizer step by both the
+PipeDream workers and the data-parallel baseline.
+
+The learning rate is a function of training progress ``p`` in epochs (``epoch + minibatch / minibatches
+per epoch``), so it does not depend on how many optimizer steps a replica takes:
+
+* ``constant``: ``lr``;
+* ``polynomial``: ``lr * (1 - p / epochs) ** lr_power`` (the release's image-model policy; the paper's
+  Table 1 runs use power 2);
+* ``step``: ``lr * 0.1 ** floor(p / lr_step_epochs)``.
+
+Linear scaling with gradual warm-up (Goyal et al. 2017, "Accurate, Large Minibatch SGD", §2.1-2.2): a
+run whose minibatch is ``k`` times the reference multiplies the learning rate by ``k``, reaching it
+linearly from ``lr`` over the first ``lr_warmup_epochs`` epochs: ``lr * (1 + (k - 1) * min(1, p / warmup))``
+before the policy's decay factor. The DP baseline with per-worker minibatches (``dp_batch: per_worker``)
+uses ``k = workers``; every other run ``k = 1``.
+
+Clipping (``clip_norm > 0``) rescales the gradients so their L2 norm is at most ``clip_norm``
+(``torch.nn.utils.clip_grad_norm_``). DP clips the whole model's averaged gradient. A pipeline stage
+clips its own parameters' gradient: stages step at different times for different minibatches, so no
+global norm exists without a flush; the whole model's norm is then at most ``sqrt(stages) * clip_norm``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pipedream.runtime.config import TrainConfig
+
+
+def lr_at(cfg: TrainConfig, progress_epochs: float, scale: float = 1.0) -> float:
+    """The learning rate at ``progress_epochs`` (0 .. ``cfg.epochs``) for a minibatch ``scale`` times
+    the reference one (see the module docstring for the formulas)."""
+    p = max(0.0, progress_epochs)
+    warm = min(1.0, p / cfg.lr_warmup_epochs) if cfg.lr_warmup_epochs > 0 else 1.0
+    lr = cfg.lr * (1.0 + (scale - 1.0) * warm)
+    if cfg.lr_policy == "polynomial":
+        lr *= max(0.0, 1.0 - p / cfg.epochs) ** cfg.lr_power
+    elif cfg.lr_policy == "step":
+        lr *= 0.1 ** math.floor(p / cfg.lr_step_epochs)
+    return lr
+
+
+def before_step(cfg: TrainConfig, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+                progress_epochs: float, scale: float = 1.0) -> None:
+    """Set the learning rate of every parameter group for this step and clip the gradients of ``params``."""
+    lr = lr_at(cfg, progress_epochs, scale)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    if cfg.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_([p for p in params if p.grad is not None], cfg.clip_norm)
