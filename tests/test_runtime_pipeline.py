@@ -246,3 +246,21 @@ def test_tuple_boundaries_with_integer_tensors_equal_sgd(tmp_path: Path) -> None
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, range(s, s + 1)).items():
             torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_gpipe_follows_the_polynomial_lr_policy(tmp_path: Path) -> None:
+    """The learning rate of minibatch m is the policy's at progress m / minibatches per epoch (runtime/lr.py)."""
+    from pipedream.runtime.lr import lr_at
+
+    dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, lr_policy="polynomial", lr_power=2.0)
+    cfg = TrainConfig(lr=0.1, epochs=1, lr_policy="polynomial", lr_power=2.0)
+    model = build(tiny_model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for i, (x, y) in enumerate(reference_batches(tmp_path / "data", 8, 0, 0)[:3]):
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.param_groups[0]["lr"] = lr_at(cfg, i / 3)  # 0.1, 0.1 (2/3)^2, 0.1 (1/3)^2
+        opt.step()
+    for s, d in enumerate(dumps):
+        for n, p in stage_params(model, LAYERS[s]).items():
+            torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
