@@ -1,6 +1,7 @@
 """Samples/s of our runtime's schedules vs ``torch.distributed.pipelining`` on the same partition.
 
-One run forks ``--workers`` gloo processes; every process builds the same model (same seed), keeps
+One run starts ``--workers`` gloo processes on the CPU (from a fork server, so a CUDA machine works
+too); every process builds the same model (same seed), keeps
 the same stage of one straight partition (balanced by measured per-layer time unless ``--plan`` is
 given) and then, in turn and separated by barriers, trains ``--steps`` x ``--microbatches`` units of
 ``--batch-size`` samples with:
@@ -10,7 +11,7 @@ given) and then, in turn and separated by barriers, trains ``--steps`` x ``--mic
 * torch-1F1B: ``torch.distributed.pipelining.Schedule1F1B`` (flush every ``--microbatches``),
 * torch-GPipe: ``torch.distributed.pipelining.ScheduleGPipe``.
 
-Inputs are fixed random tensors (data loading excluded for all). Rank 0 prints samples/s and the
+Inputs are fixed random tensors of the model's input shape (data loading excluded for all). Rank 0 prints samples/s and the
 ratios of ours-1F1B to the others.
 
 In the same run, before the timed runs, each rank times its own stage alone (ranks take turns,
@@ -46,7 +47,7 @@ from pipedream.plan import Plan
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.executor import StageData, StageExecutor
-from pipedream.runtime.launch import free_port
+from pipedream.runtime.launch import free_port, start_method
 from pipedream.runtime.stage import Boundary, build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
 from pipedream.sim.costs import measured_costs
@@ -64,6 +65,15 @@ def build(model: str, seed: int) -> nn.Sequential:
     from pipedream.models import build_model
 
     return build_model(model, "reduced", seed)
+
+
+def input_shape(model: str) -> tuple[int, ...]:
+    """Per-sample input shape: the registry's reduced preset (e.g. AlexNet's 3x64x64), else 3x32x32."""
+    if ":" in model:
+        return (3, 32, 32)
+    from pipedream.models import get_spec
+
+    return tuple(get_spec(model).input_shape("reduced"))
 
 
 def balanced_plan(model: nn.Sequential, stages: int, x: torch.Tensor) -> Plan:
@@ -281,9 +291,10 @@ def _predict(args: argparse.Namespace, stages: list[dict[str, float]], link_Bps:
 
 def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
     os.environ.update({"RANK": str(index), "WORLD_SIZE": str(args.workers), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(args.threads)})
+                       "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(args.threads),
+                       "PIPEDREAM_FORCE_GLOO": "1"})  # every executor here runs on the CPU, GPUs or not
     D.init(120.0)  # sets torch's threads from OMP_NUM_THREADS
-    x = torch.randn(args.batch_size, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(args.batch_size, *input_shape(args.model), generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (args.batch_size,), generator=torch.Generator().manual_seed(2))
     link_Bps = args.link_Bps or _link_Bps(args.link_mb)
     if args.time_together:  # all stages at once: their times include sharing cores and memory
@@ -385,13 +396,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads < 1 or args.time_reps < 1 or args.steps < 1 or args.microbatches < 1 or args.workers < 2:
         parser.error("--threads, --time-reps, --steps and --microbatches must be at least 1, --workers at least 2")
-    torch.set_num_threads(1)  # the parent times layers for the balance on one thread: forking after a
-    # multi-threaded OpenMP region can hang the children
+    torch.set_num_threads(1)  # the parent times layers for the balance on one thread, like one worker
     model = build(args.model, args.seed)
-    plan = Plan.load(args.plan) if args.plan else balanced_plan(model, args.workers, torch.randn(args.batch_size, 3, 32, 32))
-    importlib.import_module("torch._dynamo")  # optimizers import it lazily; once here, before forking
-
-    mp.start_processes(_child, args=(args, plan, free_port()), nprocs=args.workers, start_method="fork")
+    x = torch.randn(args.batch_size, *input_shape(args.model))
+    plan = Plan.load(args.plan) if args.plan else balanced_plan(model, args.workers, x)
+    # the workers start from a fork server, never a fork of this process (which ran autograd above)
+    mp.start_processes(_child, args=(args, plan, free_port()), nprocs=args.workers, start_method=start_method())
 
 
 if __name__ == "__main__":
