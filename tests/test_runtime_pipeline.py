@@ -87,7 +87,7 @@ def _stash_reference(batches, lr: float) -> list[dict[str, torch.Tensor]]:  # ty
     autograd graph, so the gradient stage 0 gets is the one stage 1 computed at its version), and each
     stage then applies the gradient to its newest weights: ``W_s(m + 1) = W_s(m) - lr * grad_s``."""
     model = build(stash_model)
-    names = [[n for n in stage_params(model, layers)] for layers in STASH_STAGES]
+    names = [list(stage_params(model, layers)) for layers in STASH_STAGES]
     history = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # history[k]: after k steps
     for m, (x, y) in enumerate(batches):
         params = {n: history[STASH_VERSIONS[s][m]][n].clone().requires_grad_() for s in (0, 1) for n in names[s]}
