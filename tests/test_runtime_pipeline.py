@@ -287,3 +287,14 @@ def test_tuple_boundaries_with_integer_tensors_equal_sgd(tmp_path: Path) -> None
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, range(s, s + 1)).items():
             torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_stage_without_parameters_equals_sgd(tmp_path: Path) -> None:
+    """Stage 1 holds only ReLU and Flatten (like AlexNet's pooling stages): nothing to update, still SGD."""
+    dumps = run(tmp_path, 3, plan=straight_plan("t", 8, [1, 2, 5]), schedule="gpipe", microbatches=2,
+                max_minibatches=3, momentum=0.9)
+    model, _ = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, momentum=0.9)
+    assert dumps[1]["params"] == {}
+    for s, layers in ((0, range(0, 1)), (2, range(3, 8))):
+        for n, p in stage_params(model, layers).items():
+            torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
