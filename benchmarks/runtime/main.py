@@ -46,8 +46,10 @@ from pipedream import schedules
 from pipedream.plan import Plan
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
+from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.launch import free_port, start_method
+from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import Boundary, build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
 from pipedream.sim.costs import measured_costs
@@ -74,6 +76,11 @@ def input_shape(model: str) -> tuple[int, ...]:
     from pipedream.models import get_spec
 
     return tuple(get_spec(model).input_shape("reduced"))
+
+
+def _sgd(params, lr: float) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+    """SGD with momentum 0.9, also for a stage without parameters (as the runtime's workers make it)."""
+    return make_optimizer(TrainConfig(lr=lr, momentum=0.9, weight_decay=0.0), list(params))
 
 
 def balanced_plan(model: nn.Sequential, stages: int, x: torch.Tensor) -> Plan:
@@ -137,7 +144,7 @@ def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, 
     m = args.microbatches
     policy = Policy.STASH if schedule == "1f1b" else Policy.FLUSH
     versions = WeightVersions(module, policy)
-    opt = torch.optim.SGD(versions.master, lr=args.lr, momentum=0.9)
+    opt = _sgd(versions.master, args.lr)
     ex = StageExecutor(s, len(plan.stages), module, versions, opt, P2P(120.0, torch.device("cpu")),
                        shapes[s - 1] if s > 0 else None, shapes[s], timeout_s=120.0)
     data = StageData(lambda mb, j: x, lambda mb, j: y)
@@ -161,7 +168,7 @@ def _torch(args: argparse.Namespace, plan: Plan, kind: str, x: torch.Tensor, y: 
     stage = PipelineStage(module, s, len(plan.stages), torch.device("cpu"))
     cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
     sched = cls(stage, args.microbatches, loss_fn=F.cross_entropy)
-    opt = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=0.9)
+    opt = _sgd(module.parameters(), args.lr)
     big_x = x.repeat(args.microbatches, *[1] * (x.dim() - 1))
     big_y = y.repeat(args.microbatches)
     last = s == len(plan.stages) - 1
@@ -207,7 +214,7 @@ def _stage_times(args: argparse.Namespace, plan: Plan, x: torch.Tensor, y: torch
             feed = Boundary.unpack(earlier(*feed))
     inputs = [t.detach().requires_grad_(s > 0 and t.is_floating_point()) for t in feed]
     in_float = [t for t in inputs if t.requires_grad]
-    opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    opt = _sgd(params, args.lr)
     out_bytes = [0.0]
 
     def unit() -> tuple[float, float, float]:
