@@ -1,6 +1,6 @@
 """The PipeDream runtime on several gloo processes, checked against single-process references.
 
-Each test forks a few workers (:func:`pipedream.runtime.launch.spawn_local`) on a tiny model and tiny
+Each test starts a few workers (:func:`pipedream.runtime.launch.spawn_local`) on a tiny model and tiny
 IDX data, and compares the per-rank debug dumps (losses, first applied gradients, final weights,
 weight-version traces) with numbers computed here in one process.
 """
@@ -25,7 +25,7 @@ LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split 
 
 def run(tmp_path: Path, workers: int, factory=tiny_model, plan=None, fn=None, env=None,  # type: ignore[no-untyped-def]
         **kw) -> list[dict]:
-    """Train on ``workers`` forked ranks (``fn``: the PipeDream worker by default) and load their debug dumps."""
+    """Train on ``workers`` ranks (``fn``: the PipeDream worker by default) and load their debug dumps."""
     data = write_data(tmp_path / "data")
     if plan is not None:
         plan.save(tmp_path / "plan.json")
