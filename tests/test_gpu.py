@@ -1,8 +1,9 @@
 """The CUDA paths: profiling on a GPU, the PipeDream runtime and DDP on NCCL (skipped without CUDA).
 
 CI has no GPU; run these on a GPU machine with ``.venv/bin/python -m pytest tests/test_gpu.py``. One GPU
-checks profiling, a one-stage pipeline and DDP on NCCL against the CPU reference; the two-stage NCCL
-pipeline needs two GPUs (NCCL takes one GPU per worker).
+checks profiling, a one-stage pipeline and DDP on NCCL against the CPU reference, with CUDA already
+initialised in the test process (the workers start from a fork server, never a fork of it); the
+two-stage NCCL pipelines need two GPUs (NCCL takes one GPU per worker).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import torch
 
 from pipedream.profiler import ProfileSettings, profile_module
 from pipedream.runtime.stage import straight_plan
-from tests.test_runtime_pipeline import reference, run
-from tests.tiny import reference_batches, tiny_model
+from tests.test_runtime_order import assert_sends_match_receives, run_in_order
+from tests.test_runtime_pipeline import _stash_reference, reference, run
+from tests.tiny import reference_batches, stash_model, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 NCCL = {"PIPEDREAM_FORCE_GLOO": "0"}
@@ -35,6 +37,7 @@ def test_profile_on_cuda_times_every_layer() -> None:
 
 
 def test_one_stage_pipeline_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
+    torch.zeros(1, device="cuda")  # CUDA is initialised in this process: a forked worker could not use it
     dumps = run(tmp_path, 1, env=NCCL, schedule="gpipe", microbatches=2, max_minibatches=3)
     ref = _sgd(tmp_path, 3)
     for n, p in dumps[0]["params"].items():  # TF32 convolutions on the GPU: close, not bitwise
@@ -58,3 +61,19 @@ def test_two_stage_gpipe_on_nccl_equals_cpu_sgd(tmp_path: Path) -> None:
     for d in dumps:
         for n, p in d["params"].items():
             torch.testing.assert_close(p, ref[n], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per stage")
+def test_two_stage_1f1b_on_nccl_stashes_weights_and_batches_its_transfers(tmp_path: Path) -> None:
+    """1F1B with weight stashing on NCCL (sends and receives of a step in one batch_isend_irecv) ends
+    where the hand-computed updates do, and what the ranks issued passes the in-order replay."""
+    dumps = run(tmp_path, 2, factory=stash_model, plan=straight_plan("t", 6, [5, 1]), env=NCCL, max_minibatches=6,
+                lr=0.1)
+    history = _stash_reference(reference_batches(tmp_path / "data", 8, 0, 0)[:6], 0.1)
+    for d in dumps:
+        assert d["batched"]
+        for n, p in d["params"].items():
+            torch.testing.assert_close(p, history[-1][n], rtol=1e-3, atol=1e-3)
+    logs = {r: d["comm_log"] for r, d in enumerate(dumps)}
+    assert_sends_match_receives(logs)
+    run_in_order(logs)

@@ -1,6 +1,6 @@
 """The PipeDream runtime on several gloo processes, checked against single-process references.
 
-Each test forks a few workers (:func:`pipedream.runtime.launch.spawn_local`) on a tiny model and tiny
+Each test starts a few workers (:func:`pipedream.runtime.launch.spawn_local`) on a tiny model and tiny
 IDX data, and compares the per-rank debug dumps (losses, first applied gradients, final weights,
 weight-version traces) with numbers computed here in one process.
 """
@@ -17,7 +17,7 @@ from pipedream import schedules
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import spawn_local
 from pipedream.runtime.stage import straight_plan
-from tests.tiny import build, linear_model, reference_batches, stage_params, tiny_model, tuple_model, write_data
+from tests.tiny import build, linear_model, reference_batches, stage_params, stash_model, tiny_model, tuple_model, write_data
 
 pytestmark = pytest.mark.slow
 LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split of tiny_model on 4 stages
@@ -25,7 +25,7 @@ LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split 
 
 def run(tmp_path: Path, workers: int, factory=tiny_model, plan=None, fn=None, env=None,  # type: ignore[no-untyped-def]
         **kw) -> list[dict]:
-    """Train on ``workers`` forked ranks (``fn``: the PipeDream worker by default) and load their debug dumps."""
+    """Train on ``workers`` ranks (``fn``: the PipeDream worker by default) and load their debug dumps."""
     data = write_data(tmp_path / "data")
     if plan is not None:
         plan.save(tmp_path / "plan.json")
@@ -72,6 +72,47 @@ def test_weight_stashing_backward_uses_the_forwards_version(tmp_path: Path) -> N
         assert fwd == bwd
         assert fwd == _steps_before(sched.order[rank])  # forward uses the newest version
     assert dumps[0]["max_versions"] == 4  # the input stage stashes NOAM = 4 versions
+
+
+# 1F1B on 2 stages (NOAM = 2): rank 0 runs F0 F1 B0 STEP F2 B1 STEP F3 ..., rank 1 runs F0 B0 STEP F1 B1 STEP
+# ...; so minibatch m meets version max(m - 1, 0) of stage 0 (m - 1 steps precede its forward) and version m
+# of stage 1, and weight stashing keeps that version for the backward.
+STASH_VERSIONS = [[0, 0, 1, 2, 3, 4], [0, 1, 2, 3, 4, 5]]  # [stage][minibatch]
+STASH_STAGES = [range(0, 5), range(5, 6)]  # layers of stash_model per stage
+
+
+def _stash_reference(batches, lr: float) -> list[dict[str, torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """Weights after each 1F1B step of weight stashing, computed in one process: minibatch m runs forward
+    and backward through the whole model with each stage's weights at ``STASH_VERSIONS[stage][m]`` (one
+    autograd graph, so the gradient stage 0 gets is the one stage 1 computed at its version), and each
+    stage then applies the gradient to its newest weights: ``W_s(m + 1) = W_s(m) - lr * grad_s``."""
+    model = build(stash_model)
+    names = [list(stage_params(model, layers)) for layers in STASH_STAGES]
+    history = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # history[k]: after k steps
+    for m, (x, y) in enumerate(batches):
+        params = {n: history[STASH_VERSIONS[s][m]][n].clone().requires_grad_() for s in (0, 1) for n in names[s]}
+        loss = F.cross_entropy(torch.func.functional_call(model, params, (x,)), y)
+        grads = dict(zip(params, torch.autograd.grad(loss, list(params.values())), strict=True))
+        history.append({n: history[-1][n] - lr * grads[n] for n in history[-1]})
+    return history
+
+
+def test_weight_stashing_equals_the_hand_computed_updates(tmp_path: Path) -> None:
+    """Six minibatches of 1F1B on 2 stages: the final weights are those of :func:`_stash_reference`.
+
+    Stage 0's backward of minibatch m >= 2 runs one step after its forward; without stashing it would
+    read the newer weights of layer 3 and this comparison fails (checked by hand: overwriting every
+    stashed version with the newest weights at each step made it fail)."""
+    lr = 0.1
+    dumps = run(tmp_path, 2, factory=stash_model, plan=straight_plan("t", 6, [5, 1]), max_minibatches=6, lr=lr)
+    for s, d in enumerate(dumps):
+        for kind in ("F", "B"):
+            assert [v for k, _, _, _, v in d["trace"] if k == kind] == STASH_VERSIONS[s]
+    history = _stash_reference(reference_batches(tmp_path / "data", 8, 0, 0)[:6], lr)
+    final = {**dumps[0]["params"], **dumps[1]["params"]}
+    assert final.keys() == history[-1].keys()
+    for n, w in history[-1].items():
+        torch.testing.assert_close(final[n], w, rtol=1e-5, atol=1e-6)
 
 
 def test_vertical_sync_every_stage_uses_the_input_stages_version(tmp_path: Path) -> None:
@@ -264,3 +305,14 @@ def test_gpipe_follows_the_polynomial_lr_policy(tmp_path: Path) -> None:
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, LAYERS[s]).items():
             torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_stage_without_parameters_equals_sgd(tmp_path: Path) -> None:
+    """Stage 1 holds only ReLU and Flatten (like AlexNet's pooling stages): nothing to update, still SGD."""
+    dumps = run(tmp_path, 3, plan=straight_plan("t", 8, [1, 2, 5]), schedule="gpipe", microbatches=2,
+                max_minibatches=3, momentum=0.9)
+    model, _ = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, momentum=0.9)
+    assert dumps[1]["params"] == {}
+    for s, layers in ((0, range(0, 1)), (2, range(3, 8))):
+        for n, p in stage_params(model, layers).items():
+            torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)

@@ -30,6 +30,13 @@ def linear_model() -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8), nn.Linear(8, 10))
 
 
+def stash_model() -> nn.Sequential:
+    """Flatten, linear, tanh, linear, tanh, linear (6 layers), for the weight-stashing test on 2 stages
+    (layers 0-4, then 5). The first stage's backward passes through its second linear layer, so it
+    reads that layer's weights: the weight version used there shows in the gradients."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 10))
+
+
 def write_data(root: Path, n_train: int = 128, n_val: int = 32, seed: int = 0) -> Path:
     """Random-pixel IDX files with Fashion-MNIST's names under ``root``; returns ``root``."""
     rng = np.random.default_rng(seed)

@@ -1,6 +1,7 @@
 """Samples/s of our runtime's schedules vs ``torch.distributed.pipelining`` on the same partition.
 
-One run forks ``--workers`` gloo processes; every process builds the same model (same seed), keeps
+One run starts ``--workers`` gloo processes on the CPU (from a fork server, so a CUDA machine works
+too); every process builds the same model (same seed), keeps
 the same stage of one straight partition (balanced by measured per-layer time unless ``--plan`` is
 given) and then, in turn and separated by barriers, trains ``--steps`` x ``--microbatches`` units of
 ``--batch-size`` samples with:
@@ -10,7 +11,7 @@ given) and then, in turn and separated by barriers, trains ``--steps`` x ``--mic
 * torch-1F1B: ``torch.distributed.pipelining.Schedule1F1B`` (flush every ``--microbatches``),
 * torch-GPipe: ``torch.distributed.pipelining.ScheduleGPipe``.
 
-Inputs are fixed random tensors (data loading excluded for all). Rank 0 prints samples/s and the
+Inputs are fixed random tensors of the model's input shape (data loading excluded for all). Rank 0 prints samples/s and the
 ratios of ours-1F1B to the others.
 
 In the same run, before the timed runs, each rank times its own stage alone (ranks take turns,
@@ -45,8 +46,10 @@ from pipedream import schedules
 from pipedream.planner.plan import Plan
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
+from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.executor import StageData, StageExecutor
-from pipedream.runtime.launch import free_port
+from pipedream.runtime.launch import free_port, start_method
+from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import Boundary, build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
 from pipedream.sim.costs import measured_costs
@@ -64,6 +67,20 @@ def build(model: str, seed: int) -> nn.Sequential:
     from pipedream.models import build_model
 
     return build_model(model, "reduced", seed)
+
+
+def input_shape(model: str) -> tuple[int, ...]:
+    """Per-sample input shape: the registry's reduced preset (e.g. AlexNet's 3x64x64), else 3x32x32."""
+    if ":" in model:
+        return (3, 32, 32)
+    from pipedream.models import get_spec
+
+    return tuple(get_spec(model).input_shape("reduced"))
+
+
+def _sgd(params, lr: float) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+    """SGD with momentum 0.9, also for a stage without parameters (as the runtime's workers make it)."""
+    return make_optimizer(TrainConfig(lr=lr, momentum=0.9, weight_decay=0.0), list(params))
 
 
 def balanced_plan(model: nn.Sequential, stages: int, x: torch.Tensor) -> Plan:
@@ -127,7 +144,7 @@ def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, 
     m = args.microbatches
     policy = Policy.STASH if schedule == "1f1b" else Policy.FLUSH
     versions = WeightVersions(module, policy)
-    opt = torch.optim.SGD(versions.master, lr=args.lr, momentum=0.9)
+    opt = _sgd(versions.master, args.lr)
     ex = StageExecutor(s, len(plan.stages), module, versions, opt, P2P(120.0, torch.device("cpu")),
                        shapes[s - 1] if s > 0 else None, shapes[s], timeout_s=120.0)
     data = StageData(lambda mb, j: x, lambda mb, j: y)
@@ -151,7 +168,7 @@ def _torch(args: argparse.Namespace, plan: Plan, kind: str, x: torch.Tensor, y: 
     stage = PipelineStage(module, s, len(plan.stages), torch.device("cpu"))
     cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
     sched = cls(stage, args.microbatches, loss_fn=F.cross_entropy)
-    opt = torch.optim.SGD(module.parameters(), lr=args.lr, momentum=0.9)
+    opt = _sgd(module.parameters(), args.lr)
     big_x = x.repeat(args.microbatches, *[1] * (x.dim() - 1))
     big_y = y.repeat(args.microbatches)
     last = s == len(plan.stages) - 1
@@ -197,7 +214,7 @@ def _stage_times(args: argparse.Namespace, plan: Plan, x: torch.Tensor, y: torch
             feed = Boundary.unpack(earlier(*feed))
     inputs = [t.detach().requires_grad_(s > 0 and t.is_floating_point()) for t in feed]
     in_float = [t for t in inputs if t.requires_grad]
-    opt = torch.optim.SGD(params, lr=args.lr, momentum=0.9)
+    opt = _sgd(params, args.lr)
     out_bytes = [0.0]
 
     def unit() -> tuple[float, float, float]:
@@ -281,9 +298,10 @@ def _predict(args: argparse.Namespace, stages: list[dict[str, float]], link_Bps:
 
 def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
     os.environ.update({"RANK": str(index), "WORLD_SIZE": str(args.workers), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(args.threads)})
+                       "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(args.threads),
+                       "PIPEDREAM_FORCE_GLOO": "1"})  # every executor here runs on the CPU, GPUs or not
     D.init(120.0)  # sets torch's threads from OMP_NUM_THREADS
-    x = torch.randn(args.batch_size, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(args.batch_size, *input_shape(args.model), generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, 10, (args.batch_size,), generator=torch.Generator().manual_seed(2))
     link_Bps = args.link_Bps or _link_Bps(args.link_mb)
     if args.time_together:  # all stages at once: their times include sharing cores and memory
@@ -385,13 +403,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads < 1 or args.time_reps < 1 or args.steps < 1 or args.microbatches < 1 or args.workers < 2:
         parser.error("--threads, --time-reps, --steps and --microbatches must be at least 1, --workers at least 2")
-    torch.set_num_threads(1)  # the parent times layers for the balance on one thread: forking after a
-    # multi-threaded OpenMP region can hang the children
+    torch.set_num_threads(1)  # the parent times layers for the balance on one thread, like one worker
     model = build(args.model, args.seed)
-    plan = Plan.load(args.plan) if args.plan else balanced_plan(model, args.workers, torch.randn(args.batch_size, 3, 32, 32))
-    importlib.import_module("torch._dynamo")  # optimizers import it lazily; once here, before forking
-
-    mp.start_processes(_child, args=(args, plan, free_port()), nprocs=args.workers, start_method="fork")
+    x = torch.randn(args.batch_size, *input_shape(args.model))
+    plan = Plan.load(args.plan) if args.plan else balanced_plan(model, args.workers, x)
+    # the workers start from a fork server, never a fork of this process (which ran autograd above)
+    mp.start_processes(_child, args=(args, plan, free_port()), nprocs=args.workers, start_method=start_method())
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Per action kind (§3.2, §3.3):
 
-* ``RECV_F``/``RECV_B``: wait for the activation/gradient posted ahead of need (``irecv``).
+* ``RECV_F``/``RECV_B``: wait for the activation/gradient, posted earlier (:func:`issue_plan`).
 * ``F``: run the stage on the weight version chosen by the :class:`~pipedream.runtime.versions.Policy`
   (``torch.func.functional_call`` on that version's tensors); the last stage adds the cross-entropy
   loss, divided by the microbatches per minibatch so coalesced gradients are minibatch means. The
@@ -15,6 +15,11 @@ Per action kind (§3.2, §3.3):
   divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`: an average over replicas that hold
   whole minibatches (1F1B-RR), a plain sum over replicas that hold microbatches (GPipe, 2BW).
 * ``STEP``: optimizer step on the master weights, zero the gradients, commit a new weight version.
+
+When sends and receives are issued is :func:`issue_plan`'s decision: on gloo (tag-matched), receives
+are posted up to :data:`RECV_LOOKAHEAD` ahead; on NCCL (``P2P.batched``; in-order matching), each run
+of consecutive send/receive actions of the list is one ``batch_isend_irecv``, issued when the run
+starts, so no receive is ever queued in front of a send its peer is waiting for.
 """
 
 from __future__ import annotations
@@ -30,13 +35,51 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from pipedream.runtime.comm import P2P, PendingRecv, allreduce_s, wait_or_raise
+from pipedream.runtime.comm import P2P, Outgoing, PendingRecv, allreduce_s, wait_or_raise
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
 from pipedream.schedules import Action, Kind, Schedule
 
-RECV_LOOKAHEAD = 4  # receives posted ahead of the action that needs them
+RECV_LOOKAHEAD = 4  # receives posted ahead of the action that needs them (unbatched, tag-matched backends)
+SENDS = (Kind.SEND_F, Kind.SEND_B)
+RECVS = (Kind.RECV_F, Kind.RECV_B)
+
+
+def issue_plan(actions: list[Action], batched: bool, lookahead: int = RECV_LOOKAHEAD) -> list[list[int]]:
+    """Which send/receive actions a rank issues right before executing each action of ``actions``.
+
+    Returns ``plan`` with ``plan[i]`` the indices (into ``actions``) issued before action ``i``
+    runs; every send and receive appears exactly once, a send never before the computation that
+    produces it, a receive never after the action that waits for it.
+
+    * ``batched`` (in-order backends, NCCL): each maximal run of consecutive sends and receives is
+      issued at its first action, as one batch (one ``batch_isend_irecv``). In 1F1B's steady state a
+      batch is a ``SEND_F`` with the next ``RECV_B`` (or a ``SEND_B`` with the next ``RECV_F``): the
+      exchange with a neighbour that both sides need before they can compute again.
+    * otherwise (tag-matched backends, gloo): a send at its own action; receives posted ahead so that
+      at most ``lookahead`` are waiting to be consumed (always at least the one needed now).
+    """
+    plan: list[list[int]] = [[] for _ in actions]
+    comm = [k in SENDS or k in RECVS for k in (a.kind for a in actions)]
+    if batched:
+        for i, is_comm in enumerate(comm):
+            if is_comm and (i == 0 or not comm[i - 1]):
+                j = i
+                while j < len(actions) and comm[j]:
+                    j += 1
+                plan[i] = list(range(i, j))
+        return plan
+    recvs = [i for i, a in enumerate(actions) if a.kind in RECVS]
+    posted = 0
+    for i, a in enumerate(actions):
+        waited = sum(1 for r in recvs[:posted] if r < i)  # receives already consumed before action i
+        while posted < len(recvs) and (recvs[posted] <= i or posted - waited < lookahead):
+            plan[i].append(recvs[posted])
+            posted += 1
+        if a.kind in SENDS:
+            plan[i].append(i)
+    return plan
 
 
 @dataclass
@@ -130,27 +173,41 @@ class StageExecutor:
         self.pending: dict[Action, PendingRecv] = {}
         self.scale = 1.0 / schedule.num_microbatches
         self.updates_per_version = schedule.reduce_divisor(self.stage)  # minibatches one STEP applies
-        recvs = [i for i, a in enumerate(actions) if a.kind in (Kind.RECV_F, Kind.RECV_B)]
-        next_recv = 0
+        plan = issue_plan(actions, self.p2p.batched)
         for i, a in enumerate(actions):
-            # keep up to RECV_LOOKAHEAD receives posted ahead, so transfers overlap with compute
-            while next_recv < len(recvs) and (recvs[next_recv] <= i or len(self.pending) < RECV_LOOKAHEAD):
-                ra = actions[recvs[next_recv]]
-                self.pending[ra] = self._post(ra)
-                next_recv += 1
-            getattr(self, f"_do_{a.kind.value.lower()}")(a)
+            if plan[i]:
+                self._issue([actions[k] for k in plan[i]])
+            if a.kind not in SENDS:  # a send's work was done when it was issued
+                getattr(self, f"_do_{a.kind.value.lower()}")(a)
         self.p2p.drain()
         if phase == 0:
             self.stats_history.append(self.stats.losses)
         return self.stats
 
-    def _post(self, a: Action) -> PendingRecv:
-        if a.kind == Kind.RECV_F:
-            specs = self.in_shape.batched(self.b)  # type: ignore[union-attr]
-        else:
-            specs = self.out_shape.batched(self.b, grads=True)
-        return self.p2p.irecv(self.schedule.peer(a), specs,  # type: ignore[arg-type]
-                              (self.phase, a.kind == Kind.RECV_B, a.minibatch, a.microbatch or 0))
+    def _issue(self, comm: list[Action]) -> None:
+        """Issue the sends and post the receives of ``comm`` together (one batch when ``P2P.batched``)."""
+        recvs = []
+        for a in comm:
+            if a.kind in RECVS:
+                specs = (self.in_shape.batched(self.b) if a.kind == Kind.RECV_F  # type: ignore[union-attr]
+                         else self.out_shape.batched(self.b, grads=True))
+                recvs.append((self.schedule.peer(a), specs, self._tag(a, a.kind == Kind.RECV_B)))
+        sends = [self._outgoing(a) for a in comm if a.kind in SENDS]
+        posted = self.p2p.exchange(sends, recvs)  # type: ignore[arg-type]
+        for a, pending in zip([a for a in comm if a.kind in RECVS], posted, strict=True):
+            self.pending[a] = pending
+
+    def _outgoing(self, a: Action) -> Outgoing:
+        """The transfer of a ``SEND_F`` (the stage's output) or ``SEND_B`` (its input gradients)."""
+        if a.kind == Kind.SEND_F:
+            unit = self.units[a.key]
+            version = unit.get("carried", unit.get("version", self.versions.latest) * self.updates_per_version)
+            if self.phase == 1:
+                del self.units[a.key]
+            return Outgoing(Boundary.unpack(unit["output"]), self.schedule.peer(a), self._tag(a, False),  # type: ignore[arg-type]
+                            version)
+        unit = self.units.pop(a.key)
+        return Outgoing(unit["grad_in"], self.schedule.peer(a), self._tag(a, True), unit["version"])  # type: ignore[arg-type]
 
     def _tag(self, a: Action, backward: bool) -> tuple[int, bool, int, int]:
         return (self.phase, backward, a.minibatch, a.microbatch or 0)
@@ -222,14 +279,6 @@ class StageExecutor:
         else:
             unit["output"] = out
 
-    def _do_send_f(self, a: Action) -> None:
-        unit = self.units[a.key]
-        version = unit.get("carried", unit.get("version", self.versions.latest) * self.updates_per_version)
-        self.p2p.isend(Boundary.unpack(unit["output"]), self.schedule.peer(a), self._tag(a, False),  # type: ignore[arg-type]
-                       *a.key, version=version)
-        if self.phase == 1:
-            del self.units[a.key]
-
     def _do_b(self, a: Action) -> None:
         t0 = time.perf_counter()
         unit = self.units[a.key]
@@ -264,15 +313,11 @@ class StageExecutor:
         if self.on_backward is not None:
             self.on_backward(*a.key)
 
-    def _do_send_b(self, a: Action) -> None:
-        unit = self.units.pop(a.key)
-        self.p2p.isend(unit["grad_in"], self.schedule.peer(a), self._tag(a, True), *a.key,  # type: ignore[arg-type]
-                       version=unit["version"])
-
     def _do_allreduce(self, a: Action) -> None:
         grads = [p.grad for p in self.versions.master if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         t0 = time.perf_counter()
+        self.p2p.note("allreduce", tuple(dist.get_process_group_ranks(self.stage_group)))
         work = dist.all_reduce(flat, group=self.stage_group, async_op=True)
         wait_or_raise(work, self.timeout_s, f"gradient allreduce of stage {self.stage} ({a})")
         replicas = dist.get_world_size(self.stage_group)

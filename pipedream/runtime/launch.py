@@ -1,10 +1,17 @@
-"""Start the workers of a run: with torchrun (``pipedream train``), or forked in-process (tests, benchmarks).
+"""Start the workers of a run: with torchrun (``pipedream train``), or from a fork server (tests, benchmarks).
 
 :func:`torchrun_command` builds ``python -m torch.distributed.run --standalone --nproc_per_node=W -m
 <entry> <options>``; torchrun stops every worker as soon as one fails, so a crashed or killed rank
-ends the job. :func:`spawn_local` forks ``W`` processes that share the caller's imported modules
-(seconds faster than torchrun on a small machine) and accepts a ``model_factory`` that cannot go
-through a command line.
+ends the job. :func:`spawn_local` starts ``W`` processes from a ``forkserver`` (seconds faster than
+torchrun on a small machine) and accepts a ``model_factory`` that cannot go through a command line.
+
+Why not a plain ``fork`` of the caller: a process that has touched CUDA cannot be forked ("Cannot
+re-initialize CUDA in forked subprocess"), and one that has run a backward pass refuses too
+("Unable to handle autograd's threading in combination with fork-based multiprocessing"; both are
+PyTorch's checks, see the "CUDA in multiprocessing" note of ``torch.multiprocessing``). The fork server
+is a fresh interpreter that imports torch and the runtime once (:data:`PRELOAD`) and touches neither;
+each worker is forked from it. What is handed to a worker is pickled, so ``fn`` and the config's
+``model_factory`` must be module-level functions (or classes).
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from pipedream.runtime.config import TrainConfig
 
 WORKER_MODULE = "pipedream.runtime.worker"
 DP_MODULE = "pipedream.baselines.ddp"
+START_METHOD = "forkserver"
+# imported once by the fork server, not once per worker (optimizers import torch._dynamo lazily: seconds)
+PRELOAD = ["torch", "torch._dynamo", WORKER_MODULE]
 
 
 def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: int = 1,
@@ -71,16 +81,19 @@ def _child(index: int, fn: Callable[[TrainConfig], None], cfg: TrainConfig, worl
 
 def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None] | None = None,
                 env: dict[str, str] | None = None, timeout_s: float = 120.0) -> None:
-    """Fork ``workers`` processes running ``fn(cfg)`` (default: the PipeDream worker) and wait for them.
+    """Start ``workers`` processes running ``fn(cfg)`` (default: the PipeDream worker) and wait for them.
+
+    ``fn`` and ``cfg`` are pickled to the workers (see the module docstring), which start from a fork
+    server: safe where the caller has used CUDA or autograd already.
 
     Raises:
         PipeDreamError: a worker failed (its one-line reason from ``out_dir/errors``) or the run timed out.
     """
     if fn is None:
         from pipedream.runtime.worker import train as fn
-    import torch._dynamo  # noqa: F401  (optimizers import it lazily: seconds per process; import once, then fork)
+    start_method()
     ctx = mp.start_processes(_child, args=(fn, cfg, workers, free_port(), env or {}), nprocs=workers,
-                             join=False, start_method="fork")
+                             join=False, start_method=START_METHOD)
     deadline = time.monotonic() + timeout_s
     try:
         while not ctx.join(timeout=0.5):
@@ -92,6 +105,12 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
         raise PipeDreamError(first_error(Path(cfg.out_dir)) or f"a worker failed: {e}") from None
     except mp.ProcessRaisedException as e:
         raise PipeDreamError(first_error(Path(cfg.out_dir)) or f"a worker raised: {e}") from None
+
+
+def start_method() -> str:
+    """Ask the fork server to preload :data:`PRELOAD` (takes effect when it starts); returns the method."""
+    mp.get_context(START_METHOD).set_forkserver_preload(PRELOAD)
+    return START_METHOD
 
 
 def first_error(out_dir: Path) -> str | None:

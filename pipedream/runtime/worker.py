@@ -37,6 +37,7 @@ from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
 FAULT_ENV = "PIPEDREAM_FAULT_KILL"
+BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 
 
 @dataclass
@@ -140,7 +141,9 @@ def train(cfg: TrainConfig) -> None:
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
     versions = WeightVersions(module, policy_of(cfg, replicas))
     optimizer = make_optimizer(cfg, versions.master)
-    p2p = P2P(cfg.comm_timeout_s, device, cfg.emulate_bandwidth_Bps)
+    # NCCL matches point-to-point operations in issue order: one batch per step of the schedule
+    batched = dist.get_backend() == "nccl" or os.environ.get(BATCHED_ENV) == "1"
+    p2p = P2P(cfg.comm_timeout_s, device, cfg.emulate_bandwidth_Bps, batched=batched, log=cfg.debug_dump)
 
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
@@ -222,7 +225,7 @@ def train(cfg: TrainConfig) -> None:
     if rank == stage_ranks[s][0]:
         assemble.save_stage(out_dir, s, module, len(plan.stages) if rank == 0 else None)
     if cfg.debug_dump:
-        _dump(out_dir, rank, s, executor, versions)
+        _dump(out_dir, rank, s, executor, versions, p2p)
     D.barrier(cfg.comm_timeout_s, "end of training")
 
 
@@ -243,12 +246,14 @@ def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-u
     return tqdm(total=total, unit="mb", mininterval=2.0, dynamic_ncols=True, leave=True)
 
 
-def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions) -> None:
-    """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses."""
+def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions, p2p: P2P) -> None:
+    """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses,
+    the communication operations in issue order (:attr:`P2P.log`) and whether they were batched."""
     path = out_dir / "debug" / f"rank{rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"stage": stage, "trace": ex.trace, "first_grads": ex.first_grads,
                 "losses": ex.stats_history, "max_versions": versions.max_alive,
+                "comm_log": p2p.log, "batched": p2p.batched,
                 "params": {n: p.detach().cpu() for n, p in zip(versions.names, versions.master, strict=True)}},
                path)
 
