@@ -7,7 +7,8 @@ allreduce after every step (gloo on CPU, NCCL on GPU). Two minibatch semantics (
 * ``per_worker`` (the paper's DP baselines): each worker takes a whole minibatch of ``batch_size``
   samples, dealt round robin, so a step consumes ``workers`` minibatches and an epoch has ``workers``
   times fewer updates than a pipeline's; the learning rate follows the linear scaling rule with
-  gradual warm-up (Goyal et al. 2017; :mod:`pipedream.runtime.lr`), ``lr x workers``.
+  gradual warm-up (Goyal et al. 2017; :mod:`pipedream.runtime.lr`), ``lr x workers``, for SGD, the
+  optimizer the rule is derived for; Adam keeps ``lr``.
 * ``global``: each minibatch of ``batch_size`` samples is split over the workers, so DP makes the same
   updates as single-process SGD on the pipeline's minibatch, at the same learning rate.
 
@@ -85,7 +86,9 @@ def train(cfg: TrainConfig) -> None:
                              f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
     # per_worker: each step takes `world` of the pipeline's minibatches at once, with the learning rate
     # scaled by `world` (Goyal et al. 2017); global: each step takes one minibatch, split over the workers
-    steps, scale = (nb // world, float(world)) if per_worker else (nb, 1.0)
+    # (the linear rule is SGD's; Adam keeps its learning rate)
+    steps = nb // world if per_worker else nb
+    scale = float(world) if per_worker and cfg.optimizer == "sgd" else 1.0
     bar = None
     if cfg.progress and rank == 0:
         from tqdm import tqdm

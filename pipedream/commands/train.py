@@ -147,7 +147,7 @@ def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tup
         params.update(dp_batch=args.dp_batch,
                       dp_global_minibatch=args.batch_size * (args.workers if per_worker else 1),
                       dp_lr_scaling=f"linear x{args.workers}, warm-up {args.lr_warmup_epochs:g} epochs"
-                      if per_worker else "none")
+                      if per_worker and args.optimizer == "sgd" else "none")
     tags = {"model": args.model, "mode": args.mode, "config": config, "cluster": cluster, "scale": args.preset}
     return params, tags
 

@@ -83,8 +83,8 @@ class TrainConfig:
     lr_warmup_epochs: float = _opt(0.0, "epochs of linear warm-up to a scaled learning rate (Goyal et al. 2017); "
                                         "0: none")
     clip_norm: float = _opt(0.0, "clip gradients to this L2 norm (dp: the model's; pipedream: each stage's); 0: off")
-    dp_batch: str = _opt("per_worker", "dp: --batch-size per worker (a minibatch of workers x batch, lr scaled by "
-                                       "workers with warm-up: Goyal et al. 2017) or global (each worker takes "
+    dp_batch: str = _opt("per_worker", "dp: --batch-size per worker (a minibatch of workers x batch; SGD's lr scaled "
+                                       "by workers with warm-up: Goyal et al. 2017) or global (each worker takes "
                                        "batch/workers: the pipeline's minibatch and learning rate)", DP_BATCH)
     train_subset: int | None = _opt(None, "training samples drawn from the training split (default or 0: all)")
     val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default or 0: all)")

@@ -13,7 +13,7 @@ Linear scaling with gradual warm-up (Goyal et al. 2017, "Accurate, Large Minibat
 run whose minibatch is ``k`` times the reference multiplies the learning rate by ``k``, reaching it
 linearly from ``lr`` over the first ``lr_warmup_epochs`` epochs: ``lr * (1 + (k - 1) * min(1, p / warmup))``
 before the policy's decay factor. The DP baseline with per-worker minibatches (``dp_batch: per_worker``)
-uses ``k = workers``; every other run ``k = 1``.
+and SGD uses ``k = workers``; every other run ``k = 1`` (the rule is derived for SGD; Adam keeps ``lr``).
 
 Clipping (``clip_norm > 0``) rescales the gradients so their L2 norm is at most ``clip_norm``
 (``torch.nn.utils.clip_grad_norm_``). DP clips the whole model's averaged gradient. A pipeline stage
