@@ -9,14 +9,14 @@ import jsonschema
 import yaml
 
 from pipedream.errors import PipeDreamError
-
-SCHEMA = Path(__file__).resolve().parent.parent / "workflows" / "schemas" / "config.schema.yaml"
+from pipedream.paths import SCHEMA, shipped
 
 
 def load_yaml(path: str | Path, what: str = "config file", hint: str = "") -> Any:
     """Parse a YAML file; raises PipeDreamError naming the file (as ``what``) if it is missing, with
-    ``hint`` appended, and the file and line on a syntax error."""
-    path = Path(path)
+    ``hint`` appended, and the file and line on a syntax error. A relative path that does not exist
+    in the working directory is looked up in the checkout (:func:`pipedream.paths.shipped`)."""
+    path = shipped(path)
     if not path.is_file():
         raise PipeDreamError(f"{what} {path} not found{hint}")
     try:

@@ -20,6 +20,7 @@ import pandas as pd
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
+from pipedream.paths import shipped
 from pipedream.table1.measured import MODES, measured_speedup, read_metrics
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
@@ -33,7 +34,7 @@ def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
     from ``<results>/speedup/<model>.json`` for the models in ``cfg["models"]`` (empty otherwise).
     """
     results = Path(cfg["results_dir"])
-    paper = pd.read_csv(cfg["paper_table"])
+    paper = pd.read_csv(shipped(cfg["paper_table"]))
     df = pd.DataFrame({
         "task": paper["task"], "model": paper["model"],
         "hardware": paper["cluster"] + " " + paper["servers"].astype(str) + "x" + paper["gpus_per_server"].astype(str),
