@@ -298,7 +298,7 @@ def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: py
     (folder / "meta.json").unlink()
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--out", str(out)]) == 2
-    assert "pass --minibatch-size N" in capsys.readouterr().err
+    assert "pass --profiled-batch N" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- DAG brute force
