@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipedream.tracking import load_runs, log_training_run
+import pytest
+
+from pipedream.tracking import artifact_root, load_runs, log_training_run, tracking_uri
+from tests.conftest import REPO
 
 
 def test_run_written_and_read_back(mlflow_store: Path) -> None:
@@ -21,7 +24,7 @@ def test_run_written_and_read_back(mlflow_store: Path) -> None:
     assert run["tags"]["mode"] == "dp" and "git_commit" in run["tags"]
     assert run["history"]["val_accuracy"] == [(1, 0.5), (2, 0.75)]
     assert run["history"]["time_to_accuracy_s"] == [(0, 3.5)]
-    assert list((mlflow_store / "results" / "mlartifacts").rglob("plan.json"))
+    assert list((mlflow_store / "mlartifacts").rglob("plan.json"))  # beside the sqlite store
 
 
 def test_rerun_does_not_duplicate(mlflow_store: Path) -> None:
@@ -32,3 +35,12 @@ def test_rerun_does_not_duplicate(mlflow_store: Path) -> None:
     assert sorted(r["run_name"] for r in runs) == ["dp", "pipedream"]
     pd_run = next(r for r in runs if r["run_name"] == "pipedream")
     assert pd_run["history"]["val_accuracy"] == [(1, 0.2)]
+
+
+def test_default_store_is_the_checkouts_whatever_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri() == f"sqlite:///{REPO / 'results' / 'mlflow.db'}"
+    assert artifact_root() == REPO / "results" / "mlartifacts"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/runs.db")
+    assert tracking_uri() == f"sqlite:///{tmp_path}/runs.db" and artifact_root() == tmp_path / "mlartifacts"
