@@ -21,11 +21,12 @@ def run(args: argparse.Namespace) -> int:
     """Validate; raises PipeDreamError on the first problem, prints a summary and returns 0 otherwise."""
     from pipedream.errors import PipeDreamError
     from pipedream.experiment import load_config
-    from pipedream.models import get_spec
     from pipedream.paths import CLUSTERS, shipped
     from pipedream.topology import get_cluster
 
     cfg = load_config(args.config)
+    from pipedream.models import get_spec  # imports torch: only once the file itself is known to be good
+
     for name in cfg["models"]:
         get_spec(name)  # raises on an unknown model, listing the known ones
     clusters_file = cfg.get("clusters_file", CLUSTERS)

@@ -38,7 +38,7 @@ from pipedream.schedules import consecutive_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD, explain
-from pipedream.table1.table import to_markdown
+from pipedream.table1.table import read_paper_table, to_markdown
 from pipedream.topology import Cluster, get_cluster
 
 # paper model -> (release profile folder, per-GPU batch of paper §5.1); the profiled minibatch is in the
@@ -186,9 +186,7 @@ def _row_label(model: str, p: pd.Series) -> str:
 def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
                 models: list[str] | None = None) -> pd.DataFrame:
     """Every row of the paper's Table 1 (``models`` only, if given), predicted where a profile exists."""
-    if not paper_table.is_file():
-        raise PipeDreamError(f"paper table {paper_table} not found; pass --paper-table experiments/paper_table1.csv")
-    paper = pd.read_csv(paper_table)
+    paper = read_paper_table(paper_table)
     rows = []
     for _, p in paper.iterrows():
         model = str(p["model"])
