@@ -20,7 +20,6 @@ from pipedream.topology import Cluster, get_cluster
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "experiments" / "data" / "profiles"
 CLUSTERS = REPO / "experiments" / "clusters.yaml"
-MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
 INF = math.inf
 
 
