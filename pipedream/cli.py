@@ -1,8 +1,10 @@
 """The ``pipedream`` command line: ``pipedream profile | plan | simulate | train | report``.
 
 Each subcommand lives in :mod:`pipedream.commands` as a module with ``HELP`` (one line),
-``add_arguments(parser)`` and ``run(args) -> int``. Bad input raises
-:class:`pipedream.errors.PipeDreamError`, which is printed as one ``error:`` line with exit status 2.
+``add_arguments(parser)`` and ``run(args) -> int``. Building the parser imports only the command
+modules, which import torch, numpy, pandas and the rest inside ``run()``, so ``pipedream --help`` is
+quick. Bad input raises :class:`pipedream.errors.PipeDreamError` (an unreadable path raises OSError),
+printed as one ``error:`` line with exit status 2.
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except PipeDreamError as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # a path that cannot be read or written (permissions, full disk, ...)
+        where = f": {e.filename}" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)

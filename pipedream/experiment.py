@@ -9,18 +9,22 @@ import jsonschema
 import yaml
 
 from pipedream.errors import PipeDreamError
-
-SCHEMA = Path(__file__).resolve().parent.parent / "workflows" / "schemas" / "config.schema.yaml"
+from pipedream.paths import SCHEMA, shipped
 
 
 def load_yaml(path: str | Path, what: str = "config file", hint: str = "") -> Any:
     """Parse a YAML file; raises PipeDreamError naming the file (as ``what``) if it is missing, with
-    ``hint`` appended, and the file and line on a syntax error."""
-    path = Path(path)
+    ``hint`` appended, and the file and line on a syntax error. A relative path that does not exist
+    in the working directory is looked up in the checkout (:func:`pipedream.paths.shipped`)."""
+    path = shipped(path)
     if not path.is_file():
         raise PipeDreamError(f"{what} {path} not found{hint}")
+    if path.is_dir():
+        raise PipeDreamError(f"{what} {path} is a directory; give a YAML file")
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise PipeDreamError(f"{what} {path} is not a text file; expected YAML") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
@@ -35,6 +39,8 @@ def load_config(path: str | Path) -> dict[str, Any]:
             (the message names the key path and the rule).
     """
     cfg = load_yaml(path)
+    if cfg is None:
+        raise PipeDreamError(f"{path} is empty; start from experiments/ci.yaml")
     schema = yaml.safe_load(SCHEMA.read_text())
     try:
         jsonschema.validate(cfg, schema)

@@ -13,9 +13,11 @@ In memory, times are seconds (``fwd_s``, ``bwd_s``) and sizes bytes.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pipedream.errors import PipeDreamError
 
@@ -170,9 +172,15 @@ class LayerGraph:
                 node, an edge to an unknown node, or a cycle.
         """
         path = Path(path)
+        if path.is_dir():
+            raise PipeDreamError(f"profile {path} is a directory; give the graph.txt file inside it")
         if not path.is_file():
             raise PipeDreamError(f"profile {path} not found; run `pipedream profile` first or check the path")
-        return cls.parse(path.read_text(), source=str(path), minibatch_size=minibatch_size)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise PipeDreamError(f"profile {path} is not a text file; expected a graph.txt profile") from None
+        return cls.parse(text, source=str(path), minibatch_size=minibatch_size)
 
     @classmethod
     def parse(cls, text: str, source: str = "<string>", minibatch_size: int = 0) -> LayerGraph:
@@ -245,3 +253,45 @@ class LayerGraph:
         from pipedream.io import atomic_write_text
 
         atomic_write_text(Path(path), self.to_text())
+
+
+def read_meta(profile_path: str | Path) -> dict[str, Any]:
+    """The ``meta.json`` beside a graph.txt (profiled minibatch size, device, granularity), or ``{}``.
+
+    ``pipedream profile`` writes it; the release's V100 profiles in ``experiments/data/profiles`` ship one.
+
+    Raises:
+        PipeDreamError: the file is not a JSON object.
+    """
+    meta = Path(profile_path).parent / "meta.json"
+    if not meta.is_file():
+        return {}
+    try:
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise PipeDreamError(f"{meta} is not valid JSON ({e}); fix it or delete it and pass --profiled-batch") from None
+    if not isinstance(doc, dict):
+        raise PipeDreamError(f"{meta} is not a JSON object; fix it or delete it and pass --profiled-batch")
+    return doc
+
+
+def profiled_batch(profile_path: str | Path, given: int | None = None) -> int:
+    """Samples in the profiled minibatch of a graph.txt: ``given`` if set, else ``minibatch_size`` in the
+    meta.json beside it.
+
+    Raises:
+        PipeDreamError: ``given`` is not positive, or neither it nor a meta.json says the size.
+    """
+    if given is not None:
+        if given < 1:
+            raise PipeDreamError(f"--profiled-batch must be a positive number of samples, not {given}")
+        return int(given)
+    meta = read_meta(profile_path)
+    value = meta.get("minibatch_size")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if meta:
+        raise PipeDreamError(f"{Path(profile_path).parent / 'meta.json'} has no positive integer 'minibatch_size'; "
+                             "pass --profiled-batch N")
+    raise PipeDreamError(f"profiled minibatch size of {profile_path} unknown: pass --profiled-batch N "
+                         "(no meta.json beside it)")

@@ -8,9 +8,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from pipedream.errors import PipeDreamError
+
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``.
+
+    Raises:
+        PipeDreamError: ``path`` is an existing directory.
+    """
+    if path.is_dir():
+        raise PipeDreamError(f"{path} is a directory; give a file name to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

@@ -21,7 +21,6 @@ Node ids follow the original format: ``node0`` is the input and operation nodes 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -218,9 +217,3 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
     atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges, **meta})
     atomic_write_json(out_dir / "meta.json", {"minibatch_size": graph.minibatch_size, **meta})
     graph.write(out_dir / "graph.txt")  # last: the Snakemake output that marks completion
-
-
-def read_meta(profile_path: Path) -> dict[str, Any]:
-    """The ``meta.json`` beside a graph.txt, or ``{}`` if there is none."""
-    meta = Path(profile_path).parent / "meta.json"
-    return json.loads(meta.read_text()) if meta.is_file() else {}

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.errors import PipeDreamError
+from pipedream.paths import CLUSTERS
 
-DEFAULT_CLUSTERS_PATH = "experiments/clusters.yaml"
+DEFAULT_CLUSTERS_PATH = CLUSTERS  # found in the checkout from any directory (pipedream.paths)
 # The release optimizer's default for -s/--memory_size (bytes); used when a cluster gives none.
 RELEASE_DEFAULT_MEMORY_BYTES = 16e9
 

@@ -1,7 +1,8 @@
 """MLflow tracking: every training run is logged with its parameters, per-epoch metrics and plan.
 
-The default store is a local sqlite file (``sqlite:///results/mlflow.db``) with artifacts under
-``results/mlartifacts``; ``MLFLOW_TRACKING_URI`` overrides it.
+The store is ``$MLFLOW_TRACKING_URI`` when it is set, else one sqlite file in the checkout,
+``<repo>/results/mlflow.db`` (what ``make ui`` shows), whatever the working directory; artifacts go
+to ``mlartifacts`` beside a sqlite store (:func:`artifact_root`).
 """
 
 from __future__ import annotations
@@ -14,14 +15,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-DEFAULT_TRACKING_URI = "sqlite:///results/mlflow.db"
-DEFAULT_ARTIFACT_ROOT = "results/mlartifacts"
+from pipedream.paths import REPO, RESULTS
+
+DEFAULT_TRACKING_URI = f"sqlite:///{RESULTS / 'mlflow.db'}"
+DEFAULT_ARTIFACT_ROOT = RESULTS / "mlartifacts"
+STORE_HELP = "$MLFLOW_TRACKING_URI if set, else sqlite:///<repo>/results/mlflow.db"
 UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the store
 
 
 def tracking_uri() -> str:
-    """The tracking URI in force: ``$MLFLOW_TRACKING_URI`` or the project's sqlite file."""
+    """The tracking URI in force: ``$MLFLOW_TRACKING_URI`` or the checkout's sqlite file."""
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
+
+
+def artifact_root() -> Path:
+    """Where run artifacts go: ``mlartifacts`` beside a sqlite store, else ``<repo>/results/mlartifacts``."""
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts"
+    return DEFAULT_ARTIFACT_ROOT
 
 
 def _mlflow():  # type: ignore[no-untyped-def]
@@ -41,7 +53,7 @@ def _experiment_id(name: str) -> str:
     exp = mlflow.get_experiment_by_name(name)
     if exp is not None:
         return str(exp.experiment_id)
-    root = Path(DEFAULT_ARTIFACT_ROOT).resolve()
+    root = artifact_root()
     root.mkdir(parents=True, exist_ok=True)
     return str(mlflow.create_experiment(name, artifact_location=root.as_uri() + "/" + name))
 
@@ -60,9 +72,10 @@ def run_url(experiment_id: str, run_id: str) -> str:
 
 
 def git_commit() -> str:
-    """The checkout's HEAD commit, or ``"unknown"`` outside a git checkout."""
+    """The checkout's HEAD commit (whatever the working directory), or ``"unknown"`` outside a git checkout."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True,
+                             cwd=REPO)
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,3 +66,124 @@ def test_every_training_key_of_the_schema_is_a_train_flag() -> None:
     schema = yaml.safe_load((REPO / "workflows" / "schemas" / "config.schema.yaml").read_text())
     train = schema["properties"]["models"]["additionalProperties"]["properties"]["train"]["properties"]
     assert set(train) <= {f.name for f in fields(TrainConfig)}
+
+
+RELEASE_VGG16 = "experiments/data/profiles/vgg16/graph.txt"
+
+
+def test_help_builds_without_heavy_imports() -> None:
+    """`pipedream --help` and `pipedream plan` stay quick: torch, pandas and numpy load inside run() only."""
+    script = ("import sys, contextlib, io\n"
+              "from pipedream.cli import main\n"
+              "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+              "    main(['--help'])\n"
+              "print(sorted(m for m in ('torch', 'pandas', 'numpy', 'mlflow') if m in sys.modules))\n")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_plan_from_any_directory_without_torch(tmp_path: Path) -> None:
+    """A shipped profile and cluster are found from another directory; the batch comes from the shipped
+    meta.json; planning does not import torch."""
+    script = ("import sys\n"
+              "from pipedream.cli import main\n"
+              f"rc = main(['plan', '--profile', {RELEASE_VGG16!r}, '--cluster', 'A_4x4', '--out', 'x.json'])\n"
+              "print('rc', rc, 'torch' in sys.modules)\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "rc 0 False"
+    plan = json.loads((tmp_path / "x.json").read_text())
+    assert plan["minibatch_size"] == 128 and plan["workers"] == 16 and plan["model"] == "vgg16"
+
+
+@pytest.mark.parametrize("model,batch", [("alexnet", 256), ("vgg16", 128), ("resnet50", 128), ("gnmt", 64),
+                                         ("gnmt_large", 64)])
+def test_release_profiles_know_their_batch(model: str, batch: int) -> None:
+    from pipedream.graph import profiled_batch
+
+    path = REPO / "experiments" / "data" / "profiles" / model / "graph.txt"
+    assert profiled_batch(path) == batch
+    assert profiled_batch(path, 7) == 7
+
+
+def test_simulate_takes_1f1b_and_the_old_name(tmp_path: Path) -> None:
+    outs = []
+    for name in ("1f1b", "pipedream"):
+        out = tmp_path / f"{name}.json"
+        proc = _run("simulate", "--profile", RELEASE_VGG16, "--cluster", "A_4x4", "--schedule", name,
+                    "--json", str(out), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("1f1b on ")
+        outs.append(json.loads(out.read_text())["epoch_time_s"])
+    assert outs[0] == outs[1]
+
+
+def test_every_option_has_help() -> None:
+    from pipedream.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {'/'.join(a.option_strings)}" for name, p in sub.choices.items() for a in p._actions
+               if a.option_strings and a.dest != "help" and not (a.help or "").strip()]
+    assert missing == []
+
+
+@pytest.fixture
+def bad_files(tmp_path: Path) -> Path:
+    """A binary file, an empty file, a folder and a 16-worker plan in ``tmp_path``."""
+    (tmp_path / "binary.txt").write_bytes(bytes(range(128, 256)) * 4)
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "folder").mkdir()
+    proc = _run("plan", "--profile", RELEASE_VGG16, "--cluster", "A_4x4", "--out", str(tmp_path / "p16.json"))
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path
+
+
+@pytest.mark.parametrize("args,message", [
+    (["plan", "--profile", "binary.txt", "--cluster", "cpu4", "--out", "x.json"],
+     "error: profile binary.txt is not a text file; expected a graph.txt profile"),
+    (["plan", "--profile", "folder", "--cluster", "cpu4", "--out", "x.json"],
+     "error: profile folder is a directory; give the graph.txt file inside it"),
+    (["plan", "--profile", "empty.txt", "--cluster", "cpu4", "--out", "x.json"],
+     "error: empty.txt: no nodes; is this a graph.txt profile?"),
+    (["plan", "--profile", RELEASE_VGG16, "--cluster", "cpu4", "--out", "folder"],
+     "error: folder is a directory; give a file name to write"),
+    (["plan", "--profile", RELEASE_VGG16, "--cluster", "cpu4", "--profiled-batch", "-3", "--out", "x.json"],
+     "error: --profiled-batch must be a positive number of samples, not -3"),
+    (["plan", "--profile", RELEASE_VGG16, "--cluster", "4:-1e9", "--out", "x.json"],
+     "error: cluster '4:-1e9' level 0: bandwidth_Bps=-1000000000.0 must be a positive number of bytes/s"),
+    (["plan", "--profile", RELEASE_VGG16, "--cluster", "cpu4", "--clusters", "binary.txt", "--out", "x.json"],
+     "error: clusters file binary.txt is not a text file; expected YAML"),
+    (["simulate", "--profile", RELEASE_VGG16, "--plan", "binary.txt"], "error: plan binary.txt is not valid JSON"),
+    (["simulate", "--profile", RELEASE_VGG16, "--plan", "folder"],
+     "error: plan folder is a directory; give the plan's JSON file"),
+    (["simulate", "--profile", "binary.txt", "--cluster", "cpu4"], "error: profile binary.txt is not a text file"),
+    (["check", "--config", "empty.txt"], "error: empty.txt is empty; start from experiments/ci.yaml"),
+    (["check", "--config", "binary.txt"], "error: config file binary.txt is not a text file; expected YAML"),
+    (["report", "--predicted", "--paper-table", "binary.txt", "--out-dir", "r"],
+     "error: paper table binary.txt is not a CSV file (UnicodeDecodeError)"),
+    (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "nope.json"],
+     "error: plan nope.json not found; run `pipedream plan` first"),
+    (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "p16.json", "--workers", "4"],
+     "error: plan p16.json is for 16 workers, not --workers 4; pass --workers 16 or plan for a cluster of 4 workers"),
+    (["train", "--mode", "pipedream", "--model", "alexnet", "--plan", "p16.json", "--workers", "16"],
+     "error: plan p16.json is for model 'vgg16', not --model 'alexnet'"),
+    (["train", "--mode", "dp", "--workers", "-2"], "error: --workers, --nnodes and --timeout-s must be positive"),
+    (["train", "--mode", "dp", "--train-subset", "-5"], "error: --train-subset must not be negative (got -5)"),
+    (["train", "--mode", "dp", "--model", "nosuch.module:make"],
+     "error: cannot import model function 'nosuch.module:make': No module named 'nosuch'"),
+])
+def test_bad_input_is_one_line(bad_files: Path, args: list[str], message: str) -> None:
+    proc = _run(*args, cwd=bad_files)
+    _assert_clean_error(proc, message)
+    assert not (bad_files / "results").exists()  # refused before anything was written
+
+
+def test_train_refuses_an_unknown_model_before_starting_workers(tmp_path: Path) -> None:
+    proc = _run("train", "--mode", "dp", "--model", "nosuchnet", "--workers", "2", cwd=tmp_path)
+    _assert_clean_error(proc, "error: unknown model 'nosuchnet'; known models: alexnet, awd_lm, gnmt16, gnmt8, "
+                              "resnet50, s2vt, vgg16 (or package.module:function for your own)")
+    assert "torch.distributed" not in proc.stdout and not (tmp_path / "results").exists()

@@ -20,7 +20,6 @@ from pipedream.topology import Cluster, get_cluster
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "experiments" / "data" / "profiles"
 CLUSTERS = REPO / "experiments" / "clusters.yaml"
-MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
 INF = math.inf
 
 
@@ -298,7 +297,7 @@ def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: py
     (folder / "meta.json").unlink()
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--out", str(out)]) == 2
-    assert "pass --minibatch-size N" in capsys.readouterr().err
+    assert "pass --profiled-batch N" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- DAG brute force

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipedream.graph import LayerGraph, Node
+from pipedream.graph import LayerGraph, Node, profiled_batch
 from pipedream.planner import plan_pipeline
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import get_cluster
@@ -25,7 +25,6 @@ from pipedream.topology import get_cluster
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "experiments" / "data" / "profiles"
 CLUSTERS = REPO / "experiments" / "clusters.yaml"
-MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
 
 
 def reference_time(states: StateGraph, levels: list[tuple[int, float]], *, memory: float | None,
@@ -169,9 +168,9 @@ FLAGS = {"plain": {}, "memory": {"memory_limit": True}, "straight": {"straight":
 
 
 def _plan(model: str, cluster: str, flags: str):
-    graph = LayerGraph.read(PROFILES / model / "graph.txt")
-    return plan_pipeline(graph, get_cluster(cluster, CLUSTERS), model=model, minibatch_size=MINIBATCH[model], compat=True,
-                         **FLAGS[flags])
+    path = PROFILES / model / "graph.txt"
+    return plan_pipeline(LayerGraph.read(path), get_cluster(cluster, CLUSTERS), model=model,
+                         minibatch_size=profiled_batch(path), compat=True, **FLAGS[flags])
 
 
 @pytest.mark.parametrize("key", [k for k in GOLDEN if (k[0], k[1]) not in SLOW], ids="/".join)
@@ -200,7 +199,8 @@ def test_fast_planner_equals_the_literal_reference(model: str, cluster: str, fla
     c = get_cluster(cluster, CLUSTERS)
     want, dp = reference_time(build_states(graph), c.levels, memory=c.device_memory_bytes if flags.get("memory_limit") else None,
                               straight=flags.get("straight", False), ratio=flags.get("activation_compression_ratio"))
-    plan = plan_pipeline(graph, c, model=model, minibatch_size=MINIBATCH[model], compat=True, **flags)
+    mb = profiled_batch(PROFILES / model / "graph.txt")
+    plan = plan_pipeline(graph, c, model=model, minibatch_size=mb, compat=True, **flags)
     assert plan.extra["bottleneck_time_per_minibatch_s"] == pytest.approx(want, rel=1e-12)
     assert plan.extra["dp_time_per_minibatch_s"] == pytest.approx(dp, rel=1e-12)
 

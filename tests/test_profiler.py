@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from pipedream.graph import LayerGraph
+from pipedream.graph import LayerGraph, read_meta
 from pipedream.models import build_model, example_input, layer_node_id
-from pipedream.profiler import ProfileSettings, profile_module, read_meta, write_profile
+from pipedream.profiler import ProfileSettings, profile_module, write_profile
 
 FAST = ProfileSettings(warmup=0, iters=1)
 

@@ -55,7 +55,7 @@ def test_gpipe_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(p: int, m: int)
 def test_pipedream_1f1b_steady_state_has_no_bubble(p: int) -> None:
     g = chain(p, fwd_s=0.002, bwd_s=0.004)
     nodes, ranks = one_per_stage(p)
-    res = simulate_stages(g, nodes, ranks, flat(p), schedule="pipedream", dataset_size=8 * 10_000)
+    res = simulate_stages(g, nodes, ranks, flat(p), schedule="1f1b", dataset_size=8 * 10_000)
     assert res.steady_bubble_fraction == pytest.approx(0.0, abs=1e-12)
     assert res.utilisation == pytest.approx([1.0] * p, rel=1e-12)
     assert res.time_per_minibatch_s == pytest.approx(0.006, rel=1e-12)  # one F and one B per minibatch
@@ -70,7 +70,7 @@ def test_activation_transfer_delays_the_next_stage_by_bytes_over_bandwidth() -> 
     """Two stages, 0.5 GB activations on a 1 GB/s link: F1 starts 0.5 s after F0 ends."""
     g = chain(2, fwd_s=1.0, bwd_s=2.0, act_bytes=0.5 * GB, batch=8)
     nodes, ranks = one_per_stage(2)
-    tr = run_minibatches("pipedream", ranks, stage_costs(g, nodes, 8), flat(2), 1, record=True)
+    tr = run_minibatches("1f1b", ranks, stage_costs(g, nodes, 8), flat(2), 1, record=True)
     f1 = tr.compute[1][0]
     assert (f1.what, f1.start, f1.end) == ("1F0", pytest.approx(1.5), pytest.approx(2.5))
     b0 = tr.compute[0][1]  # B1 ends at 4.5, the 0.5 GB gradient arrives at 5.0
@@ -130,11 +130,11 @@ def _split(g: LayerGraph, sizes: list[int]) -> list[list[str]]:
 
 
 CASES = [  # (profile, minibatch, stage sizes, stage ranks, cluster levels, schedule, microbatches)
-    ("vgg16", 128, [30, 11], [list(range(3)), [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "pipedream", 1),
+    ("vgg16", 128, [30, 11], [list(range(3)), [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "1f1b", 1),
     ("vgg16", 128, [41], [list(range(4))], [(2, 15.75 * GB), (2, 1.25 * GB)], "dp", 1),
-    ("gnmt", 64, [12, 12, 12, 12], [[0], [1], [2], [3]], [(4, 15.75 * GB)], "pipedream", 1),
+    ("gnmt", 64, [12, 12, 12, 12], [[0], [1], [2], [3]], [(4, 15.75 * GB)], "1f1b", 1),
     ("gnmt", 64, [12, 12, 12, 12], [[0], [1], [2], [3]], [(2, 25 * GB), (2, 3.125 * GB)], "gpipe", 4),
-    ("resnet50", 128, [60, 60, 57], [[0, 1], [2], [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "pipedream", 1),
+    ("resnet50", 128, [60, 60, 57], [[0, 1], [2], [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "1f1b", 1),
     ("alexnet", 256, [15, 7], [[0], [1]], [(2, 1.25 * GB)], "2bw", 4),
 ]
 
@@ -145,7 +145,7 @@ def test_closed_form_equals_event_simulation_on_short_runs(case: tuple) -> None:
     g = LayerGraph.read(PROFILES / name / "graph.txt", mb)
     cluster = Cluster(name="t", levels=levels)
     costs = stage_costs(g, _split(g, sizes), 64)
-    unit = max(len(r) for r in ranks) if sched != "pipedream" else 6
+    unit = max(len(r) for r in ranks) if sched != "1f1b" else 6
     n_a = unit * 6
     t = {n: run_minibatches(sched, ranks, costs, cluster, n, m).makespan_s for n in (n_a, 2 * n_a, 3 * n_a, 5 * n_a)}
     for n in (3 * n_a, 5 * n_a):
@@ -158,7 +158,7 @@ def test_epoch_extrapolation_matches_a_full_event_simulation() -> None:
     ranks = [[0, 1], [2], [3]]
     cluster = Cluster(name="t", levels=[(2, 15.75 * GB), (2, 1.25 * GB)])
     res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 400)
-    full = run_minibatches("pipedream", ranks, stage_costs(g, nodes, 64), cluster, 400)
+    full = run_minibatches("1f1b", ranks, stage_costs(g, nodes, 64), cluster, 400)
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
     assert res.bubble_fraction == pytest.approx(1 - sum(full.busy_s.values()) / (4 * full.makespan_s), rel=1e-9)
 
@@ -185,7 +185,7 @@ def test_closed_form_waits_for_the_end_of_a_long_transient() -> None:
     nodes = _split(g, [25, 15])
     ranks = [list(range(15)), [15]]
     res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 600)
-    full = run_minibatches("pipedream", ranks, stage_costs(g, nodes, 64), cluster, 600)
+    full = run_minibatches("1f1b", ranks, stage_costs(g, nodes, 64), cluster, 600)
     assert res.steady_state_converged
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipedream.tracking import _mlflow, experiment_of_run, load_runs, log_training_run, run_url
+import pytest
+
+from pipedream.tracking import _mlflow, artifact_root, experiment_of_run, load_runs, log_training_run, run_url, tracking_uri
+from tests.conftest import REPO
 
 
 def test_run_written_and_read_back(mlflow_store: Path) -> None:
@@ -21,7 +24,7 @@ def test_run_written_and_read_back(mlflow_store: Path) -> None:
     assert run["tags"]["mode"] == "dp" and "git_commit" in run["tags"]
     assert run["history"]["val_accuracy"] == [(1, 0.5), (2, 0.75)]
     assert run["history"]["time_to_accuracy_s"] == [(0, 3.5)]
-    assert list((mlflow_store / "results" / "mlartifacts").rglob("plan.json"))
+    assert list((mlflow_store / "mlartifacts").rglob("plan.json"))  # beside the sqlite store
 
 
 def test_rerun_does_not_duplicate(mlflow_store: Path) -> None:
@@ -40,3 +43,12 @@ def test_experiment_of_run_and_ui_link(mlflow_store: Path) -> None:
     assert experiment_of_run(rid) == eid
     assert experiment_of_run("0" * 32) is None  # a run the store does not hold
     assert run_url(eid, rid) == f"http://127.0.0.1:5000/#/experiments/{eid}/runs/{rid}"
+
+
+def test_default_store_is_the_checkouts_whatever_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert tracking_uri() == f"sqlite:///{REPO / 'results' / 'mlflow.db'}"
+    assert artifact_root() == REPO / "results" / "mlartifacts"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/runs.db")
+    assert tracking_uri() == f"sqlite:///{tmp_path}/runs.db" and artifact_root() == tmp_path / "mlartifacts"

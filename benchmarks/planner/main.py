@@ -22,23 +22,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pipedream.graph import LayerGraph  # noqa: E402
+from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
 from pipedream.planner import plan_pipeline  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
 
-MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
+MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")  # release profiles (meta.json: profiled batch)
 RELEASE_S = {("resnet50", "A_4x4"): "46", ("resnet50", "B_2x8"): "143", ("gnmt_large", "A_4x4"): ">328"}
 TARGET_S = {("resnet50", "A_4x4"): 0.5, ("resnet50", "B_2x8"): 0.5, ("gnmt_large", "A_4x4"): 3.0}
 
 
 def time_case(model: str, cluster_name: str, repeats: int, compat: bool) -> tuple[float, float, object]:
     """Best (wall s, CPU s) over ``repeats`` runs of the whole planner (states + DP + plan), and the plan."""
-    graph = LayerGraph.read(REPO / "experiments" / "data" / "profiles" / model / "graph.txt")
+    path = REPO / "experiments" / "data" / "profiles" / model / "graph.txt"
+    graph = LayerGraph.read(path)
     cluster = get_cluster(cluster_name, REPO / "experiments" / "clusters.yaml")
     walls, cpus, plan = [], [], None
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()
-        plan = plan_pipeline(graph, cluster, model=model, minibatch_size=MINIBATCH[model], compat=compat)
+        plan = plan_pipeline(graph, cluster, model=model, minibatch_size=profiled_batch(path), compat=compat)
         cpus.append(time.process_time() - cpu)
         walls.append(time.perf_counter() - wall)
     return min(walls), min(cpus), plan
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per case; the best is printed")
     parser.add_argument("--default-mode", action="store_true", help="time the default (fixed) mode instead of --compat")
     args = parser.parse_args(argv)
-    cases = list(RELEASE_S) if not args.all else [(m, c) for m in MINIBATCH for c in ("A_4x4", "B_2x8")]
+    cases = list(RELEASE_S) if not args.all else [(m, c) for m in MODELS for c in ("A_4x4", "B_2x8")]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"planner benchmark, {'default' if args.default_mode else 'compat'} mode, best of {args.repeats}, "
           f"{os.cpu_count()} CPUs, load average {load:.1f}")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipedream.graph import LayerGraph  # noqa: E402
+from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas  # noqa: E402
 from pipedream.schedules import consecutive_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, run_minibatches, simulate_stages  # noqa: E402
@@ -27,14 +27,14 @@ from pipedream.sim.network import Network  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
 
 PROFILES = Path("experiments/data/profiles")
-# (label, profile folder, profiled batch, per-GPU batch, cluster, schedule, paper config, microbatches)
+# (label, profile folder, per-GPU batch, cluster, schedule, paper config, microbatches)
 CASES = [
-    ("VGG-16 DP", "vgg16", 128, 64, "A_4x4", "dp", "16", 1),
-    ("VGG-16 PipeDream 15-1", "vgg16", 128, 64, "A_4x4", "pipedream", "15-1", 1),
-    ("ResNet-50 DP (161 layer allreduces)", "resnet50", 128, 128, "B_2x8", "dp", "16", 1),
-    ("GNMT-16 PipeDream straight", "gnmt_large", 64, 64, "A_4x4", "pipedream", "straight", 1),
-    ("GNMT-16 GPipe straight, m=16", "gnmt_large", 64, 64, "A_4x4", "gpipe", "straight", 16),
-    ("GNMT-16 2BW straight, m=16", "gnmt_large", 64, 64, "A_4x4", "2bw", "straight", 16),
+    ("VGG-16 DP", "vgg16", 64, "A_4x4", "dp", "16", 1),
+    ("VGG-16 PipeDream 15-1", "vgg16", 64, "A_4x4", "1f1b", "15-1", 1),
+    ("ResNet-50 DP (161 layer allreduces)", "resnet50", 128, "B_2x8", "dp", "16", 1),
+    ("GNMT-16 PipeDream straight", "gnmt_large", 64, "A_4x4", "1f1b", "straight", 1),
+    ("GNMT-16 GPipe straight, m=16", "gnmt_large", 64, "A_4x4", "gpipe", "straight", 16),
+    ("GNMT-16 2BW straight, m=16", "gnmt_large", 64, "A_4x4", "2bw", "straight", 16),
 ]
 
 
@@ -45,8 +45,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     rows = []
-    for label, folder, mb, batch, cname, sched, config, m in CASES:
-        g = LayerGraph.read(PROFILES / folder / "graph.txt", mb).scaled(batch)
+    for label, folder, batch, cname, sched, config, m in CASES:
+        path = PROFILES / folder / "graph.txt"
+        g = LayerGraph.read(path, profiled_batch(path)).scaled(batch)
         cluster = get_cluster(cname)
         reps = replicas_of(config, cluster.workers)
         if sched == "dp":

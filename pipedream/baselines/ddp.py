@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -94,7 +93,7 @@ def train(cfg: TrainConfig) -> None:
         from tqdm import tqdm
 
         bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True)
-    log = D.MetricsLog(Path(cfg.out_dir))
+    log = D.MetricsLog(cfg.run_dir("dp"))
     wall0 = time.time()
     first_loss: float | None = None
     for epoch in range(cfg.epochs):
@@ -146,9 +145,9 @@ def train(cfg: TrainConfig) -> None:
     if bar is not None:
         bar.close()
     if rank == 0:
-        assemble.save_stage(Path(cfg.out_dir), 0, model, 1)
+        assemble.save_stage(cfg.run_dir("dp"), 0, model, 1)
     if cfg.debug_dump:
-        path = Path(cfg.out_dir) / "debug" / f"rank{rank}.pt"
+        path = cfg.run_dir("dp") / "debug" / f"rank{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"first_loss": first_loss,
                     "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         D.init(cfg.comm_timeout_s)
         train(cfg)
 
-    D.run_guarded(_run, Path(cfg.out_dir), rank)
+    D.run_guarded(_run, cfg.run_dir("dp"), rank)
 
 
 if __name__ == "__main__":

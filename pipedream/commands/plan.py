@@ -9,25 +9,22 @@ the default mode fixes its known problems (listed in pipedream/planner/__init__.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from pipedream.errors import PipeDreamError
-from pipedream.graph import LayerGraph
-from pipedream.planner import plan_pipeline
-from pipedream.planner.explain import format_plan
-from pipedream.topology import DEFAULT_CLUSTERS_PATH, get_cluster
+from pipedream.paths import CLUSTERS
 
 HELP = "partition a profile into pipeline stages for a cluster (PipeDream's planner)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream plan``."""
-    p.add_argument("--profile", required=True, help="graph.txt of the model (times in ms per profiled minibatch)")
+    p.add_argument("--profile", required=True,
+                   help="graph.txt of the model (times in ms per profiled minibatch); the release's V100 profiles "
+                        "are experiments/data/profiles/<model>/graph.txt")
     p.add_argument("--cluster", required=True, help="cluster name in --clusters, or a what-if string like '8x2:25e9,3.125e9'")
-    p.add_argument("--clusters", default=DEFAULT_CLUSTERS_PATH, help="clusters YAML file")
+    p.add_argument("--clusters", default=CLUSTERS,
+                   help="clusters YAML file (a relative path not found here is looked up in the checkout)")
     p.add_argument("--model", default=None, help="model name for the plan (default: the profile's folder name)")
-    p.add_argument("--minibatch-size", type=int, default=None,
+    p.add_argument("--profiled-batch", type=int, default=None,
                    help="samples in the profiled minibatch (default: minibatch_size in meta.json beside the profile)")
     p.add_argument("--out", required=True, help="where to write the plan JSON")
     p.add_argument("--memory-limit", action="store_true", help="reject stages that do not fit the device memory")
@@ -38,39 +35,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--explain", action="store_true", help="say in words why this split won")
 
 
-def _minibatch_size(args: argparse.Namespace) -> int:
-    if args.minibatch_size is not None:
-        return int(args.minibatch_size)
-    meta = Path(args.profile).parent / "meta.json"
-    if meta.is_file():
-        try:
-            value = json.loads(meta.read_text()).get("minibatch_size")
-        except json.JSONDecodeError as e:
-            raise PipeDreamError(f"{meta} is not valid JSON ({e}); pass --minibatch-size N") from None
-        if isinstance(value, int) and value > 0:
-            return value
-        raise PipeDreamError(f"{meta} has no positive integer 'minibatch_size'; pass --minibatch-size N")
-    raise PipeDreamError(f"minibatch size unknown: pass --minibatch-size N (no meta.json beside {args.profile})")
-
-
 def run(args: argparse.Namespace) -> int:
     """Plan, write the JSON, print the table (and the explanation); returns 0."""
-    graph = LayerGraph.read(args.profile)
+    from pipedream.errors import PipeDreamError
+    from pipedream.graph import LayerGraph, profiled_batch, read_meta
+    from pipedream.paths import shipped
+    from pipedream.planner import plan_pipeline
+    from pipedream.planner.explain import format_plan
+    from pipedream.topology import get_cluster
+
+    if args.activation_compression_ratio is not None and args.activation_compression_ratio <= 0:
+        raise PipeDreamError("--activation-compression-ratio must be positive")
+    profile = shipped(args.profile)
+    graph = LayerGraph.read(profile)
     cluster = get_cluster(args.cluster, args.clusters)
-    model = args.model or Path(args.profile).resolve().parent.name
+    model = args.model or profile.resolve().parent.name
     plan = plan_pipeline(
         graph,
         cluster,
         model=model,
-        minibatch_size=_minibatch_size(args),
+        minibatch_size=profiled_batch(profile, args.profiled_batch),
         memory_limit=args.memory_limit,
         straight=args.straight,
         compat=args.compat,
         activation_compression_ratio=args.activation_compression_ratio,
     )
-    meta = Path(args.profile).parent / "meta.json"
-    if meta.is_file():  # the runtime cuts the model at the granularity the node ids were profiled at
-        plan.extra["granularity"] = str(json.loads(meta.read_text()).get("granularity", "layer"))
+    meta = read_meta(profile)
+    if meta:  # the runtime cuts the model at the granularity the node ids were profiled at
+        plan.extra["granularity"] = str(meta.get("granularity", "layer"))
     if args.explain:
         from pipedream.planner.explain import explain
 

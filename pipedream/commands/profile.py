@@ -6,10 +6,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipedream.errors import PipeDreamError
-from pipedream.models import build_model, example_input, get_spec
-from pipedream.profiler import ProfileSettings, profile_module, write_profile
-
 HELP = "profile a model per layer and write graph.txt"
 
 
@@ -17,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream profile``."""
     p.add_argument("--model", required=True, help="registered model name, e.g. vgg16")
     p.add_argument("--preset", default="reduced", choices=["reduced", "full"], help="model size")
-    p.add_argument("--batch-size", type=int, default=32, help="samples in the profiled minibatch")
+    p.add_argument("--profiled-batch", type=int, default=32,
+                   help="samples in the profiled minibatch (written to meta.json, where plan and simulate read it)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device to profile on")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per layer")
     p.add_argument("--iters", type=int, default=5, help="timed runs per layer (mean)")
@@ -31,11 +28,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
+    from pipedream.errors import PipeDreamError
+    from pipedream.models import build_model, example_input, get_spec
+    from pipedream.profiler import ProfileSettings, profile_module, write_profile
+
     spec = get_spec(args.model)
-    if args.batch_size < 1 or args.iters < 1 or args.warmup < 0:
-        raise PipeDreamError("--batch-size and --iters must be >= 1 and --warmup >= 0")
+    if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0:
+        raise PipeDreamError("--profiled-batch and --iters must be >= 1 and --warmup >= 0")
     model = build_model(args.model, args.preset, args.seed)
-    x = example_input(args.model, args.batch_size, args.preset, args.seed)
+    x = example_input(args.model, args.profiled_batch, args.preset, args.seed)
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile_module(model, x, settings, name=args.model, granularity=args.granularity)
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
@@ -43,5 +44,5 @@ def run(args: argparse.Namespace) -> int:
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
-          f"per minibatch of {args.batch_size}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
+          f"per minibatch of {args.profiled_batch}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
     return 0

@@ -6,15 +6,15 @@ import argparse
 import json
 from pathlib import Path
 
-from pipedream.errors import PipeDreamError
-from pipedream.experiment import load_config
+from pipedream.paths import CI_CONFIG, CLUSTERS, PAPER_TABLE
 
 HELP = "write results/table1.{md,csv} and plots from finished runs"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream report``."""
-    p.add_argument("--config", default="experiments/ci.yaml", help="experiment config (YAML)")
+    p.add_argument("--config", default=CI_CONFIG,
+                   help="experiment config (YAML; a relative path not found here is looked up in the checkout)")
     p.add_argument("--predicted", action="store_true",
                    help="write the predicted Table 1 (V100 profiles, planner, simulator) instead "
                         "(pipedream/table1/predicted.py)")
@@ -29,8 +29,9 @@ def _add_predicted_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out-dir", default="results", help="where table1_predicted.{csv,md} and plots/ go")
     g.add_argument("--cluster", default=None,
                    help="what-if: a cluster name or string like '8x8:25e9,12.5e9' (innermost first, bytes/s)")
-    g.add_argument("--clusters", default="experiments/clusters.yaml", help="clusters file")
-    g.add_argument("--paper-table", default="experiments/paper_table1.csv", help="the paper's Table 1 as CSV")
+    g.add_argument("--clusters", default=CLUSTERS, help="clusters file (looked up in the checkout if not found here)")
+    g.add_argument("--paper-table", default=PAPER_TABLE,
+                   help="the paper's Table 1 as CSV (looked up in the checkout if not found here)")
     g.add_argument("--profiles-dir", default="results/profiles", help="user profiles (<dir>/<model>/graph.txt)")
     g.add_argument("--plans-dir", default=None, help="reuse <dir>/<model>/<cluster>.json plans when present")
     g.add_argument("--models", nargs="+", default=None, help="only these models")
@@ -39,10 +40,14 @@ def _add_predicted_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print the table; returns 0."""
+    from pipedream.errors import PipeDreamError
+    from pipedream.experiment import load_config
+    from pipedream.paths import shipped
+
     if args.predicted:
         from pipedream.table1.predicted import write
 
-        df = write(Path(args.out_dir), Path(args.clusters), Path(args.paper_table), Path(args.profiles_dir),
+        df = write(Path(args.out_dir), shipped(args.clusters), shipped(args.paper_table), Path(args.profiles_dir),
                    Path(args.plans_dir) if args.plans_dir else None, args.models, args.cluster, not args.no_plots)
         print(df.to_string(index=False))
         return 0

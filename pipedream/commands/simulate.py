@@ -12,55 +12,56 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipedream.errors import PipeDreamError
-from pipedream.io import atomic_write_json
+from pipedream.paths import CLUSTERS
 
 HELP = "simulate PipeDream / GPipe / 2BW / DP on a modelled cluster: epoch time, bubble, bytes, DP stalls"
-# profiled minibatch of the release's V100 profiles, by folder name (profiles/README.md)
-RELEASE_MINIBATCH = {"alexnet": 256, "vgg16": 128, "resnet50": 128, "gnmt": 64, "gnmt_large": 64}
+SCHEDULE_CHOICES = ("1f1b", "gpipe", "2bw", "dp")
+
+
+def _schedule(name: str) -> str:
+    """``--schedule`` value; ``pipedream``, the old name of ``1f1b``, is still accepted."""
+    return "1f1b" if name == "pipedream" else name
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream simulate``."""
-    p.add_argument("--profile", required=True, help="graph.txt of the model")
+    p.add_argument("--profile", required=True,
+                   help="graph.txt of the model (e.g. experiments/data/profiles/vgg16/graph.txt)")
     p.add_argument("--profiled-batch", type=int, default=None,
-                   help="samples in the profiled minibatch (default: meta.json beside the profile, or the release's)")
+                   help="samples in the profiled minibatch (default: minibatch_size in meta.json beside the profile)")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--plan", help="plan JSON from `pipedream plan` (its cluster comes from --cluster or the plan)")
     where.add_argument("--cluster", help="plan with the planner for this cluster (name or what-if string)")
     p.add_argument("--plan-cluster", default=None, help="with --plan: the cluster to simulate on (default: the plan's)")
-    p.add_argument("--clusters", default="experiments/clusters.yaml", help="clusters file")
-    p.add_argument("--schedule", default="pipedream", choices=["pipedream", "gpipe", "2bw", "dp"], help="schedule to time")
+    p.add_argument("--clusters", default=CLUSTERS,
+                   help="clusters YAML file (a relative path not found here is looked up in the checkout)")
+    p.add_argument("--schedule", default="1f1b", type=_schedule, choices=SCHEDULE_CHOICES,
+                   help="schedule to time: 1f1b (PipeDream 1F1B-RR), gpipe, 2bw (PipeDream-2BW) or dp")
     p.add_argument("--microbatches", type=int, default=4, help="microbatches per minibatch (gpipe, 2bw)")
-    p.add_argument("--batch-size", type=int, default=None, help="samples per worker per forward (default: profiled)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="samples per minibatch of the pipeline (and of each DP worker), as in `pipedream train`; "
+                        "the profile is scaled to it (default: the profiled minibatch)")
     p.add_argument("--dataset-size", type=int, default=1_281_167, help="samples in an epoch (default: ImageNet)")
     p.add_argument("--no-overlap", action="store_true", help="allreduce after the backward, not layer by layer")
     p.add_argument("--allreduce", default="hierarchical", choices=["hierarchical", "ring"], help="allreduce algorithm")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
 
 
-def _profiled_batch(path: Path, given: int | None) -> int:
-    if given:
-        return given
-    from pipedream.profiler import read_meta
-
-    mb = int(read_meta(path).get("minibatch_size", 0)) or RELEASE_MINIBATCH.get(path.parent.name, 0)
-    if mb < 1:
-        raise PipeDreamError(f"profiled minibatch of {path} unknown; pass --profiled-batch")
-    return mb
-
-
 def run(args: argparse.Namespace) -> int:
     """Simulate and print the results; returns 0."""
-    from pipedream.graph import LayerGraph
+    from pipedream.errors import PipeDreamError
+    from pipedream.graph import LayerGraph, profiled_batch
+    from pipedream.io import atomic_write_json
+    from pipedream.paths import shipped
     from pipedream.planner.plan import Plan
     from pipedream.sim import simulate_dp, simulate_plan
     from pipedream.topology import get_cluster
 
     if args.microbatches < 1 or (args.batch_size is not None and args.batch_size < 1) or args.dataset_size < 1:
         raise PipeDreamError("--microbatches, --batch-size and --dataset-size must be positive")
-    path = Path(args.profile)
-    graph = LayerGraph.read(path, _profiled_batch(path, args.profiled_batch))
+    path = shipped(args.profile)
+    graph = LayerGraph.read(path)
+    graph.minibatch_size = profiled_batch(path, args.profiled_batch)
     if args.batch_size:
         graph = graph.scaled(args.batch_size)
     if args.plan:

@@ -25,6 +25,7 @@ from typing import IO
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_json
+from pipedream.tracking import STORE_HELP
 
 HELP = "train with PipeDream (a plan's pipeline) or data parallelism on local processes; log to MLflow"
 
@@ -37,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("the run")
     run.add_argument("--mode", choices=("pipedream", "dp"), required=True,
                      help="pipedream: the plan's pipeline; dp: data parallelism (DistributedDataParallel)")
-    run.add_argument("--workers", type=int, default=4, help="worker processes on this node (one per GPU on CUDA)")
-    run.add_argument("--experiment", help="MLflow experiment (default: <model>/<cluster of the plan or cpuW>)")
+    run.add_argument("--workers", type=int, default=4,
+                     help="worker processes in all, split evenly over --nnodes (one per GPU on CUDA)")
+    run.add_argument("--experiment",
+                     help=f"MLflow experiment (default: <model>/<cluster of the plan or cpuW>); the store: {STORE_HELP}")
     run.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run, s")
     run.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
     run.add_argument("--threshold", type=float,
@@ -159,13 +162,20 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.runtime.launch import DP_MODULE, WORKER_MODULE, torchrun_command
 
     plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it
+    if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0:
+        raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive")
     cfg = _config(args)
-    if args.workers < 1:
-        raise PipeDreamError("--workers must be positive")
+    from pipedream.models import get_spec
+
+    get_spec(args.model)  # an unknown model or a user's function that does not import: one line, before any worker
     plan = Plan.load(plan_file) if plan_file else None
     if plan is not None and plan.workers != args.workers:
-        raise PipeDreamError(f"plan {plan_file} is for {plan.workers} workers, not --workers {args.workers}")
-    out_dir = Path(args.out_dir)
+        raise PipeDreamError(f"plan {plan_file} is for {plan.workers} workers, not --workers {args.workers}; "
+                             f"pass --workers {plan.workers} or plan for a cluster of {args.workers} workers")
+    if plan is not None and ":" not in args.model and plan.model != args.model:
+        raise PipeDreamError(f"plan {plan_file} is for model {plan.model!r}, not --model {args.model!r}")
+    out_dir = cfg.run_dir(args.mode)
+    args.out_dir = cfg.out_dir = str(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in ("run.json", *(() if args.resume else ("metrics.json",))):
         (out_dir / stale).unlink(missing_ok=True)
@@ -222,8 +232,8 @@ def run(args: argparse.Namespace) -> int:
             final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)
     from pipedream.runtime.assemble import final_metric
 
-    metric = final_metric(out_dir, args.model, args.preset, args.seed, args.train_subset or None,
-                          args.val_subset or None, args.batch_size)
+    metric = final_metric(out_dir, args.model, args.preset, args.seed, cfg.train_subset,
+                          cfg.val_subset, args.batch_size)
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
     own = [plan_file, args.profile] if args.mode == "pipedream" else []

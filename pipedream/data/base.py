@@ -42,6 +42,17 @@ class SampleSet:
     collate: Callable[[list[Sample]], Batch]
     info: dict[str, Any]
 
+    @classmethod
+    def from_tensors(cls, inputs: torch.Tensor, targets: torch.Tensor, info: dict[str, Any] | None = None) -> SampleSet:
+        """Samples ``(inputs[i], targets[i])``, collated by stacking (e.g. a user model's data, see README).
+
+        Raises:
+            PipeDreamError: the two tensors hold different numbers of samples.
+        """
+        if len(inputs) != len(targets):
+            raise PipeDreamError(f"{len(inputs)} inputs but {len(targets)} targets")
+        return cls(list(zip(inputs, targets, strict=True)), _stack, dict(info or {}))
+
     def __len__(self) -> int:
         return len(self.samples)
 
@@ -51,6 +62,10 @@ class SampleSet:
     def batch(self, indices: Sequence[int] | torch.Tensor) -> Batch:
         """The collated minibatch of the samples at ``indices``."""
         return self.collate([self.samples[int(i)] for i in indices])
+
+
+def _stack(samples: list[Sample]) -> Batch:
+    return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples])
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:

@@ -1,4 +1,9 @@
-"""Model registry: every Table 1 model as a flat ``nn.Sequential`` of layers.
+"""Model registry: every Table 1 model as a flat ``nn.Sequential`` of layers, and users' own models.
+
+A model name is either a registered name (``vgg16``) or ``package.module:function`` naming a function of
+the user's (importable, e.g. through ``PYTHONPATH``) that returns a :class:`ModelSpec` (the model and its
+data, see :func:`user_spec`) or just an ``nn.Sequential`` over ``(B, 3, 32, 32)`` images, which then
+trains on Fashion-MNIST like the registry's image models.
 
 A flat sequence is what the profiler measures layer by layer and what the runtime slices into
 stages: layer ``i`` of the sequence is graph node ``node{i+1}`` (``node0`` is the input), see
@@ -7,8 +12,9 @@ stages: layer ``i`` of the sequence is graph node ``node{i+1}`` (``node0`` is th
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -73,11 +79,52 @@ def register(spec: ModelSpec) -> None:
 
 
 def get_spec(name: str) -> ModelSpec:
-    """The spec of model ``name``; raises PipeDreamError listing known models if unknown."""
+    """The spec of model ``name`` (registered, or ``package.module:function``, see :func:`user_spec`);
+    raises PipeDreamError listing known models if unknown."""
+    if ":" in name:
+        return user_spec(name)
     _load_all()
     if name not in _REGISTRY:
-        raise PipeDreamError(f"unknown model {name!r}; known models: {', '.join(sorted(_REGISTRY))}")
+        raise PipeDreamError(f"unknown model {name!r}; known models: {', '.join(sorted(_REGISTRY))} "
+                             "(or package.module:function for your own)")
     return _REGISTRY[name]
+
+
+_USER: dict[str, ModelSpec] = {}
+
+
+def user_spec(path: str) -> ModelSpec:
+    """The spec of a user's model ``package.module:function``.
+
+    ``function()`` returns either a :class:`ModelSpec` (its ``build``, ``input_shape``, ``make_datasets``,
+    ``criterion``, ... are used as they are; ``name`` becomes ``path``) or an ``nn.Sequential`` over
+    ``(B, 3, 32, 32)`` images with 10 classes, which trains on Fashion-MNIST. The module must be
+    importable: installed, or on ``PYTHONPATH`` (the training workers inherit the environment).
+
+    Raises:
+        PipeDreamError: a malformed path, a module or function that does not import, or a function that
+            returns something else.
+    """
+    if path in _USER:
+        return _USER[path]
+    module, _, fn = path.partition(":")
+    if not module or not fn.isidentifier():
+        raise PipeDreamError(f"model {path!r}: expected a registered name or package.module:function")
+    try:
+        factory = getattr(importlib.import_module(module), fn)
+    except (ImportError, AttributeError) as e:
+        raise PipeDreamError(f"cannot import model function {path!r}: {e}") from None
+    made = factory()
+    if isinstance(made, ModelSpec):
+        spec = replace(made, name=path)
+    elif isinstance(made, nn.Sequential):
+        spec = ModelSpec(name=path, task="image_classification", build=lambda preset: factory(),
+                         input_shape=lambda preset: (3, 32, 32), dataset="fashion_mnist")
+    else:
+        raise PipeDreamError(f"model function {path!r} returned a {type(made).__name__}; return an nn.Sequential "
+                             "or a pipedream.models.ModelSpec")
+    _USER[path] = spec
+    return spec
 
 
 def model_names() -> list[str]:

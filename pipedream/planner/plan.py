@@ -139,10 +139,14 @@ class Plan:
     def load(cls, path: str | Path) -> Plan:
         """Read a plan JSON file; raises PipeDreamError if missing or malformed."""
         path = Path(path)
+        if path.is_dir():
+            raise PipeDreamError(f"plan {path} is a directory; give the plan's JSON file")
         if not path.is_file():
             raise PipeDreamError(f"plan {path} not found; run `pipedream plan` first")
         try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise PipeDreamError(f"plan {path} is not valid JSON ({e}); regenerate it with `pipedream plan`") from None
+        if not isinstance(d, dict):
+            raise PipeDreamError(f"plan {path} is not a JSON object; regenerate it with `pipedream plan`")
         return cls.from_dict(d)

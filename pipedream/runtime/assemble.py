@@ -57,8 +57,6 @@ def load_into(out_dir: Path, model: nn.Module) -> nn.Module:
 def final_metric(out_dir: Path, model_name: str, preset: str, seed: int, train_subset: int | None,
                  val_subset: int | None, batch_size: int) -> tuple[str, float] | None:
     """(metric name, value) of the reassembled model on the validation set, or None without a metric hook."""
-    if ":" in model_name:
-        return None
     from pipedream.models import build_model, get_spec
 
     spec = get_spec(model_name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipedream.errors import PipeDreamError
@@ -49,7 +50,8 @@ class TrainConfig:
         train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).
         max_minibatches: cap on training minibatches per epoch (tests, smoke runs).
         data_dir: Fashion-MNIST folder (None = ``$PIPEDREAM_FASHION_MNIST`` or the Debian path).
-        out_dir: where ``metrics.json`` (and checkpoints, debug dumps, error files) go.
+        out_dir: where ``metrics.json`` (and checkpoints, debug dumps, error files) go; None means
+            :meth:`run_dir`'s default.
         comm_timeout_s: longest wait for any message or collective, s.
         emulate_bandwidth_Bps: throttle every link to this many bytes/s (None = raw link).
         checkpoint: save each stage's state at every epoch boundary under ``out_dir/checkpoints``.
@@ -90,7 +92,8 @@ class TrainConfig:
     val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default or 0: all)")
     max_minibatches: int | None = _opt(None, "cap on minibatches per epoch (smoke runs)")
     data_dir: str | None = _opt(None, "data folder (default: the Debian package's or $PIPEDREAM_<DATASET>)")
-    out_dir: str = _opt("results/runs/tmp", "where metrics.json, checkpoints and logs go, e.g. results/runs/vgg16/pipedream")
+    out_dir: str | None = _opt(None, "where metrics.json, checkpoints and train.log go (default: "
+                                     "results/runs/<model>/<mode>)")
     comm_timeout_s: float = _opt(60.0, "limit for any single wait on a message or collective, s")
     emulate_bandwidth_Bps: float | None = _opt(None, "throttle every link to this many bytes/s (logged); default: raw link")
     checkpoint: bool = _opt(False, "save per-stage checkpoints every epoch")
@@ -103,7 +106,7 @@ class TrainConfig:
     model_factory: Callable[[], nn.Sequential] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        # 0 samples means "all" on the command line, as None does here
+        # 0 samples of a split means the whole split, as on the command line
         self.train_subset = self.train_subset or None
         self.val_subset = self.val_subset or None
 
@@ -130,12 +133,26 @@ class TrainConfig:
                                  f"{self.microbatches}")
         if self.schedule == "1f1b" and self.microbatches != 1:
             raise PipeDreamError("--microbatches applies to --schedule gpipe or 2bw; 1F1B uses whole minibatches")
+        for name in ("train_subset", "val_subset"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise PipeDreamError(f"--{name.replace('_', '-')} must not be negative (got {value}); leave it out "
+                                     "(or give 0) for the whole split")
+        if self.max_minibatches is not None and self.max_minibatches < 1:
+            raise PipeDreamError("--max-minibatches must be a positive number of minibatches")
         if self.checkpoint_every is not None and self.checkpoint_every < 1:
             raise PipeDreamError("--checkpoint-every must be a positive number of minibatches")
         if self.comm_timeout_s <= 0:
             raise PipeDreamError("--comm-timeout-s must be positive")
         if self.emulate_bandwidth_Bps is not None and self.emulate_bandwidth_Bps <= 0:
             raise PipeDreamError("--emulate-bandwidth must be a positive number of bytes/s")
+
+    def run_dir(self, mode: str) -> Path:
+        """``out_dir``, or ``results/runs/<model>/<mode>`` when it is not set (``mode``: pipedream or dp;
+        a ``package.module:function`` model's folder is ``package.module.function``)."""
+        if self.out_dir:
+            return Path(self.out_dir)
+        return Path("results") / "runs" / self.model.replace(":", ".") / mode
 
     def to_args(self) -> list[str]:
         """Command-line arguments that :func:`from_args` turns back into this config."""

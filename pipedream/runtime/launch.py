@@ -76,7 +76,7 @@ def _child(index: int, fn: Callable[[TrainConfig], None], cfg: TrainConfig, worl
         D.init(cfg.comm_timeout_s)
         fn(cfg)
 
-    D.run_guarded(run, Path(cfg.out_dir), index)
+    D.run_guarded(run, cfg.run_dir("pipedream"), index)
 
 
 def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None] | None = None,
@@ -102,9 +102,9 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
                     proc.kill()
                 raise PipeDreamError(f"local run did not finish within {timeout_s:.0f} s")
     except mp.ProcessExitedException as e:
-        raise PipeDreamError(first_error(Path(cfg.out_dir)) or f"a worker failed: {e}") from None
+        raise PipeDreamError(first_error(cfg.run_dir("pipedream")) or f"a worker failed: {e}") from None
     except mp.ProcessRaisedException as e:
-        raise PipeDreamError(first_error(Path(cfg.out_dir)) or f"a worker raised: {e}") from None
+        raise PipeDreamError(first_error(cfg.run_dir("pipedream")) or f"a worker raised: {e}") from None
 
 
 def start_method() -> str:

@@ -1,14 +1,13 @@
 """What a run trains: the model, an example input, the data sets and the loss, from one config.
 
-Sources, in order: ``cfg.model_factory`` (tests); ``cfg.model`` of the form ``"package.module:function"``
-(a function returning an ``nn.Sequential`` over 3x32x32 images; tests through torchrun); otherwise the
-model registry (:mod:`pipedream.models`), whose spec may bring its own data hook and criterion.
-Models without a data hook train on Fashion-MNIST (``cfg.data_dir`` or the installed package).
+Sources, in order: ``cfg.model_factory`` (tests); otherwise :func:`pipedream.models.get_spec` of
+``cfg.model``, a registered name or a user's ``"package.module:function"``, whose spec may bring its own
+data hook and criterion. Models without a data hook train on Fashion-MNIST (``cfg.data_dir`` or the
+installed package).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipedream.data import fashion_mnist as fm
-from pipedream.errors import PipeDreamError
 from pipedream.runtime.config import TrainConfig
 
 
@@ -47,14 +45,6 @@ class Task:
         return count_correct(output, target, self.ignore_index)
 
 
-def _import(path: str) -> Callable[[], nn.Sequential]:
-    module, _, fn = path.partition(":")
-    try:
-        return getattr(importlib.import_module(module), fn)  # type: ignore[no-any-return]
-    except (ImportError, AttributeError) as e:
-        raise PipeDreamError(f"cannot import model function {path!r}: {e}") from None
-
-
 def load_task(cfg: TrainConfig) -> Task:
     """Build the task of ``cfg`` (the same on every rank).
 
@@ -62,10 +52,9 @@ def load_task(cfg: TrainConfig) -> Task:
         PipeDreamError: unknown model, missing data set (naming how to install it).
     """
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
-    if cfg.model_factory is not None or ":" in cfg.model:
-        factory = cfg.model_factory or _import(cfg.model)
+    if cfg.model_factory is not None:
         torch.manual_seed(cfg.seed)
-        model = factory()
+        model = cfg.model_factory()
         train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
         return Task(model, train.batch(torch.tensor([0]))[0], train, val, F.cross_entropy)
     from pipedream.models import build_model, example_input, get_spec

@@ -127,7 +127,7 @@ def segment_bounds(num_minibatches: int, every: int | None, step: int) -> list[t
 def train(cfg: TrainConfig) -> None:
     """Run the whole training on this rank (call inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    out_dir = Path(cfg.out_dir)
+    out_dir = cfg.run_dir("pipedream")
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
     task = load_task(cfg)
     model = task.model
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pipedream.runtime.worker", description=__doc__)
     add_arguments(parser)
     cfg = from_args(parser.parse_args(argv))
-    out_dir = Path(cfg.out_dir)
+    out_dir = cfg.run_dir("pipedream")
     rank = int(os.environ.get("RANK", "0"))
 
     def _run() -> None:

@@ -35,7 +35,7 @@ from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
 
-# command-line name -> pipedream.schedules name
+# command-line name -> pipedream.schedules name ("pipedream" is the old name of 1f1b, still accepted)
 SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "dp": "dp"}
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 MAX_DOUBLINGS = 6
@@ -115,7 +115,7 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
     ``warmup`` picks 1F1B's warm-up counts (``release`` or ``consistent``)."""
     name = SCHEDULES.get(kind)
     if name is None:
-        raise PipeDreamError(f"unknown schedule {kind!r}; use pipedream, gpipe, 2bw or dp")
+        raise PipeDreamError(f"unknown schedule {kind!r}; use 1f1b, gpipe, 2bw or dp")
     if name == "1f1b":
         return schedules.one_f_one_b(stage_ranks, minibatches, warmup)
     if name == "gpipe":
@@ -153,7 +153,7 @@ def extrapolate(t_a: float, t_b: float, n_a: int, n_b: int, n: float) -> float:
 
 
 def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]],
-                    cluster: Cluster, *, schedule: str = "pipedream", batch_size: int | None = None,
+                    cluster: Cluster, *, schedule: str = "1f1b", batch_size: int | None = None,
                     microbatches: int = 1, dataset_size: int = IMAGENET_TRAIN_SAMPLES, overlap: bool = True,
                     allreduce: str = "hierarchical", keep_trace: bool = False,
                     costs: list[StageCost] | None = None, contention: str = "lanes",
@@ -183,7 +183,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
     """
     if schedule not in SCHEDULES:
-        raise PipeDreamError(f"unknown schedule {schedule!r}; use pipedream, gpipe, 2bw or dp")
+        raise PipeDreamError(f"unknown schedule {schedule!r}; use 1f1b, gpipe, 2bw or dp")
     if len(stage_nodes) != len(stage_ranks):
         raise PipeDreamError(f"{len(stage_nodes)} stage node lists but {len(stage_ranks)} rank lists")
     if dataset_size < 1 or microbatches < 1:
@@ -266,7 +266,7 @@ def _config(replicas: list[int]) -> str:
     return config_string(replicas)
 
 
-def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "pipedream",
+def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "1f1b",
                   **kwargs: Any) -> SimResult:
     """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; see :func:`simulate_stages`.
 

@@ -30,21 +30,22 @@ from typing import Any
 import pandas as pd
 
 from pipedream.errors import PipeDreamError
-from pipedream.graph import LayerGraph
+from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.io import atomic_write_text
+from pipedream.paths import RELEASE_PROFILES
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.planner.plan import Plan
 from pipedream.schedules import consecutive_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD, explain
-from pipedream.table1.table import to_markdown
+from pipedream.table1.table import read_paper_table, to_markdown
 from pipedream.topology import Cluster, get_cluster
 
-RELEASE_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "data" / "profiles"
-# paper model -> (release profile folder, profiled minibatch, per-GPU batch of paper §5.1)
-PAPER_MODELS = {"vgg16": ("vgg16", 128, 64), "resnet50": ("resnet50", 128, 128), "alexnet": ("alexnet", 256, 256),
-                "gnmt8": ("gnmt", 64, 64), "gnmt16": ("gnmt_large", 64, 64)}
+# paper model -> (release profile folder, per-GPU batch of paper §5.1); the profiled minibatch is in the
+# meta.json beside each release profile
+PAPER_MODELS = {"vgg16": ("vgg16", 64), "resnet50": ("resnet50", 128), "alexnet": ("alexnet", 256),
+                "gnmt8": ("gnmt", 64), "gnmt16": ("gnmt_large", 64)}
 # samples per epoch (only epoch times depend on these, never the speedups)
 DATASET_SAMPLES = {"imagenet": IMAGENET_TRAIN_SAMPLES, "synthetic": IMAGENET_TRAIN_SAMPLES,
                    "wmt16_en_de": 4_500_000, "penn_treebank": 929_589, "msvd": 1_200}
@@ -66,20 +67,18 @@ def find_profile(model: str, profiles_dir: Path) -> Profile | None:
     """The V100 release profile of a paper model, else ``<profiles_dir>/<model>/graph.txt`` (with its
     meta.json), else None."""
     if model in PAPER_MODELS:
-        folder, mb, batch = PAPER_MODELS[model]
+        folder, batch = PAPER_MODELS[model]
         path = RELEASE_PROFILES / folder / "graph.txt"
         if path.is_file():
+            mb = profiled_batch(path)
             return Profile(LayerGraph.read(path, mb).scaled(batch), str(path), "V100 (release)", mb, batch)
     path = profiles_dir / model / "graph.txt"
     if not path.is_file():
         return None
-    from pipedream.profiler import read_meta
-
-    meta = read_meta(path)
-    mb = int(meta.get("minibatch_size", 0))
-    if mb < 1:
+    if "minibatch_size" not in read_meta(path):
         raise PipeDreamError(f"{path}: no minibatch_size in the meta.json beside it; re-run `pipedream profile`")
-    return Profile(LayerGraph.read(path, mb), str(path), str(meta.get("device", "unknown")), mb, mb)
+    mb = profiled_batch(path)
+    return Profile(LayerGraph.read(path, mb), str(path), str(read_meta(path).get("device", "unknown")), mb, mb)
 
 
 def get_plan(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None) -> tuple[Plan, str]:
@@ -188,9 +187,7 @@ def _row_label(model: str, p: pd.Series) -> str:
 def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
                 models: list[str] | None = None) -> pd.DataFrame:
     """Every row of the paper's Table 1 (``models`` only, if given), predicted where a profile exists."""
-    if not paper_table.is_file():
-        raise PipeDreamError(f"paper table {paper_table} not found; pass --paper-table experiments/paper_table1.csv")
-    paper = pd.read_csv(paper_table)
+    paper = read_paper_table(paper_table)
     rows = []
     for _, p in paper.iterrows():
         model = str(p["model"])
@@ -291,7 +288,7 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
     stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
     ranks = consecutive_ranks(reps)
     panels = []
-    for sched, label in (("pipedream", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
+    for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
                          ("2bw", f"PipeDream-2BW, {microbatches} microbatches"), ("dp", "data parallelism")):
         nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
         rk = [list(range(cluster.workers))] if sched == "dp" else ranks

@@ -20,10 +20,27 @@ import pandas as pd
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
+from pipedream.paths import shipped
 from pipedream.table1.measured import MODES, measured_speedup, read_metrics
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
                      "rel_error": "predicted_rel_error"}
+
+
+def read_paper_table(path: str | Path) -> pd.DataFrame:
+    """The paper's Table 1 as a data frame (a relative path not found here is looked up in the checkout).
+
+    Raises:
+        PipeDreamError: the file is missing, not UTF-8 text, or not CSV.
+    """
+    path = shipped(path)
+    if not path.is_file():
+        raise PipeDreamError(f"paper table {path} not found; pass --paper-table experiments/paper_table1.csv")
+    try:
+        return pd.read_csv(path, encoding="utf-8")
+    except (UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise PipeDreamError(f"paper table {path} is not a CSV file ({type(e).__name__}); "
+                             "pass --paper-table experiments/paper_table1.csv") from None
 
 
 def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
@@ -33,7 +50,7 @@ def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
     from ``<results>/speedup/<model>.json`` for the models in ``cfg["models"]`` (empty otherwise).
     """
     results = Path(cfg["results_dir"])
-    paper = pd.read_csv(cfg["paper_table"])
+    paper = read_paper_table(cfg["paper_table"])
     df = pd.DataFrame({
         "task": paper["task"], "model": paper["model"],
         "hardware": paper["cluster"] + " " + paper["servers"].astype(str) + "x" + paper["gpus_per_server"].astype(str),

@@ -16,6 +16,6 @@ rule profile:
         "../../environment.yml"
     threads: 1
     shell:
-        "{params.pd} profile --model {wildcards.model} --preset {params.preset} --batch-size {params.batch} "
+        "{params.pd} profile --model {wildcards.model} --preset {params.preset} --profiled-batch {params.batch} "
         "--warmup {params.warmup} --iters {params.iters} --device {params.device} "
         "--out-dir $(dirname {output.graph}) > {log} 2>&1"
