@@ -199,6 +199,8 @@ def warmup_count_consistent(replicas: Sequence[int], stage: int) -> int:
 
 
 WARMUPS = {"release": warmup_count, "consistent": warmup_count_consistent}
+# What our runtime and simulator run by default; ``release`` (the release runtime's counts) is ``--compat``.
+DEFAULT_WARMUP = "consistent"
 
 
 def consecutive_ranks(replicas: Sequence[int]) -> list[list[int]]:
@@ -249,10 +251,12 @@ def _update(s: int, m: int, replicated: bool) -> list[Action]:
     return ([Action(s, Kind.ALLREDUCE, m)] if replicated else []) + [Action(s, Kind.STEP, m)]
 
 
-def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int, warmup: str = "release") -> Schedule:
-    """PipeDream 1F1B-RR (§3.2): warm-up of :func:`warmup_count` forwards, then one backward, one forward.
+def one_f_one_b(stage_ranks: list[list[int]], num_minibatches: int, warmup: str = DEFAULT_WARMUP) -> Schedule:
+    """PipeDream 1F1B-RR (§3.2): a warm-up of forwards, then one backward, one forward.
 
-    ``warmup="consistent"`` uses :func:`warmup_count_consistent` instead (an option of the simulator).
+    ``warmup`` picks the warm-up counts: ``consistent`` (:func:`warmup_count_consistent`, the default of our
+    runtime and simulator) or ``release`` (:func:`warmup_count`, the release runtime's; ``--compat``). The two
+    differ only when a stage feeds a replicated one unevenly.
 
     Replicas of a stage take minibatches round robin; each replica updates its weights after every
     backward (averaging gradients with the other replicas of its stage first when replicated).
@@ -376,15 +380,17 @@ def data_parallel(workers: int, num_minibatches: int) -> Schedule:
     return sched
 
 
-def build(name: str, replicas: Sequence[int], num_minibatches: int, num_microbatches: int = 1) -> Schedule:
-    """Schedule ``name`` for stages replicated ``replicas`` times on ranks ``0..sum(replicas)-1``.
+def build(name: str, replicas: Sequence[int], num_minibatches: int, num_microbatches: int = 1,
+          warmup: str = DEFAULT_WARMUP) -> Schedule:
+    """Schedule ``name`` for stages replicated ``replicas`` times on ranks ``0..sum(replicas)-1``
+    (``warmup``: 1F1B's warm-up counts, see :func:`one_f_one_b`).
 
     Raises:
         PipeDreamError: unknown name, or the checks of the chosen schedule.
     """
     stage_ranks = consecutive_ranks(replicas)
     if name == "1f1b":
-        return one_f_one_b(stage_ranks, num_minibatches)
+        return one_f_one_b(stage_ranks, num_minibatches, warmup)
     if name == "gpipe":
         return gpipe(stage_ranks, num_minibatches, num_microbatches)
     if name == "2bw":

@@ -162,10 +162,10 @@ def test_chain_dp_matches_brute_force(cluster: Cluster, compat: bool) -> None:
         if not math.isfinite(want):
             with pytest.raises(PipeDreamError, match="memory limit"):
                 plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
-                              straight=straight, activation_compression_ratio=ratio)
+                              straight=straight, activation_compression_ratio=ratio, rerank=False)
             continue
         plan = plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
-                             straight=straight, activation_compression_ratio=ratio)
+                             straight=straight, activation_compression_ratio=ratio, rerank=False)
         got = plan.extra["bottleneck_time_per_minibatch_s"]
         assert rel(got, want) < 1e-12, (trial, layers, got, want)
         assert plan.time_per_sample_s == pytest.approx(want / 8, rel=1e-12)
@@ -259,7 +259,7 @@ def test_negative_bandwidth_is_named() -> None:
 def test_memory_limit_no_plan_fits() -> None:
     g = chain_graph([(1.0, 8e9, 1e9), (2.0, 8e9, 1e9)])
     with pytest.raises(PipeDreamError, match=r"no plan fits the memory limit of 1e\+09 bytes per device"):
-        plan_pipeline(g, Cluster("small", [(2, 1e9)], 1e9), model="m", minibatch_size=1, memory_limit=True)
+        plan_pipeline(g, Cluster("small", [(2, 1e9)], 1e9), model="m", minibatch_size=1, memory_limit=True, rerank=False)
 
 
 def test_more_workers_than_a_straight_pipeline_can_use() -> None:
@@ -369,9 +369,11 @@ def test_dag_dp_matches_brute_force(compat: bool) -> None:
         want = brute_dag(graph, cluster, compat=compat, memory_limit=memory_limit)
         if not math.isfinite(want):
             with pytest.raises(PipeDreamError):
-                plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit)
+                plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit,
+                              rerank=False)
             continue
-        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit)
+        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit,
+                             rerank=False)
         assert rel(plan.extra["bottleneck_time_per_minibatch_s"], want) < 1e-12, (trial, want)
 
 

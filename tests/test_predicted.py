@@ -174,3 +174,13 @@ def test_simulate_cli_with_a_plan_file(tmp_path: Path) -> None:
     res = json.loads(out.read_text())
     assert res["schedule"] == "gpipe" and res["samples_per_minibatch"] == 256 and res["workers"] == 4
     assert 0 < res["bubble_fraction"] < 1 and res["speedup_over_dp"] > 0
+
+
+def test_whatif_h100_profiles_on_a_b_and_a_modern_cluster(tmp_path: Path) -> None:
+    from pipedream.table1.predicted import H100_CLUSTERS, H100_MODELS, write_whatif_h100
+
+    df = write_whatif_h100(tmp_path, CLUSTERS, plots=False)
+    assert len(df) == len(H100_CLUSTERS) * len(H100_MODELS)
+    assert (df["predicted_speedup"] >= 0.98).all()  # data parallelism is always a candidate
+    assert (df["planner_estimate_speedup"] / df["predicted_speedup"] - 1).abs().max() < 0.10
+    assert (tmp_path / "whatif_h100.md").is_file() and (tmp_path / "whatif_h100.csv").is_file()

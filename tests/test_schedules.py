@@ -180,3 +180,26 @@ def test_forward_only_round_robin() -> None:
     s = S.forward_only([[0, 1], [2]], 3)
     assert texts(s, 1) == "0F1 0SEND_F1"
     assert texts(s, 2) == "1RECV_F0 1F0 1RECV_F1 1F1 1RECV_F2 1F2"
+
+
+def test_runtime_default_warmup_is_consistent_and_compat_keeps_the_release() -> None:
+    from pipedream.runtime.config import TrainConfig
+
+    def forwards_before_first_backward(acts: list[S.Action]) -> int:
+        return sum(1 for a in acts[: [a.kind for a in acts].index(S.Kind.B)] if a.kind == S.Kind.F)
+
+    replicas = [1, 7, 1]  # the single input stage must admit 14 + 1 for the 7 replicas (release: 9)
+    assert forwards_before_first_backward(S.build("1f1b", replicas, 28).order[0]) == 15
+    assert forwards_before_first_backward(S.build("1f1b", replicas, 28, warmup="release").order[0]) == 9
+    assert TrainConfig().warmup == S.DEFAULT_WARMUP == "consistent" and TrainConfig(compat=True).warmup == "release"
+
+
+def test_simulate_command_uses_the_simulators_allreduce_default() -> None:
+    import argparse
+
+    from pipedream.commands import simulate
+    from pipedream.sim import DEFAULT_ALLREDUCE
+
+    p = argparse.ArgumentParser()
+    simulate.add_arguments(p)
+    assert p.parse_args(["--profile", "x", "--cluster", "y"]).allreduce == DEFAULT_ALLREDUCE

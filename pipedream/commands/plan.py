@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profiled-batch", type=int, default=None,
                    help="samples in the profiled minibatch (default: minibatch_size in meta.json beside the profile)")
     p.add_argument("--out", required=True, help="where to write the plan JSON")
-    p.add_argument("--memory-limit", action="store_true", help="reject stages that do not fit the device memory")
+    p.add_argument("--memory-limit", action=argparse.BooleanOptionalAction, default=None,
+                   help="reject stages that do not fit the device memory (default: on, off with --compat)")
     p.add_argument("--straight", action="store_true", help="one replica per stage (a straight pipeline)")
     p.add_argument("--compat", action="store_true", help="reproduce the release optimizer's semantics exactly")
     p.add_argument("--activation-compression-ratio", type=float, default=None,

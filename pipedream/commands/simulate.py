@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the profile is scaled to it (default: the profiled minibatch)")
     p.add_argument("--dataset-size", type=int, default=1_281_167, help="samples in an epoch (default: ImageNet)")
     p.add_argument("--no-overlap", action="store_true", help="allreduce after the backward, not layer by layer")
-    p.add_argument("--allreduce", default="hierarchical", choices=["hierarchical", "ring"], help="allreduce algorithm")
+    p.add_argument("--allreduce", default="ring", choices=["ring", "hierarchical"],
+                   help="allreduce algorithm (default: pipedream.sim.DEFAULT_ALLREDUCE, as the planner assumes)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
 
 

@@ -24,10 +24,11 @@ def plan_pipeline(
     *,
     model: str,
     minibatch_size: int,
-    memory_limit: bool = False,
+    memory_limit: bool | None = None,
     straight: bool = False,
     compat: bool = False,
     activation_compression_ratio: float | None = None,
+    rerank: bool | None = None,
 ) -> Plan:
     """Partition ``graph`` into replicated pipeline stages for ``cluster`` (paper §3.1).
 
@@ -36,18 +37,63 @@ def plan_pipeline(
         cluster: levels innermost first, bandwidths in bytes/s, device memory in bytes.
         model: model name recorded in the plan.
         minibatch_size: samples in the profiled minibatch (times per sample divide by it).
-        memory_limit: reject stages whose stashed weights and activations exceed the device memory.
+        memory_limit: reject stages that do not fit the device memory (default: on in default mode,
+            off in compat mode, as the release's optimizer without ``--use_memory_constraint``).
         straight: one replica per stage (no data parallelism inside stages).
         compat: reproduce the release optimizer's predicted time exactly (see
             :mod:`pipedream.planner` for what default mode changes and why).
         activation_compression_ratio: divide activation transfer bytes by this (> 0).
+        rerank: simulate the dynamic program's plans and other candidates and return the fastest in
+            simulation, its estimate the simulated time (:mod:`pipedream.planner.rerank`); default: on in
+            default mode. Off (always in compat mode) returns the dynamic program's plan and estimate.
     Returns:
-        the plan: stages in pipeline order with nodes in topological order, contiguous ranks, predicted
-        time per sample (seconds) and predicted data-parallel time per sample on all workers (seconds).
+        the plan: stages in pipeline order with nodes in topological order, ranks, predicted time per
+        sample (seconds) and predicted data-parallel time per sample on all workers (seconds).
     Raises:
         PipeDreamError: on a bad minibatch size or ratio, a node without times, a cycle, a memory limit
             that no plan fits, or a straight pipeline longer than the model.
     """
+    if memory_limit is None:
+        memory_limit = not compat
+    if rerank is None:
+        rerank = not compat
+    if rerank and compat:
+        raise PipeDreamError("compat mode reproduces the release's optimizer, which does not re-rank; drop rerank")
+    kwargs = {"model": model, "minibatch_size": minibatch_size, "compat": compat,
+              "activation_compression_ratio": activation_compression_ratio}
+    if not rerank:
+        return _dp_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+    from pipedream.planner.rerank import rerank as rerank_plans
+
+    dp_plans: list[tuple[str, Plan]] = []
+    variants = [(straight, memory_limit), (straight, False), (True, memory_limit)]
+    errors = []
+    for st, mem in dict.fromkeys(variants):
+        if straight and not st:
+            continue
+        try:
+            dp_plans.append((f"dp{' straight' if st else ''}{'' if mem else ', no memory limit'}",
+                             _dp_plan(graph, cluster, memory_limit=mem, straight=st, **kwargs)))
+        except PipeDreamError as e:  # e.g. a straight pipeline longer than the model, or nothing fits
+            errors.append(e)
+    if not dp_plans:
+        raise errors[0]
+    return rerank_plans(graph, cluster, dp_plans, model=model, minibatch_size=minibatch_size,
+                        memory_limit=memory_limit, straight=straight)
+
+
+def _dp_plan(
+    graph: LayerGraph,
+    cluster: Cluster,
+    *,
+    model: str,
+    minibatch_size: int,
+    memory_limit: bool,
+    straight: bool,
+    compat: bool,
+    activation_compression_ratio: float | None,
+) -> Plan:
+    """The dynamic program's plan and estimate (see :func:`plan_pipeline`)."""
     if not isinstance(minibatch_size, int) or minibatch_size < 1:
         raise PipeDreamError(f"minibatch size {minibatch_size!r} must be a positive integer (samples per profiled minibatch)")
     if activation_compression_ratio is not None and not activation_compression_ratio > 0:

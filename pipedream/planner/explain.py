@@ -47,14 +47,21 @@ def format_plan(plan: Plan) -> str:
             f"{s.comm_s * 1e3:>9.3f} {s.memory_bytes / 1e9:>9.3f}"
         )
     bottleneck_ms = ex.get("bottleneck_time_per_minibatch_s", 0.0) * 1e3
+    how = (f"simulated: epoch / samples, {bottleneck_ms:.3f} ms per minibatch in steady state"
+           if ex.get("estimate") == "simulated" else f"bottleneck {bottleneck_ms:.3f} ms per minibatch")
     lines += [
         "",
-        f"predicted time per sample      {plan.time_per_sample_s * 1e6:12.3f} us  "
-        f"(bottleneck {bottleneck_ms:.3f} ms per minibatch)",
+        f"predicted time per sample      {plan.time_per_sample_s * 1e6:12.3f} us  ({how})",
         f"predicted DP time per sample   {plan.dp_time_per_sample_s * 1e6:12.3f} us  "
         f"(data parallelism on all {plan.workers} workers)",
         f"predicted speedup over DP      {plan.predicted_speedup:12.3f} x",
     ]
+    dp_est = ex.get("dp_estimate")
+    if dp_est:
+        lines.append(f"the dynamic program chose {dp_est['config']}, estimated by its own cost model at "
+                     f"{dp_est['dp_time_per_sample_s'] / dp_est['time_per_sample_s']:.3f} x; "
+                     f"{sum(1 for c in ex.get('candidates', []) if c.get('simulated_epoch_s'))} candidates simulated "
+                     f"(pipedream/planner/rerank.py)")
     placement = ex.get("placement_rank_map")
     if placement and len(ex.get("levels", [])) > 1:
         lines.append("hierarchical placement (stage: ranks): " + "; ".join(f"{k}: {_ranks(v)}" for k, v in placement.items()))
@@ -120,12 +127,14 @@ def explain(plan: Plan, graph: LayerGraph, cluster: Cluster) -> str:
     dp_line = (f"data parallelism on all {n} workers needs {_ms(dp_mb)} per minibatch of {mb}: {_ms(compute_share)} of "
                f"compute per worker plus {_ms(max(dp_mb - compute_share, 0.0))} to synchronise all "
                f"{weights / 1e6:.1f} MB of weights")
-    if len(plan.stages) == 1:
+    if ex.get("estimate") == "simulated":
+        out += _simulated(plan)
+    elif len(plan.stages) == 1:
         out.append(f"- No split beats {dp_line}; every pipeline found has a stage slower than that.")
     else:
         out.append(f"- The slowest stage needs {_ms(per_mb)} per minibatch of {mb} ({plan.time_per_sample_s * 1e6:.2f} us "
                    f"per sample), while {dp_line}: the pipeline is {plan.predicted_speedup:.2f}x faster.")
-    alt = _straight(plan, graph, cluster)
+    alt = None if ex.get("estimate") == "simulated" else _straight(plan, graph, cluster)
     if alt is not None:
         verdict = "slower" if alt.time_per_sample_s > plan.time_per_sample_s else "no faster"
         out.append(f"- A straight pipeline ({len(alt.stages)} stages, one worker each) would need "
@@ -157,7 +166,36 @@ def explain(plan: Plan, graph: LayerGraph, cluster: Cluster) -> str:
             out.append("- Compat mode ignores activation transfers between stages (the release charges them only "
                        "with --activation-compression-ratio); default mode charges them.")
         out.extend(f"- Warning: {w}" for w in ex.get("warnings", []))
+    if ex.get("mode") != "compat":
+        out.extend(f"- Warning: {w}" for w in ex.get("warnings", []))
     if ex.get("memory_limit"):
-        out.append(f"- Every stage's stashed weights and activations had to fit {cluster.device_memory_bytes / 1e9:g} GB "
-                   "per device.")
+        limit = ex.get("memory_limit_bytes") or cluster.device_memory_bytes
+        out.append(f"- Every stage's stashed weights and activations had to fit {limit / 1e9:.3g} GB per device.")
     return "\n".join(out)
+
+
+def _simulated(plan: Plan) -> list[str]:
+    """What the re-ranking did (:mod:`pipedream.planner.rerank`): the simulated times of the candidates."""
+    ex = plan.extra
+    sim = ex.get("simulation", {})
+    dp_epoch = float(ex.get("simulated_dp_epoch_s", math.nan))
+    out = [f"- Simulated as `pipedream simulate` runs this plan (1F1B-RR, {sim.get('warmup')} warm-up, "
+           f"{sim.get('allreduce')} allreduce overlapped with the backward, an epoch of {sim.get('dataset_size')} samples): "
+           f"{ex.get('simulated_epoch_s', math.nan):.1f} s per epoch, {_ms(ex.get('bottleneck_time_per_minibatch_s', 0.0))} "
+           f"per minibatch of {plan.minibatch_size} in steady state; data parallelism {dp_epoch:.1f} s: "
+           f"{plan.predicted_speedup:.2f}x."]
+    dp_est = ex.get("dp_estimate") or {}
+    if dp_est:
+        out.append(f"- The dynamic program's own cost model (§3.1: no warm-up, independent replicas, no contention) chose "
+                   f"{dp_est['config']} at {dp_est['dp_time_per_sample_s'] / dp_est['time_per_sample_s']:.2f}x; its plan "
+                   "and the others below were simulated and the fastest kept:")
+    for c in ex.get("candidates", []):
+        if not c.get("fits"):
+            verdict = f"does not fit ({c['peak_memory_bytes'] / 1e9:.1f} GB on one device)"
+        elif c.get("simulated_epoch_s"):
+            verdict = f"{dp_epoch / c['simulated_epoch_s']:.2f}x"
+        else:
+            verdict = (f"not simulated: its compute alone takes {c['epoch_lower_bound_s']:.0f} s per epoch, more than "
+                       "the best")
+        out.append(f"  - {c['config']} ({c['source']}): {verdict}")
+    return out

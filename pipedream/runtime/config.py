@@ -45,6 +45,10 @@ class TrainConfig:
             must this of every stage's replicas (replicas take turns over a minibatch's microbatches).
         weight_sync: ``stash`` (weight stashing) or ``vertical`` (vertical sync) for 1F1B (§3.3), on
             unreplicated and replicated stages alike.
+        compat: 1F1B with the release runtime's warm-up counts (:func:`pipedream.schedules.warmup_count`)
+            instead of the default :func:`pipedream.schedules.warmup_count_consistent`, which admits enough
+            minibatches for what replicated downstream stages hold in flight (the two agree on straight
+            pipelines and on ``15-1``-like configs).
         epochs, batch_size, lr, momentum, weight_decay, optimizer, seed: training hyper-parameters;
             ``batch_size`` is the minibatch of one pipeline (PipeDream) or of one worker (DP).
         train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).
@@ -71,6 +75,8 @@ class TrainConfig:
     schedule: str = _opt("1f1b", "pipedream mode: 1F1B-RR with weight stashing, GPipe, or PipeDream-2BW", SCHEDULES)
     microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw)")
     weight_sync: str = _opt("stash", "1f1b: weight stashing alone or with vertical sync (§3.3)", WEIGHT_SYNC)
+    compat: bool = _opt(False, "1f1b: the release runtime's warm-up counts, ceil(downstream workers / replicas), "
+                               "instead of counts consistent for replicated stages")
     epochs: int = _opt(1, "passes over the training samples")
     batch_size: int = _opt(32, "samples per minibatch of the pipeline (pipedream) or of each worker (dp)")
     lr: float = _opt(0.01, "learning rate")
@@ -109,6 +115,11 @@ class TrainConfig:
         # 0 samples of a split means the whole split, as on the command line
         self.train_subset = self.train_subset or None
         self.val_subset = self.val_subset or None
+
+    @property
+    def warmup(self) -> str:
+        """1F1B warm-up counts (:data:`pipedream.schedules.WARMUPS` key): ``release`` with ``compat``."""
+        return "release" if self.compat else "consistent"
 
     def validate(self) -> None:
         """Raise PipeDreamError naming the first bad setting and how to fix it."""

@@ -148,7 +148,7 @@ def train(cfg: TrainConfig) -> None:
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
     micro = cfg.batch_size // cfg.microbatches
-    segments = [(m0, schedules.build(cfg.schedule, replicas, count, cfg.microbatches))
+    segments = [(m0, schedules.build(cfg.schedule, replicas, count, cfg.microbatches, cfg.warmup))
                 for m0, count in segment_bounds(nb, cfg.checkpoint_every, minibatch_step(cfg, replicas))]
     n_val = len(val_split) // micro
     eval_sched = schedules.forward_only(stage_ranks, n_val)

@@ -8,6 +8,7 @@ Public API (from :mod:`.simulate`): :func:`simulate_plan`, :func:`simulate_dp`, 
 """
 
 from pipedream.sim.simulate import (
+    DEFAULT_ALLREDUCE,
     IMAGENET_TRAIN_SAMPLES,
     SCHEDULES,
     SimResult,
@@ -21,5 +22,5 @@ from pipedream.sim.simulate import (
     simulate_stages,
 )
 
-__all__ = ["IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimResult", "build_schedule", "extrapolate", "interleave",
+__all__ = ["DEFAULT_ALLREDUCE", "IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimResult", "build_schedule", "extrapolate", "interleave",
            "plan_ranks", "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages"]

@@ -30,6 +30,7 @@ from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.planner.plan import Plan
+from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
@@ -37,6 +38,10 @@ from pipedream.topology import Cluster
 
 # command-line name -> pipedream.schedules name ("pipedream" is the old name of 1f1b, still accepted)
 SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "dp": "dp"}
+# The allreduce `pipedream simulate`, the planner's re-ranking and the predicted Table 1 assume unless told:
+# a flat ring through all ranks, as NCCL 2.4 (PyTorch 1.1, the paper's DDP) ran it (see
+# pipedream.table1.predicted); "hierarchical" is the alternative.
+DEFAULT_ALLREDUCE = "ring"
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 MAX_DOUBLINGS = 6
 STEADY_RTOL = 1e-4  # relative agreement of successive periods that counts as the steady state
@@ -110,9 +115,9 @@ class SimResult:
 
 
 def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, microbatches: int = 1,
-                   warmup: str = "release") -> schedules.Schedule:
+                   warmup: str = DEFAULT_WARMUP) -> schedules.Schedule:
     """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`);
-    ``warmup`` picks 1F1B's warm-up counts (``release`` or ``consistent``)."""
+    ``warmup`` picks 1F1B's warm-up counts (``consistent``, the runtime's default, or ``release``)."""
     name = SCHEDULES.get(kind)
     if name is None:
         raise PipeDreamError(f"unknown schedule {kind!r}; use 1f1b, gpipe, 2bw or dp")
@@ -130,8 +135,8 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
 
 def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster,
                     minibatches: int, microbatches: int = 1, overlap: bool = True,
-                    allreduce: str = "hierarchical", record: bool = False, contention: str = "lanes",
-                    sync: str = "lockstep", warmup: str = "release") -> Trace:
+                    allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
+                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP) -> Trace:
     """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
     (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`)."""
     sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
@@ -155,9 +160,9 @@ def extrapolate(t_a: float, t_b: float, n_a: int, n_b: int, n: float) -> float:
 def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]],
                     cluster: Cluster, *, schedule: str = "1f1b", batch_size: int | None = None,
                     microbatches: int = 1, dataset_size: int = IMAGENET_TRAIN_SAMPLES, overlap: bool = True,
-                    allreduce: str = "hierarchical", keep_trace: bool = False,
+                    allreduce: str = DEFAULT_ALLREDUCE, keep_trace: bool = False,
                     costs: list[StageCost] | None = None, contention: str = "lanes",
-                    sync: str = "lockstep", warmup: str = "release") -> SimResult:
+                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -170,15 +175,15 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         microbatches: microbatches per minibatch for GPipe and 2BW.
         dataset_size: samples in an epoch.
         overlap: wait-free backpropagation for allreduces.
-        allreduce: ``hierarchical`` or ``ring``.
+        allreduce: ``ring`` (:data:`DEFAULT_ALLREDUCE`) or ``hierarchical``.
         keep_trace: keep the spans of the first short run (for timelines).
         costs: precomputed stage costs (else computed from ``graph``).
         contention: ``lanes`` (collectives and point-to-point transfers on separate lanes of a port) or
             ``exclusive`` (see :mod:`pipedream.sim.network`).
         sync: ``lockstep`` (DDP, the release) or ``independent`` replicas (the planner's assumption), see
             :mod:`pipedream.sim.engine`.
-        warmup: 1F1B warm-up counts, ``release`` (the release runtime's formula) or ``consistent``
-            (:func:`pipedream.schedules.warmup_count_consistent`).
+        warmup: 1F1B warm-up counts, ``consistent`` (:func:`pipedream.schedules.warmup_count_consistent`,
+            what our runtime runs by default) or ``release`` (the release runtime's formula, ``--compat``).
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
     """

@@ -97,6 +97,23 @@ def predicted_speedup_bars(df: pd.DataFrame, out: Path) -> None:
     _save(fig, out)
 
 
+def whatif_speedup_bars(df: pd.DataFrame, out: Path, title: str) -> None:
+    """Simulated speedup over DP of the default plan (its config on the bar) per model, one colour per cluster.
+
+    ``df`` needs ``model``, ``cluster``, ``predicted_config`` and ``predicted_speedup``.
+    """
+    plt, sns = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    sns.barplot(data=df, x="model", y="predicted_speedup", hue="cluster", ax=ax)
+    for bars, (_, group) in zip(ax.containers, df.groupby("cluster", sort=False), strict=False):
+        ax.bar_label(bars, labels=list(group["predicted_config"]), fontsize=7, rotation=90, padding=2)
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_ylabel("speedup over DP (epoch time)")
+    ax.set_title(title)
+    fig.tight_layout()
+    _save(fig, out)
+
+
 def dp_stall_bars(df: pd.DataFrame, out: Path) -> None:
     """Share of DP worker time stalled in allreduce per model and cluster (the paper's Figure 1 argument).
 

@@ -12,10 +12,16 @@ ring-shaped: PyTorch 1.1 shipped NCCL 2.4, whose ring runs through all ``n`` GPU
 carries ``2 (n - 1) / n`` of the gradient bytes. So the default here is ``allreduce="ring"`` with
 ``overlap=True`` for DP and for PipeDream's replicated stages (the release wraps them in DDP too); the
 hierarchical (2D) allreduce, which moves only ``2 (s - 1) / s`` per NIC for ``s`` servers, and DP without
-overlap are reported as alternatives. PipeDream runs the release's 1F1B-RR lists (its warm-up counts,
-replicas synchronised in lockstep); two variants isolate where that differs from the planner's model:
-``warmup="consistent"`` (:func:`pipedream.schedules.warmup_count_consistent`) and, on top of it,
-``sync="independent"`` replicas (the planner's assumption, paper §3.1).
+overlap are reported as alternatives. PipeDream runs what our runtime runs: 1F1B-RR with the consistent warm-up
+(:func:`pipedream.schedules.warmup_count_consistent`), replicas synchronised in lockstep. Two variants show
+what that choice is worth: the release runtime's warm-up counts (``warmup="release"``, ``--compat``) and
+``sync="independent"`` replicas (§3.1's assumption). The plan is the default planner's, which re-ranks its
+candidates with this simulator (:mod:`pipedream.planner.rerank`); ``dp_cost_model_speedup`` is what its
+dynamic program alone estimated for its own choice.
+
+What-if at today's hardware (:func:`write_whatif_h100`): the H100 profiles in
+``experiments/data/profiles_h100`` planned and simulated on clusters A and B and on a modern cluster
+(``H100_2x8``: 8 H100 per server on NVLink, 100 Gbps between servers).
 """
 
 from __future__ import annotations
@@ -63,10 +69,10 @@ class Profile:
     batch: int
 
 
-def find_profile(model: str, profiles_dir: Path) -> Profile | None:
-    """The V100 release profile of a paper model, else ``<profiles_dir>/<model>/graph.txt`` (with its
-    meta.json), else None."""
-    if model in PAPER_MODELS:
+def find_profile(model: str, profiles_dir: Path, release: bool = True) -> Profile | None:
+    """The V100 release profile of a paper model (if ``release``), else ``<profiles_dir>/<model>/graph.txt``
+    (with its meta.json), else None."""
+    if release and model in PAPER_MODELS:
         folder, batch = PAPER_MODELS[model]
         path = RELEASE_PROFILES / folder / "graph.txt"
         if path.is_file():
@@ -121,15 +127,19 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
     dp_serial = simulate_dp(g, cluster, dataset_size=dataset, overlap=False, allreduce="ring")
     dp_hier = simulate_dp(g, cluster, dataset_size=dataset, allreduce="hierarchical")
     replicated = any(s.replicas > 1 for s in plan.stages) and len(plan.stages) > 1
-    pd_warm = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
-                            warmup="consistent") if replicated else pd_res
-    pd_ind = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE, warmup="consistent",
+    pd_release = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
+                               warmup="release") if replicated else pd_res
+    pd_ind = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
                            sync="independent") if replicated else pd_res
+    dp_est = plan.extra.get("dp_estimate") or {}
     row: dict[str, Any] = {
         "predicted_config": plan.config, "plan_source": plan_source,
         "predicted_speedup": dp.epoch_time_s / pd_res.epoch_time_s,
         "planner_estimate_speedup": plan.predicted_speedup,
-        "consistent_warmup_speedup": dp.epoch_time_s / pd_warm.epoch_time_s,
+        "dp_cost_model_config": dp_est.get("config", plan.config),
+        "dp_cost_model_speedup": (dp_est["dp_time_per_sample_s"] / dp_est["time_per_sample_s"]) if dp_est
+        else plan.predicted_speedup,
+        "release_warmup_speedup": dp.epoch_time_s / pd_release.epoch_time_s,
         "independent_replicas_speedup": dp.epoch_time_s / pd_ind.epoch_time_s,
         "dp_hierarchical_speedup_of_dp": dp.epoch_time_s / dp_hier.epoch_time_s,
         "dp_hierarchical_comm_stall": dp_hier.comm_stall_fraction,
@@ -176,8 +186,12 @@ def _simulate_config(g: LayerGraph, cluster: Cluster, config: str, dataset: int,
         return dp
     if reps == [s.replicas for s in plan.stages]:
         return pd_res
-    stages = split_for_replicas(g, reps, Network(cluster, ALLREDUCE), g.minibatch_size)
-    return simulate_stages(g, stages, consecutive_ranks(reps), cluster, dataset_size=dataset, allreduce=ALLREDUCE)
+    from pipedream.planner.rerank import _split_plan
+
+    ref = _split_plan(g, cluster, reps, plan.model, g.minibatch_size)  # as `pipedream simulate` would run it
+    if ref is None:
+        raise PipeDreamError(f"config {config!r} has more stages than {plan.model} has layers")
+    return simulate_plan(g, ref, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
 
 
 def _row_label(model: str, p: pd.Series) -> str:
@@ -217,8 +231,8 @@ MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_s
               "paper_config": "paper config", "paper_speedup": "paper speedup", "rel_error": "rel. error",
               "paper_config_predicted_speedup": "paper config, predicted", "paper_config_rel_error": "rel. error (paper config)",
               "paper_config_speedup_if_dp_not_overlapped": "paper config, DP not overlapped",
-              "planner_estimate_speedup": "planner estimate", "consistent_warmup_speedup": "ours, consistent warm-up",
-              "independent_replicas_speedup": "ours, independent replicas",
+              "planner_estimate_speedup": "planner estimate", "dp_cost_model_speedup": "DP cost model alone",
+              "release_warmup_speedup": "ours, release warm-up", "independent_replicas_speedup": "ours, independent replicas",
               "simulator_best_config": "best simulated", "simulator_best_speedup": "its speedup",
               "dp_comm_stall_fraction": "DP comm stall", "pipedream_steady_bubble": "PipeDream bubble",
               "pipedream_p2p_bytes_per_sample": "PipeDream act. bytes/sample", "dp_bytes_per_sample": "DP weight bytes/sample"}
@@ -256,9 +270,11 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
         "planner's config, the paper's config and DP.",
         "DP baseline = the paper's PyTorch 1.1 DistributedDataParallel: NCCL 2.4 flat ring allreduce (every NIC carries "
         "2(n-1)/n of the gradients) overlapped with the backward layer by layer (wait-free backpropagation), at line "
-        "rate. PipeDream = the release's 1F1B-RR (its warm-up counts) on our planner's plan, replicated stages "
-        "synchronised the same way in lockstep; collectives and activation transfers share links without queueing "
-        "behind each other; 'paper config' = the paper's configuration split by pipedream.planner.fixed_split.",
+        "rate. PipeDream = our runtime's 1F1B-RR (consistent warm-up) on our planner's plan (simulator-re-ranked, so "
+        "'planner estimate' is its simulation; 'DP cost model alone' is what the dynamic program estimated for its own "
+        "choice), replicated stages synchronised the same way in lockstep; collectives and activation transfers share "
+        "links without queueing behind each other; 'paper config' = the paper's configuration split by "
+        "pipedream.planner.fixed_split.",
         "Bytes/sample: activations and their gradients between stages (PipeDream) vs weight-gradient allreduce (DP).",
     ])
     if not compared:
@@ -317,6 +333,46 @@ def whatif_table(cluster: Cluster, profiles_dir: Path, plans_dir: Path | None, m
     return pd.DataFrame(rows)
 
 
+H100_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "data" / "profiles_h100"
+H100_MODELS = ("vgg16", "resnet50", "alexnet")
+H100_CLUSTERS = ("A_4x4", "B_2x8", "H100_2x8")
+H100_MEMORY_BYTES = 80e9  # NVIDIA H100 SXM5 80 GB (datasheet)
+
+
+def whatif_h100(clusters_path: Path) -> pd.DataFrame:
+    """The H100 profiles (``experiments/data/profiles_h100``, one H100 80GB, README there) planned by the default
+    planner and simulated against DP on :data:`H100_CLUSTERS`: the V100 clusters of the paper with today's GPU,
+    and a modern cluster (8 H100 per server on NVLink, 100 Gbps between servers). Every cluster gets the
+    H100's 80 GB per device (the networks of A and B are kept): the V100's 16 GB would reject VGG-16's
+    pipelines at the profiled 128 images per GPU."""
+    rows = []
+    for name in H100_CLUSTERS:
+        base = get_cluster(name, clusters_path)
+        cluster = Cluster(name=base.name, levels=base.levels, device_memory_bytes=H100_MEMORY_BYTES)
+        for model in H100_MODELS:
+            prof = find_profile(model, H100_PROFILES, release=False)
+            if prof is None:
+                raise PipeDreamError(f"no H100 profile {H100_PROFILES / model / 'graph.txt'}")
+            row = {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
+                   "profile": prof.path, "profile_hardware": prof.hardware, "batch_per_gpu": prof.batch}
+            row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def write_whatif_h100(out_dir: Path, clusters_path: Path, plots: bool = True) -> pd.DataFrame:
+    """``whatif_h100.{csv,md}`` and ``plots/whatif_h100_speedup.png`` under ``out_dir``; returns the table."""
+    df = whatif_h100(clusters_path)
+    write_predicted(df, out_dir, clusters_path, "whatif_h100",
+                    "What-if at today's hardware: H100 profiles, predicted PipeDream vs DP (simulated)")
+    if plots:
+        from pipedream.table1 import plots as P
+
+        P.whatif_speedup_bars(df, out_dir / "plots" / "whatif_h100_speedup.png",
+                              "H100 profiles: simulated speedup of the default plan over data parallelism")
+    return df
+
+
 def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
           models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True) -> pd.DataFrame:
     """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
@@ -342,4 +398,6 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
         P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
         timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
+    if not models and H100_PROFILES.is_dir():
+        write_whatif_h100(out_dir, clusters_path, plots)
     return df

@@ -1,0 +1,273 @@
+"""Default mode's last step: simulate candidate plans and keep the fastest (what the runtime runs).
+
+The dynamic program (:mod:`.hierarchy`) optimises §3.1's cost model: each stage's compute, its weight sync
+``4 (r - 1) P / (r B)`` and its activation transfers, replicas assumed independent, no warm-up, no
+contention. Our runtime runs something else: 1F1B-RR with the consistent warm-up
+(:func:`pipedream.schedules.warmup_count_consistent`), replicas of a stage synchronised in lockstep by a
+ring allreduce overlapped with the backward, transfers and collectives sharing links. On the paper's
+models the gap decides the plan (the DP's VGG-16 plan for cluster A, 9-3-2-1-1, simulates at 0.43x of
+15-1). So the default planner does not trust its own estimate:
+
+1. candidates: the DP's plan with and without a straight pipeline and with and without the memory
+   limit; for the replica vector of each, the split of :mod:`.fixed_split` (balanced for the
+   simulator's own cost terms); and the paper's shapes for the whole cluster: data parallelism
+   (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline;
+2. candidates whose stages do not fit the device (:func:`runtime_memory_bytes`, on by default) are
+   dropped. The profile's activation bytes (every layer's output) overcount what PyTorch keeps: they put
+   data parallelism of ResNet-50 at 128 images per GPU, which the paper trained on 16 GB V100s, at 19.5 GB.
+   So the limit is the device memory or what data parallelism of the whole model needs on one device,
+   whichever is larger: a stage is never rejected for needing what the profile's own batch needs in data
+   parallelism, and the 29 GB first stage of VGG-16's 9-3-2-1-1 (release warm-up; 19.6 GB with ours) is;
+3. each remaining candidate is simulated with the event simulator exactly as ``pipedream simulate`` would
+   simulate the written plan (:func:`pipedream.sim.simulate_plan`, schedule 1F1B-RR,
+   :data:`pipedream.sim.DEFAULT_ALLREDUCE`, the runtime's default warm-up, overlapped allreduce, an
+   ImageNet epoch), and the one with the shortest epoch wins; data parallelism is simulated the same way.
+   Candidates are simulated in order of a lower bound on their epoch (the busiest replica's compute,
+   :func:`compute_bound_s`), and one whose bound exceeds the best simulated epoch is not simulated: it
+   cannot win, so the result is the same as simulating all.
+
+The plan's estimate (``time_per_sample_s``) is then the simulated epoch time divided by the epoch's samples
+(fill and drain included), and its ``dp_time_per_sample_s`` that of simulated data parallelism, so
+``predicted_speedup`` is what ``pipedream simulate`` prints for the same plan and cluster. The estimate
+agrees with the simulation by construction, not because the DP's cost model became exact: the DP's own
+numbers stay in ``extra["dp_estimate"]`` (``pipedream plan --explain`` shows both), and every candidate with
+its simulated time in ``extra["candidates"]``. Since data parallelism, a straight pipeline and the paper's
+two-stage shape are always candidates, the plan is never slower in simulation than any of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+from pipedream.planner.fixed_split import split_for_replicas
+from pipedream.planner.plan import Plan, Stage, config_string
+from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, consecutive_ranks
+from pipedream.topology import Cluster
+
+PAPER_SHAPES = 3  # "W-1-1", up to this many single stages after one replicated stage
+
+
+@dataclass
+class Candidate:
+    """One plan the re-ranking considered.
+
+    Attributes:
+        plan: the plan (stages, ranks, placement).
+        source: where it came from, e.g. ``"dp"``, ``"dp straight"``, ``"split 15-1"``.
+        memory_bytes: per stage, what one replica needs (:func:`runtime_memory_bytes`).
+        fits: every stage fits the device memory (always True without the memory limit).
+        epoch_s: simulated epoch time (None if not simulated).
+        time_per_minibatch_s: simulated steady-state time per minibatch (None if not simulated).
+    """
+
+    plan: Plan
+    source: str
+    memory_bytes: list[float]
+    fits: bool
+    epoch_s: float | None = None
+    time_per_minibatch_s: float | None = None
+    bound_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready record for ``plan.extra["candidates"]``."""
+        return {"config": self.plan.config, "source": self.source, "fits": self.fits,
+                "peak_memory_bytes": max(self.memory_bytes), "epoch_lower_bound_s": self.bound_s,
+                "simulated_epoch_s": self.epoch_s}
+
+
+def compute_bound_s(graph: LayerGraph, plan: Plan, dataset_size: int) -> float:
+    """A lower bound on the simulated epoch of ``plan``: every replica of a stage runs the forward and
+    backward of one in ``replicas`` minibatches, so the epoch takes at least the busiest replica's compute."""
+    minibatches = math.ceil(dataset_size / plan.minibatch_size)
+    per_mb = max(sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in s.nodes if not graph.nodes[n].is_input)
+                 / s.replicas for s in plan.stages)
+    return minibatches * per_mb
+
+
+def simulation_options(dataset_size: int | None = None) -> dict[str, Any]:
+    """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime."""
+    from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES
+
+    return {"allreduce": DEFAULT_ALLREDUCE, "warmup": DEFAULT_WARMUP, "overlap": True,
+            "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES}
+
+
+def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: list[int],
+                         warmup: str = DEFAULT_WARMUP) -> list[float]:
+    """Bytes one replica of each stage needs under 1F1B-RR with weight stashing: a replica of stage ``s``
+    holds ``w_s`` minibatches in flight (its warm-up count), each with a stashed weight version (the
+    newest is the live weights) and its activations, plus one gradient buffer and one optimizer state
+    (momentum) of the weights: ``w_s (P + A) + 2 P``. Allocator overhead and workspace are not counted."""
+    count = WARMUPS[warmup]
+    out = []
+    for s, nodes in enumerate(stages):
+        params = sum(graph.nodes[n].param_bytes for n in nodes)
+        acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
+        out.append(count(replicas, s) * (params + acts) + 2 * params)
+    return out
+
+
+def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int) -> Plan | None:
+    """A plan of :mod:`.fixed_split` for ``replicas`` on consecutive ranks, or None if it cannot be split."""
+    from pipedream.sim.network import Network
+    from pipedream.sim.simulate import DEFAULT_ALLREDUCE
+
+    non_input = sum(1 for n in graph.nodes.values() if not n.is_input)
+    if len(replicas) > non_input:
+        return None
+    ranks = consecutive_ranks(replicas)
+    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size)
+    stages = [Stage(nodes=ns, replicas=r, ranks=rk) for ns, r, rk in zip(nodes, replicas, ranks, strict=True)]
+    return Plan(model=model, cluster=cluster.name, workers=sum(replicas), stages=stages, minibatch_size=minibatch_size,
+                time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan,
+                extra={"placement_rank_map": {str(i): rk for i, rk in enumerate(ranks)}})
+
+
+def paper_shapes(workers: int, layers: int) -> list[list[int]]:
+    """Replica vectors of the paper's Table 1 shapes for ``workers``: data parallelism, ``W-1-1..`` with
+    up to :data:`PAPER_SHAPES` single stages, and a straight pipeline (if the model has enough layers)."""
+    shapes = [[workers]]
+    shapes += [[workers - k] + [1] * k for k in range(1, PAPER_SHAPES + 1) if workers - k >= 1 and k + 1 <= layers]
+    if 1 < workers <= layers:
+        shapes.append([1] * workers)
+    return shapes
+
+
+def candidates(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]], *, model: str,
+               minibatch_size: int, straight: bool) -> list[tuple[str, Plan]]:
+    """The DP's plans, :mod:`.fixed_split`'s split of each of their replica vectors and of the paper's
+    shapes (straight ones only if ``straight``), without duplicates, in that order."""
+    layers = sum(1 for n in graph.nodes.values() if not n.is_input)
+    vectors = [[s.replicas for s in p.stages] for _, p in dp_plans]
+    vectors += [v for v in paper_shapes(cluster.workers, layers) if not straight or all(r == 1 for r in v)]
+    out = list(dp_plans)
+    for reps in vectors:
+        plan = _split_plan(graph, cluster, reps, model, minibatch_size)
+        if plan is not None:
+            out.append((f"split {config_string(reps)}", plan))
+    seen: set[tuple[Any, ...]] = set()
+    unique = []
+    for source, plan in out:
+        key = tuple((tuple(s.nodes), s.replicas) for s in plan.stages) + (
+            tuple(tuple(v) for v in (plan.extra.get("placement_rank_map") or {}).values()),)
+        if key not in seen:
+            seen.add(key)
+            unique.append((source, plan))
+    return unique
+
+
+def rerank(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]], *, model: str, minibatch_size: int,
+           memory_limit: bool, straight: bool) -> Plan:
+    """Simulate every candidate (see the module docstring) and return the fastest, its estimate the simulation.
+
+    Args:
+        graph: the profile, times per minibatch of ``minibatch_size`` samples.
+        cluster: the cluster (device memory for the limit).
+        dp_plans: ``(source, plan)`` from the dynamic program, the first being the DP's answer to the flags.
+        model, minibatch_size: recorded in the plan; the simulated batch.
+        memory_limit: drop candidates with a stage that does not fit ``cluster.device_memory_bytes``.
+        straight: only straight pipelines.
+    Raises:
+        PipeDreamError: with the memory limit, no candidate fits.
+    """
+    from pipedream.sim import simulate_dp, simulate_plan
+
+    g = graph
+    if g.minibatch_size != minibatch_size:
+        g = copy.copy(graph)
+        g.minibatch_size = minibatch_size
+    opts = simulation_options()
+    limit = max(cluster.device_memory_bytes, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
+    cands = []
+    for source, plan in candidates(g, cluster, dp_plans, model=model, minibatch_size=minibatch_size, straight=straight):
+        reps = [s.replicas for s in plan.stages]
+        mem = runtime_memory_bytes(g, [s.nodes for s in plan.stages], reps)
+        fits = not memory_limit or max(mem) <= limit
+        cands.append(Candidate(plan, source, mem, fits, bound_s=compute_bound_s(g, plan, opts["dataset_size"])))
+    fitting = sorted((c for c in cands if c.fits), key=lambda c: c.bound_s)
+    if not fitting:
+        least = min(cands, key=lambda c: max(c.memory_bytes))
+        raise PipeDreamError(f"no plan fits {limit / 1e9:.3g} GB per device: the smallest candidate, "
+                             f"{least.plan.config}, needs {max(least.memory_bytes) / 1e9:.3g} GB on one device; use a "
+                             "cluster with more memory or more workers, a smaller minibatch, or drop the memory limit")
+    best: Candidate | None = None
+    for c in fitting:
+        if best is not None and best.epoch_s is not None and c.bound_s >= best.epoch_s:
+            continue
+        res = simulate_plan(g, c.plan, cluster, **opts)
+        c.epoch_s, c.time_per_minibatch_s = res.epoch_time_s, res.time_per_minibatch_s
+        if best is None or c.epoch_s < (best.epoch_s or math.inf):
+            best = c
+    assert best is not None
+    dp = simulate_dp(g, cluster, workers=best.plan.workers, **opts)
+    return _finish(g, cluster, best, dp, cands, dp_plans[0][1], opts, memory_limit=memory_limit, straight=straight,
+                   limit=limit)
+
+
+def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands: list[Candidate], dp_answer: Plan,
+            opts: dict[str, Any], *, memory_limit: bool, straight: bool, limit: float) -> Plan:
+    """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
+    what was considered."""
+    from pipedream.sim.costs import stage_costs
+    from pipedream.sim.network import Network
+    from pipedream.sim.simulate import plan_ranks
+
+    plan = copy.deepcopy(best.plan)
+    samples = opts["dataset_size"]
+    assert best.epoch_s is not None and best.time_per_minibatch_s is not None
+    plan.time_per_sample_s = best.epoch_s / samples
+    plan.dp_time_per_sample_s = dp.epoch_time_s / samples
+    net = Network(cluster, opts["allreduce"])
+    ranks = plan_ranks(plan, cluster)
+    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size)
+    details = []
+    for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
+        sync = net.allreduce_time(ranks[i], cost.param_bytes) if stage.replicas > 1 else 0.0
+        act = 0.0
+        if i > 0:
+            act += 2 * costs[i - 1].send_fwd_bytes / net.path(ranks[i - 1][0], ranks[i][0])[1]
+        if i < len(plan.stages) - 1:
+            act += 2 * cost.send_fwd_bytes / net.path(ranks[i][0], ranks[i + 1][0])[1]
+        stage.compute_s = cost.fwd_s + cost.bwd_s
+        stage.comm_s = sync + act
+        stage.memory_bytes = best.memory_bytes[i]
+        details.append({"sync_s": sync, "activation_s": act, "param_bytes": cost.param_bytes,
+                        "time_s": max(stage.compute_s + sync, act) / stage.replicas})
+    ex = plan.extra
+    if not best.source.startswith("dp"):  # a fixed split: the DP's per-level record does not describe it
+        for key in ("replicas_per_level", "offsets_per_level", "warnings"):
+            ex.pop(key, None)
+    ex.update({
+        "mode": "default",
+        "memory_limit": memory_limit,
+        "straight": straight,
+        "device_memory_bytes": cluster.device_memory_bytes,
+        "memory_limit_bytes": limit if memory_limit else None,
+        "levels": [list(lv) for lv in cluster.levels],
+        "estimate": "simulated",
+        "source": best.source,
+        "simulation": {"schedule": "1f1b", **opts},
+        "bottleneck_time_per_minibatch_s": best.time_per_minibatch_s,
+        "dp_time_per_minibatch_s": dp.time_per_minibatch_s,
+        "simulated_epoch_s": best.epoch_s,
+        "simulated_dp_epoch_s": dp.epoch_time_s,
+        "stage_details": details,
+        "dp_estimate": {"config": dp_answer.config, "time_per_sample_s": dp_answer.time_per_sample_s,
+                        "dp_time_per_sample_s": dp_answer.dp_time_per_sample_s,
+                        "bottleneck_time_per_minibatch_s": dp_answer.extra.get("bottleneck_time_per_minibatch_s")},
+        "candidates": [c.summary() for c in cands],
+    })
+    for key in ("states", "activation_compression_ratio"):
+        ex.setdefault(key, dp_answer.extra.get(key))
+    if memory_limit and limit > cluster.device_memory_bytes:
+        ex.setdefault("warnings", []).append(
+            f"by the profile's bytes, data parallelism needs {limit / 1e9:.3g} GB per device, more than the "
+            f"{cluster.device_memory_bytes / 1e9:g} GB of {cluster.name}; the profile's activation bytes overcount what "
+            "PyTorch keeps, so stages were checked against that need instead (pipedream/planner/rerank.py)")
+    plan.validate()
+    return plan
