@@ -115,3 +115,16 @@ def test_report_from_runs(tmp_path: Path, mlflow_store: Path) -> None:
 def test_explanations_of_an_older_predicted_table(tmp_path: Path) -> None:
     (tmp_path / "table1_predicted.csv").write_text("row,model,hardware,predicted_config\nvgg16 A 4x4,vgg16,A 4x4,15-1\n")
     assert read_explanations(tmp_path) == {}
+
+
+def test_threshold_is_fixed_by_the_config_never_picked_from_the_runs() -> None:
+    import math
+
+    from pipedream.table1.measured import threshold_of
+
+    assert threshold_of({"threshold": {"metric": "top1", "value": 52.0}}) == (52.0, "top1")
+    assert threshold_of({"threshold": {"metric": "perplexity", "value": 750.0}}) == (750.0, "perplexity")
+    value, metric = threshold_of({"threshold": {"metric": "bleu", "value": 0.3}})  # scored on the final model only
+    assert math.isnan(value) and metric == "none"
+    epochs = [{"val_accuracy": 0.9, "val_loss": 0.1, "wall_time_s": 5.0}]
+    assert math.isnan(time_to_accuracy(epochs, value, metric))

@@ -64,17 +64,17 @@ def epochs_to_accuracy(epochs: list[dict[str, float]], threshold: float, metric:
     return math.nan
 
 
-def threshold_of(model_cfg: dict[str, Any], runs: dict[str, list[dict[str, float]]]) -> tuple[float, str]:
-    """The time-to-accuracy target of one model: ``(value, metric)``.
+def threshold_of(model_cfg: dict[str, Any]) -> tuple[float, str]:
+    """The fixed time-to-accuracy target of one model from its config: ``(value, metric)``.
 
-    Uses the model's ``threshold: {metric, value}`` when its metric is measured every epoch (``top1``,
-    ``perplexity``); otherwise (BLEU, METEOR are scored only on the final model) the best validation
-    token accuracy that every run reaches, as ``(value, "accuracy")``.
+    Only metrics measured every epoch count (``top1``, ``perplexity``); a model without one (BLEU and
+    METEOR are scored only on the final model) gets ``(nan, "none")``: no time-to-accuracy is reported,
+    and no target is ever picked from the runs themselves.
     """
     t = model_cfg.get("threshold")
     if t and t["metric"] in ("top1", "perplexity"):
         return float(t["value"]), str(t["metric"])
-    return min(max(e["val_accuracy"] for e in r) for r in runs.values()), "accuracy"
+    return math.nan, "none"
 
 
 def mean_epoch_time(epochs: list[dict[str, float]]) -> float:
@@ -93,7 +93,7 @@ def measured_speedup(model: str, cfg: dict[str, Any]) -> dict[str, Any]:
     results = Path(cfg["results_dir"])
     runs = {m: read_metrics(results / "runs" / model / m) for m in MODES}
     plan = Plan.load(results / "plans" / model / f"{cfg['cluster']}.json")
-    threshold, metric = threshold_of(cfg["models"][model], runs)
+    threshold, metric = threshold_of(cfg["models"][model])
     tta = {m: time_to_accuracy(r, threshold, metric) for m, r in runs.items()}
     eta = {m: epochs_to_accuracy(r, threshold, metric) for m, r in runs.items()}
     ept = {m: mean_epoch_time(r) for m, r in runs.items()}

@@ -137,8 +137,14 @@ def notes(cfg: dict[str, Any]) -> list[str]:
         f"processes, cluster {cfg['cluster']}). One reduced run per model stands for every paper row of that "
         "model: measured_run names it (its MLflow experiment), and measured_note says 'same run as <row>' on the "
         "rows that repeat it; those rows are not separate measurements of clusters A/B.",
-        "measured_threshold (measured_threshold_metric): the time-to-accuracy target; 'accuracy' is validation "
-        "token/top-1 accuracy (0-1), used where the model's own metric (BLEU) is scored only at the end.",
+        "measured_threshold (measured_threshold_metric): the time-to-accuracy target, fixed in the config before "
+        "the runs (top1: validation top-1 percent; perplexity: validation perplexity, lower is better); 'none': "
+        "the model's metric (BLEU) is scored only on the final model, so no time-to-accuracy is reported. A "
+        "missing time-to-accuracy (—) with a threshold means a run never reached it: not reached, not a number.",
+        f"DP baseline: dp_batch {'/'.join(sorted({m['train'].get('dp_batch', 'per_worker') for m in cfg['models'].values()}))} "
+        f"(per_worker: each of the {cfg['workers']} "
+        "workers takes a whole minibatch of train.batch_size; with SGD the learning rate is scaled by the workers "
+        "with linear warm-up, Goyal et al. 2017; global: a minibatch is split over the workers).",
     ]
 
 
