@@ -16,6 +16,13 @@ PROFILES = REPO / "experiments" / "data" / "profiles"
 PROFILE_NAMES = ["alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large"]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_runs_in_the_checkouts_store(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Every test (and every process it starts) logs to a throw-away MLflow store, never to the
+    checkout's results/mlflow.db, which holds the user's own runs."""
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+
+
 @pytest.fixture
 def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty sqlite MLflow store in a temporary folder (also the working directory)."""
