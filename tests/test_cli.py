@@ -49,10 +49,16 @@ def test_help_explains(cmd: str) -> None:
     assert proc.returncode == 0 and "--" in proc.stdout
 
 
-def test_unknown_training_key_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("old,new,key", [("seed: 0}", "seed: 0, warmup_steps: 9}", "warmup_steps"),
+                                         ("workers: 4\n", "workers: 4\nsynthetic_data: true\n", "synthetic_data"),
+                                         ("    preset: reduced\n", "    preset: reduced\n    epochs: 9\n", "epochs")])
+def test_unknown_config_key_is_refused(tmp_path: Path, old: str, new: str, key: str) -> None:
+    """Every key of a config is honoured by the workflow or refused before anything runs."""
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "experiments" / "ci.yaml").read_text().replace("seed: 0}", "seed: 0, warmup_steps: 9}", 1))
-    _assert_clean_error(_run("check", "--config", str(bad)), "warmup_steps")
+    text = (REPO / "experiments" / "ci.yaml").read_text()
+    assert old in text
+    bad.write_text(text.replace(old, new, 1))
+    _assert_clean_error(_run("check", "--config", str(bad)), key)
 
 
 def test_every_training_key_of_the_schema_is_a_train_flag() -> None:

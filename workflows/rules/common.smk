@@ -3,7 +3,7 @@ from pipedream.runtime.config import flags_from_experiment
 
 
 def train_extra_args(model):
-    """`pipedream train` flags that come from the config's top level: link throttle, launch, threshold.
+    """`pipedream train` flags that come from the config's top level: link throttle, launch, run limit, threshold.
 
     The model's own `train:` section becomes flags through `flags_from_experiment` (one definition of every
     training option and its default: pipedream.runtime.config.TrainConfig)."""
@@ -14,6 +14,8 @@ def train_extra_args(model):
     if launch.get("nnodes", 1) > 1:
         args.append(f"--nnodes {launch['nnodes']} --rdzv-endpoint {launch['rdzv_endpoint']} "
                     f"--node-rank {launch.get('node_rank', '0')}")
+    epochs = config["models"][model]["train"]["epochs"]  # the whole-run limit grows with the run
+    args.append(f"--timeout-s {epochs * config.get('train_epoch_timeout_s', 1800) + 600:g}")
     threshold = config["models"][model].get("threshold")
     if threshold and threshold["metric"] in ("top1", "perplexity"):
         args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")
