@@ -9,6 +9,7 @@ import jsonschema
 import yaml
 
 from pipedream.errors import PipeDreamError
+from pipedream.io import read_text
 from pipedream.paths import SCHEMA, shipped
 
 
@@ -17,14 +18,9 @@ def load_yaml(path: str | Path, what: str = "config file", hint: str = "") -> An
     ``hint`` appended, and the file and line on a syntax error. A relative path that does not exist
     in the working directory is looked up in the checkout (:func:`pipedream.paths.shipped`)."""
     path = shipped(path)
-    if not path.is_file():
-        raise PipeDreamError(f"{what} {path} not found{hint}")
-    if path.is_dir():
-        raise PipeDreamError(f"{what} {path} is a directory; give a YAML file")
+    text = read_text(path, what, "a YAML file", "YAML", hint)
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise PipeDreamError(f"{what} {path} is not a text file; expected YAML") from None
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

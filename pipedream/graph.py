@@ -13,13 +13,13 @@ In memory, times are seconds (``fwd_s``, ``bwd_s``) and sizes bytes.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipedream.errors import PipeDreamError
+from pipedream.io import read_json_object, read_text
 
 _NODE_RE = re.compile(
     r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<f>[^,]+), "
@@ -172,14 +172,8 @@ class LayerGraph:
                 node, an edge to an unknown node, or a cycle.
         """
         path = Path(path)
-        if path.is_dir():
-            raise PipeDreamError(f"profile {path} is a directory; give the graph.txt file inside it")
-        if not path.is_file():
-            raise PipeDreamError(f"profile {path} not found; run `pipedream profile` first or check the path")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise PipeDreamError(f"profile {path} is not a text file; expected a graph.txt profile") from None
+        text = read_text(path, "profile", "the graph.txt file inside it", "a graph.txt profile",
+                         "; run `pipedream profile` first or check the path")
         return cls.parse(text, source=str(path), minibatch_size=minibatch_size)
 
     @classmethod
@@ -264,15 +258,10 @@ def read_meta(profile_path: str | Path) -> dict[str, Any]:
         PipeDreamError: the file is not a JSON object.
     """
     meta = Path(profile_path).parent / "meta.json"
-    if not meta.is_file():
+    if not meta.exists():
         return {}
-    try:
-        doc = json.loads(meta.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PipeDreamError(f"{meta} is not valid JSON ({e}); fix it or delete it and pass --profiled-batch") from None
-    if not isinstance(doc, dict):
-        raise PipeDreamError(f"{meta} is not a JSON object; fix it or delete it and pass --profiled-batch")
-    return doc
+    return read_json_object(meta, "profile metadata", "a meta.json file",
+                            "fix it or delete it and pass --profiled-batch")
 
 
 def profiled_batch(profile_path: str | Path, given: int | None = None) -> int:

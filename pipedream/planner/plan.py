@@ -9,13 +9,12 @@ stage).
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipedream.errors import PipeDreamError
-from pipedream.io import atomic_write_json
+from pipedream.io import atomic_write_json, read_json_object
 
 
 @dataclass
@@ -138,15 +137,6 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         """Read a plan JSON file; raises PipeDreamError if missing or malformed."""
-        path = Path(path)
-        if path.is_dir():
-            raise PipeDreamError(f"plan {path} is a directory; give the plan's JSON file")
-        if not path.is_file():
-            raise PipeDreamError(f"plan {path} not found; run `pipedream plan` first")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise PipeDreamError(f"plan {path} is not valid JSON ({e}); regenerate it with `pipedream plan`") from None
-        if not isinstance(d, dict):
-            raise PipeDreamError(f"plan {path} is not a JSON object; regenerate it with `pipedream plan`")
+        d = read_json_object(Path(path), "plan", "the plan's JSON file", "regenerate it with `pipedream plan`",
+                             "; run `pipedream plan` first")
         return cls.from_dict(d)
