@@ -124,6 +124,10 @@ def test_threshold_is_fixed_by_the_config_never_picked_from_the_runs() -> None:
 
     assert threshold_of({"threshold": {"metric": "top1", "value": 52.0}}) == (52.0, "top1")
     assert threshold_of({"threshold": {"metric": "perplexity", "value": 750.0}}) == (750.0, "perplexity")
+    curve = [{"val_accuracy": 0.10, "val_loss": 6.7, "wall_time_s": 4.0}, {"val_accuracy": 0.12, "val_loss": 6.5,
+                                                                          "wall_time_s": 9.0}]
+    assert time_to_accuracy(curve, *threshold_of({"threshold": {"metric": "token_accuracy", "value": 11.5}})) == 9.0
+    assert time_to_accuracy(curve, 700.0, "perplexity") == 9.0  # exp(6.5) = 665 <= 700 < exp(6.7) = 812
     value, metric = threshold_of({"threshold": {"metric": "bleu", "value": 0.3}})  # scored on the final model only
     assert math.isnan(value) and metric == "none"
     epochs = [{"val_accuracy": 0.9, "val_loss": 0.1, "wall_time_s": 5.0}]

@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
     run.add_argument("--threshold", type=float,
                      help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
-    run.add_argument("--threshold-metric", choices=("accuracy", "top1", "perplexity"), default="accuracy",
-                     help="what --threshold is: validation accuracy 0-1, top-1 percent, or perplexity (lower is better)")
+    run.add_argument("--threshold-metric", choices=("accuracy", "top1", "token_accuracy", "perplexity"), default="accuracy",
+                     help="what --threshold is: validation accuracy 0-1, top-1 or token accuracy (padding excluded) "
+                          "in percent, or perplexity (lower is better)")
     nodes = parser.add_argument_group("several nodes")
     nodes.add_argument("--nnodes", type=int, default=1,
                        help="nodes of a multi-node run (start this same command on every node, e.g. with srun)")

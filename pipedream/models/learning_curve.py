@@ -35,6 +35,7 @@ class CurvePoint:
     seconds: float
     train_loss: float  # mean criterion value over the minibatches since the previous point
     metric: float
+    accuracy: float  # validation top-1 / token accuracy in percent, padding excluded (what the runtimes log)
 
 
 def make_optimizer(params, name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> torch.optim.Optimizer:
@@ -48,6 +49,21 @@ def make_optimizer(params, name: str, lr: float, momentum: float = 0.0, weight_d
     if name == "adam":
         return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
     raise PipeDreamError(f"unknown optimizer {name!r}; use 'sgd' or 'adam'")
+
+
+def val_accuracy(model: torch.nn.Module, val, spec, batch_size: int = 256) -> float:  # type: ignore[no-untyped-def]
+    """Validation accuracy in percent as the runtimes count it (:func:`pipedream.runtime.task.count_correct`
+    with the model's ``ignore_index``): top-1 for classifiers, per token for sequence models."""
+    from pipedream.runtime.task import count_correct
+
+    model.eval()
+    correct = counted = 0
+    with torch.no_grad():
+        for start in range(0, len(val), batch_size):
+            x, y = val.batch(torch.arange(start, min(start + batch_size, len(val))))
+            c, k = count_correct(model(x), y, spec.ignore_index)
+            correct, counted = correct + c, counted + k
+    return 100.0 * correct / max(counted, 1)
 
 
 def learning_curve(name: str, batch_size: int, lr: float, optimizer: str = "sgd", momentum: float = 0.9,
@@ -68,7 +84,7 @@ def learning_curve(name: str, batch_size: int, lr: float, optimizer: str = "sgd"
     model = build_model(name, preset, seed)
     opt = make_optimizer(model.parameters(), optimizer, lr, momentum, weight_decay)
     per_epoch = len(train) // batch_size
-    points = [CurvePoint(0, 0.0, 0, 0.0, float("nan"), spec.evaluate(model, val, 256))]
+    points = [CurvePoint(0, 0.0, 0, 0.0, float("nan"), spec.evaluate(model, val, 256), val_accuracy(model, val, spec))]
     step, seconds, losses = 0, 0.0, []
     for epoch in range(epochs):
         for i, (x, y) in minibatches(train, batch_size, seed, epoch):
@@ -87,10 +103,10 @@ def learning_curve(name: str, batch_size: int, lr: float, optimizer: str = "sgd"
             if (eval_every and step % eval_every == 0) or (last and not eval_every) or step == max_steps:
                 metric = spec.evaluate(model, val, 256)
                 points.append(CurvePoint(step, step / per_epoch, step * batch_size, seconds,
-                                         sum(losses) / len(losses), metric))
+                                         sum(losses) / len(losses), metric, val_accuracy(model, val, spec)))
                 losses = []
                 print(f"{name} step {step} epoch {step / per_epoch:.2f} {seconds:.0f}s loss {points[-1].train_loss:.3f} "
-                      f"{spec.metric} {metric:.2f}", flush=True)
+                      f"{spec.metric} {metric:.2f} accuracy {points[-1].accuracy:.1f}%", flush=True)
             if step == max_steps:
                 return points
     return points

@@ -23,6 +23,8 @@ from pipedream.io import atomic_write_json
 from pipedream.planner.plan import Plan
 
 MODES = ("pipedream", "dp")
+PERCENT_METRICS = ("top1", "token_accuracy")
+EPOCH_METRICS = ("top1", "token_accuracy", "perplexity")  # measured every epoch: time-to-accuracy targets
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
@@ -39,12 +41,13 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
 def _reached(epoch: dict[str, float], threshold: float, metric: str) -> bool:
     """Whether one epoch's validation result meets ``threshold`` for ``metric``.
 
-    ``"accuracy"``: ``val_accuracy`` (0-1) >= threshold; ``"top1"``: 100 x ``val_accuracy`` >= threshold
-    (percent); ``"perplexity"``: exp(``val_loss``) <= threshold.
+    ``"accuracy"``: ``val_accuracy`` (0-1) >= threshold; ``"top1"`` and ``"token_accuracy"`` (validation
+    token accuracy, padding excluded): 100 x ``val_accuracy`` >= threshold (percent); ``"perplexity"``:
+    exp(``val_loss``) <= threshold.
     """
     if metric == "perplexity":
         return math.exp(min(epoch["val_loss"], 700.0)) <= threshold
-    scale = 100.0 if metric == "top1" else 1.0
+    scale = 100.0 if metric in PERCENT_METRICS else 1.0
     return scale * epoch["val_accuracy"] >= threshold
 
 
@@ -67,12 +70,12 @@ def epochs_to_accuracy(epochs: list[dict[str, float]], threshold: float, metric:
 def threshold_of(model_cfg: dict[str, Any]) -> tuple[float, str]:
     """The fixed time-to-accuracy target of one model from its config: ``(value, metric)``.
 
-    Only metrics measured every epoch count (``top1``, ``perplexity``); a model without one (BLEU and
-    METEOR are scored only on the final model) gets ``(nan, "none")``: no time-to-accuracy is reported,
+    Only metrics measured every epoch count (``top1``, ``token_accuracy``, ``perplexity``); a model
+    without one (BLEU and METEOR are scored only on the final model) gets ``(nan, "none")``: no time-to-accuracy is reported,
     and no target is ever picked from the runs themselves.
     """
     t = model_cfg.get("threshold")
-    if t and t["metric"] in ("top1", "perplexity"):
+    if t and t["metric"] in EPOCH_METRICS:
         return float(t["value"]), str(t["metric"])
     return math.nan, "none"
 

@@ -138,7 +138,8 @@ def notes(cfg: dict[str, Any]) -> list[str]:
         "model: measured_run names it (its MLflow experiment), and measured_note says 'same run as <row>' on the "
         "rows that repeat it; those rows are not separate measurements of clusters A/B.",
         "measured_threshold (measured_threshold_metric): the time-to-accuracy target, fixed in the config before "
-        "the runs (top1: validation top-1 percent; perplexity: validation perplexity, lower is better); 'none': "
+        "the runs (top1: validation top-1 percent; token_accuracy: validation token accuracy in percent, padding "
+        "excluded; perplexity: validation perplexity, lower is better); 'none': "
         "the model's metric (BLEU) is scored only on the final model, so no time-to-accuracy is reported. A "
         "missing time-to-accuracy (—) with a threshold means a run never reached it: not reached, not a number.",
         f"DP baseline: dp_batch {'/'.join(sorted({m['train'].get('dp_batch', 'per_worker') for m in cfg['models'].values()}))} "

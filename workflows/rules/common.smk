@@ -17,6 +17,6 @@ def train_extra_args(model):
     epochs = config["models"][model]["train"]["epochs"]  # the whole-run limit grows with the run
     args.append(f"--timeout-s {epochs * config.get('train_epoch_timeout_s', 1800) + 600:g}")
     threshold = config["models"][model].get("threshold")
-    if threshold and threshold["metric"] in ("top1", "perplexity"):
+    if threshold and threshold["metric"] in ("top1", "token_accuracy", "perplexity"):
         args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")
     return " ".join(args)
