@@ -44,3 +44,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
         key = "/".join(str(p) for p in e.absolute_path) or "<top level>"
         raise PipeDreamError(f"{path}: invalid value at '{key}': {e.message}") from None
     return cfg
+
+
+def model_data(cfg: dict[str, Any], model: str) -> str:
+    """What ``model`` of config ``cfg`` trains on: its ``train.data``, else the top-level ``data`` (which
+    ``snakemake --config data=synthetic`` sets), else ``real``."""
+    return str(cfg["models"][model]["train"].get("data") or cfg.get("data") or "real")

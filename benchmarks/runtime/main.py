@@ -33,8 +33,10 @@ import copy
 import importlib
 import json
 import os
+import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -69,13 +71,45 @@ def build(model: str, seed: int) -> nn.Sequential:
     return build_model(model, "reduced", seed)
 
 
-def input_shape(model: str) -> tuple[int, ...]:
-    """Per-sample input shape: the registry's reduced preset (e.g. AlexNet's 3x64x64), else 3x32x32."""
+def example_batch(model: str, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed (input, target) minibatch: the registry model's synthetic data at the reduced preset (its
+    real shapes and label ranges, e.g. AlexNet's 3x64x64 images, GNMT's packed token pairs), else
+    3x32x32 images of 10 classes."""
     if ":" in model:
-        return (3, 32, 32)
+        g = torch.Generator().manual_seed(1)
+        return torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
+    from pipedream.data.synthetic import synthetic_datasets
     from pipedream.models import get_spec
 
-    return tuple(get_spec(model).input_shape("reduced"))
+    train, _ = synthetic_datasets(get_spec(model).synthetic("reduced"), batch_size, 1, seed=1)
+    return train.batch(range(batch_size))
+
+
+def criterion(model: str):  # type: ignore[no-untyped-def]
+    """The model's loss (the registry's ``criterion``; cross-entropy over classes otherwise)."""
+    if ":" in model:
+        return F.cross_entropy
+    from pipedream.models import get_spec
+
+    return get_spec(model).criterion
+
+
+# torch.distributed.pipelining fails on these (torch 2.x, gloo): AWD-LM's backward receive raises
+# "input tensor has to be contiguous" inside its _batch_p2p
+TORCH_FAILS = ("awd_lm",)
+
+
+def torch_runnable(name: str, model: nn.Sequential, plan: Plan, x: torch.Tensor) -> bool:
+    """Whether ``torch.distributed.pipelining`` can run this partition here: one floating-point tensor
+    crosses every stage boundary (GNMT's and S2VT's boundaries carry tuples with integer ids), and the
+    model is not one it is known to fail on (:data:`TORCH_FAILS`)."""
+    return name not in TORCH_FAILS and all(len(b.specs) == 1 and b.specs[0][1].is_floating_point
+               for b in build_stages(model, plan, x[:1]).boundaries[:-1])
+
+
+def _median_rate(samples: int, run, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    """Median over ``repeats`` timed calls of ``run`` (between barriers) of ``samples`` / seconds."""
+    return statistics.median(samples / _timed(run) for _ in range(repeats))
 
 
 def _sgd(params, lr: float) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
@@ -86,16 +120,19 @@ def _sgd(params, lr: float) -> torch.optim.Optimizer:  # type: ignore[no-untyped
 def balanced_plan(model: nn.Sequential, stages: int, x: torch.Tensor) -> Plan:
     """Contiguous split of the layers into ``stages`` minimising the slowest stage (measured fwd+bwd)."""
     times = []
-    for layer in model:
-        x = x.detach().requires_grad_()
+    value: Any = x
+    for layer in model:  # a layer takes one tensor or one tuple (GNMT), integer ids included
+        parts = [t.detach().requires_grad_(t.is_floating_point()) for t in Boundary.unpack(value)]
+        value = tuple(parts) if isinstance(value, tuple) else parts[0]
         for k in range(3):
             t0 = time.perf_counter()
-            y = layer(x)
-            if y.requires_grad:
-                y.sum().backward()
+            y = layer(value)
+            outs = [o for o in Boundary.unpack(y) if o.requires_grad]
+            if outs:
+                sum(o.sum() for o in outs).backward()
             if k == 2:
                 times.append(time.perf_counter() - t0)
-        x = y.detach()
+        value = tuple(t.detach() for t in y) if isinstance(y, tuple) else y.detach()
     n = len(times)
     prefix = [0.0]
     for t in times:
@@ -146,7 +183,7 @@ def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, 
     versions = WeightVersions(module, policy)
     opt = _sgd(versions.master, args.lr)
     ex = StageExecutor(s, len(plan.stages), module, versions, opt, P2P(120.0, torch.device("cpu")),
-                       shapes[s - 1] if s > 0 else None, shapes[s], timeout_s=120.0)
+                       shapes[s - 1] if s > 0 else None, shapes[s], timeout_s=120.0, criterion=criterion(args.model))
     data = StageData(lambda mb, j: x, lambda mb, j: y)
     units = args.steps * m
 
@@ -156,7 +193,7 @@ def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, 
         busy.update(compute_s=stats.compute_s / n, wait_s=stats.wait_s / n)
 
     run(m)  # warm-up
-    return units * args.batch_size / _timed(lambda: run(units))
+    return _median_rate(units * args.batch_size, lambda: run(units), args.repeats)
 
 
 def _torch(args: argparse.Namespace, plan: Plan, kind: str, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -167,10 +204,10 @@ def _torch(args: argparse.Namespace, plan: Plan, kind: str, x: torch.Tensor, y: 
     module = copy.deepcopy(build_stages(build(args.model, args.seed), plan, x[:1]).modules[s])
     stage = PipelineStage(module, s, len(plan.stages), torch.device("cpu"))
     cls = Schedule1F1B if kind == "1f1b" else ScheduleGPipe
-    sched = cls(stage, args.microbatches, loss_fn=F.cross_entropy)
+    sched = cls(stage, args.microbatches, loss_fn=criterion(args.model))
     opt = _sgd(module.parameters(), args.lr)
     big_x = x.repeat(args.microbatches, *[1] * (x.dim() - 1))
-    big_y = y.repeat(args.microbatches)
+    big_y = y.repeat(args.microbatches, *[1] * (y.dim() - 1))
     last = s == len(plan.stages) - 1
 
     def step() -> None:
@@ -188,7 +225,7 @@ def _torch(args: argparse.Namespace, plan: Plan, kind: str, x: torch.Tensor, y: 
             step()
 
     step()  # warm-up (and shape inference)
-    return args.steps * args.microbatches * args.batch_size / _timed(run)
+    return _median_rate(args.steps * args.microbatches * args.batch_size, run, args.repeats)
 
 
 def _mean_s(fn, warmup: int, reps: int) -> list[float]:  # type: ignore[no-untyped-def]
@@ -221,7 +258,7 @@ def _stage_times(args: argparse.Namespace, plan: Plan, x: torch.Tensor, y: torch
         t0 = time.perf_counter()
         out = module(*inputs)
         if last:
-            outs, grad_outs = [F.cross_entropy(out, y)], None
+            outs, grad_outs = [criterion(args.model)(out, y)], None
         else:
             outs = [o for o in Boundary.unpack(out) if o.requires_grad]
             out_bytes[0] = float(sum(o.numel() * o.element_size() for o in Boundary.unpack(out)))
@@ -296,13 +333,12 @@ def _predict(args: argparse.Namespace, stages: list[dict[str, float]], link_Bps:
     return out
 
 
-def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
+def _child(index: int, args: argparse.Namespace, plan: Plan, port: int, with_torch: bool) -> None:
     os.environ.update({"RANK": str(index), "WORLD_SIZE": str(args.workers), "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(args.threads),
                        "PIPEDREAM_FORCE_GLOO": "1"})  # every executor here runs on the CPU, GPUs or not
     D.init(120.0)  # sets torch's threads from OMP_NUM_THREADS
-    x = torch.randn(args.batch_size, *input_shape(args.model), generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 10, (args.batch_size,), generator=torch.Generator().manual_seed(2))
+    x, y = example_batch(args.model, args.batch_size)
     link_Bps = args.link_Bps or _link_Bps(args.link_mb)
     if args.time_together:  # all stages at once: their times include sharing cores and memory
         D.barrier(120.0)
@@ -314,11 +350,11 @@ def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
     dist.all_gather_object(stages, mine)
     stages.sort(key=lambda st: st["stage"])
     busy: dict[str, dict[str, float]] = {"ours-1F1B": {}, "ours-GPipe": {}}
-    results = {
+    results: dict[str, float | None] = {
         "ours-1F1B": _ours(args, plan, "1f1b", x, y, busy["ours-1F1B"]),
         "ours-GPipe": _ours(args, plan, "gpipe", x, y, busy["ours-GPipe"]),
-        "torch-1F1B": _torch(args, plan, "1f1b", x, y),
-        "torch-GPipe": _torch(args, plan, "gpipe", x, y),
+        "torch-1F1B": _torch(args, plan, "1f1b", x, y) if with_torch else None,
+        "torch-GPipe": _torch(args, plan, "gpipe", x, y) if with_torch else None,
     }
     in_run: list[dict[str, dict[str, float]]] = [{} for _ in range(args.workers)]
     dist.all_gather_object(in_run, busy)  # ranks in stage order (straight plans)
@@ -327,18 +363,20 @@ def _child(index: int, args: argparse.Namespace, plan: Plan, port: int) -> None:
     dist.destroy_process_group()
 
 
-def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], stages: list[dict[str, float]],
+def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float | None], stages: list[dict[str, float]],
             link_Bps: float, in_run: list[dict[str, dict[str, float]]]) -> None:
     """Print (rank 0) samples/s and ratios, the stage times, predicted vs measured samples/s; write ``--out``."""
     ranges = [list(r) for r in stage_layer_ranges(plan, sum(len(s.nodes) for s in plan.stages))]
     cores = len(os.sched_getaffinity(0))
     print(f"model {args.model}, {args.workers} stages (layers {[f'{r[0]}-{r[-1]}' for r in ranges]}), "
           f"{args.steps} x {args.microbatches} units of {args.batch_size} samples, "
-          f"{args.threads} thread(s) per process, {cores} cores")
+          f"{args.threads} thread(s) per process, {cores} cores; median of {args.repeats} timed repetitions")
     for name, sps in results.items():
-        print(f"  {name:<12} {sps:8.1f} samples/s")
+        print(f"  {name:<12} {sps:8.1f} samples/s" if sps is not None
+              else f"  {name:<12}      n/a (torch.distributed.pipelining cannot run this model's stages: see README)")
     ours = results["ours-1F1B"]
-    ratios = {f"ours-1F1B / {k}": ours / v for k, v in results.items() if k != "ours-1F1B"}
+    assert ours is not None
+    ratios = {f"ours-1F1B / {k}": ours / v for k, v in results.items() if k != "ours-1F1B" and v is not None}
     for k, v in ratios.items():
         print(f"  {k:<26} {v:5.2f}")
     timing = "together" if args.time_together else "alone"
@@ -350,7 +388,7 @@ def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], sta
               f"{st['send_bytes'] / 1e6:10.3f}")
     predicted = _predict(args, stages, link_Bps)
     prediction = {k: {"predicted_samples_per_s": p, "measured_samples_per_s": results[k],
-                      "measured_over_predicted": results[k] / p} for k, p in predicted.items()}
+                      "measured_over_predicted": results[k] / p} for k, p in predicted.items()}  # type: ignore[operator]
     print("simulated schedule with these costs vs measured")
     for k, row in prediction.items():
         print(f"  {k:<12} predicted {row['predicted_samples_per_s']:8.1f}  measured "
@@ -374,7 +412,7 @@ def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], sta
               "all at once, so they include the sharing of cores (as far as it resembles the pipeline's)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
+        args.out.write_text(json.dumps({"model": args.model, "repeats": args.repeats,
             "args": {k: str(v) for k, v in vars(args).items()}, "threads": args.threads, "cores": cores,
             "oversubscribed": oversubscribed, "cores_bound_samples_per_s": cores_bound,
             "stage_timing": timing, "samples_per_s": results, "ratios": ratios,
@@ -384,14 +422,18 @@ def _report(args: argparse.Namespace, plan: Plan, results: dict[str, float], sta
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="vgg16", help="registry model (reduced preset) or package.module:fn")
+    parser.add_argument("--model", default="vgg16",
+                        help="registry model (reduced preset), package.module:fn, or all (every registered model)")
     parser.add_argument("--workers", type=int, default=4, help="pipeline stages = processes")
     parser.add_argument("--batch-size", type=int, default=32, help="samples per (micro)batch")
     parser.add_argument("--microbatches", type=int, default=8, help="microbatches per torch/GPipe step")
     parser.add_argument("--steps", type=int, default=4, help="timed steps of --microbatches units")
     parser.add_argument("--lr", type=float, default=0.001)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plan", type=Path, help="plan JSON (straight); default: balanced by measured time")
+    parser.add_argument("--plan", type=Path, help="plan JSON (straight; one model); default: balanced by measured time, "
+                                                  "computed once before the workers start and printed")
+    parser.add_argument("--save-plan", type=Path, help="write each model's partition to DIR/<model>.json (for --plan)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per schedule; the median is reported")
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")),
                         help="torch threads per process (default: OMP_NUM_THREADS, else 1)")
     parser.add_argument("--time-reps", type=int, default=10, help="timed repetitions of each stage alone")
@@ -399,16 +441,42 @@ def main() -> None:
                         help="time all stages at once instead of one rank at a time (includes core sharing)")
     parser.add_argument("--link-Bps", type=float, help="loopback bandwidth, bytes/s (default: measured)")
     parser.add_argument("--link-mb", type=float, default=4.0, help="MB per ping-pong when measuring the link")
-    parser.add_argument("--out", type=Path, help="also write the numbers as JSON here")
+    parser.add_argument("--out", type=Path, help="also write the numbers as JSON here (--model all: "
+                                                 "<stem>_<model>.json each)")
     args = parser.parse_args()
-    if args.threads < 1 or args.time_reps < 1 or args.steps < 1 or args.microbatches < 1 or args.workers < 2:
-        parser.error("--threads, --time-reps, --steps and --microbatches must be at least 1, --workers at least 2")
+    if (args.threads < 1 or args.time_reps < 1 or args.steps < 1 or args.microbatches < 1 or args.workers < 2
+            or args.repeats < 1):
+        parser.error("--threads, --time-reps, --steps, --microbatches and --repeats must be at least 1, --workers "
+                     "at least 2")
+    if args.model == "all" and args.plan:
+        parser.error("--plan is one model's partition; leave it out with --model all")
+    from pipedream.models import model_names
+
+    out = args.out
+    for name in model_names() if args.model == "all" else [args.model]:
+        one = argparse.Namespace(**{**vars(args), "model": name})
+        if out and args.model == "all":
+            one.out = out.with_name(f"{out.stem}_{name}{out.suffix}")
+        _bench(one)
+
+
+def _bench(args: argparse.Namespace) -> None:
+    """Partition ``args.model`` once (or read ``--plan``), print it, and run the workers on it."""
     torch.set_num_threads(1)  # the parent times layers for the balance on one thread, like one worker
     model = build(args.model, args.seed)
-    x = torch.randn(args.batch_size, *input_shape(args.model))
+    x, _ = example_batch(args.model, args.batch_size)
     plan = Plan.load(args.plan) if args.plan else balanced_plan(model, args.workers, x)
+    n = sum(len(s.nodes) for s in plan.stages)
+    layers = [f"{r[0]}-{r[-1]}" for r in (list(r) for r in stage_layer_ranges(plan, n))]
+    print(f"{args.model}: partition {'from ' + str(args.plan) if args.plan else 'balanced by layer time'}: "
+          f"layers {', '.join(layers)}", flush=True)
+    if args.save_plan:
+        args.save_plan.mkdir(parents=True, exist_ok=True)
+        plan.save(args.save_plan / f"{args.model.replace(':', '.')}.json")
+    with_torch = torch_runnable(args.model, model, plan, x)
     # the workers start from a fork server, never a fork of this process (which ran autograd above)
-    mp.start_processes(_child, args=(args, plan, free_port()), nprocs=args.workers, start_method=start_method())
+    mp.start_processes(_child, args=(args, plan, free_port(), with_torch), nprocs=args.workers,
+                       start_method=start_method())
 
 
 if __name__ == "__main__":

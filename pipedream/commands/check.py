@@ -1,34 +1,71 @@
 """Check an experiment config before any work starts: YAML syntax, the schema, known models and
-cluster, and workers that match the cluster. `make run` calls this first,
+cluster, workers that match the cluster, and data each model can train on. `make run` calls this first,
 so a mistake costs one clear line (exit status 2) instead of a half-run workflow."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from typing import Any
 
 from pipedream.paths import CI_CONFIG
 
-HELP = "validate an experiment config (schema, models, cluster, workers) without running anything"
+HELP = "validate an experiment config (schema, models, cluster, workers, data) without running anything"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream check``."""
     p.add_argument("--config", default=CI_CONFIG,
                    help="experiment config (YAML; a relative path not found here is looked up in the checkout)")
+    p.add_argument("--data", choices=("real", "synthetic"),
+                   help="check as if the config's top-level data key were this (what `snakemake --config data=...` "
+                        "sets); a model's own train.data still wins")
+    p.add_argument("--missing-data", choices=("error", "warn"), default="error",
+                   help="a real data set whose environment variable is unset on this machine: refuse (default) or "
+                        "print a warning (dry runs on a machine that will not train)")
+
+
+# full-size real data sets found through the environment, by model task (registered models only)
+DATA_ENV = {"image_classification": ("PIPEDREAM_IMAGENET", "ImageNet"),
+            "translation": ("PIPEDREAM_WMT16", "WMT16 En-De")}
+
+
+def data_problem(name: str, spec: Any, preset: str, data: str) -> tuple[str, bool] | None:
+    """(message, fatal) when model ``name`` cannot get its ``data`` at ``preset`` here, else None.
+
+    Fatal: data that no machine has (synthetic data for a model without a synthetic hook, full-size S2VT
+    on real data). Not fatal: a data set whose environment variable is unset on this machine.
+    """
+    if data == "synthetic":
+        if getattr(spec, "synthetic", None) is None:
+            return f"models.{name}: no synthetic data for this model; set its train.data: real", True
+        return None
+    if preset != "full" or ":" in name:
+        return None
+    if spec.task == "video_captioning":
+        return (f"models.{name}: full-size S2VT has no real data (no MSVD loader); set data: synthetic (top level or "
+                f"models.{name}.train.data) or drop the model", True)
+    var, what = DATA_ENV.get(spec.task, ("", ""))
+    if var and var not in os.environ:
+        return (f"models.{name}: preset full trains on {what}: set ${var}, or use data: synthetic (top level or "
+                f"models.{name}.train.data)", False)
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate; raises PipeDreamError on the first problem, prints a summary and returns 0 otherwise."""
     from pipedream.errors import PipeDreamError
-    from pipedream.experiment import load_config
+    from pipedream.experiment import load_config, model_data
     from pipedream.paths import CLUSTERS, shipped
     from pipedream.topology import get_cluster
 
     cfg = load_config(args.config)
+    if getattr(args, "data", None):
+        cfg["data"] = args.data
     from pipedream.models import get_spec  # imports torch: only once the file itself is known to be good
 
-    for name in cfg["models"]:
-        get_spec(name)  # raises on an unknown model, listing the known ones
+    specs = {name: get_spec(name) for name in cfg["models"]}  # raises on an unknown model, listing the known ones
     clusters_file = cfg.get("clusters_file", CLUSTERS)
     cluster = get_cluster(cfg["cluster"], clusters_file)
     if cluster.workers != cfg["workers"]:
@@ -36,5 +73,13 @@ def run(args: argparse.Namespace) -> int:
                              f"{cluster.workers} workers; make them agree")
     if not shipped(cfg["paper_table"]).is_file():
         raise PipeDreamError(f"{args.config}: paper_table {cfg['paper_table']} not found")
+    for name, spec in specs.items():
+        problem = data_problem(name, spec, cfg["models"][name]["preset"], model_data(cfg, name))
+        if problem is None:
+            continue
+        message, fatal = problem
+        if fatal or getattr(args, "missing_data", "error") == "error":
+            raise PipeDreamError(f"{args.config}: {message}")
+        print(f"warning: {args.config}: {message}", file=sys.stderr)
     print(f"{args.config}: ok ({len(cfg['models'])} models on {cfg['cluster']}, {cfg['workers']} workers)")
     return 0

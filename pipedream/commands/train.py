@@ -139,7 +139,8 @@ def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tup
     params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config, "cluster": cluster,
               "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
               "weight_decay": args.weight_decay, "optimizer": args.optimizer, "seed": args.seed,
-              "epochs": args.epochs, "train_subset": args.train_subset or "all", "val_subset": args.val_subset or "all",
+              "epochs": args.epochs, "data": args.data, "train_subset": args.train_subset or "all",
+              "val_subset": args.val_subset or "all",
               "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
               "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none",
               "threads_per_worker": os.environ.get("OMP_NUM_THREADS", "1"), "host_cores": os.cpu_count() or 0}
@@ -222,7 +223,9 @@ def run(args: argparse.Namespace) -> int:
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
     final_tags = {}
-    if args.threshold is not None:
+    if args.threshold is not None and args.data == "synthetic":  # accuracy on random labels: no target to reach
+        final_tags["time_to_accuracy"] = "synthetic data"
+    elif args.threshold is not None:
         from pipedream.table1.measured import epochs_to_accuracy, time_to_accuracy
 
         tta = time_to_accuracy(epochs, args.threshold, args.threshold_metric)
@@ -233,8 +236,8 @@ def run(args: argparse.Namespace) -> int:
             final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)
     from pipedream.runtime.assemble import final_metric
 
-    metric = final_metric(out_dir, args.model, args.preset, args.seed, cfg.train_subset,
-                          cfg.val_subset, args.batch_size)
+    metric = None if args.data == "synthetic" else final_metric(out_dir, args.model, args.preset, args.seed,
+                                                                cfg.train_subset, cfg.val_subset, args.batch_size)
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
     own = [plan_file, args.profile] if args.mode == "pipedream" else []

@@ -20,11 +20,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipedream.data.base import Sample, SampleSet, subset_indices
+from pipedream.data.synthetic import SyntheticSpec, image_spec
 from pipedream.errors import PipeDreamError
 
 IMAGENET_ENV = "PIPEDREAM_IMAGENET"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_CLASSES = 1000
+IMAGENET_SIZES = (1_281_167, 50_000)  # ILSVRC-2012 train and val images
 
 
 class _Indexed(Sequence[Sample]):
@@ -122,6 +125,25 @@ def image_datasets(reduced_size: int):
         if preset == "full":
             return imagenet_datasets(None, train_subset, val_subset, seed)
         return fashion_mnist_datasets(reduced_size, train_subset, val_subset, seed)
+
+    return make
+
+
+def fmnist_synthetic(size: int) -> SyntheticSpec:
+    """Synthetic stand-in for Fashion-MNIST model input: ``(3, size, size)`` images, 10 classes, 60k/10k."""
+    from pipedream.data.fashion_mnist import NUM_CLASSES
+
+    return image_spec((3, size, size), NUM_CLASSES, 60_000, 10_000)
+
+
+def image_synthetic(reduced_size: int):
+    """The ``synthetic`` hook of an image model: ImageNet's shapes and sizes (``full``: ``(3, 224, 224)``,
+    1000 classes, 1,281,167 + 50,000 images) or Fashion-MNIST's at the reduced input size."""
+
+    def make(preset: str) -> SyntheticSpec:
+        if preset == "full":
+            return image_spec((3, 224, 224), IMAGENET_CLASSES, *IMAGENET_SIZES)
+        return fmnist_synthetic(reduced_size)
 
     return make
 

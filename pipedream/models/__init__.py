@@ -25,6 +25,7 @@ from pipedream.errors import PipeDreamError
 
 if TYPE_CHECKING:
     from pipedream.data.base import SampleSet
+    from pipedream.data.synthetic import SyntheticSpec
 
 
 def classification_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -54,6 +55,8 @@ class ModelSpec:
         evaluate: ``evaluate(model, val, batch_size) -> metric value`` on a whole (assembled) model.
         example: ``example(preset, batch_size, seed) -> input batch`` for profiling; None means a
             standard normal tensor of ``input_shape``.
+        synthetic: ``synthetic(preset) -> SyntheticSpec``: random samples of the real data's shapes and
+            label ranges (``--data synthetic``, :mod:`pipedream.data.synthetic`); None: real data only.
     """
 
     name: str
@@ -68,6 +71,7 @@ class ModelSpec:
     make_datasets: Callable[[str, int | None, int | None, int], tuple[SampleSet, SampleSet]] | None = None
     evaluate: Callable[[nn.Module, SampleSet, int], float] | None = None
     example: Callable[[str, int, int], torch.Tensor] | None = None
+    synthetic: Callable[[str], SyntheticSpec] | None = None
 
 
 _REGISTRY: dict[str, ModelSpec] = {}
@@ -118,8 +122,11 @@ def user_spec(path: str) -> ModelSpec:
     if isinstance(made, ModelSpec):
         spec = replace(made, name=path)
     elif isinstance(made, nn.Sequential):
+        from pipedream.data.images import fmnist_synthetic
+
         spec = ModelSpec(name=path, task="image_classification", build=lambda preset: factory(),
-                         input_shape=lambda preset: (3, 32, 32), dataset="fashion_mnist")
+                         input_shape=lambda preset: (3, 32, 32), dataset="fashion_mnist",
+                         synthetic=lambda preset: fmnist_synthetic(32))
     else:
         raise PipeDreamError(f"model function {path!r} returned a {type(made).__name__}; return an nn.Sequential "
                              "or a pipedream.models.ModelSpec")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from torch import nn
 from torchvision.models.alexnet import alexnet as tv_alexnet
 
-from pipedream.data.images import image_datasets, top1_accuracy
+from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
 from pipedream.models import ModelSpec, disable_inplace, register
 
 REDUCED_SIZE = 64
@@ -53,5 +53,6 @@ register(ModelSpec(
     input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, REDUCED_SIZE, REDUCED_SIZE),
     dataset="fashion_mnist",
     make_datasets=image_datasets(REDUCED_SIZE),
+    synthetic=image_synthetic(REDUCED_SIZE),
     evaluate=top1_accuracy,
 ))

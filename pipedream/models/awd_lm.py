@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pipedream.data.base import SampleSet
+from pipedream.data.synthetic import SyntheticSpec, sequence_spec
 from pipedream.models import ModelSpec, register
 
 
@@ -154,6 +155,15 @@ def _datasets(preset: str, train_subset: int | None, val_subset: int | None, see
     return lm_datasets(cfg.bptt, cfg.vocab, train_subset, val_subset, seed)
 
 
+PTB_TOKENS = (929_589, 73_760)  # Mikolov's PTB train and valid, eos included
+
+
+def _synthetic(preset: str) -> SyntheticSpec:
+    """``synthetic`` hook: windows of ``bptt`` random ids and their next ids, as many as PTB has."""
+    cfg = CONFIGS[preset]
+    return sequence_spec(cfg.vocab, cfg.bptt, PTB_TOKENS[0] // cfg.bptt, PTB_TOKENS[1] // cfg.bptt)
+
+
 def _example(preset: str, batch_size: int, seed: int) -> torch.Tensor:
     cfg = CONFIGS[preset]
     return torch.randint(0, cfg.vocab, (batch_size, cfg.bptt), generator=torch.Generator().manual_seed(seed))
@@ -171,4 +181,5 @@ register(ModelSpec(
     make_datasets=_datasets,
     evaluate=perplexity,
     example=_example,
+    synthetic=_synthetic,
 ))

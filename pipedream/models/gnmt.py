@@ -38,6 +38,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from pipedream.data.base import SampleSet
+from pipedream.data.synthetic import Noise, SyntheticSpec
 from pipedream.models import ModelSpec, register
 
 PAD = 1  # fairseq Dictionary: bos 0, pad 1, eos 2, unk 3
@@ -262,6 +263,30 @@ def _datasets(name: str):
     return make
 
 
+SYNTHETIC_SIZES = {"full": (4_500_000, 3_003),  # about WMT16 En-De's 4.5 M training pairs; newstest2014
+                   "reduced": (20_000, 1_000)}  # round numbers of the order of the Ding pairs
+
+
+def _synthetic(name: str):
+    """``synthetic`` hook: sentence pairs of ``EXAMPLE_LENGTH`` random ids (no padding), packed like
+    :mod:`pipedream.data.translation`: ``x (2, L)`` source and decoder input (eos, then the target
+    shifted), target ``(L,)`` ending in eos."""
+
+    def make(preset: str) -> SyntheticSpec:
+        vocab, length = CONFIGS[(name, preset)].vocab, EXAMPLE_LENGTH[preset]
+
+        def sample(g: torch.Generator, noise: Noise) -> tuple[torch.Tensor, torch.Tensor]:
+            src = torch.randint(NSPECIAL, vocab, (length,), generator=g)
+            tgt = torch.randint(NSPECIAL, vocab, (length,), generator=g)
+            tgt[-1] = EOS
+            prev = torch.cat([torch.tensor([EOS]), tgt[:-1]])
+            return torch.stack([src, prev]), tgt
+
+        return SyntheticSpec(sample, *SYNTHETIC_SIZES[preset], {"vocab": vocab, "length": length})
+
+    return make
+
+
 def _example(name: str):
     def example(preset: str, batch_size: int, seed: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
@@ -285,4 +310,5 @@ for _name in ("gnmt8", "gnmt16"):
         make_datasets=_datasets(_name),
         evaluate=bleu,
         example=_example(_name),
+        synthetic=_synthetic(_name),
     ))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from torch import nn
 from torchvision.models import resnet as tv
 
-from pipedream.data.images import image_datasets, top1_accuracy
+from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
 from pipedream.models import ModelSpec, disable_inplace, register
 
 STAGE_BLOCKS = (3, 4, 6, 3)  # ResNet-50
@@ -67,5 +67,6 @@ register(ModelSpec(
     input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, 32, 32),
     dataset="fashion_mnist",
     make_datasets=image_datasets(32),
+    synthetic=image_synthetic(32),
     evaluate=top1_accuracy,
 ))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import nn
 from torchvision.models import vgg as tv_vgg
 
-from pipedream.data.images import image_datasets, top1_accuracy
+from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
 from pipedream.models import ModelSpec, disable_inplace, register
 
 REDUCED_WIDTH_DIVISOR = 4
@@ -52,5 +52,6 @@ register(ModelSpec(
     input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, 32, 32),
     dataset="fashion_mnist",
     make_datasets=image_datasets(32),
+    synthetic=image_synthetic(32),
     evaluate=top1_accuracy,
 ))

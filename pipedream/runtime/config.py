@@ -26,6 +26,7 @@ OPTIMIZERS = ("sgd", "adam")
 LR_POLICIES = ("constant", "polynomial", "step")
 DP_BATCH = ("per_worker", "global")
 PRESETS = ("reduced", "full")
+DATA = ("real", "synthetic")
 
 
 def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:  # noqa: A002 - argparse's name
@@ -53,6 +54,9 @@ class TrainConfig:
             ``batch_size`` is the minibatch of one pipeline (PipeDream) or of one worker (DP).
         train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).
         max_minibatches: cap on training minibatches per epoch (tests, smoke runs).
+        data: ``real`` (the model's data set) or ``synthetic`` (random samples of its shapes and label
+            ranges, drawn per index from ``seed``: epoch times without the data set,
+            :mod:`pipedream.data.synthetic`); subsets size a synthetic set (default: the real set's size).
         data_dir: Fashion-MNIST folder (None = ``$PIPEDREAM_FASHION_MNIST`` or the Debian path).
         out_dir: where ``metrics.json`` (and checkpoints, debug dumps, error files) go; None means
             :meth:`run_dir`'s default.
@@ -97,6 +101,10 @@ class TrainConfig:
     train_subset: int | None = _opt(None, "training samples drawn from the training split (default or 0: all)")
     val_subset: int | None = _opt(None, "validation samples drawn from the validation split (default or 0: all)")
     max_minibatches: int | None = _opt(None, "cap on minibatches per epoch (smoke runs)")
+    data: str = _opt("real", "real: the model's data set; synthetic: random samples of its input shapes and label "
+                             "ranges, generated per sample from --seed (epoch times at paper scale without "
+                             "ImageNet/WMT16/PTB/MSVD; accuracy is meaningless), as many as the real set unless "
+                             "--train-subset/--val-subset", DATA)
     data_dir: str | None = _opt(None, "data folder (default: the Debian package's or $PIPEDREAM_<DATASET>)")
     out_dir: str | None = _opt(None, "where metrics.json, checkpoints and train.log go (default: "
                                      "results/runs/<model>/<mode>)")
@@ -131,6 +139,10 @@ class TrainConfig:
             raise PipeDreamError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
         if self.lr_policy not in LR_POLICIES:
             raise PipeDreamError(f"unknown --lr-policy {self.lr_policy!r}; use one of {', '.join(LR_POLICIES)}")
+        if self.data not in DATA:
+            raise PipeDreamError(f"unknown --data {self.data!r}; use one of {', '.join(DATA)}")
+        if self.data == "synthetic" and self.data_dir:
+            raise PipeDreamError("--data-dir names real data; leave it out with --data synthetic")
         if self.dp_batch not in DP_BATCH:
             raise PipeDreamError(f"unknown --dp-batch {self.dp_batch!r}; use one of {', '.join(DP_BATCH)}")
         if self.lr <= 0 or self.lr_power <= 0 or self.lr_step_epochs <= 0:

@@ -3,7 +3,8 @@
 Sources, in order: ``cfg.model_factory`` (tests); otherwise :func:`pipedream.models.get_spec` of
 ``cfg.model``, a registered name or a user's ``"package.module:function"``, whose spec may bring its own
 data hook and criterion. Models without a data hook train on Fashion-MNIST (``cfg.data_dir`` or the
-installed package).
+installed package). With ``cfg.data == "synthetic"`` the data sets are the spec's synthetic samples
+(:mod:`pipedream.data.synthetic`) instead, for the DP baseline and the pipeline alike.
 """
 
 from __future__ import annotations
@@ -51,18 +52,29 @@ def load_task(cfg: TrainConfig) -> Task:
     Raises:
         PipeDreamError: unknown model, missing data set (naming how to install it).
     """
+    from pipedream.data import synthetic
+
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
     if cfg.model_factory is not None:
         torch.manual_seed(cfg.seed)
         model = cfg.model_factory()
-        train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+        if cfg.data == "synthetic":
+            from pipedream.data.images import fmnist_synthetic
+
+            train, val = synthetic.synthetic_datasets(fmnist_synthetic(32), cfg.train_subset, cfg.val_subset, cfg.seed)
+        else:
+            train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
         return Task(model, train.batch(torch.tensor([0]))[0], train, val, F.cross_entropy)
     from pipedream.models import build_model, example_input, get_spec
 
     spec = get_spec(cfg.model)
     model = build_model(cfg.model, cfg.preset, cfg.seed)
     hook = getattr(spec, "make_datasets", None)
-    if hook is not None and data_dir is None:
+    if cfg.data == "synthetic":
+        made = synthetic.require_spec(cfg.model, getattr(spec, "synthetic", None), cfg.preset)
+        train, val = synthetic.synthetic_datasets(made, cfg.train_subset, cfg.val_subset, cfg.seed)
+        example = train.batch([0])[0]
+    elif hook is not None and data_dir is None:
         train, val = hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
         example = train.batch([0])[0]
     else:

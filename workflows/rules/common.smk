@@ -1,13 +1,17 @@
 # Helpers shared by the rules.
+from pipedream.experiment import model_data
 from pipedream.runtime.config import flags_from_experiment
 
 
 def train_extra_args(model):
-    """`pipedream train` flags that come from the config's top level: link throttle, launch, run limit, threshold.
+    """`pipedream train` flags that come from the config's top level: data, link throttle, launch, run limit,
+    threshold (real data only: random labels have no accuracy to reach).
 
     The model's own `train:` section becomes flags through `flags_from_experiment` (one definition of every
     training option and its default: pipedream.runtime.config.TrainConfig)."""
     args = []
+    if "data" not in config["models"][model]["train"] and config.get("data"):  # the top-level default
+        args.append(f"--data {config['data']}")
     if config.get("emulate_bandwidth_Bps"):
         args.append(f"--emulate-bandwidth-Bps {config['emulate_bandwidth_Bps']}")
     launch = config.get("launch", {})
@@ -17,6 +21,6 @@ def train_extra_args(model):
     epochs = config["models"][model]["train"]["epochs"]  # the whole-run limit grows with the run
     args.append(f"--timeout-s {epochs * config.get('train_epoch_timeout_s', 1800) + 600:g}")
     threshold = config["models"][model].get("threshold")
-    if threshold and threshold["metric"] in ("top1", "token_accuracy", "perplexity"):
+    if threshold and threshold["metric"] in ("top1", "token_accuracy", "perplexity") and model_data(config, model) == "real":
         args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")
     return " ".join(args)
