@@ -132,3 +132,10 @@ def test_threshold_is_fixed_by_the_config_never_picked_from_the_runs() -> None:
     assert math.isnan(value) and metric == "none"
     epochs = [{"val_accuracy": 0.9, "val_loss": 0.1, "wall_time_s": 5.0}]
     assert math.isnan(time_to_accuracy(epochs, value, metric))
+
+
+def test_provenance_says_when_workers_oversubscribe_the_cores() -> None:
+    from pipedream.table1.provenance import _workers
+
+    assert _workers(4, 2) == "4 processes, 1 thread each (2.0x oversubscribed on 2 cores: epoch times are pessimistic)"
+    assert _workers(4, 16) == "4 processes, 1 thread each"

@@ -51,6 +51,17 @@ def _bandwidth(bps: Any) -> str:
     return f"{float(bps) * 8 / 1e9:.3g} Gbps ({float(bps):.3g} B/s)"
 
 
+def _workers(workers: int | None, cpus: int | None) -> str:
+    """Worker processes (one thread each: ``pipedream train`` sets OMP_NUM_THREADS=1) and, when they
+    outnumber the cores, by how much: timings of oversubscribed runs are shown as such, not hidden."""
+    if not workers:
+        return "unknown"
+    text = f"{workers} processes, 1 thread each"
+    if cpus and workers > cpus:
+        text += f" ({workers / cpus:.1f}x oversubscribed on {cpus} cores: epoch times are pessimistic)"
+    return text
+
+
 def collect(cfg: dict[str, Any], config_path: str | None) -> dict[str, str]:
     """The report's provenance as label -> text, in display order.
 
@@ -64,7 +75,7 @@ def collect(cfg: dict[str, Any], config_path: str | None) -> dict[str, str]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "config": config_path or "unknown",
         "scale": str(cfg.get("scale", "unknown")),
-        "workers": str(cfg.get("workers", "unknown")),
+        "workers": _workers(cfg.get("workers"), os.cpu_count()),
         "cluster": str(cfg.get("cluster", "unknown")),
         "emulated bandwidth": _bandwidth(cfg.get("emulate_bandwidth_Bps")),
         "host": platform.node() or "unknown",
