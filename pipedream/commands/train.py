@@ -2,9 +2,11 @@
 
 Launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` with the PipeDream worker
 (``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.ddp``), streams the workers'
-progress to stderr (and ``<out-dir>/train.log``), then logs ``<out-dir>/metrics.json`` to MLflow and
-writes ``<out-dir>/run.json`` (the MLflow run and experiment ids and final metrics) last, as the completion marker.
-A failed or killed worker ends the whole job with one ``error:`` line and a non-zero exit.
+progress to stderr (and ``<out-dir>/train.log``) and logs each epoch to MLflow as the workers append it to
+``<out-dir>/metrics.json``; at the end it logs the final metrics and writes ``<out-dir>/run.json`` (the
+MLflow run and experiment ids and final metrics) last, as the completion marker. A failed or killed
+worker ends the whole job with one ``error:`` line and a non-zero exit, and its MLflow run is marked FAILED
+with the epochs it finished.
 """
 
 from __future__ import annotations
