@@ -71,9 +71,10 @@ def issue_plan(actions: list[Action], batched: bool, lookahead: int = RECV_LOOKA
                 plan[i] = list(range(i, j))
         return plan
     recvs = [i for i, a in enumerate(actions) if a.kind in RECVS]
-    posted = 0
+    posted = waited = 0  # receives posted so far; of those, consumed before the current action
     for i, a in enumerate(actions):
-        waited = sum(1 for r in recvs[:posted] if r < i)  # receives already consumed before action i
+        while waited < posted and recvs[waited] < i:  # one pass over the list: linear in its length
+            waited += 1
         while posted < len(recvs) and (recvs[posted] <= i or posted - waited < lookahead):
             plan[i].append(recvs[posted])
             posted += 1
