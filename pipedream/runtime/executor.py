@@ -305,9 +305,10 @@ class StageExecutor:
         if not self.is_first:
             unit["grad_in"] = [g if g is not None else torch.zeros_like(t)
                                for g, t in zip(grads[len(names):], in_float, strict=True)]
+        if self.trace is not None:  # the version whose tensors the backward differentiated, found by identity
+            used = self.versions.version_of(params) if self.versions.names else unit["version"]
+            self.trace.append(("B", self.stage, a.minibatch, a.microbatch or 0, used))
         self.versions.release(unit["version"])
-        if self.trace is not None:
-            self.trace.append(("B", self.stage, a.minibatch, a.microbatch or 0, unit["version"]))
         if self.is_first:
             del self.units[a.key]
         self.stats.compute_s += time.perf_counter() - t0

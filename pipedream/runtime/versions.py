@@ -122,6 +122,14 @@ class WeightVersions:
         """Version numbers currently stored, oldest first."""
         return sorted(self._store)
 
+    def version_of(self, params: dict[str, torch.Tensor]) -> int:
+        """The stored version whose tensors ``params`` are (the very tensor objects, not equal values),
+        or -1 if none is (also for a stage without parameters: it has nothing to stash)."""
+        if not self.names:
+            return -1
+        first = params.get(self.names[0])
+        return next((v for v, d in self._store.items() if d[self.names[0]] is first), -1)
+
     def params_of(self, version: int) -> dict[str, torch.Tensor]:
         """The stored parameters of ``version`` without taking a reference (for checks and checkpoints)."""
         return self._store[version]
