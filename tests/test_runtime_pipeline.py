@@ -316,3 +316,81 @@ def test_stage_without_parameters_equals_sgd(tmp_path: Path) -> None:
     for s, layers in ((0, range(0, 1)), (2, range(3, 8))):
         for n, p in stage_params(model, layers).items():
             torch.testing.assert_close(dumps[s]["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _replay(sched: schedules.Schedule, model: torch.nn.Sequential, stages: list[range], batches,  # type: ignore[no-untyped-def]
+            lr: float) -> dict[int, dict[str, torch.Tensor]]:
+    """Every rank's action list executed in one process, each rank in its own order, a receive waiting for
+    its send and an ALLREDUCE for all of its stage's replicas: a forward uses the rank's newest weights and
+    its backward the same (stashed) version, an ALLREDUCE averages the gradients the replicas accumulated,
+    a STEP is plain SGD. Returns rank -> final weights (whole-model parameter names)."""
+    Kind = schedules.Kind
+    last = len(stages) - 1
+    weights = {r: {n: p.detach().clone() for n, p in stage_params(model, stages[acts[0].stage]).items()}
+               for r, acts in sched.order.items()}
+    grads = {r: {n: torch.zeros_like(w) for n, w in ws.items()} for r, ws in weights.items()}
+    units: dict[tuple[int, int], dict] = {}  # (rank, minibatch) -> the forward's tensors
+    msgs: dict[tuple[Kind, int, int], torch.Tensor] = {}  # (send kind, sending stage, minibatch) -> tensor
+    pos, reduces = dict.fromkeys(sched.order, 0), dict.fromkeys(sched.order, 0)
+    arrived: dict[tuple[int, int], set[int]] = {}  # (stage, k-th allreduce) -> replicas that reached it
+    while any(pos[r] < len(acts) for r, acts in sched.order.items()):
+        progress = False
+        for r, acts in sched.order.items():
+            while pos[r] < len(acts):
+                a = acts[pos[r]]
+                s, m = a.stage, a.minibatch
+                if a.kind in (Kind.RECV_F, Kind.RECV_B):
+                    if (Kind.SEND_F if a.kind == Kind.RECV_F else Kind.SEND_B, s + (-1 if a.kind == Kind.RECV_F else 1),
+                            m) not in msgs:
+                        break
+                elif a.kind == Kind.ALLREDUCE:
+                    group, key = sched.stage_ranks[s], (s, reduces[r])
+                    if len(arrived.setdefault(key, set()) | {r}) < len(group):
+                        arrived[key].add(r)
+                        break
+                    if r not in arrived[key]:  # the last replica to arrive averages for all of them
+                        arrived[key].add(r)
+                        for n in grads[r]:
+                            mean = sum(grads[q][n] for q in group) / len(group)
+                            for q in group:
+                                grads[q][n] = mean.clone()
+                    reduces[r] += 1
+                elif a.kind == Kind.F:
+                    x, y = batches[m]
+                    inp = x if s == 0 else msgs[(Kind.SEND_F, s - 1, m)].clone().requires_grad_()
+                    params = {n: w.clone().requires_grad_() for n, w in weights[r].items()}
+                    # a slice of a Sequential keeps the model's layer names
+                    out = torch.func.functional_call(model[stages[s].start:stages[s].stop], params, (inp,))
+                    units[(r, m)] = {"inp": inp, "params": params, "out": F.cross_entropy(out, y) if s == last else out}
+                elif a.kind == Kind.SEND_F:
+                    msgs[(Kind.SEND_F, s, m)] = units[(r, m)]["out"].detach()
+                elif a.kind == Kind.B:
+                    u = units.pop((r, m))
+                    wrt = list(u["params"].values()) + ([u["inp"]] if s > 0 else [])
+                    g = torch.autograd.grad(u["out"], wrt, grad_outputs=None if s == last else msgs[(Kind.SEND_B, s + 1, m)])
+                    for n, gn in zip(u["params"], g, strict=False):
+                        grads[r][n] += gn
+                    if s > 0:
+                        msgs[(Kind.SEND_B, s, m)] = g[-1]
+                elif a.kind == Kind.STEP:
+                    weights[r] = {n: w - lr * grads[r][n] for n, w in weights[r].items()}
+                    grads[r] = {n: torch.zeros_like(w) for n, w in weights[r].items()}
+                pos[r] += 1
+                progress = True
+        assert progress, "the action lists deadlock"
+    return weights
+
+
+@pytest.mark.parametrize("replicas", [[1, 1], [1, 2], [2, 1], [1, 3]])
+def test_replicated_1f1b_equals_a_one_process_replay(tmp_path: Path, replicas: list[int]) -> None:
+    """Eight minibatches of 1F1B-RR with weight stashing on replicated stages end at the weights of
+    :func:`_replay`, which runs the same action lists in one process."""
+    lr, stages = 0.1, [range(0, 3), range(3, 6)]
+    plan = straight_plan("t", 6, [3, 3], replicas=replicas)
+    dumps = run(tmp_path, sum(replicas), factory=stash_model, plan=plan, max_minibatches=6, lr=lr)
+    sched = schedules.build("1f1b", replicas, 6)
+    expected = _replay(sched, build(stash_model), stages, reference_batches(tmp_path / "data", 8, 0, 0), lr)
+    for rank, d in enumerate(dumps):
+        assert d["params"].keys() == expected[rank].keys()
+        for n, w in expected[rank].items():
+            torch.testing.assert_close(d["params"][n], w, rtol=1e-5, atol=1e-6)
