@@ -123,6 +123,7 @@ def test_gnmt8_on_3_servers_is_explained_by_the_release_run_and_pipedreams_link_
     bound by its allreduce, so the rest of the gap needs PipeDream's links slower than line rate."""
     from pipedream.planner import plan_pipeline
     from pipedream.sim import simulate_plan
+    from pipedream.table1.explain import explain
 
     cluster = get_cluster("A_3x4", CLUSTERS)
     prof = find_profile("gnmt8", tmp_path)
@@ -146,6 +147,19 @@ def test_gnmt8_on_3_servers_is_explained_by_the_release_run_and_pipedreams_link_
     assert [s.nodes for s in plan.stages] == [s.nodes for s in ours.stages]  # mp_conf: hybrid_conf's modules
     slow = simulate_plan(prof.graph, plan, _outer_scaled(cluster, bw / 1.25e9), dataset_size=4_500_000)
     assert row["dp_epoch_time_s"] / slow.epoch_time_s == pytest.approx(2.95, rel=0.01)
+    why = explain(row, cluster)
+    assert f"driver config ({run.source}) ran straight on 10 of 12 GPUs" in why[0]
+    assert f"simulates at {row['release_run_speedup']:.2f}x" in why[0]
+    assert f"ours would simulate at {row['release_warmup_speedup']:.2f}x" in why[0]
+    runtime = next(line for line in why if line.startswith("pipeline runtime:"))
+    for number in (f"{row['param_bytes'] / 1e6:.0f} MB", f"{row['dp_allreduce_s'] * 1e3:.0f} ms at 10 Gbps",
+                   f"{row['dp_iteration_s'] * 1e3:.0f} ms", f"{row['release_run_period_s'] * 1e3:.1f} ms",
+                   f"{bw * 8 / 1e9:.3g} Gbps", "gloo"):
+        assert number in runtime, number
+    # a table written before these columns existed still gets the general sentence
+    old = row.drop(["pipedream_outer_Bps_matching_paper", "release_run_speedup"])
+    assert any(line.startswith("pipeline/profile:") for line in explain(old, cluster))
+
 
 def test_whatif_table(tmp_path: Path) -> None:
     cluster = get_cluster("2:100e9", CLUSTERS)
