@@ -57,16 +57,21 @@ def _pipeline_slower(r: pd.Series, cluster: Cluster) -> str:
             f"{_gbps(line_rate)} ({r['dp_allreduce_s'] * line_rate / 1e6:.0f} MB through each "
             f"{'server' if len(cluster.levels) > 1 else 'GPU'}'s link) against {r['compute_s_per_minibatch'] * 1e3:.0f} ms "
             f"of compute per minibatch, so an iteration takes {r['dp_iteration_s'] * 1e3:.0f} ms "
-            f"({r['dp_comm_stall_fraction']:.0%} stalled), and {faster}. So the gap is on "
-            f"PipeDream's side: the paper's {r['paper_speedup']:.2f}x needs a pipeline period of "
+            f"({r['dp_comm_stall_fraction']:.0%} stalled), and {faster}. So the gap is in the pipeline: against this "
+            f"DP the paper's {r['paper_speedup']:.2f}x needs a pipeline period of "
             f"{period * speedup / r['paper_speedup'] * 1e3:.1f} ms per minibatch where {what} simulates at "
             f"{period * 1e3:.1f} ms, which the simulation reaches when PipeDream's links between "
             f"{'servers' if len(cluster.levels) > 1 else 'GPUs'} carry {_gbps(bw)} ({bw / line_rate:.0%} of line rate; "
-            f"DP kept at {_gbps(line_rate)}).")
+            f"DP kept at {_gbps(line_rate)})")
+    k = _number(r, "tokens_scale_matching_paper")
+    if k is not None:
+        line += (f", or, links at line rate, when a minibatch holds {k:.2f}x the profile's work (e.g. longer sentences: "
+                 f"compute and activations grow, weights do not)")
+    line += ". Which it was, the release does not say"
     if run is not None:
-        line += (" The release's PipeDream sends activations between servers through gloo, copied to the CPU and back "
-                 "(runtime/communication.py; its DP driver configs use nccl), which this simulation charges at line rate.")
-    return line
+        line += ("; its PipeDream does send activations between servers through gloo, copied to the CPU and back "
+                 "(runtime/communication.py; its DP driver configs use nccl), which this simulation charges at line rate")
+    return line + "."
 
 
 def explain(r: pd.Series, cluster: Cluster) -> list[str]:

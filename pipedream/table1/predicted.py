@@ -23,7 +23,9 @@ Where the release's driver config ran something other than the paper's config st
 (:data:`RELEASE_RUNS`: the multi-server GNMT rows, "straight" on fewer GPUs than the row has), that run is
 simulated too (``release_run_speedup``). Where the paper's config simulates faster than the paper measured,
 ``pipedream_outer_Bps_matching_paper`` is the bandwidth between servers at which PipeDream (DP kept at line
-rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_paper``.
+rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_paper``, and
+``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
+it would be, links at line rate.
 
 What-if at today's hardware (:func:`write_whatif_h100`): the H100 profiles in
 ``experiments/data/profiles_h100`` planned and simulated on clusters A and B and on a modern cluster
@@ -168,6 +170,24 @@ def pipedream_bandwidth_for(graph: LayerGraph, plan: Plan, cluster: Cluster, tar
     return cluster.levels[-1][1] * math.sqrt(lo * hi)
 
 
+def tokens_scale_for(graph: LayerGraph, plan: Plan, cluster: Cluster, speedup: float, dataset: int) -> float | None:
+    """How many times the profile's work per minibatch (compute and activations, not weights: e.g. longer
+    sentences) makes ``plan`` only ``speedup`` times faster than DP, links at line rate (bisection over
+    whole samples, up to 16x); None if the profile itself is slower or 16x is still faster."""
+    def ratio(batch: int) -> float:
+        g = graph.scaled(batch)
+        return (simulate_dp(g, cluster, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
+                / simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s)
+
+    lo, hi = graph.minibatch_size, 16 * graph.minibatch_size
+    if not ratio(hi) <= speedup <= ratio(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ratio(mid) > speedup else (lo, mid)
+    return hi / graph.minibatch_size
+
+
 def release_run_plan(graph: LayerGraph, cluster: Cluster, plan: Plan, run: ReleaseRun, batch: int) -> Plan | None:
     """The straight pipeline a :class:`ReleaseRun` names: ``plan``'s stages, unreplicated, when ``plan`` is the
     release optimizer's config (its ``mp_conf.json`` shares the ``module_to_stage_map`` of ``hybrid_conf.json``),
@@ -260,6 +280,8 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
         bw = pipedream_bandwidth_for(g, target, cluster, dp.epoch_time_s / paper_speedup, dataset) \
             if slow and target is not None else None
         row["pipedream_outer_Bps_matching_paper"] = bw if bw is not None else math.nan
+        k = tokens_scale_for(g, target, cluster, paper_speedup, dataset) if slow and target is not None else None
+        row["tokens_scale_matching_paper"] = k if k is not None else math.nan
     return row
 
 
