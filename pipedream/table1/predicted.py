@@ -19,6 +19,14 @@ what that choice is worth: the release runtime's warm-up counts (``warmup="relea
 candidates with this simulator (:mod:`pipedream.planner.rerank`); ``dp_cost_model_speedup`` is what its
 dynamic program alone estimated for its own choice.
 
+Where the release's driver config ran something other than the paper's config string says
+(:data:`RELEASE_RUNS`: the multi-server GNMT rows, "straight" on fewer GPUs than the row has), that run is
+simulated too (``release_run_speedup``). Where the paper's config simulates faster than the paper measured,
+``pipedream_outer_Bps_matching_paper`` is the bandwidth between servers at which PipeDream (DP kept at line
+rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_paper``, and
+``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
+it would be, links at line rate.
+
 What-if at today's hardware (:func:`write_whatif_h100`): the H100 profiles in
 ``experiments/data/profiles_h100`` planned and simulated on clusters A and B and on a modern cluster
 (``H100_2x8``: 8 H100 per server on NVLink, 100 Gbps between servers).
@@ -40,9 +48,9 @@ from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.io import atomic_write_text
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
-from pipedream.planner.plan import Plan
+from pipedream.planner.plan import Plan, Stage
 from pipedream.schedules import consecutive_ranks
-from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan, simulate_stages
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD, explain
 from pipedream.table1.table import read_paper_table, to_markdown
@@ -56,6 +64,34 @@ PAPER_MODELS = {"vgg16": ("vgg16", 64), "resnet50": ("resnet50", 128), "alexnet"
 DATASET_SAMPLES = {"imagenet": IMAGENET_TRAIN_SAMPLES, "synthetic": IMAGENET_TRAIN_SAMPLES,
                    "wmt16_en_de": 4_500_000, "penn_treebank": 929_589, "msvd": 1_200}
 ALLREDUCE = "ring"  # NCCL 2.4's flat ring, what the paper's DDP baseline ran (see the module docstring)
+
+
+@dataclass(frozen=True)
+class ReleaseRun:
+    """What the release's driver config ran for a paper row, where the row's config string does not say it.
+
+    Attributes:
+        planned: the release optimizer's configuration for the row (its ``hybrid_conf.json``).
+        stages: the straight pipeline the driver config names (``mp_conf.json``): the same stage modules as
+            ``planned``, each on one rank, ranks ``0 .. stages - 1``; the release runtime gives work only to
+            ranks in the stage map, so the row's other GPUs do not train.
+        source: the driver config and the stage map it names, in msr-fiddle/pipedream.
+    """
+
+    planned: str
+    stages: int
+    source: str
+
+
+# Table 1's multi-server GNMT rows say "straight", but the release's GNMT modules have fewer stages than the
+# rows have GPUs; its driver configs run them unreplicated on the first ranks (gloo for PipeDream's transfers,
+# nccl in the DP driver configs gnmt_12dp.yml and gnmt_large_16dp.yml).
+RELEASE_RUNS = {
+    ("gnmt8", "A_3x4"): ReleaseRun("1-1-1-1-1-1-1-1-3-1", 10, "runtime/translation/driver_configs/"
+                                   "gnmt_12pipedream.yml -> models/gnmt/gpus=12/mp_conf.json"),
+    ("gnmt16", "A_4x4"): ReleaseRun("1-1-1-1-1-1-1-1-1-1-1-1-3-1", 14, "runtime/translation/driver_configs/"
+                                    "gnmt_large_16pipedream.yml -> models/gnmt_large/gpus=16/mp_conf.json"),
+}
 
 
 @dataclass
@@ -117,6 +153,54 @@ def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float,
     return cluster.levels[-1][1] * math.sqrt(lo * hi)
 
 
+def pipedream_bandwidth_for(graph: LayerGraph, plan: Plan, cluster: Cluster, target_epoch_s: float,
+                            dataset: int) -> float | None:
+    """Outermost-level bandwidth (bytes/s), at most line rate, at which ``plan`` simulates in ``target_epoch_s``
+    (bisection, log scale): how slow PipeDream's links must be for a measured epoch, with DP untouched."""
+    def pd_time(f: float) -> float:
+        return simulate_plan(graph, plan, _outer_scaled(cluster, f), dataset_size=dataset,
+                             allreduce=ALLREDUCE).epoch_time_s
+
+    lo, hi = 1e-3, 1.0
+    if not pd_time(hi) <= target_epoch_s <= pd_time(lo):
+        return None
+    for _ in range(12):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if pd_time(mid) > target_epoch_s else (lo, mid)
+    return cluster.levels[-1][1] * math.sqrt(lo * hi)
+
+
+def tokens_scale_for(graph: LayerGraph, plan: Plan, cluster: Cluster, speedup: float, dataset: int) -> float | None:
+    """How many times the profile's work per minibatch (compute and activations, not weights: e.g. longer
+    sentences) makes ``plan`` only ``speedup`` times faster than DP, links at line rate (bisection over
+    whole samples, up to 16x); None if the profile itself is slower or 16x is still faster."""
+    def ratio(batch: int) -> float:
+        g = graph.scaled(batch)
+        return (simulate_dp(g, cluster, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
+                / simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s)
+
+    lo, hi = graph.minibatch_size, 16 * graph.minibatch_size
+    if not ratio(hi) <= speedup <= ratio(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ratio(mid) > speedup else (lo, mid)
+    return hi / graph.minibatch_size
+
+
+def release_run_plan(graph: LayerGraph, cluster: Cluster, plan: Plan, run: ReleaseRun, batch: int) -> Plan | None:
+    """The straight pipeline a :class:`ReleaseRun` names: ``plan``'s stages, unreplicated, when ``plan`` is the
+    release optimizer's config (its ``mp_conf.json`` shares the ``module_to_stage_map`` of ``hybrid_conf.json``),
+    else :mod:`pipedream.planner.fixed_split`'s split into ``run.stages``; on ranks ``0 .. run.stages - 1``."""
+    if plan.config == run.planned and len(plan.stages) == run.stages:
+        stages = [Stage(nodes=list(s.nodes), replicas=1, ranks=[i]) for i, s in enumerate(plan.stages)]
+        return Plan(model=plan.model, cluster=cluster.name, workers=run.stages, stages=stages, minibatch_size=batch,
+                    time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
+    from pipedream.planner.rerank import _split_plan
+
+    return _split_plan(graph, cluster, [1] * run.stages, plan.model, batch)
+
+
 def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_config: str | None = None,
             paper_speedup: float | None = None, plans_dir: Path | None = None) -> dict[str, Any]:
     """One predicted row: plan, simulate PipeDream and DP, the paper's config, and diagnostics."""
@@ -155,8 +239,24 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
         best = plan.config if row["predicted_speedup"] > 1.0 else str(cluster.workers)
         row.update(simulator_best_config=best, simulator_best_speedup=max(row["predicted_speedup"], 1.0))
         return row
-    ref = _simulate_config(g, cluster, paper_config, dataset, plan, pd_res, dp)
+    ref_plan = _config_plan(g, cluster, paper_config, plan)
+    ref = dp if ref_plan is None else pd_res if ref_plan is plan else simulate_plan(
+        g, ref_plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
     row["paper_config_predicted_speedup"] = dp.epoch_time_s / ref.epoch_time_s
+    row["paper_config_period_s"] = ref.time_per_minibatch_s if ref.schedule != "dp" else math.nan
+    params = sum(n.param_bytes for n in g.nodes.values())
+    row["param_bytes"] = params
+    row["compute_s_per_minibatch"] = sum(n.fwd_s + n.bwd_s for n in g.nodes.values() if not n.is_input)
+    row["dp_allreduce_s"] = Network(cluster, ALLREDUCE).allreduce_time(list(range(cluster.workers)), params)
+    row["dp_iteration_s"] = dp.time_per_minibatch_s * cluster.workers  # one minibatch per worker per iteration
+    run = RELEASE_RUNS.get((model, cluster.name))
+    run_plan = release_run_plan(g, cluster, plan, run, prof.batch) if run is not None else None
+    if run is not None and run_plan is not None:
+        run_res = simulate_plan(g, run_plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
+        row.update(release_planned_config=run.planned, release_run_source=run.source,
+                   release_run_config=f"straight on {run.stages} of {cluster.workers} GPUs (ranks 0-{run.stages - 1})",
+                   release_run_speedup=dp.epoch_time_s / run_res.epoch_time_s,
+                   release_run_period_s=run_res.time_per_minibatch_s)
     row["paper_config_bubble"] = ref.steady_bubble_fraction if ref.schedule != "dp" else math.nan
     slowest = max((n for n in g.nodes.values() if not n.is_input), key=lambda n: n.fwd_s + n.bwd_s)
     row["slowest_layer"] = f"{slowest.node_id} {slowest.desc.split('(')[0]}"
@@ -175,23 +275,30 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
         short = row["paper_config_rel_error"] < -THRESHOLD and ref.schedule != "dp"
         bw = dp_bandwidth_for(g, cluster, paper_speedup * ref.epoch_time_s, dataset) if short else None
         row["dp_outer_Bps_matching_paper"] = bw if bw is not None else math.nan
+        slow = row["paper_config_rel_error"] > THRESHOLD and ref_plan is not None
+        target = run_plan if run_plan is not None else ref_plan  # what the paper's number was measured on
+        bw = pipedream_bandwidth_for(g, target, cluster, dp.epoch_time_s / paper_speedup, dataset) \
+            if slow and target is not None else None
+        row["pipedream_outer_Bps_matching_paper"] = bw if bw is not None else math.nan
+        k = tokens_scale_for(g, target, cluster, paper_speedup, dataset) if slow and target is not None else None
+        row["tokens_scale_matching_paper"] = k if k is not None else math.nan
     return row
 
 
-def _simulate_config(g: LayerGraph, cluster: Cluster, config: str, dataset: int, plan: Plan, pd_res: SimResult,
-                     dp: SimResult) -> SimResult:
-    """Simulate a paper config string on ``cluster`` (DP for ``"16"``-style, our split otherwise)."""
+def _config_plan(g: LayerGraph, cluster: Cluster, config: str, plan: Plan) -> Plan | None:
+    """The plan a paper config string runs on ``cluster``: None for data parallelism (``"16"``-style), ``plan``
+    itself if it has the same replica counts, else our split of the config."""
     reps = replicas_of(config, cluster.workers)
     if len(reps) == 1:
-        return dp
+        return None
     if reps == [s.replicas for s in plan.stages]:
-        return pd_res
+        return plan
     from pipedream.planner.rerank import _split_plan
 
     ref = _split_plan(g, cluster, reps, plan.model, g.minibatch_size)  # as `pipedream simulate` would run it
     if ref is None:
         raise PipeDreamError(f"config {config!r} has more stages than {plan.model} has layers")
-    return simulate_plan(g, ref, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
+    return ref
 
 
 def _row_label(model: str, p: pd.Series) -> str:
