@@ -12,6 +12,15 @@ from pipedream.errors import PipeDreamError
 from pipedream.io import read_text
 from pipedream.paths import SCHEMA, shipped
 
+# Time-to-accuracy targets (models.<m>.threshold.metric) that runs can reach. The workers measure these
+# every epoch on the validation set:
+EPOCH_METRICS = ("top1", "token_accuracy", "perplexity")
+# the models' own BLEU (pipedream.models.gnmt.bleu, pipedream.models.s2vt.bleu4) is scored after training on
+# the model saved at the end of every epoch (`pipedream train` with score_epochs) and added to each epoch's row:
+SCORED_METRICS = ("bleu", "bleu4")
+# METEOR (S2VT's paper metric) needs a Java runtime and is never scored: a threshold on it gives no TTA
+THRESHOLD_METRICS = EPOCH_METRICS + SCORED_METRICS
+
 
 def load_yaml(path: str | Path, what: str = "config file", hint: str = "") -> Any:
     """Parse a YAML file; raises PipeDreamError naming the file (as ``what``) if it is missing, with

@@ -84,7 +84,8 @@ def git_commit() -> str:
 class LiveRun:
     """One training run logged to MLflow while it trains: parameters and tags at the start, each epoch's
     metrics as it ends (``step`` = epoch, timestamp = the run's start + the epoch's ``wall_time_s``, so
-    the UI's wall-time axis is real time), final metrics, artifacts and the status at the end.
+    the UI's wall-time axis is real time), metrics scored per epoch after training at the same steps and
+    times (:meth:`log_scores`), final metrics, artifacts and the status at the end.
 
     A rerun of the same target (same experiment and run name: the ``run_key`` tag) deletes the earlier
     run first, so no duplicate is left.
@@ -127,6 +128,17 @@ class LiveRun:
             metrics += [Metric(k, float(v), ts, step) for k, v in row.items() if k != "epoch"]
         self.client.log_batch(self.run_id, metrics=metrics)
         self.logged += len(new)
+
+    def log_scores(self, name: str, epochs: list[dict[str, float]]) -> None:
+        """Log metric ``name`` of every epoch of ``epochs`` that has it, at the epoch's step and real time
+        (as :meth:`log_epochs` would have): a metric scored after training, such as BLEU of each epoch's
+        saved model, lands where the epoch ended on the wall-time axis, not when it was scored."""
+        from mlflow.entities import Metric
+
+        metrics = [Metric(name, float(row[name]), self.start_ms + int(1000 * float(row.get("wall_time_s", 0.0))), step)
+                   for step, row in enumerate(epochs, start=1) if name in row]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
 
     def finish(self, final_metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                artifacts: Iterable[Path] = (), status: str = "FINISHED") -> None:

@@ -61,6 +61,19 @@ def test_unknown_config_key_is_refused(tmp_path: Path, old: str, new: str, key: 
     _assert_clean_error(_run("check", "--config", str(bad)), key)
 
 
+def test_bleu_threshold_must_be_the_models_metric(tmp_path: Path) -> None:
+    """BLEU is scored with the model's own metric hook: gnmt8 has bleu, not s2vt's bleu4."""
+    bad = tmp_path / "bad.yaml"
+    text = (REPO / "experiments" / "ci.yaml").read_text()
+    old = "threshold: {metric: token_accuracy, value: 11.5}"
+    assert old in text
+    bad.write_text(text.replace(old, "threshold: {metric: bleu4, value: 5.0}"))
+    _assert_clean_error(_run("check", "--config", str(bad)), "models.gnmt8.threshold.metric: gnmt8 is scored with 'bleu'")
+    bad.write_text(text.replace(old, "threshold: {metric: bleu, value: 5.0}"))
+    proc = _run("check", "--config", str(bad))
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_every_training_key_of_the_schema_is_a_train_flag() -> None:
     """The workflow turns each models.<m>.train key into a `pipedream train` flag: none may be ignored."""
     from dataclasses import fields

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipedream.errors import PipeDreamError
 from pipedream.planner.plan import Plan, Stage
 from pipedream.table1.measured import MODES, epochs_to_accuracy, time_to_accuracy, write_speedup
 from pipedream.table1.table import read_explanations, write_report
@@ -39,6 +40,17 @@ def test_time_to_accuracy() -> None:
     assert math.isnan(epochs_to_accuracy(e, 0.9))
 
 
+def test_time_to_accuracy_on_bleu_scored_per_epoch() -> None:
+    """BLEU of every epoch's saved model is a key of its row (`pipedream train` adds it after training)."""
+    e = _epochs([10, 10, 10], [0.9, 0.9, 0.9])
+    for row, score in zip(e, [1.3, 12.4, 9.0], strict=True):
+        row["bleu4"] = score
+    assert time_to_accuracy(e, 9.5, "bleu4") == 20 and epochs_to_accuracy(e, 9.5, "bleu4") == 2  # the first crossing
+    assert math.isnan(time_to_accuracy(e, 13.0, "bleu4"))  # never crossed: not reached
+    with pytest.raises(PipeDreamError, match="epoch 1 of the run has no 'bleu' score"):
+        time_to_accuracy(e, 1.0, "bleu")  # a run that did not score its epochs: no number made up
+
+
 def _log_runs(res: Path, model: str, with_experiment_id: bool) -> dict[str, str]:
     """Log both modes of ``model`` to MLflow and write their run.json as ``pipedream train`` does (or as it did
     before run.json carried the experiment id); returns mode -> run id."""
@@ -54,17 +66,22 @@ def _log_runs(res: Path, model: str, with_experiment_id: bool) -> dict[str, str]
 def test_report_from_runs(tmp_path: Path, mlflow_store: Path) -> None:
     res = tmp_path / "results"
     models = {"vgg16": ([4, 4], [0.6, 0.8], [10, 6], [0.7, 0.8]), "gnmt8": ([5, 5], [0.3, 0.4], [6, 6], [0.3, 0.4])}
+    bleu = {"pipedream": [3.0, 6.0], "dp": [2.0, 5.0]}  # gnmt8's BLEU of each epoch's model
     for model, (tp, ap, td, ad) in models.items():
         for mode, times, accs in [("pipedream", tp, ap), ("dp", td, ad)]:
             (res / "runs" / model / mode).mkdir(parents=True)
-            (res / "runs" / model / mode / "metrics.json").write_text(json.dumps(_epochs(times, accs)))
+            rows = _epochs(times, accs)
+            for row, score in zip(rows, bleu[mode] if model == "gnmt8" else [], strict=False):
+                row["bleu"] = score
+            (res / "runs" / model / mode / "metrics.json").write_text(json.dumps(rows))
         stages = [Stage(nodes=["node0", "node1"], replicas=3, ranks=[0, 1, 2]), Stage(nodes=["node2"], ranks=[3])]
         Plan(model, "cpu4", 4, stages, 32, 1.0, 2.0).save(res / "plans" / model / "cpu4.json")
     run_ids = {"vgg16": _log_runs(res, "vgg16", True), "gnmt8": _log_runs(res, "gnmt8", False)}
     cfg = {
         "results_dir": str(res), "cluster": "cpu4", "workers": 4, "emulate_bandwidth_Bps": 1.25e8,
         "paper_table": str(REPO / "experiments" / "paper_table1.csv"),
-        "models": {m: {"preset": "reduced", "threshold": {"metric": "top1", "value": 80.0} if m == "vgg16" else None,
+        "models": {m: {"preset": "reduced", "threshold": {"metric": "top1", "value": 80.0} if m == "vgg16" else
+                       {"metric": "bleu", "value": 5.0},
                        "train": {"epochs": 2, "batch_size": 32, "lr": 0.01}} for m in models},
     }
     why = {"vgg16 A 4x4": ["planner: ours picked 15-1 <because> it's faster.", "profile: V100 (release) profile."]}
@@ -75,6 +92,8 @@ def test_report_from_runs(tmp_path: Path, mlflow_store: Path) -> None:
     assert speedup["measured_speedup_epoch_time"] == pytest.approx(8 / 4)  # mean(10, 6) / mean(4, 4)
     assert speedup["measured_speedup_tta"] == pytest.approx(16 / 8)        # both reach 0.8 in epoch 2
     assert speedup["measured_epochs_to_accuracy_dp"] == 2
+    speedup = write_speedup("gnmt8", cfg, res / "speedup" / "gnmt8.json")
+    assert speedup["measured_threshold_metric"] == "bleu" and speedup["measured_speedup_tta"] == pytest.approx(12 / 10)
     df = write_report(cfg, "experiments/ci.yaml")
     assert len(df) == 14  # every row of the paper's Table 1
     vgg = df[df["model"] == "vgg16"].set_index("hardware")
@@ -128,7 +147,9 @@ def test_threshold_is_fixed_by_the_config_never_picked_from_the_runs() -> None:
                                                                           "wall_time_s": 9.0}]
     assert time_to_accuracy(curve, *threshold_of({"threshold": {"metric": "token_accuracy", "value": 11.5}})) == 9.0
     assert time_to_accuracy(curve, 700.0, "perplexity") == 9.0  # exp(6.5) = 665 <= 700 < exp(6.7) = 812
-    value, metric = threshold_of({"threshold": {"metric": "bleu", "value": 0.3}})  # scored on the final model only
+    assert threshold_of({"threshold": {"metric": "bleu", "value": 0.3}}) == (0.3, "bleu")  # scored every epoch
+    assert threshold_of({"threshold": {"metric": "bleu4", "value": 9.5}}) == (9.5, "bleu4")
+    value, metric = threshold_of({"threshold": {"metric": "meteor", "value": 0.3}})  # needs Java: never scored
     assert math.isnan(value) and metric == "none"
     epochs = [{"val_accuracy": 0.9, "val_loss": 0.1, "wall_time_s": 5.0}]
     assert math.isnan(time_to_accuracy(epochs, value, metric))

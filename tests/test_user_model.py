@@ -39,6 +39,33 @@ def make():
 
 def not_a_model():
     return 42
+
+
+class Clock(nn.Module):
+    """Passes its input through and counts its training forwards in a buffer (saved with the weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("forwards", torch.zeros(()))
+
+    def forward(self, x):
+        if self.training:
+            self.forwards.add_(1)
+        return x
+
+
+def forwards(model, val, batch_size):
+    """A 'BLEU' that reads how many training minibatches the model has seen: epoch k's model says 8 k."""
+    return float(next(m for m in model.modules() if isinstance(m, Clock)).forwards)
+
+
+def clock():
+    return ModelSpec(
+        name="clock", task="classification", dataset="two blobs", metric="bleu",
+        build=lambda preset: nn.Sequential(nn.Linear(8, 16), Clock(), nn.Tanh(), nn.Linear(16, 2)),
+        input_shape=lambda preset: (8,),
+        make_datasets=blobs, evaluate=forwards,
+    )
 '''
 
 
@@ -86,3 +113,46 @@ def test_user_function_that_returns_no_model_is_one_line(user_dir: Path) -> None
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("error: model function 'blobs_model:not_a_model' returned a int; return an "
                                    "nn.Sequential or a pipedream.models.ModelSpec")
+
+
+@pytest.mark.parametrize("mode", ["pipedream", "dp"])
+def test_bleu_threshold_scores_every_epoch_and_times_the_first_crossing(user_dir: Path, mode: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A threshold on the model's own metric: every epoch's model is scored after training, logged at its
+    epoch's step and wall time, and time-to-accuracy is the first epoch that crosses it (here epoch 2 of 3:
+    the metric counts training minibatches, 8 an epoch in both modes, --dp-batch global); a threshold above
+    the last score gives 'not reached'."""
+    from pipedream.tracking import _mlflow
+
+    out = user_dir / mode
+    common = ("--model", "blobs_model:clock", "--mode", mode, "--workers", "2", "--epochs", "3", "--batch-size", "16",
+              "--optimizer", "adam", "--lr", "0.01", "--dp-batch", "global", "--threshold-metric", "bleu",
+              "--no-progress", "--timeout-s", "240", "--experiment", f"clock-{mode}")
+    proc = _cli("train", *common, "--threshold", "12", "--out-dir", str(out), "--keep-epoch-models", cwd=user_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads((out / "metrics.json").read_text())
+    assert [r["bleu"] for r in rows] == [8.0, 16.0, 24.0]  # epoch k's own model, not the final one k times
+    run = json.loads((out / "run.json").read_text())
+    assert run["time_to_accuracy_s"] == rows[1]["wall_time_s"] < rows[2]["wall_time_s"]
+    assert run["epochs_to_accuracy"] == 2 and run["final_bleu"] == 24.0
+    assert sorted(p.name for p in (out / "epochs").iterdir()) == ["1", "2", "3"]  # kept when asked
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{user_dir}/mlflow.db")  # the store _cli's runs log to
+    client = _mlflow().MlflowClient()
+    start_ms = client.get_run(run["run_id"]).info.start_time
+    history = sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run["run_id"], "bleu"))
+    assert history == [(k, 8.0 * k, start_ms + int(1000 * rows[k - 1]["wall_time_s"])) for k in (1, 2, 3)]
+
+    proc = _cli("train", *common, "--threshold", "30", "--out-dir", str(out), cwd=user_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["time_to_accuracy"] == "not reached"
+    assert "time_to_accuracy_s" not in run and "epochs_to_accuracy" not in run
+    assert [r["bleu"] for r in json.loads((out / "metrics.json").read_text())] == [8.0, 16.0, 24.0]
+    assert not (out / "epochs").exists()  # scored, then deleted
+
+
+def test_bleu_threshold_needs_the_models_metric(user_dir: Path) -> None:
+    proc = _cli("train", "--mode", "dp", "--model", "blobs_model:make", "--workers", "2", "--threshold", "1",
+                "--threshold-metric", "bleu", cwd=user_dir)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "is scored with 'top1', not 'bleu'" in proc.stderr

@@ -12,7 +12,9 @@ allreduce after every step (gloo on CPU, NCCL on GPU). Two minibatch semantics (
 * ``global``: each minibatch of ``batch_size`` samples is split over the workers, so DP makes the same
   updates as single-process SGD on the pipeline's minibatch, at the same learning rate.
 
-An epoch is one pass over the same training samples as a PipeDream epoch.
+An epoch is one pass over the same training samples as a PipeDream epoch. With ``score_epochs`` rank 0
+saves the epoch's whole model as one stage (:mod:`pipedream.runtime.assemble`), outside the wall time,
+as the PipeDream workers do.
 
 With ``emulate_bandwidth_Bps`` each gradient bucket's allreduce takes at least the time a ring
 allreduce would need on that link: ``2 (W - 1) / W * bucket_bytes / bandwidth_Bps``.
@@ -142,6 +144,12 @@ def train(cfg: TrainConfig) -> None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
             log.add(row)
+        if cfg.score_epochs:  # this epoch's model, for the launcher to score after training
+            t_save = time.time()
+            if rank == 0:
+                assemble.save_stage(cfg.run_dir("dp"), 0, model, 1, epoch=epoch + 1)
+            D.barrier(cfg.comm_timeout_s, f"epoch {epoch + 1}'s model saved")
+            wall0 += time.time() - t_save  # not training: kept out of wall_time_s, so out of time-to-accuracy
     if bar is not None:
         bar.close()
     if rank == 0:

@@ -1,5 +1,6 @@
 """Check an experiment config before any work starts: YAML syntax, the schema, known models and
-cluster, workers that match the cluster, and data each model can train on. `make run` calls this first,
+cluster, workers that match the cluster, thresholds on metrics the models have, and data each model
+can train on. `make run` calls this first,
 so a mistake costs one clear line (exit status 2) instead of a half-run workflow."""
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
                              f"{cluster.workers} workers; make them agree")
     if not shipped(cfg["paper_table"]).is_file():
         raise PipeDreamError(f"{args.config}: paper_table {cfg['paper_table']} not found")
+    from pipedream.experiment import SCORED_METRICS
+
+    for name, spec in specs.items():
+        metric = (cfg["models"][name].get("threshold") or {}).get("metric")
+        if metric in SCORED_METRICS and metric != spec.metric:
+            raise PipeDreamError(f"{args.config}: models.{name}.threshold.metric: {name} is scored with "
+                                 f"{spec.metric!r}, not {metric!r}; use {spec.metric!r} or token_accuracy")
     for name, spec in specs.items():
         problem = data_problem(name, spec, cfg["models"][name]["preset"], model_data(cfg, name))
         if problem is None:

@@ -7,6 +7,16 @@ progress to stderr (and ``<out-dir>/train.log``) and logs each epoch to MLflow a
 MLflow run and experiment ids and final metrics) last, as the completion marker. A failed or killed
 worker ends the whole job with one ``error:`` line and a non-zero exit, and its MLflow run is marked FAILED
 with the epochs it finished.
+
+Time-to-accuracy is the first epoch's ``wall_time_s`` whose validation metric meets ``--threshold``. The
+workers measure top-1, token accuracy and perplexity every epoch. BLEU (``bleu``, ``bleu4``: the models'
+own metrics, greedy decoding + sacrebleu) needs whole decoded sequences, so with a threshold on it (or
+``--score-epochs``) the workers of both modes save the model at the end of every epoch under
+``<out-dir>/epochs/<k>/``, and after training this process reassembles and scores each one
+(:func:`pipedream.runtime.assemble.epoch_metrics`), adds the score to the epoch's row of ``metrics.json``,
+logs it to MLflow at the epoch's step and real time, and deletes the saved models (unless
+``--keep-epoch-models``). Writing the models is excluded from ``wall_time_s`` by the workers and scoring
+runs after training, identically in both modes: neither counts towards time-to-accuracy.
 """
 
 from __future__ import annotations
@@ -48,9 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
     run.add_argument("--threshold", type=float,
                      help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
-    run.add_argument("--threshold-metric", choices=("accuracy", "top1", "token_accuracy", "perplexity"), default="accuracy",
+    from pipedream.experiment import THRESHOLD_METRICS
+
+    run.add_argument("--threshold-metric", choices=("accuracy", *THRESHOLD_METRICS), default="accuracy",
                      help="what --threshold is: validation accuracy 0-1, top-1 or token accuracy (padding excluded) "
-                          "in percent, or perplexity (lower is better)")
+                          "in percent, perplexity (lower is better), or the model's own BLEU (bleu, bleu4: 0-100, "
+                          "scored after training on every epoch's saved model; implies --score-epochs)")
+    run.add_argument("--keep-epoch-models", action="store_true",
+                     help="keep the per-epoch models of --score-epochs in <out-dir>/epochs (default: deleted once "
+                          "scored; each is a whole model)")
     nodes = parser.add_argument_group("several nodes")
     nodes.add_argument("--nnodes", type=int, default=1,
                        help="nodes of a multi-node run (start this same command on every node, e.g. with srun)")
@@ -159,6 +175,44 @@ def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tup
     return params, tags
 
 
+def _check_scoring(args: argparse.Namespace, spec) -> None:  # type: ignore[no-untyped-def]
+    """Turn on ``--score-epochs`` for a threshold on the model's own metric (real data); refuse a metric
+    that is not the model's, and scoring that cannot happen."""
+    from pipedream.experiment import SCORED_METRICS
+
+    m = args.threshold_metric
+    if args.threshold is not None and m in SCORED_METRICS:
+        if spec.metric != m:
+            raise PipeDreamError(f"--threshold-metric {m}: model {args.model!r} is scored with {spec.metric!r}, "
+                                 f"not {m!r}; use a threshold on its metric or on token_accuracy")
+        if args.data != "synthetic":  # synthetic data has no accuracy to reach
+            args.score_epochs = True
+    if args.score_epochs and args.data == "synthetic":
+        raise PipeDreamError("--score-epochs scores the model on real validation data; leave it out with --data synthetic")
+    if args.score_epochs and (spec.evaluate is None or spec.make_datasets is None):
+        raise PipeDreamError(f"--score-epochs: model {args.model!r} has no evaluate and make_datasets hooks to score "
+                             "epochs with")
+
+
+def _score_epochs(out_dir: Path, args: argparse.Namespace, cfg, epochs: list[dict]) -> str:  # type: ignore[no-untyped-def,type-arg]
+    """Score every epoch's saved model with the model's metric, add it to the epochs' rows (and to
+    ``metrics.json``) and delete the models unless ``--keep-epoch-models``; returns the metric's name."""
+    from pipedream.runtime.assemble import epoch_metrics, remove_epoch_models
+
+    scored = epoch_metrics(out_dir, args.model, args.preset, args.seed, cfg.train_subset, cfg.val_subset,
+                           args.batch_size, [int(e["epoch"]) for e in epochs])
+    if scored is None:
+        raise PipeDreamError(f"model {args.model!r} has no metric hook to score epochs with")
+    name, values = scored
+    for e, v in zip(epochs, values, strict=True):
+        e[name] = v
+        print(f"epoch {e['epoch']}: {name} {v:.2f} (scored after training)", file=sys.stderr)
+    atomic_write_json(out_dir / "metrics.json", epochs)
+    if not args.keep_epoch_models:
+        remove_epoch_models(out_dir)
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
     """``pipedream train``: launch the workers while logging each epoch to MLflow, then log the final
     metrics and write ``run.json``."""
@@ -168,10 +222,11 @@ def run(args: argparse.Namespace) -> int:
     plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it
     if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0:
         raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive")
-    cfg = _config(args)
     from pipedream.models import get_spec
 
-    get_spec(args.model)  # an unknown model or a user's function that does not import: one line, before any worker
+    # an unknown model or a user's function that does not import: one line, before any worker
+    _check_scoring(args, get_spec(args.model))
+    cfg = _config(args)
     plan = Plan.load(plan_file) if plan_file else None
     if plan is not None and plan.workers != args.workers:
         raise PipeDreamError(f"plan {plan_file} is for {plan.workers} workers, not --workers {args.workers}; "
@@ -186,6 +241,7 @@ def run(args: argparse.Namespace) -> int:
     shutil.rmtree(out_dir / "errors", ignore_errors=True)
     if not args.resume:
         shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
+        shutil.rmtree(out_dir / "epochs", ignore_errors=True)
     if args.mode == "dp":
         config = str(args.workers)
     else:
@@ -221,6 +277,14 @@ def run(args: argparse.Namespace) -> int:
         raise PipeDreamError(f"workers finished but wrote no {metrics_path}; see {out_dir / 'train.log'}")
     epochs = json.loads(metrics_path.read_text())
     live.log_epochs(epochs)
+    scored = None  # the model's metric, scored on every epoch's model now that training is over
+    if cfg.score_epochs:
+        try:
+            scored = _score_epochs(out_dir, args, cfg, epochs)
+        except BaseException:
+            live.finish(status="FAILED", artifacts=[out_dir / "train.log"])
+            raise
+        live.log_scores(scored, epochs)
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
@@ -238,8 +302,13 @@ def run(args: argparse.Namespace) -> int:
             final["epochs_to_accuracy"] = epochs_to_accuracy(epochs, args.threshold, args.threshold_metric)
     from pipedream.runtime.assemble import final_metric
 
-    metric = None if args.data == "synthetic" else final_metric(out_dir, args.model, args.preset, args.seed,
-                                                                cfg.train_subset, cfg.val_subset, args.batch_size)
+    if scored is not None:  # the last epoch's model is the final model: the same weights, the same score
+        metric: tuple[str, float] | None = (scored, epochs[-1][scored])
+    elif args.data == "synthetic":
+        metric = None
+    else:
+        metric = final_metric(out_dir, args.model, args.preset, args.seed, cfg.train_subset, cfg.val_subset,
+                              args.batch_size)
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
     own = [plan_file, args.profile] if args.mode == "pipedream" else []

@@ -1,4 +1,4 @@
-"""The trained model as one piece: every stage saves its final weights, the launcher reassembles them.
+"""The trained model as one piece: every stage saves its weights, the launcher reassembles them.
 
 At the end of training, replica 0 of every stage writes ``<out_dir>/final/stage<s>.pt`` (its stage
 module's ``state_dict``, whose keys are the whole model's parameter and buffer names) and rank 0
@@ -6,11 +6,19 @@ writes ``final/layout.json`` (the number of stages). The DP baseline writes the 
 stage. :func:`final_metric` rebuilds the registry model, loads the stages into it and calls the
 model's own quality metric (top-1, BLEU, perplexity, ...), so both modes are scored by the same code,
 outside the timed training.
+
+With ``score_epochs`` (:class:`pipedream.runtime.config.TrainConfig`) the same files are also written
+at the end of every epoch, under ``<out_dir>/epochs/<k>/``, and :func:`epoch_metrics` scores each of
+them after training: the model's metric per epoch (BLEU has no cheap per-minibatch form, so the workers
+cannot compute it as they go), from which time-to-accuracy on that metric is read. The workers exclude
+the time they spend writing these files from ``wall_time_s``, and the scoring runs after training, in
+the launcher, in both modes alike: neither counts towards time-to-accuracy.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -19,10 +27,18 @@ from torch import nn
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_json
 
+EPOCHS_DIR = "epochs"  # <out_dir>/epochs/<k>/: the model at the end of epoch k (score_epochs)
 
-def save_stage(out_dir: Path, stage: int, module: nn.Module, num_stages: int | None) -> None:
-    """Write stage ``stage``'s weights; ``num_stages`` on the one rank that writes the layout."""
-    d = out_dir / "final"
+
+def model_dir(out_dir: Path, epoch: int | None = None) -> Path:
+    """Where a model's stages go: ``out_dir/final`` (the trained model) or ``out_dir/epochs/<epoch>``."""
+    return out_dir / "final" if epoch is None else out_dir / EPOCHS_DIR / str(epoch)
+
+
+def save_stage(out_dir: Path, stage: int, module: nn.Module, num_stages: int | None, epoch: int | None = None) -> None:
+    """Write stage ``stage``'s weights; ``num_stages`` on the one rank that writes the layout; ``epoch``:
+    the model at the end of that epoch (1-based) rather than the final one."""
+    d = model_dir(out_dir, epoch)
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".stage{stage}.pt.tmp"
     torch.save(module.state_dict(), tmp)
@@ -31,16 +47,18 @@ def save_stage(out_dir: Path, stage: int, module: nn.Module, num_stages: int | N
         atomic_write_json(d / "layout.json", {"stages": num_stages})
 
 
-def load_into(out_dir: Path, model: nn.Module) -> nn.Module:
-    """Load the saved stages into ``model`` (the same architecture); returns it.
+def load_into(out_dir: Path, model: nn.Module, epoch: int | None = None) -> nn.Module:
+    """Load the saved stages (the final ones, or those of ``epoch``) into ``model`` (the same
+    architecture); returns it.
 
     Raises:
         PipeDreamError: missing files, or stages whose names do not cover the model exactly.
     """
-    d = out_dir / "final"
+    d = model_dir(out_dir, epoch)
     layout_path = d / "layout.json"
     if not layout_path.is_file():
-        raise PipeDreamError(f"{layout_path} not found; the workers did not finish")
+        what = "the workers did not finish" if epoch is None else f"epoch {epoch}'s model was not saved"
+        raise PipeDreamError(f"{layout_path} not found; {what}")
     state: dict[str, torch.Tensor] = {}
     for s in range(int(json.loads(layout_path.read_text())["stages"])):
         path = d / f"stage{s}.pt"
@@ -57,6 +75,29 @@ def load_into(out_dir: Path, model: nn.Module) -> nn.Module:
 def final_metric(out_dir: Path, model_name: str, preset: str, seed: int, train_subset: int | None,
                  val_subset: int | None, batch_size: int) -> tuple[str, float] | None:
     """(metric name, value) of the reassembled model on the validation set, or None without a metric hook."""
+    scored = _score(out_dir, model_name, preset, seed, train_subset, val_subset, batch_size, [None])
+    return None if scored is None else (scored[0], scored[1][0])
+
+
+def epoch_metrics(out_dir: Path, model_name: str, preset: str, seed: int, train_subset: int | None,
+                  val_subset: int | None, batch_size: int, epochs: list[int]) -> tuple[str, list[float]] | None:
+    """(metric name, one value per epoch of ``epochs`` (1-based)) of the models saved at the end of those
+    epochs, on the validation set, or None without a metric hook.
+
+    Raises:
+        PipeDreamError: an epoch's model is missing (that epoch was trained without ``score_epochs``).
+    """
+    return _score(out_dir, model_name, preset, seed, train_subset, val_subset, batch_size, list(epochs))
+
+
+def remove_epoch_models(out_dir: Path) -> None:
+    """Delete ``out_dir/epochs`` (one whole model per epoch: large at full scale) once it is scored."""
+    shutil.rmtree(out_dir / EPOCHS_DIR, ignore_errors=True)
+
+
+def _score(out_dir: Path, model_name: str, preset: str, seed: int, train_subset: int | None, val_subset: int | None,
+           batch_size: int, epochs: list[int | None]) -> tuple[str, list[float]] | None:
+    """The model's metric on each saved model of ``epochs`` (None: the final one); one model, one data set."""
     from pipedream.models import build_model, get_spec
 
     spec = get_spec(model_name)
@@ -64,7 +105,11 @@ def final_metric(out_dir: Path, model_name: str, preset: str, seed: int, train_s
     make = getattr(spec, "make_datasets", None)
     if evaluate is None or make is None:
         return None
-    model = load_into(out_dir, build_model(model_name, preset, seed))
+    model = build_model(model_name, preset, seed)
     _, val = make(preset, train_subset, val_subset, seed)
-    with torch.no_grad():
-        return str(getattr(spec, "metric", "metric")), float(evaluate(model, val, batch_size))
+    values = []
+    for epoch in epochs:
+        load_into(out_dir, model, epoch)
+        with torch.no_grad():
+            values.append(float(evaluate(model, val, batch_size)))
+    return str(getattr(spec, "metric", "metric")), values

@@ -66,6 +66,9 @@ class TrainConfig:
         checkpoint_every: also checkpoint after every this many minibatches inside an epoch (the
             pipeline is flushed there; implies ``checkpoint``); None = epoch boundaries only.
         resume: continue from the newest complete checkpoint in ``out_dir/checkpoints``.
+        score_epochs: also save the whole model at the end of every epoch under ``out_dir/epochs/<k>``
+            (:mod:`pipedream.runtime.assemble`; the writes are excluded from ``wall_time_s``), for
+            ``pipedream train`` to score with the model's own metric (BLEU, ...) after training.
         progress: show a tqdm bar on one rank.
         debug_dump: write per-rank traces, first gradients and final weights (tests).
         model_factory: builds the model instead of the registry (tests); not settable from the CLI.
@@ -115,6 +118,10 @@ class TrainConfig:
                                               "pipeline is flushed there, so 1F1B pays a drain every N); implies "
                                               "--checkpoint")
     resume: bool = _opt(False, "continue from the newest checkpoint in --out-dir")
+    score_epochs: bool = _opt(False, "save the model at the end of every epoch and score each with the model's own "
+                                     "metric (bleu, bleu4, ...) after training, logged per epoch (writing is excluded "
+                                     "from the wall time, scoring runs after training); implied by a "
+                                     "--threshold-metric that is the model's metric")
     progress: bool = _opt(True, "a per-minibatch progress bar on one rank")
     debug_dump: bool = _opt(False, "write per-rank traces, first gradients and final weights (tests)")
     model_factory: Callable[[], nn.Sequential] | None = field(default=None, repr=False)

@@ -68,7 +68,9 @@ class MetricsLog:
 
     Each row: ``epoch`` (1-based), ``epoch_time_s`` (training part), ``train_loss`` (mean cross-entropy),
     ``val_accuracy`` (fraction), ``samples_per_s`` (training samples / epoch_time_s), ``wall_time_s``
-    (cumulative since training started, evaluation included), plus extra keys given by the worker.
+    (cumulative since training started, evaluation included, the per-epoch model writes of ``score_epochs``
+    excluded), plus extra keys given by the worker; ``pipedream train`` adds the model's scored metric
+    (``bleu``, ``bleu4``) after training.
     """
 
     def __init__(self, out_dir: Path, rows: list[dict[str, float]] | None = None) -> None:

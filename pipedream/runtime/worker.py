@@ -4,7 +4,8 @@ Each rank builds the whole model from the same seed (so every stage starts from 
 single-process run would have), keeps the layers of its stage of the plan, and executes its action
 list of the schedule (:mod:`pipedream.schedules`) once per epoch. After every epoch the validation set
 goes through the pipeline forward-only, the loss and accuracy are summed over all ranks, and rank 0
-appends the epoch to ``<out_dir>/metrics.json``.
+appends the epoch to ``<out_dir>/metrics.json``; with ``score_epochs`` replica 0 of every stage then
+saves its stage of the epoch's model (:mod:`pipedream.runtime.assemble`), outside the wall time.
 """
 
 from __future__ import annotations
@@ -218,6 +219,12 @@ def train(cfg: TrainConfig) -> None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
             log.add(row)
+        if cfg.score_epochs:  # this epoch's model, for the launcher to score after training
+            t_save = time.time()
+            if rank == stage_ranks[s][0]:
+                assemble.save_stage(out_dir, s, module, len(plan.stages) if rank == 0 else None, epoch=epoch + 1)
+            D.barrier(cfg.comm_timeout_s, f"epoch {epoch + 1}'s model saved")
+            wall0 += time.time() - t_save  # not training: kept out of wall_time_s, so out of time-to-accuracy
         if cfg.checkpoint:
             ckpt.save_stage(out_dir, (epoch + 1, 0), s, rank, stage_ranks, module, optimizer, versions, log.rows)
     if bar is not None:

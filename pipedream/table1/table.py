@@ -139,9 +139,11 @@ def notes(cfg: dict[str, Any]) -> list[str]:
         "rows that repeat it; those rows are not separate measurements of clusters A/B.",
         "measured_threshold (measured_threshold_metric): the time-to-accuracy target, fixed in the config before "
         "the runs (top1: validation top-1 percent; token_accuracy: validation token accuracy in percent, padding "
-        "excluded; perplexity: validation perplexity, lower is better); 'none': "
-        "the model's metric (BLEU) is scored only on the final model, so no time-to-accuracy is reported. A "
-        "missing time-to-accuracy (—) with a threshold means a run never reached it: not reached, not a number.",
+        "excluded; perplexity: validation perplexity, lower is better; bleu, bleu4: the model's BLEU of greedy "
+        "decoding, 0-100, scored after training on the model saved at the end of every epoch, the saving and "
+        "scoring kept out of the wall time in both modes); 'none': a metric no run measures (METEOR needs Java; "
+        "BLEU on synthetic data), so no time-to-accuracy is reported. A missing time-to-accuracy (—) with a "
+        "threshold means a run never reached it: not reached, not a number.",
         f"DP baseline: dp_batch {'/'.join(sorted({m['train'].get('dp_batch', 'per_worker') for m in cfg['models'].values()}))} "
         f"(per_worker: each of the {cfg['workers']} "
         "workers takes a whole minibatch of train.batch_size; with SGD the learning rate is scaled by the workers "

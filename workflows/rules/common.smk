@@ -1,11 +1,13 @@
 # Helpers shared by the rules.
 from pipedream.experiment import model_data
 from pipedream.runtime.config import flags_from_experiment
+from pipedream.experiment import THRESHOLD_METRICS
 
 
 def train_extra_args(model):
     """`pipedream train` flags that come from the config's top level: data, link throttle, launch, run limit,
-    threshold (real data only: random labels have no accuracy to reach).
+    threshold (real data only: random labels have no accuracy to reach; a BLEU threshold makes the run score
+    every epoch's model after training, pipedream.commands.train; METEOR is never scored: no threshold).
 
     The model's own `train:` section becomes flags through `flags_from_experiment` (one definition of every
     training option and its default: pipedream.runtime.config.TrainConfig)."""
@@ -21,6 +23,6 @@ def train_extra_args(model):
     epochs = config["models"][model]["train"]["epochs"]  # the whole-run limit grows with the run
     args.append(f"--timeout-s {epochs * config.get('train_epoch_timeout_s', 1800) + 600:g}")
     threshold = config["models"][model].get("threshold")
-    if threshold and threshold["metric"] in ("top1", "token_accuracy", "perplexity") and model_data(config, model) == "real":
+    if threshold and threshold["metric"] in THRESHOLD_METRICS and model_data(config, model) == "real":
         args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")
     return " ".join(args)
