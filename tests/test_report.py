@@ -13,7 +13,7 @@ import pytest
 
 from pipedream.errors import PipeDreamError
 from pipedream.planner.plan import Plan, Stage
-from pipedream.table1.measured import MODES, epochs_to_accuracy, time_to_accuracy, write_speedup
+from pipedream.table1.measured import MODES, epochs_to_accuracy, metric_value, time_to_accuracy, write_speedup
 from pipedream.table1.table import read_explanations, write_report
 from pipedream.tracking import UI_URL, experiment_of_run, log_training_run
 from tests.conftest import REPO
@@ -61,6 +61,20 @@ def _log_runs(res: Path, model: str, with_experiment_id: bool) -> dict[str, str]
         (res / "runs" / model / mode / "run.json").write_text(json.dumps(run))
         ids[mode] = rid
     return ids
+
+
+def test_metric_value_is_in_the_thresholds_unit(tmp_path: Path) -> None:
+    """What the accuracy-vs-time plot draws and the threshold is compared with, per metric."""
+    e = {"epoch": 1, "val_accuracy": 0.615, "val_loss": math.log(700.0), "bleu4": 9.75}
+    assert metric_value(e, "accuracy") == 0.615
+    assert metric_value(e, "top1") == pytest.approx(61.5) and metric_value(e, "token_accuracy") == pytest.approx(61.5)
+    assert metric_value(e, "perplexity") == pytest.approx(700.0)
+    assert metric_value(e, "bleu4") == 9.75
+    from pipedream.table1.plots import accuracy_vs_time
+
+    runs = {"pipedream": [{**e, "wall_time_s": 3.0}], "dp": [{**e, "wall_time_s": 4.0}]}
+    accuracy_vs_time("s2vt", runs, 4, tmp_path / "curve.png", "bleu4", 9.5)
+    assert (tmp_path / "curve.png").stat().st_size > 0
 
 
 def test_report_from_runs(tmp_path: Path, mlflow_store: Path) -> None:

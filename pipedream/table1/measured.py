@@ -41,13 +41,12 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     return epochs
 
 
-def _reached(epoch: dict[str, float], threshold: float, metric: str) -> bool:
-    """Whether one epoch's validation result meets ``threshold`` for ``metric``.
+def metric_value(epoch: dict[str, float], metric: str) -> float:
+    """One epoch's validation ``metric``, in the unit its threshold uses.
 
-    ``"accuracy"``: ``val_accuracy`` (0-1) >= threshold; ``"top1"`` and ``"token_accuracy"`` (validation
-    token accuracy, padding excluded): 100 x ``val_accuracy`` >= threshold (percent); ``"perplexity"``:
-    exp(``val_loss``) <= threshold; ``"bleu"``, ``"bleu4"`` (:data:`SCORED_METRICS`): the epoch's score
-    under that key >= threshold.
+    ``"accuracy"``: ``val_accuracy`` (0-1); ``"top1"`` and ``"token_accuracy"`` (validation token accuracy,
+    padding excluded): 100 x ``val_accuracy`` (percent); ``"perplexity"``: exp(``val_loss``);
+    ``"bleu"``, ``"bleu4"`` (:data:`SCORED_METRICS`, 0-100): the epoch's score under that key.
 
     Raises:
         PipeDreamError: a scored metric that the epoch lacks (the run did not score its epochs).
@@ -57,11 +56,16 @@ def _reached(epoch: dict[str, float], threshold: float, metric: str) -> bool:
             raise PipeDreamError(f"epoch {epoch.get('epoch', '?')} of the run has no {metric!r} score; train it with "
                                  f"`pipedream train --threshold-metric {metric}` (or --score-epochs), which scores "
                                  "every epoch's model after training")
-        return epoch[metric] >= threshold
+        return float(epoch[metric])
     if metric == "perplexity":
-        return math.exp(min(epoch["val_loss"], 700.0)) <= threshold
-    scale = 100.0 if metric in PERCENT_METRICS else 1.0
-    return scale * epoch["val_accuracy"] >= threshold
+        return math.exp(min(epoch["val_loss"], 700.0))
+    return (100.0 if metric in PERCENT_METRICS else 1.0) * epoch["val_accuracy"]
+
+
+def _reached(epoch: dict[str, float], threshold: float, metric: str) -> bool:
+    """Whether one epoch's :func:`metric_value` meets ``threshold`` (at most it for perplexity, else at least)."""
+    value = metric_value(epoch, metric)
+    return value <= threshold if metric == "perplexity" else value >= threshold
 
 
 def time_to_accuracy(epochs: list[dict[str, float]], threshold: float, metric: str = "accuracy") -> float:

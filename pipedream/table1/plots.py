@@ -3,6 +3,8 @@ predicted, measured), the predicted table's bars, DP communication stalls and sc
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,19 +38,37 @@ def _save(fig, out: Path) -> None:  # type: ignore[no-untyped-def]
     tmp.replace(out)
 
 
-def accuracy_vs_time(model: str, runs: dict[str, list[dict[str, float]]], workers: int, out: Path) -> None:
-    """Validation accuracy against wall time, one line per mode, a marker per epoch (paper Figure 10 style).
+METRIC_LABELS = {"accuracy": "validation accuracy", "top1": "validation top-1 (%)",
+                 "token_accuracy": "validation token accuracy (%)", "perplexity": "validation perplexity",
+                 "bleu": "BLEU", "bleu4": "BLEU-4"}
+
+
+def accuracy_vs_time(model: str, runs: dict[str, list[dict[str, float]]], workers: int, out: Path,
+                     metric: str = "accuracy", threshold: float | None = None) -> None:
+    """The time-to-accuracy metric against wall time, one line per mode, a marker per epoch (paper
+    Figure 10 style), and the threshold as a dashed line when there is one.
 
     Args:
-        runs: mode (``"pipedream"``/``"dp"``) -> per-epoch metrics with ``wall_time_s`` and ``val_accuracy``.
+        runs: mode (``"pipedream"``/``"dp"``) -> per-epoch metrics with ``wall_time_s`` and what
+            :func:`pipedream.table1.measured.metric_value` reads for ``metric``.
+        metric: a threshold metric (``"none"`` plots validation accuracy); ``threshold`` in its unit.
     """
+    from pipedream.table1.measured import metric_value
+
+    metric = "accuracy" if metric not in METRIC_LABELS else metric
+    label = METRIC_LABELS[metric]
     plt, sns = _pyplot()
     rows = [{"mode": "PipeDream" if mode == "pipedream" else "DP", "wall time (s)": e["wall_time_s"],
-             "validation accuracy": e["val_accuracy"]} for mode, epochs in runs.items() for e in epochs]
+             label: metric_value(e, metric)} for mode, epochs in runs.items() for e in epochs]
     fig, ax = plt.subplots(figsize=(6, 4))
-    sns.lineplot(data=pd.DataFrame(rows), x="wall time (s)", y="validation accuracy", hue="mode", style="mode",
+    sns.lineplot(data=pd.DataFrame(rows), x="wall time (s)", y=label, hue="mode", style="mode",
                  markers=True, dashes=False, ax=ax)
-    ax.set_title(f"{model} (reduced, {workers} CPU workers): accuracy vs time")
+    if threshold is not None and math.isfinite(threshold):
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=1, label=f"threshold {threshold:g}")
+        ax.legend()
+    if metric == "perplexity":
+        ax.set_yscale("log")
+    ax.set_title(f"{model} (reduced, {workers} CPU workers): {label} vs time")
     fig.tight_layout()
     _save(fig, out)
 
