@@ -4,7 +4,6 @@ predicted, measured), the predicted table's bars, DP communication stalls and sc
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import TYPE_CHECKING
 

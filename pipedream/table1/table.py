@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 
 from pipedream.errors import PipeDreamError
+from pipedream.experiment import SCORED_METRICS
 from pipedream.io import atomic_write_text
 from pipedream.paths import shipped
-from pipedream.experiment import SCORED_METRICS
 from pipedream.table1.measured import MODES, measured_speedup, read_metrics, threshold_of
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
