@@ -23,7 +23,6 @@ Times are seconds per profiled minibatch (forward + backward), sizes bytes.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +57,8 @@ class StateGraph:
         cut_bytes: per state, output bytes of the ideal's nodes that feed a node outside it.
         ancestors: boolean matrix, ``ancestors[k, j]`` if state ``k`` precedes state ``j`` in the state DAG.
         nested: boolean matrix, ``nested[k, j]`` if ideal ``k`` is a proper subset of ideal ``j``.
+        edges: the state DAG's edges ``(k, j)``, ``j`` a direct successor of ``k`` (an edge may repeat), shape ``(E, 2)``
+            (``ancestors`` is their transitive closure).
     """
 
     node_ids: list[str]
@@ -72,6 +73,7 @@ class StateGraph:
     cut_bytes: np.ndarray
     ancestors: np.ndarray
     nested: np.ndarray
+    edges: np.ndarray
 
     @property
     def n(self) -> int:
@@ -132,50 +134,53 @@ def build_states(graph: LayerGraph) -> StateGraph:
         sum(1 << p for p in _bits(pred[a]) if out_mask[p] & ~(pred[a] | (1 << a))) for a in range(v)
     ]
 
-    def augment(antichain: tuple[int, ...]) -> list[int]:
+    def augment(antichain: tuple[int, ...]) -> tuple[list[int], int]:
+        """The augmented antichain in the release's order (extras first), and its bit mask."""
         extra = 0
         for a in antichain:
             extra |= feeds_beyond[a]
-        return _bits(extra) + [a for a in antichain if not (extra >> a) & 1]
-
-    def deaugment(items: list[int]) -> tuple[int, ...]:
-        mask = 0
-        for x in items:
-            mask |= 1 << x
-        return tuple(dict.fromkeys(x for x in items if not succ[x] & mask))
+        return _bits(extra) + [a for a in antichain if not (extra >> a) & 1], extra | sum(1 << a for a in antichain)
 
     start = (next(x for x in range(v) if not inn[x]),)
     ids: dict[int, int] = {1 << start[0]: 0}  # antichain (as a bit mask) -> state id, in discovery order
     antichains: list[tuple[int, ...]] = [start]
-    augmented: list[list[int]] = [augment(start)]
+    antichain_masks = [1 << start[0]]
+    augmented: list[tuple[list[int], int]] = [augment(start)]
     edges: list[list[int]] = [[]]
-    expanded: set[int] = set()
-    queue = deque([0])
-    while queue:
-        sid = queue.popleft()
-        if sid in expanded:
-            continue
-        expanded.add(sid)
-        aug = augmented[sid]
-        aug_mask = sum(1 << x for x in aug)
-        members = set(antichains[sid])
+    # Breadth-first: a state is expanded the first time it leaves the queue, which is in the order the
+    # states were discovered, so the queue is the list of states itself.
+    sid = -1
+    while sid + 1 < len(antichains):
+        sid += 1
+        aug, aug_mask = augmented[sid]
+        members = antichain_masks[sid]
+        # The next antichain is the swapped list (x replaced by y) less its members with a successor in
+        # it. A member e keeps no successor there iff its successors inside the list are at most {x}
+        # and y is not one of them; y itself has none (checked below). So per state, group the members
+        # by their successors inside the list: none (``free``), or exactly x (``only[x]``).
+        free, only = 0, {}
+        for e in aug:
+            inside = succ[e] & aug_mask
+            if not inside:
+                free |= 1 << e
+            elif not inside & (inside - 1):  # a single bit: e's only successor in the list
+                only[inside] = only.get(inside, 0) | 1 << e
         for x in aug:
+            x_bit = 1 << x
+            keep_x = (free | only.get(x_bit, 0)) & ~x_bit
             for y in out[x]:
-                if y in members or succ[y] & aug_mask:
+                if (members >> y) & 1 or succ[y] & aug_mask:
                     continue
-                swapped = (aug_mask & ~(1 << x)) | (1 << y)
-                key = 0  # the next antichain as a mask: members of the swapped list with no successor in it
-                for e in _bits(swapped):
-                    if not succ[e] & swapped:
-                        key |= 1 << e
+                key = keep_x & ~pred[y] | 1 << y  # the next antichain as a mask
                 if key not in ids:
-                    nxt = deaugment([y if e == x else e for e in aug])  # the ordered form, as the release keeps it
+                    # Its ordered form, as the release keeps it: the swapped list less the dropped members.
+                    nxt = tuple(y if e == x else e for e in aug if e == x or (key >> e) & 1)
                     ids[key] = len(antichains)
                     antichains.append(nxt)
+                    antichain_masks.append(key)
                     augmented.append(augment(nxt))
                     edges.append([])
                 edges[sid].append(ids[key])
-                queue.append(ids[key])
     topo = _dfs_topological(edges)
     n = len(topo)
     ideal_of = []
@@ -190,11 +195,11 @@ def build_states(graph: LayerGraph) -> StateGraph:
     params = np.array([nd.param_bytes for nd in nodes])
     ideals = [ideal_of[s] for s in topo]
     member = _unpack(ideals, v)
-    boundary = np.array([acts[augmented[s]].sum() for s in topo])
-    adjacency = np.zeros((v, v), dtype=np.int32)
+    boundary = np.array([acts[augmented[s][0]].sum() for s in topo])
+    adjacency = np.zeros((v, v), dtype=np.float32)  # float: a BLAS product, exact for counts below 2**24
     for x in range(v):
         adjacency[x, out[x]] = 1
-    feeds_out = (~member).astype(np.int32) @ adjacency.T > 0  # [s, b]: b has a consumer outside state s
+    feeds_out = (~member).astype(np.float32) @ adjacency.T > 0  # [s, b]: b has a consumer outside state s
     position = {s: i for i, s in enumerate(topo)}
     below = [0] * n  # per state (topological index), its descendants as a bit mask
     for s in reversed(topo):  # reverse topological: a state's descendants are done first
@@ -203,7 +208,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
             below[i] |= below[position[t]] | (1 << position[t])
     ancestors = _unpack(below, n)
     sizes = member.sum(axis=1)
-    subset = _subset_matrix(member)
+    subset = _subset_matrix(member, [antichains[s] for s in topo])
     nested = subset & (sizes[:, None] < sizes[None, :])
     return StateGraph(
         node_ids=node_ids,
@@ -218,6 +223,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
         cut_bytes=(member & feeds_out) @ acts,
         ancestors=ancestors,
         nested=nested,
+        edges=np.array([(position[s], position[t]) for s in topo for t in edges[s]], dtype=np.intp).reshape(-1, 2),
     )
 
 
@@ -228,14 +234,21 @@ def _unpack(masks: list[int], width: int) -> np.ndarray:
     return np.unpackbits(packed.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :width].astype(bool)
 
 
-def _subset_matrix(member: np.ndarray) -> np.ndarray:
-    """``out[k, j]`` if row ``k`` of the boolean membership matrix is a subset of row ``j``."""
-    packed = np.packbits(member, axis=1)
-    out = np.ones((member.shape[0], member.shape[0]), dtype=bool)
-    for b in range(packed.shape[1]):
-        col = packed[:, b]
-        out &= (col[:, None] & ~col[None, :]) == 0
-    return out
+def _subset_matrix(member: np.ndarray, antichains: list[tuple[int, ...]]) -> np.ndarray:
+    """``out[k, j]`` if ideal ``k`` is a subset of ideal ``j``, shape ``(n, n)``.
+
+    Args:
+        member: ``member[s, b]``: node ``b`` is in ideal ``s``, shape ``(n, v)``.
+        antichains: per state, its antichain (node indices, non-empty); the ideal is its down-closure.
+    An ideal is a down-set, so ideal ``k`` is inside ideal ``j`` iff every node of antichain ``k`` is:
+    row ``k`` is the AND of those nodes' columns of ``member``, done on bits packed 8 states a byte.
+    """
+    n = member.shape[0]
+    columns = np.packbits(member.T, axis=1)  # [b, states packed]
+    flat = np.fromiter((a for ac in antichains for a in ac), dtype=np.intp)
+    starts = np.cumsum([0] + [len(ac) for ac in antichains[:-1]])
+    rows = np.bitwise_and.reduceat(columns[flat], starts, axis=0)
+    return np.unpackbits(rows, axis=1, count=n).view(bool)
 
 
 def _dfs_topological(edges: list[list[int]]) -> list[int]:
