@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 INF = np.inf
+_BLOCK_BYTES = 2**20  # solve_row's candidates per block: (M x block) floats of about this size
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,11 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, pairs: tuple[np.ndarra
             (:func:`pipedream.planner.prune.all_pairs`), or at the innermost level those not dominated
             (:func:`pipedream.planner.prune.undominated_pairs`; the same values).
     Worker counts in increasing order: column ``m`` needs the prefixes on fewer workers only, so each is
-    one array operation over all candidates and last-stage replicas ``m'``: ``(m, P)`` values.
+    one array operation over the candidates and last-stage replicas ``m'``: ``(m, P)`` values. The
+    candidates go in blocks of whole end states, about ``_BLOCK_BYTES`` of values each: a block reads the
+    values of earlier blocks (final) and of its own earlier end states (final for smaller ``m``), and its
+    arrays stay in the cache and in memory the process already has (arrays of a few MB come fresh from
+    the OS at every call, a page fault per 4 kB: GNMT-16, 4 ms of 9).
     """
     n, big_m = inp.n, rules.workers
     time = initial_stage(inp, rules, np.array([r]))[0]
@@ -282,16 +287,21 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, pairs: tuple[np.ndarra
     if big_m == 1 or n == 1 or not len(pk):
         return solution
     heads = np.flatnonzero(np.r_[True, pj[1:] != pj[:-1]])  # where each end state's candidates begin
-    seg_j = pj[heads]
+    block = max(1024, _BLOCK_BYTES // (8 * big_m))
+    bounds = np.unique(np.r_[0, heads[np.searchsorted(heads, np.arange(block, len(pk), block))], len(pk)])
     mps = np.arange(1, 2 if rules.straight else big_m)[:, None]  # m', the last stage's replicas
-    # Without a memory limit the last stage does not depend on m: price it once per m'.
-    fixed = last_stage(inp, rules, pk[None, :], pj[None, :], 0, mps) if rules.memory_limit_bytes is None else None
-    prefix = np.empty((big_m, len(pk)))  # prefix[m] = time[k, m] per candidate, filled as m grows
-    prefix[0] = time[pk, 0]
-    for m in range(1, big_m):
-        count = len(mps) if rules.straight else m  # m' = 1..count, prefix on m - m' + 1 workers
-        last = fixed[:count] if fixed is not None else last_stage(inp, rules, pk[None, :], pj[None, :], m, mps[:count])
-        cand = np.maximum(prefix[m - count:m][::-1], last).min(axis=0)
-        time[seg_j, m] = np.minimum(time[seg_j, m], np.minimum.reduceat(cand, heads))
-        prefix[m] = time[pk, m]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        ks, js = pk[None, lo:hi], pj[None, lo:hi]
+        starts = heads[(heads >= lo) & (heads < hi)] - lo
+        ends = js[0, starts]
+        # Without a memory limit the last stage does not depend on m: price it once per m'.
+        fixed = last_stage(inp, rules, ks, js, 0, mps) if rules.memory_limit_bytes is None else None
+        prefix = np.empty((big_m, hi - lo))  # prefix[m] = time[k, m] per candidate, filled as m grows
+        prefix[0] = time[ks[0], 0]
+        for m in range(1, big_m):
+            count = len(mps) if rules.straight else m  # m' = 1..count, prefix on m - m' + 1 workers
+            last = fixed[:count] if fixed is not None else last_stage(inp, rules, ks, js, m, mps[:count])
+            cand = np.maximum(prefix[m - count:m][::-1], last).min(axis=0)
+            time[ends, m] = np.minimum(time[ends, m], np.minimum.reduceat(cand, starts))
+            prefix[m] = time[ks[0], m]
     return solution
