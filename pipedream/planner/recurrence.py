@@ -287,8 +287,9 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, pairs: tuple[np.ndarra
     if big_m == 1 or n == 1 or not len(pk):
         return solution
     heads = np.flatnonzero(np.r_[True, pj[1:] != pj[:-1]])  # where each end state's candidates begin
-    block = max(1024, _BLOCK_BYTES // (8 * big_m))
-    bounds = np.unique(np.r_[0, heads[np.searchsorted(heads, np.arange(block, len(pk), block))], len(pk)])
+    block = max(1, _BLOCK_BYTES // (8 * big_m))
+    cuts = np.searchsorted(heads, np.arange(block, len(pk), block))  # the first end state at or after each
+    bounds = np.unique(np.r_[0, heads[cuts[cuts < len(heads)]], len(pk)])
     mps = np.arange(1, 2 if rules.straight else big_m)[:, None]  # m', the last stage's replicas
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         ks, js = pk[None, lo:hi], pj[None, lo:hi]
