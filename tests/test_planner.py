@@ -432,6 +432,18 @@ def test_state_graph_matrices_match_their_definitions() -> None:
         assert np.array_equal(s.nested, s.nested & ~np.eye(n, dtype=bool))
 
 
+def test_grouped_row_sums_equal_each_sum_alone() -> None:
+    """The boundary bytes are summed by groups of equal length; the floats must be numpy's per-list sums."""
+    import numpy as np
+
+    from pipedream.planner.states import _row_sums
+
+    rng = np.random.default_rng(3)
+    values = rng.standard_normal(300) * 10.0 ** rng.integers(-3, 12, size=300)
+    lists = [list(rng.choice(300, size=int(rng.integers(1, 40)), replace=False)) for _ in range(400)]
+    assert _row_sums(values, lists).tolist() == [values[idx].sum() for idx in lists]
+
+
 def test_undominated_pairs_match_the_definition() -> None:
     """Split k is dropped for end state j iff a state of k's class lies strictly between them; keys that
     grow along edges (the same-class edge path) and keys that can shrink (boundary bytes: every

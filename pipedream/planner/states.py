@@ -201,8 +201,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
     boundary = _row_sums(acts, [augmented[s][0] for s in topo])
     n = len(topo)
     columns = pack_rows(member.T)  # [b, the states containing node b], packed
-    feeds_out = ~_contain_all(columns, out, n).T  # [s, b]: b has a consumer outside state s
-    feeds_out[:, [not consumers for consumers in out]] = False
+    feeds_out = ~_contain_all(columns, out, n).T  # [s, b]: b has a consumer outside state s (none: False)
     edge_array = _edge_array(edges, topo)
     ancestors = _descendants(edge_array, member.sum(axis=1))
     # An ideal is a down-set: ideal k is inside ideal j iff every node of antichain k is. Distinct states
