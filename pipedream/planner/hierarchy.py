@@ -14,8 +14,8 @@ import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.planner.banded import solve_rows_banded
-from pipedream.planner.prune import all_ancestors, undominated_ancestors
-from pipedream.planner.recurrence import LevelInput, LevelRules, solve_row, solve_rows
+from pipedream.planner.prune import all_pairs, by_end, undominated_pairs
+from pipedream.planner.recurrence import ComputeTable, LevelInput, LevelRules, RowSolution, solve_row, solve_rows
 from pipedream.planner.states import StateGraph
 from pipedream.topology import Cluster
 
@@ -92,29 +92,31 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
             f"a straight pipeline on {cluster.workers} workers needs {cluster.workers} stages but the model has only "
             f"{n} split points (antichain states); use fewer workers or drop --straight"
         )
-    c_prev = np.concatenate(([0.0], states.compute_s))
-    table = states.compute_s[None, :] - c_prev[:, None]
-    allowed = np.arange(n)[None, :] >= np.arange(n + 1)[:, None]  # the release: any state at or after the start
-    if not compat:  # difference 5: only states that contain the segment's start state
-        allowed[1:] &= states.nested
-    table = np.where(allowed, table, np.inf)
+    # The release lets a segment end at any state at or after its start; difference 5: only at states
+    # that contain the segment's start state.
+    table: np.ndarray | ComputeTable = ComputeTable(states.compute_s, None if compat else states.nested)
     boundary = states.boundary_bytes if compat else states.cut_bytes
     inputs: list[LevelInput] = []
+    # The split candidates (k, j) per level: at the innermost level stage times are functions of the
+    # cumulative values, so dominated splits are dropped; above it every ancestor is a candidate.
+    keys = [states.compute_s, states.param_bytes]
+    if rules[0].memory_limit_bytes is not None:
+        keys.append(states.activation_bytes)
+    if rules[0].comm_ratio is not None:
+        keys.append(boundary)
+    pairs = [undominated_pairs(states, keys)]
+    if len(rules) > 1:
+        pairs += [all_pairs(states)] * (len(rules) - 1)
     for idx, lv in enumerate(rules):
         inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors)
         inputs.append(inp)
         if idx == len(rules) - 1:
             break
-        if idx == 0:  # stage times are functions of the cumulative values: prune dominated splits
-            keys = [states.compute_s, states.param_bytes]
-            if lv.memory_limit_bytes is not None:
-                keys.append(states.activation_bytes)
-            if lv.comm_ratio is not None:
-                keys.append(boundary)
-            table = solve_rows_banded(inp, lv, undominated_ancestors(states, keys), states.compute_s)
+        if idx == 0:
+            table = solve_rows_banded(inp, lv, by_end(pairs[0], n), states.compute_s)
         else:
-            table = solve_rows(inp, lv, all_ancestors(states))
-    top = solve_row(inputs[-1], rules[-1], 0)
+            table = solve_rows(inp, lv, by_end(pairs[idx], n))
+    top = solve_row(inputs[-1], rules[-1], 0, pairs[-1])
     time_s = float(top.time[n - 1, -1])
     if not math.isfinite(time_s):
         raise PipeDreamError(_no_plan_message(states, cluster, rules))
@@ -122,7 +124,7 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     for idx in range(len(rules) - 1, -1, -1):
         expanded = []
         for seg in segments:
-            row = top if (idx == len(rules) - 1) else solve_row(inputs[idx], rules[idx], seg.start)
+            row = top if (idx == len(rules) - 1) else solve_row(inputs[idx], rules[idx], seg.start, pairs[idx])
             offset = 0
             for start, end, reps in _backtrack(row, seg.start, seg.end, rules[idx].workers):
                 expanded.append(Segment(start, end, seg.replicas * reps, [reps, *seg.per_level], [offset, *seg.offsets]))
@@ -131,12 +133,12 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     return Solution(time_s, data_parallel_time(states, rules), segments, rules)
 
 
-def _backtrack(row, start: int, end: int, workers: int) -> list[tuple[int, int, int]]:
+def _backtrack(row: RowSolution, start: int, end: int, workers: int) -> list[tuple[int, int, int]]:
     """Stages ``(start_row, end_state, replicas)`` of the best plan for ``(start - 1, end]``."""
     out = []
     j, m = end, workers - 1
     while True:
-        k, reps = int(row.split[j, m]), int(row.replicas[j, m])
+        k, reps = row.choice(j, m)
         if k < 0:
             out.append((start, j, reps))
             break

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 INF = np.inf
+_BLOCK_BYTES = 2**20  # solve_row's candidates per block: (M x block) floats of about this size
 
 
 @dataclass(frozen=True)
@@ -66,19 +67,54 @@ class LevelRules:
     straight: bool = False
 
 
+@dataclass(frozen=True)
+class ComputeTable:
+    """The innermost level's ``T[r, j]``, computed where read: the compute of the states after ``r - 1``
+    up to ``j``, ``C_j - C_{r-1}`` seconds (``C_{-1} = 0``), ``inf`` where that segment is not allowed.
+    Stored it is ``(n + 1) x n`` floats (18 MB for GNMT-16), of which a one-level solve reads one row
+    and the split candidates' last stages.
+
+    Attributes:
+        compute: ``C``, cumulative compute per state, seconds, shape ``(n,)``.
+        nested: ``None`` (the release: a segment may end at any state at or after its start), or
+            ``nested[k, j]``, state ``j`` contains state ``k``, shape ``(n, n)``: a segment after state
+            ``r - 1`` ends only at states that contain it.
+
+    Indexed like the stored table in the two ways the recurrences read it: ``table[rows]``, whole rows,
+    shape ``(len(rows), n)``; ``table[r, j]``, integer arrays that broadcast.
+    """
+
+    compute: np.ndarray
+    nested: np.ndarray | None = None
+
+    def __getitem__(self, index: np.ndarray | tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        if isinstance(index, tuple):
+            r, j = np.asarray(index[0]), np.asarray(index[1])
+            inside = None if self.nested is None else self.nested[np.maximum(r - 1, 0), j]
+        else:
+            rows = np.asarray(index)
+            r, j = rows[:, None], np.arange(len(self.compute))[None, :]
+            inside = None if self.nested is None else self.nested[np.maximum(rows - 1, 0)]
+        allowed = j >= r
+        if inside is not None:
+            allowed = allowed & ((r == 0) | inside)
+        return np.where(allowed, self.compute[j] - _prev(self.compute)[r], INF)
+
+
 @dataclass
 class LevelInput:
     """Per-state data shared by all levels (cumulative over each state's ideal).
 
     Attributes:
-        table: ``T[r, j]`` seconds, shape ``(n + 1, n)``, ``inf`` where undefined.
+        table: ``T[r, j]`` seconds, shape ``(n + 1, n)``, ``inf`` where undefined (stored, or at the
+            innermost level a :class:`ComputeTable`).
         params: cumulative parameter bytes per state, shape ``(n,)``.
         acts: cumulative activation bytes per state, shape ``(n,)``.
         boundary: activation bytes crossing a split after each state, shape ``(n,)``.
         ancestors: ``ancestors[k, j]``: a split after ``k`` may end at ``j``, shape ``(n, n)``.
     """
 
-    table: np.ndarray
+    table: np.ndarray | ComputeTable
     params: np.ndarray
     acts: np.ndarray
     boundary: np.ndarray
@@ -193,70 +229,80 @@ def best_splits(table: np.ndarray, ks: np.ndarray, top: int, last: np.ndarray, p
 
 @dataclass
 class RowSolution:
-    """One row of a level with back-pointers: ``time[j, m]``, ``split[j, m]`` (-1: one stage) and
-    ``replicas[j, m]`` (replicas of the last stage)."""
+    """One row ``r`` of a level: ``time[j, m]``, the best time per minibatch (s) for the segment after
+    state ``r - 1`` up to state ``j`` on ``m + 1`` workers, shape ``(n, M)``, and ``unsplit[j, m]``, the
+    same segment as one stage. The plan behind a value comes from :meth:`choice`."""
 
     time: np.ndarray
-    split: np.ndarray
-    replicas: np.ndarray
+    unsplit: np.ndarray
+    inp: LevelInput
+    rules: LevelRules
+    r: int
+
+    def choice(self, j: int, m: int) -> tuple[int, int]:
+        """The last stage of the best plan for ``time[j, m]``: ``(k, replicas)``, a split after state ``k``
+        (``-1``: one stage, on all ``m + 1`` workers) and the replicas of the last stage.
+
+        Tie rule: an unsplit stage beats a split of equal time; between splits of equal time the one after
+        the earliest state (smallest topological index) wins, then the fewest replicas in the last stage.
+        Every ancestor of ``j`` is tried (also those a pruned solve skipped: they can only tie).
+        """
+        best = self.time[j, m]
+        if not (math.isfinite(best) and best < self.unsplit[j, m]):
+            return -1, m + 1
+        ks = np.flatnonzero(self.inp.ancestors[:, j])
+        ks = ks[ks >= self.r]
+        mps = np.arange(1, 2 if self.rules.straight else m + 1)[:, None]
+        last = last_stage(self.inp, self.rules, ks[None, :], j, m, mps)
+        hit = np.maximum(self.time[ks[None, :], m - mps], last) == best  # [m' - 1, i]
+        if not hit.any():  # the value is the minimum of these very candidates
+            raise AssertionError(f"no split reproduces A[{self.r}, {j}, {m}] = {best!r}")
+        first = int(np.argmax(hit.any(axis=0)))
+        return int(ks[first]), int(mps[np.argmax(hit[:, first]), 0])
 
 
-def _pairs(inp: LevelInput) -> tuple[np.ndarray, np.ndarray]:
-    """All (split state, end state) pairs, sorted by end state then split state (cached on ``inp``)."""
-    cached = getattr(inp, "_pairs_cache", None)
-    if cached is None:
-        pj, pk = np.nonzero(inp.ancestors.T)  # row-major over (j, k): sorted by j, then k
-        cached = (pk, pj)
-        inp._pairs_cache = cached  # type: ignore[attr-defined]
-    return cached
+def solve_row(inp: LevelInput, rules: LevelRules, r: int, pairs: tuple[np.ndarray, np.ndarray]) -> RowSolution:
+    """Row ``r`` of a level: the best time for every end state ``j`` and worker count (values; the plans
+    come from :meth:`RowSolution.choice`).
 
-
-def solve_row(inp: LevelInput, rules: LevelRules, r: int) -> RowSolution:
-    """Row ``r`` with back-pointers, ties broken deterministically.
-
-    Tie rule: an unsplit stage beats a split of equal time; between splits of equal time the one after
-    the earliest state (smallest topological index) wins, then the fewest replicas in the last stage.
+    Args:
+        inp, rules: the level.
+        r: the row: segments start after state ``r - 1`` (0: from the beginning).
+        pairs: ``(k, j)`` split candidates, sorted by ``j``, shapes ``(P,)``: every ancestor ``k`` of ``j``
+            (:func:`pipedream.planner.prune.all_pairs`), or at the innermost level those not dominated
+            (:func:`pipedream.planner.prune.undominated_pairs`; the same values).
+    Worker counts in increasing order: column ``m`` needs the prefixes on fewer workers only, so each is
+    one array operation over the candidates and last-stage replicas ``m'``: ``(m, P)`` values. The
+    candidates go in blocks of whole end states, about ``_BLOCK_BYTES`` of values each: a block reads the
+    values of earlier blocks (final) and of its own earlier end states (final for smaller ``m``), and its
+    arrays stay in the cache and in memory the process already has (arrays of a few MB come fresh from
+    the OS at every call, a page fault per 4 kB: GNMT-16, 4 ms of 9).
     """
     n, big_m = inp.n, rules.workers
     time = initial_stage(inp, rules, np.array([r]))[0]
-    split = np.full((n, big_m), -1, dtype=np.int64)
-    replicas = np.tile(np.arange(1, big_m + 1), (n, 1))
-    if big_m == 1 or n == 1:
-        return RowSolution(time, split, replicas)
-    pk, pj = _pairs(inp)
+    solution = RowSolution(time, time.copy(), inp, rules, r)
+    pk, pj = pairs
     keep = (pk >= r) & (pj > r)
     pk, pj = pk[keep], pj[keep]
-    if not len(pk):
-        return RowSolution(time, split, replicas)
-    heads = np.flatnonzero(np.r_[True, pj[1:] != pj[:-1]])
-    seg_j = pj[heads]
-    counts = np.diff(np.r_[heads, len(pj)])
-    seg_of = np.repeat(np.arange(len(heads)), counts)
-    splits = [1] if rules.straight else range(1, big_m)
-    # Without a memory limit the last stage does not depend on m: price it once per m'.
-    fixed = {} if rules.memory_limit_bytes is not None else {mp: last_stage(inp, rules, pk, pj, 0, mp) for mp in splits}
-    for m in range(1, big_m):
-        cands, mins = {}, {}
-        for mp in [1] if rules.straight else range(1, m + 1):
-            last = fixed[mp] if fixed else last_stage(inp, rules, pk, pj, m, mp)
-            cand = np.maximum(time[pk, m - mp], last)
-            cands[mp], mins[mp] = cand, np.minimum.reduceat(cand, heads)
-        unsplit = time[seg_j, m]
-        best = np.minimum(unsplit, np.min(np.stack(list(mins.values())), axis=0))
-        best_k = np.full(len(seg_j), n)
-        best_mp = replicas[seg_j, m].copy()
-        open_seg = np.isfinite(best) & (best < unsplit)  # a split is strictly better than one stage
-        for mp, cand in cands.items():
-            tied = open_seg & (mins[mp] == best)
-            if not tied.any():
-                continue
-            hit = np.flatnonzero((cand == best[seg_of]) & tied[seg_of])
-            first = hit[np.r_[True, seg_of[hit[1:]] != seg_of[hit[:-1]]]]
-            segs, ks = seg_of[first], pk[first]
-            better = ks < best_k[segs]  # earlier split wins; equal k keeps the smaller m'
-            best_k[segs[better]] = ks[better]
-            best_mp[segs[better]] = mp
-        time[seg_j, m] = best
-        split[seg_j, m] = np.where(open_seg, best_k, -1)
-        replicas[seg_j, m] = np.where(open_seg, best_mp, replicas[seg_j, m])
-    return RowSolution(time, split, replicas)
+    if big_m == 1 or n == 1 or not len(pk):
+        return solution
+    heads = np.flatnonzero(np.r_[True, pj[1:] != pj[:-1]])  # where each end state's candidates begin
+    block = max(1, _BLOCK_BYTES // (8 * big_m))
+    cuts = np.searchsorted(heads, np.arange(block, len(pk), block))  # the first end state at or after each
+    bounds = np.unique(np.r_[0, heads[cuts[cuts < len(heads)]], len(pk)])
+    mps = np.arange(1, 2 if rules.straight else big_m)[:, None]  # m', the last stage's replicas
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        ks, js = pk[None, lo:hi], pj[None, lo:hi]
+        starts = heads[(heads >= lo) & (heads < hi)] - lo
+        ends = js[0, starts]
+        # Without a memory limit the last stage does not depend on m: price it once per m'.
+        fixed = last_stage(inp, rules, ks, js, 0, mps) if rules.memory_limit_bytes is None else None
+        prefix = np.empty((big_m, hi - lo))  # prefix[m] = time[k, m] per candidate, filled as m grows
+        prefix[0] = time[ks[0], 0]
+        for m in range(1, big_m):
+            count = len(mps) if rules.straight else m  # m' = 1..count, prefix on m - m' + 1 workers
+            last = fixed[:count] if fixed is not None else last_stage(inp, rules, ks, js, m, mps[:count])
+            cand = np.maximum(prefix[m - count:m][::-1], last).min(axis=0)
+            time[ends, m] = np.minimum(time[ends, m], np.minimum.reduceat(cand, starts))
+            prefix[m] = time[ks[0], m]
+    return solution

@@ -23,13 +23,13 @@ Times are seconds per profiled minibatch (forward + backward), sizes bytes.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
+from pipedream.planner.bits import pack_rows, unit_rows, unpack_rows
 
 
 def _bits(mask: int) -> list[int]:
@@ -58,6 +58,8 @@ class StateGraph:
         cut_bytes: per state, output bytes of the ideal's nodes that feed a node outside it.
         ancestors: boolean matrix, ``ancestors[k, j]`` if state ``k`` precedes state ``j`` in the state DAG.
         nested: boolean matrix, ``nested[k, j]`` if ideal ``k`` is a proper subset of ideal ``j``.
+        edges: the state DAG's edges ``(k, j)``, ``j`` a direct successor of ``k`` (an edge may repeat), shape ``(E, 2)``
+            (``ancestors`` is their transitive closure).
     """
 
     node_ids: list[str]
@@ -72,6 +74,7 @@ class StateGraph:
     cut_bytes: np.ndarray
     ancestors: np.ndarray
     nested: np.ndarray
+    edges: np.ndarray
 
     @property
     def n(self) -> int:
@@ -132,52 +135,57 @@ def build_states(graph: LayerGraph) -> StateGraph:
         sum(1 << p for p in _bits(pred[a]) if out_mask[p] & ~(pred[a] | (1 << a))) for a in range(v)
     ]
 
-    def augment(antichain: tuple[int, ...]) -> list[int]:
+    bit = [1 << x for x in range(v)]
+    consumers = [[(y, bit[y], succ[y], ~pred[y]) for y in out[x]] for x in range(v)]
+
+    def augment(antichain: tuple[int, ...], mask: int) -> tuple[list[int], int]:
+        """The augmented antichain in the release's order (extras first) and its bit mask, given the
+        antichain and its mask."""
         extra = 0
         for a in antichain:
             extra |= feeds_beyond[a]
-        return _bits(extra) + [a for a in antichain if not (extra >> a) & 1]
+        return _bits(extra) + [a for a in antichain if not extra & bit[a]], extra | mask
 
-    def deaugment(items: list[int]) -> tuple[int, ...]:
-        mask = 0
-        for x in items:
-            mask |= 1 << x
-        return tuple(dict.fromkeys(x for x in items if not succ[x] & mask))
-
-    start = (next(x for x in range(v) if not inn[x]),)
-    ids: dict[int, int] = {1 << start[0]: 0}  # antichain (as a bit mask) -> state id, in discovery order
-    antichains: list[tuple[int, ...]] = [start]
-    augmented: list[list[int]] = [augment(start)]
-    edges: list[list[int]] = [[]]
-    expanded: set[int] = set()
-    queue = deque([0])
-    while queue:
-        sid = queue.popleft()
-        if sid in expanded:
-            continue
-        expanded.add(sid)
-        aug = augmented[sid]
-        aug_mask = sum(1 << x for x in aug)
-        members = set(antichains[sid])
+    start = next(x for x in range(v) if not inn[x])
+    ids: dict[int, int] = {bit[start]: 0}  # antichain (as a bit mask) -> state id, in discovery order
+    antichains: list[tuple[int, ...]] = [(start,)]
+    antichain_masks = [bit[start]]
+    augmented: list[tuple[list[int], int]] = [augment((start,), bit[start])]
+    edges: list[list[int]] = []
+    # Breadth-first: a state is expanded the first time it leaves the queue, which is in the order the
+    # states were discovered, so the queue is the list of states itself (it grows while we iterate).
+    for sid, (aug, aug_mask) in enumerate(augmented):
+        members = antichain_masks[sid]
+        successors: list[int] = []
+        edges.append(successors)
+        # The next antichain is the swapped list (x replaced by y) less its members with a successor in
+        # it. A member e keeps no successor there iff its successors inside the list are at most {x}
+        # and y is not one of them; y itself has none (checked below). So per state, group the members
+        # by their successors inside the list: none (``free``), or exactly x (``only[x]``).
+        free, only = 0, {}
+        for e in aug:
+            inside = succ[e] & aug_mask
+            if not inside:
+                free |= bit[e]
+            elif not inside & (inside - 1):  # a single bit: e's only successor in the list
+                only[inside] = only.get(inside, 0) | bit[e]
         for x in aug:
-            for y in out[x]:
-                if y in members or succ[y] & aug_mask:
+            x_bit = bit[x]
+            keep_x = (free | only.get(x_bit, 0)) & ~x_bit
+            for y, y_bit, y_succ, y_not_pred in consumers[x]:
+                if members & y_bit or aug_mask & y_succ:
                     continue
-                swapped = (aug_mask & ~(1 << x)) | (1 << y)
-                key = 0  # the next antichain as a mask: members of the swapped list with no successor in it
-                for e in _bits(swapped):
-                    if not succ[e] & swapped:
-                        key |= 1 << e
-                if key not in ids:
-                    nxt = deaugment([y if e == x else e for e in aug])  # the ordered form, as the release keeps it
-                    ids[key] = len(antichains)
+                key = keep_x & y_not_pred | y_bit  # the next antichain as a mask
+                t = ids.get(key)
+                if t is None:
+                    t = ids[key] = len(antichains)
+                    # Its ordered form, as the release keeps it: the swapped list less the dropped members.
+                    nxt = tuple(y if e == x else e for e in aug if e == x or key & bit[e])
                     antichains.append(nxt)
-                    augmented.append(augment(nxt))
-                    edges.append([])
-                edges[sid].append(ids[key])
-                queue.append(ids[key])
+                    antichain_masks.append(key)
+                    augmented.append(augment(nxt, key))
+                successors.append(t)
     topo = _dfs_topological(edges)
-    n = len(topo)
     ideal_of = []
     for sid in range(len(antichains)):
         mask = 0
@@ -190,21 +198,17 @@ def build_states(graph: LayerGraph) -> StateGraph:
     params = np.array([nd.param_bytes for nd in nodes])
     ideals = [ideal_of[s] for s in topo]
     member = _unpack(ideals, v)
-    boundary = np.array([acts[augmented[s]].sum() for s in topo])
-    adjacency = np.zeros((v, v), dtype=np.int32)
-    for x in range(v):
-        adjacency[x, out[x]] = 1
-    feeds_out = (~member).astype(np.int32) @ adjacency.T > 0  # [s, b]: b has a consumer outside state s
-    position = {s: i for i, s in enumerate(topo)}
-    below = [0] * n  # per state (topological index), its descendants as a bit mask
-    for s in reversed(topo):  # reverse topological: a state's descendants are done first
-        i = position[s]
-        for t in edges[s]:
-            below[i] |= below[position[t]] | (1 << position[t])
-    ancestors = _unpack(below, n)
-    sizes = member.sum(axis=1)
-    subset = _subset_matrix(member)
-    nested = subset & (sizes[:, None] < sizes[None, :])
+    boundary = _row_sums(acts, [augmented[s][0] for s in topo])
+    n = len(topo)
+    columns = pack_rows(member.T)  # [b, the states containing node b], packed
+    feeds_out = ~_contain_all(columns, out, n).T  # [s, b]: b has a consumer outside state s (none: False)
+    edge_array = _edge_array(edges, topo)
+    ancestors = _descendants(edge_array, member.sum(axis=1))
+    # An ideal is a down-set: ideal k is inside ideal j iff every node of antichain k is. Distinct states
+    # have distinct ideals (an ideal's maximal nodes are the state's antichain), so a subset that is not
+    # the state itself is a proper one.
+    nested = _contain_all(columns, [antichains[s] for s in topo], n)
+    np.fill_diagonal(nested, False)
     return StateGraph(
         node_ids=node_ids,
         dropped_inputs=dropped_inputs,
@@ -218,7 +222,54 @@ def build_states(graph: LayerGraph) -> StateGraph:
         cut_bytes=(member & feeds_out) @ acts,
         ancestors=ancestors,
         nested=nested,
+        edges=edge_array,
     )
+
+
+def _edge_array(edges: list[list[int]], topo: list[int]) -> np.ndarray:
+    """The state DAG's edges in topological indices, shape ``(E, 2)``: ``edges`` lists successors by
+    discovery id, ``topo`` the discovery ids in topological order."""
+    position = np.empty(len(topo), dtype=np.intp)
+    position[topo] = np.arange(len(topo))
+    counts = [len(edges[s]) for s in topo]
+    targets = np.fromiter((t for s in topo for t in edges[s]), dtype=np.intp, count=sum(counts))
+    return np.stack([np.repeat(np.arange(len(topo)), counts), position[targets]], axis=1)
+
+
+def _row_sums(values: np.ndarray, index_lists: list[list[int]]) -> np.ndarray:
+    """``values[index_lists[i]].sum()`` for every ``i``, shape ``(len(index_lists),)``; lists of one length
+    are summed as the rows of one matrix, which numpy adds in the same order as each row alone."""
+    out = np.empty(len(index_lists))
+    by_length: dict[int, list[int]] = {}
+    for i, idx in enumerate(index_lists):
+        by_length.setdefault(len(idx), []).append(i)
+    for length, rows in by_length.items():
+        out[rows] = values[np.array([index_lists[i] for i in rows], dtype=np.intp).reshape(len(rows), length)].sum(axis=1)
+    return out
+
+
+def _descendants(edges: np.ndarray, ideal_sizes: np.ndarray) -> np.ndarray:
+    """``out[k, j]``: state ``j`` is reachable from state ``k`` along ``edges`` ``(E, 2)``, shape ``(n, n)``.
+
+    Every edge adds nodes to the ideal, so going down by ideal size (``ideal_sizes``, nodes per state), a
+    state's successors are complete before it: what it reaches is the OR over its edges of what each
+    successor reaches, itself included; one ``reduceat`` on packed rows per ideal size.
+    """
+    n = len(ideal_sizes)
+    itself = unit_rows(n)
+    reach = itself.copy()  # reachable from the row's state, itself included
+    src, dst = edges[:, 0], edges[:, 1]
+    if not len(src):
+        return np.zeros((n, n), dtype=bool)
+    order = np.lexsort((src, -ideal_sizes[src]))  # largest ideals first, then by source
+    src, dst = src[order], dst[order]
+    heads = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])  # each source's first edge
+    size_starts = heads[np.r_[True, ideal_sizes[src[heads[1:]]] != ideal_sizes[src[heads[:-1]]]]]
+    bounds = np.r_[size_starts, len(src)]
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        starts = heads[(heads >= lo) & (heads < hi)]
+        reach[src[starts]] |= np.bitwise_or.reduceat(reach[dst[lo:hi]], starts - lo, axis=0)
+    return unpack_rows(reach & ~itself, n)
 
 
 def _unpack(masks: list[int], width: int) -> np.ndarray:
@@ -228,14 +279,23 @@ def _unpack(masks: list[int], width: int) -> np.ndarray:
     return np.unpackbits(packed.reshape(len(masks), nbytes), axis=1, bitorder="little")[:, :width].astype(bool)
 
 
-def _subset_matrix(member: np.ndarray) -> np.ndarray:
-    """``out[k, j]`` if row ``k`` of the boolean membership matrix is a subset of row ``j``."""
-    packed = np.packbits(member, axis=1)
-    out = np.ones((member.shape[0], member.shape[0]), dtype=bool)
-    for b in range(packed.shape[1]):
-        col = packed[:, b]
-        out &= (col[:, None] & ~col[None, :]) == 0
-    return out
+def _contain_all(columns: np.ndarray, groups: list[list[int]] | list[tuple[int, ...]], n: int) -> np.ndarray:
+    """``out[g, s]``: state ``s`` contains every node of ``groups[g]`` (``True`` for an empty group), shape
+    ``(len(groups), n)``.
+
+    Args:
+        columns: per node, the states that contain it, packed (:func:`pack_rows` of the transposed
+            membership matrix), shape ``(v, words)``.
+        groups: node indices.
+        n: number of states.
+    """
+    words = np.full((len(groups), columns.shape[1]), np.iinfo(np.uint64).max, dtype=np.uint64)
+    filled = [g for g, nodes in enumerate(groups) if nodes]
+    if filled:
+        flat = np.fromiter((b for g in filled for b in groups[g]), dtype=np.intp)
+        starts = np.cumsum([0] + [len(groups[g]) for g in filled[:-1]])
+        words[filled] = np.bitwise_and.reduceat(columns[flat], starts, axis=0)
+    return unpack_rows(words, n)
 
 
 def _dfs_topological(edges: list[list[int]]) -> list[int]:
