@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,35 +140,35 @@ def _outer_scaled(cluster: Cluster, factor: float) -> Cluster:
     return Cluster(name=f"{cluster.name}*{factor:.3g}", levels=levels, device_memory_bytes=cluster.device_memory_bytes)
 
 
-def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float, dataset: int) -> float | None:
-    """Outermost-level bandwidth (bytes/s) at which simulated DP takes ``target_epoch_s`` (bisection, log scale)."""
-    def dp_time(f: float) -> float:
-        return simulate_dp(graph, _outer_scaled(cluster, f), dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
+def _bandwidth_for(epoch_s: Callable[[Cluster], float], cluster: Cluster, target_epoch_s: float,
+                   lo: float, hi: float) -> float | None:
+    """Outermost-level bandwidth (bytes/s), between ``lo`` and ``hi`` times line rate, at which ``epoch_s``
+    of the cluster with that bandwidth is ``target_epoch_s`` (12 bisection steps on a log scale); None
+    when the target is outside that range. ``epoch_s`` must not grow with the bandwidth."""
+    def at(f: float) -> float:
+        return epoch_s(_outer_scaled(cluster, f))
 
-    lo, hi = 1e-3, 1e2
-    if not dp_time(hi) <= target_epoch_s <= dp_time(lo):
+    if not at(hi) <= target_epoch_s <= at(lo):
         return None
     for _ in range(12):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if dp_time(mid) > target_epoch_s else (lo, mid)
+        lo, hi = (mid, hi) if at(mid) > target_epoch_s else (lo, mid)
     return cluster.levels[-1][1] * math.sqrt(lo * hi)
+
+
+def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float, dataset: int) -> float | None:
+    """Outermost-level bandwidth (bytes/s) at which simulated DP takes ``target_epoch_s`` (bisection, log scale)."""
+    return _bandwidth_for(lambda c: simulate_dp(graph, c, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s,
+                          cluster, target_epoch_s, 1e-3, 1e2)
 
 
 def pipedream_bandwidth_for(graph: LayerGraph, plan: Plan, cluster: Cluster, target_epoch_s: float,
                             dataset: int) -> float | None:
     """Outermost-level bandwidth (bytes/s), at most line rate, at which ``plan`` simulates in ``target_epoch_s``
     (bisection, log scale): how slow PipeDream's links must be for a measured epoch, with DP untouched."""
-    def pd_time(f: float) -> float:
-        return simulate_plan(graph, plan, _outer_scaled(cluster, f), dataset_size=dataset,
-                             allreduce=ALLREDUCE).epoch_time_s
-
-    lo, hi = 1e-3, 1.0
-    if not pd_time(hi) <= target_epoch_s <= pd_time(lo):
-        return None
-    for _ in range(12):
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if pd_time(mid) > target_epoch_s else (lo, mid)
-    return cluster.levels[-1][1] * math.sqrt(lo * hi)
+    return _bandwidth_for(lambda c: simulate_plan(graph, plan, c, dataset_size=dataset,
+                                                  allreduce=ALLREDUCE).epoch_time_s,
+                          cluster, target_epoch_s, 1e-3, 1.0)
 
 
 def tokens_scale_for(graph: LayerGraph, plan: Plan, cluster: Cluster, speedup: float, dataset: int) -> float | None:
