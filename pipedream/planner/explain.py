@@ -188,12 +188,16 @@ def _simulated(plan: Plan) -> list[str]:
     if dp_est:
         out.append(f"- The dynamic program's own cost model (§3.1: no warm-up, independent replicas, no contention) chose "
                    f"{dp_est['config']} at {dp_est['dp_time_per_sample_s'] / dp_est['time_per_sample_s']:.2f}x; its plan "
-                   "and the others below were simulated and the fastest kept:")
+                   "and the others below were simulated and the fastest kept, or the one with the fewest stages "
+                   "among those within 2% of it (a near-tie, pipedream/planner/rerank.py):")
     for c in ex.get("candidates", []):
         if not c.get("fits"):
             verdict = f"does not fit ({c['peak_memory_bytes'] / 1e9:.1f} GB on one device)"
         elif c.get("simulated_epoch_s"):
-            verdict = f"{dp_epoch / c['simulated_epoch_s']:.2f}x"
+            verdict = f"{dp_epoch / c['simulated_epoch_s']:.3f}x"
+            if c["simulated_epoch_s"] < ex.get("simulated_epoch_s", 0.0):
+                verdict += (f", {ex['simulated_epoch_s'] / c['simulated_epoch_s'] - 1:.1%} faster than {plan.config} but "
+                            f"with more stages: a near-tie")
         else:
             verdict = (f"not simulated: its compute alone takes {c['epoch_lower_bound_s']:.0f} s per epoch, more than "
                        "the best")
