@@ -11,6 +11,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.models import layer_node_id
 from pipedream.planner.plan import Plan, Stage
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.lr import stage_lr_factor
 from pipedream.runtime.stage import build_stages, stage_layer_ranges, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
 from tests.tiny import SkipNet, op_plan, tiny_model, tuple_model
@@ -125,9 +126,21 @@ def test_config_round_trips_through_the_command_line() -> None:
     assert back == cfg
 
 
+def test_the_release_per_stage_learning_rate_applies_to_1f1b_sgd_by_default() -> None:
+    """lr x replicas(s) / replicas(0) (the release's get_adjusted_learning_rate): SGD under 1F1B-RR by default,
+    Adam only with --stage-lr all or --compat, never GPipe (its replicas share a minibatch)."""
+    reps = [3, 1, 2]
+    assert [stage_lr_factor(TrainConfig(), reps, s) for s in range(3)] == [1.0, 1 / 3, 2 / 3]
+    assert [stage_lr_factor(TrainConfig(optimizer="adam"), reps, s) for s in range(3)] == [1.0, 1.0, 1.0]
+    assert stage_lr_factor(TrainConfig(optimizer="adam", stage_lr="all"), reps, 1) == 1 / 3
+    assert stage_lr_factor(TrainConfig(optimizer="adam", compat=True), reps, 2) == 2 / 3
+    assert stage_lr_factor(TrainConfig(stage_lr="none"), reps, 1) == 1.0
+    assert stage_lr_factor(TrainConfig(schedule="gpipe", microbatches=6), reps, 1) == 1.0
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"schedule": "pipe"}, "--schedule"), ({"batch_size": 30, "microbatches": 4, "schedule": "gpipe"}, "multiple"),
-    ({"microbatches": 2}, "1F1B"), ({"emulate_bandwidth_Bps": -1.0}, "bandwidth"),
+    ({"microbatches": 2}, "1F1B"), ({"emulate_bandwidth_Bps": -1.0}, "bandwidth"), ({"stage_lr": "adam"}, "--stage-lr"),
 ])
 def test_bad_config_is_explained(kwargs: dict, match: str) -> None:
     with pytest.raises(PipeDreamError, match=match):

@@ -259,7 +259,8 @@ def test_replicated_stage_round_robin_and_gradient_sync(tmp_path: Path) -> None:
     for n in dumps[0]["params"]:
         assert torch.equal(dumps[0]["params"][n], dumps[1]["params"][n])  # replicas stay identical
     # stage 0's first update averages minibatch 0 (stage 1 at version 0) and minibatch 1 (stage 1 at
-    # version 1 = one SGD step on minibatch 0), both at stage 0's version 0
+    # version 1 = one SGD step on minibatch 0 at lr 0.1 x 1/2, the release's per-stage rate), both at
+    # stage 0's version 0
     (x0, y0), (x1, y1) = reference_batches(tmp_path / "data", 8, 0, 0)[:2]
     model = build(tiny_model)
     front, back = model[:4], model[4:]
@@ -267,7 +268,7 @@ def test_replicated_stage_round_robin_and_gradient_sync(tmp_path: Path) -> None:
     g0 = {n: p.grad.clone() for n, p in front.named_parameters()}
     with torch.no_grad():
         for p in back.parameters():
-            p -= 0.1 * p.grad
+            p -= 0.05 * p.grad
     front.zero_grad()
     F.cross_entropy(back(front(x1)), y1).backward()
     for n, p in front.named_parameters():
@@ -319,12 +320,15 @@ def test_stage_without_parameters_equals_sgd(tmp_path: Path) -> None:
 
 
 def _replay(sched: schedules.Schedule, model: torch.nn.Sequential, stages: list[range], batches,  # type: ignore[no-untyped-def]
-            lr: float) -> dict[int, dict[str, torch.Tensor]]:
+            lr: float, stage_lr: bool) -> dict[int, dict[str, torch.Tensor]]:
     """Every rank's action list executed in one process, each rank in its own order, a receive waiting for
     its send and an ALLREDUCE for all of its stage's replicas: a forward uses the rank's newest weights and
     its backward the same (stashed) version, an ALLREDUCE averages the gradients the replicas accumulated,
-    a STEP is plain SGD. Returns rank -> final weights (whole-model parameter names)."""
+    a STEP is plain SGD at ``lr``, times replicas(s) / replicas(0) with ``stage_lr`` (the release's per-stage
+    learning rate). Returns rank -> final weights (whole-model parameter names)."""
     Kind = schedules.Kind
+    replicas = [len(ranks) for ranks in sched.stage_ranks]
+    lrs = [lr * (r / replicas[0] if stage_lr else 1.0) for r in replicas]
     last = len(stages) - 1
     weights = {r: {n: p.detach().clone() for n, p in stage_params(model, stages[acts[0].stage]).items()}
                for r, acts in sched.order.items()}
@@ -373,7 +377,7 @@ def _replay(sched: schedules.Schedule, model: torch.nn.Sequential, stages: list[
                     if s > 0:
                         msgs[(Kind.SEND_B, s, m)] = g[-1]
                 elif a.kind == Kind.STEP:
-                    weights[r] = {n: w - lr * grads[r][n] for n, w in weights[r].items()}
+                    weights[r] = {n: w - lrs[s] * grads[r][n] for n, w in weights[r].items()}
                     grads[r] = {n: torch.zeros_like(w) for n, w in weights[r].items()}
                 pos[r] += 1
                 progress = True
@@ -381,15 +385,18 @@ def _replay(sched: schedules.Schedule, model: torch.nn.Sequential, stages: list[
     return weights
 
 
-@pytest.mark.parametrize("replicas", [[1, 1], [1, 2], [2, 1], [1, 3]])
-def test_replicated_1f1b_equals_a_one_process_replay(tmp_path: Path, replicas: list[int]) -> None:
-    """Eight minibatches of 1F1B-RR with weight stashing on replicated stages end at the weights of
-    :func:`_replay`, which runs the same action lists in one process."""
+@pytest.mark.parametrize("replicas,stage_lr", [([1, 1], "sgd"), ([1, 2], "sgd"), ([2, 1], "sgd"), ([1, 3], "sgd"),
+                                               ([2, 1], "none")])
+def test_replicated_1f1b_equals_a_one_process_replay(tmp_path: Path, replicas: list[int], stage_lr: str) -> None:
+    """Six minibatches of 1F1B-RR with weight stashing on replicated stages end at the weights of
+    :func:`_replay`, which runs the same action lists in one process; with SGD each stage's learning rate
+    is the release's ``lr x replicas(s) / replicas(0)`` unless ``stage_lr`` is ``none``."""
     lr, stages = 0.1, [range(0, 3), range(3, 6)]
     plan = straight_plan("t", 6, [3, 3], replicas=replicas)
-    dumps = run(tmp_path, sum(replicas), factory=stash_model, plan=plan, max_minibatches=6, lr=lr)
+    dumps = run(tmp_path, sum(replicas), factory=stash_model, plan=plan, max_minibatches=6, lr=lr, stage_lr=stage_lr)
     sched = schedules.build("1f1b", replicas, 6)
-    expected = _replay(sched, build(stash_model), stages, reference_batches(tmp_path / "data", 8, 0, 0), lr)
+    expected = _replay(sched, build(stash_model), stages, reference_batches(tmp_path / "data", 8, 0, 0), lr,
+                       stage_lr != "none")
     for rank, d in enumerate(dumps):
         assert d["params"].keys() == expected[rank].keys()
         for n, w in expected[rank].items():

@@ -164,7 +164,11 @@ def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tup
               "threads_per_worker": os.environ.get("OMP_NUM_THREADS", "1"), "host_cores": os.cpu_count() or 0}
     params.update(lr_policy=args.lr_policy, lr_warmup_epochs=args.lr_warmup_epochs, clip_norm=args.clip_norm)
     if args.mode == "pipedream":
-        params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync)
+        from pipedream.runtime.lr import stage_lr_applies
+
+        params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync,
+                      compat=args.compat,
+                      stage_lr="x replicas(s) / replicas(0)" if stage_lr_applies(_config(args)) else "uniform")
     else:  # the DP semantics in force (pipedream.baselines.ddp)
         per_worker = args.dp_batch == "per_worker"
         params.update(dp_batch=args.dp_batch,

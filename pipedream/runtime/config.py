@@ -25,6 +25,7 @@ WEIGHT_SYNC = ("stash", "vertical")
 OPTIMIZERS = ("sgd", "adam")
 LR_POLICIES = ("constant", "polynomial", "step")
 DP_BATCH = ("per_worker", "global")
+STAGE_LR = ("sgd", "all", "none")
 PRESETS = ("reduced", "full")
 DATA = ("real", "synthetic")
 
@@ -49,7 +50,10 @@ class TrainConfig:
         compat: 1F1B with the release runtime's warm-up counts (:func:`pipedream.schedules.warmup_count`)
             instead of the default :func:`pipedream.schedules.warmup_count_consistent`, which admits enough
             minibatches for what replicated downstream stages hold in flight (the two agree on straight
-            pipelines and on ``15-1``-like configs).
+            pipelines and on ``15-1``-like configs); also implies ``stage_lr="all"``, as the release does.
+        stage_lr: which optimizers get the release's per-stage learning rate under 1F1B-RR,
+            ``lr x replicas(s) / replicas(0)`` (:func:`pipedream.runtime.lr.stage_lr_factor`): ``"sgd"``
+            (default), ``"all"`` or ``"none"``.
         epochs, batch_size, lr, momentum, weight_decay, optimizer, seed: training hyper-parameters;
             ``batch_size`` is the minibatch of one pipeline (PipeDream) or of one worker (DP).
         train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).
@@ -83,7 +87,13 @@ class TrainConfig:
     microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw)")
     weight_sync: str = _opt("stash", "1f1b: weight stashing alone or with vertical sync (§3.3)", WEIGHT_SYNC)
     compat: bool = _opt(False, "1f1b: the release runtime's warm-up counts, ceil(downstream workers / replicas), "
-                               "instead of counts consistent for replicated stages")
+                               "instead of counts consistent for replicated stages, and its per-stage learning "
+                               "rate for every optimizer (--stage-lr all)")
+    stage_lr: str = _opt("sgd", "1f1b: scale stage s's learning rate by replicas(s) / replicas(input stage), as the "
+                                "release's runtime does, so every stage takes the same step per sample (a replicated "
+                                "stage steps once per round of its replicas' minibatches): for SGD only (default; "
+                                "Adam's step does not grow with the averaged gradient), all optimizers, or none",
+                         STAGE_LR)
     epochs: int = _opt(1, "passes over the training samples")
     batch_size: int = _opt(32, "samples per minibatch of the pipeline (pipedream) or of each worker (dp)")
     lr: float = _opt(0.01, "learning rate")
@@ -140,6 +150,8 @@ class TrainConfig:
         """Raise PipeDreamError naming the first bad setting and how to fix it."""
         if self.schedule not in SCHEDULES:
             raise PipeDreamError(f"unknown --schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
+        if self.stage_lr not in STAGE_LR:
+            raise PipeDreamError(f"unknown --stage-lr {self.stage_lr!r}; use one of {', '.join(STAGE_LR)}")
         if self.weight_sync not in WEIGHT_SYNC:
             raise PipeDreamError(f"unknown --weight-sync {self.weight_sync!r}; use one of {', '.join(WEIGHT_SYNC)}")
         if self.optimizer not in OPTIMIZERS:

@@ -165,11 +165,12 @@ def train(cfg: TrainConfig) -> None:
         if fault is not None and offset + m >= fault:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection for tests: die without a word
 
+    lr_factor = lr.stage_lr_factor(cfg, replicas, s)
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
                              in_shape=shapes[s - 1] if s > 0 else None, out_shape=shapes[s],
                              stage_group=groups[s], timeout_s=cfg.comm_timeout_s, trace=cfg.debug_dump,
                              criterion=task.criterion, count_correct=task.count_correct,
-                             before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb),
+                             before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb, factor=lr_factor),
                              on_backward=on_backward)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
