@@ -144,12 +144,8 @@ def train(cfg: TrainConfig) -> None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
             log.add(row)
-        if cfg.score_epochs:  # this epoch's model, for the launcher to score after training
-            t_save = time.time()
-            if rank == 0:
-                assemble.save_stage(cfg.run_dir("dp"), 0, model, 1, epoch=epoch + 1)
-            D.barrier(cfg.comm_timeout_s, f"epoch {epoch + 1}'s model saved")
-            wall0 += time.time() - t_save  # not training: kept out of wall_time_s, so out of time-to-accuracy
+        if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
+            wall0 += assemble.save_epoch(cfg.run_dir("dp"), 0, model, 1, epoch + 1, rank == 0, cfg.comm_timeout_s)
     if bar is not None:
         bar.close()
     if rank == 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import torch
@@ -45,6 +46,20 @@ def save_stage(out_dir: Path, stage: int, module: nn.Module, num_stages: int | N
     tmp.replace(d / f"stage{stage}.pt")
     if num_stages is not None:
         atomic_write_json(d / "layout.json", {"stages": num_stages})
+
+
+def save_epoch(out_dir: Path, stage: int, module: nn.Module, num_stages: int | None, epoch: int, writes: bool,
+               timeout_s: float) -> float:
+    """End of ``epoch`` with ``score_epochs``: :func:`save_stage` on the ranks that ``writes`` (one per stage),
+    then wait for every rank (a barrier, at most ``timeout_s``). Returns the seconds spent, which the
+    caller keeps out of ``wall_time_s`` and so out of time-to-accuracy."""
+    from pipedream.runtime import distributed as D
+
+    t0 = time.time()
+    if writes:
+        save_stage(out_dir, stage, module, num_stages, epoch=epoch)
+    D.barrier(timeout_s, f"epoch {epoch}'s model saved")
+    return time.time() - t0
 
 
 def load_into(out_dir: Path, model: nn.Module, epoch: int | None = None) -> nn.Module:

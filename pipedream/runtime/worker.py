@@ -220,12 +220,9 @@ def train(cfg: TrainConfig) -> None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
             log.add(row)
-        if cfg.score_epochs:  # this epoch's model, for the launcher to score after training
-            t_save = time.time()
-            if rank == stage_ranks[s][0]:
-                assemble.save_stage(out_dir, s, module, len(plan.stages) if rank == 0 else None, epoch=epoch + 1)
-            D.barrier(cfg.comm_timeout_s, f"epoch {epoch + 1}'s model saved")
-            wall0 += time.time() - t_save  # not training: kept out of wall_time_s, so out of time-to-accuracy
+        if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
+            wall0 += assemble.save_epoch(out_dir, s, module, len(plan.stages) if rank == 0 else None, epoch + 1,
+                                         rank == stage_ranks[s][0], cfg.comm_timeout_s)
         if cfg.checkpoint:
             ckpt.save_stage(out_dir, (epoch + 1, 0), s, rank, stage_ranks, module, optimizer, versions, log.rows)
     if bar is not None:
