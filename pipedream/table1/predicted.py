@@ -27,16 +27,13 @@ rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_p
 ``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
 it would be, links at line rate.
 
-What-if at today's hardware (:func:`write_whatif_h100`): the H100 profiles in
-``experiments/data/profiles_h100`` planned and simulated on clusters A and B and on a modern cluster
-(``H100_2x8``: 8 H100 per server on NVLink, 100 Gbps between servers).
+What-if tables (other clusters, today's H100) are in :mod:`pipedream.table1.whatif`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,65 +419,6 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
     gantt(panels, out, cluster.workers)
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a cluster name or what-if string."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
-
-
-def whatif_table(cluster: Cluster, profiles_dir: Path, plans_dir: Path | None, models: list[str] | None) -> pd.DataFrame:
-    """The predicted rows (no paper columns) of every profiled model on one what-if cluster."""
-    rows = []
-    for model in models or list(PAPER_MODELS):
-        prof = find_profile(model, profiles_dir)
-        if prof is None:
-            raise PipeDreamError(f"no profile for {model!r} (looked in {RELEASE_PROFILES} and {profiles_dir})")
-        row = {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
-               "profile": prof.path, "batch_per_gpu": prof.batch}
-        row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES, plans_dir=plans_dir))
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-H100_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "data" / "profiles_h100"
-H100_MODELS = ("vgg16", "resnet50", "alexnet")
-H100_CLUSTERS = ("A_4x4", "B_2x8", "H100_2x8")
-H100_MEMORY_BYTES = 80e9  # NVIDIA H100 SXM5 80 GB (datasheet)
-
-
-def whatif_h100(clusters_path: Path) -> pd.DataFrame:
-    """The H100 profiles (``experiments/data/profiles_h100``, one H100 80GB, README there) planned by the default
-    planner and simulated against DP on :data:`H100_CLUSTERS`: the V100 clusters of the paper with today's GPU,
-    and a modern cluster (8 H100 per server on NVLink, 100 Gbps between servers). Every cluster gets the
-    H100's 80 GB per device (the networks of A and B are kept): the V100's 16 GB would reject VGG-16's
-    pipelines at the profiled 128 images per GPU."""
-    rows = []
-    for name in H100_CLUSTERS:
-        base = get_cluster(name, clusters_path)
-        cluster = Cluster(name=base.name, levels=base.levels, device_memory_bytes=H100_MEMORY_BYTES)
-        for model in H100_MODELS:
-            prof = find_profile(model, H100_PROFILES, release=False)
-            if prof is None:
-                raise PipeDreamError(f"no H100 profile {H100_PROFILES / model / 'graph.txt'}")
-            row = {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
-                   "profile": prof.path, "profile_hardware": prof.hardware, "batch_per_gpu": prof.batch}
-            row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES))
-            rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def write_whatif_h100(out_dir: Path, clusters_path: Path, plots: bool = True) -> pd.DataFrame:
-    """``whatif_h100.{csv,md}`` and ``plots/whatif_h100_speedup.png`` under ``out_dir``; returns the table."""
-    df = whatif_h100(clusters_path)
-    write_predicted(df, out_dir, clusters_path, "whatif_h100",
-                    "What-if at today's hardware: H100 profiles, predicted PipeDream vs DP (simulated)")
-    if plots:
-        from pipedream.table1 import plots as P
-
-        P.whatif_speedup_bars(df, out_dir / "plots" / "whatif_h100_speedup.png",
-                              "H100 profiles: simulated speedup of the default plan over data parallelism")
-    return df
-
-
 def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
           models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True) -> pd.DataFrame:
     """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
@@ -490,6 +428,7 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         PipeDreamError: an unknown cluster or model, a missing profile or paper table.
     """
     from pipedream.table1 import plots as P
+    from pipedream.table1.whatif import H100_PROFILES, slug, whatif_table, write_whatif_h100
 
     if cluster_name:
         cluster = get_cluster(cluster_name, clusters_path)
