@@ -5,7 +5,9 @@ The model is traced with ``torch.fx``; every operation node (a leaf module, a fu
 and every data dependency an edge, so branching models (ResNet's skip connections) give a real DAG.
 Each node is then timed in isolation on its recorded inputs:
 
-- forward: ``warmup`` untimed calls, then the mean of ``iters`` timed calls;
+- forward: ``warmup`` untimed calls, then the median of ``iters`` timed calls (robust to the other
+  processes of a shared machine, which inflate a mean: on the reduced ResNet-50 on 2 busy cores, three
+  profiles with the mean of 5 planned straight, 3-1, 3-1; with the median of 10, 3-1 each time);
 - backward: ``torch.autograd.backward`` of the node's outputs with random output gradients, timed
   the same way (the graph is rebuilt by an untimed forward before each timed backward);
 - activation bytes: bytes of each output tensor for the whole minibatch;
@@ -21,6 +23,7 @@ Node ids follow the original format: ``node0`` is the input and operation nodes 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,7 +45,7 @@ class ProfileSettings:
 
     Attributes:
         warmup: untimed calls before timing each node.
-        iters: timed calls averaged per node.
+        iters: timed calls per node; their median is kept.
         device: ``"cpu"`` or ``"cuda"``.
     """
 
@@ -96,9 +99,9 @@ def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
 
 
 def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[], Any] | None = None) -> float:
-    """Mean seconds of ``fn(prepared)`` over ``settings.iters`` calls after ``settings.warmup``."""
+    """Median seconds of ``fn(prepared)`` over ``settings.iters`` calls after ``settings.warmup``."""
     cuda = settings.device.startswith("cuda")
-    total = 0.0
+    times: list[float] = []
     for i in range(settings.warmup + settings.iters):
         arg = prepare() if prepare else None
         if cuda:
@@ -108,8 +111,8 @@ def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[
         if cuda:
             torch.cuda.synchronize()
         if i >= settings.warmup:
-            total += time.perf_counter() - start
-    return total / settings.iters
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _progress(items: list[fx.Node], desc: str) -> Iterator[fx.Node]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -67,3 +68,18 @@ def test_layer_granularity_keeps_blocks_whole() -> None:
     assert layer.is_chain() and layer.nodes["node2"].param_bytes == 4 * 42
     op = profile_module(model, torch.randn(3, 6), FAST, granularity="op")
     assert len(op.nodes) == 6 and not op.is_chain()  # input, linear, block's linear, relu, add, linear
+
+
+def test_a_layer_time_is_the_median_of_its_timed_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call slowed down by another process (100 units against 1) does not move the layer's time; a
+    mean would make it 20.8. The clock is fake, so nothing here depends on this machine's speed."""
+    from pipedream import profiler
+
+    clock = [0.0]
+    durations = iter([7.0, 7.0, 1.0, 1.0, 100.0, 1.0, 1.0])  # 2 warm-up calls, then 5 timed ones
+
+    def call() -> None:
+        clock[0] += next(durations)
+
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
+    assert profiler._timed(call, profiler.ProfileSettings(warmup=2, iters=5)) == 1.0

@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples in the profiled minibatch (written to meta.json, where plan and simulate read it)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device to profile on")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per layer")
-    p.add_argument("--iters", type=int, default=5, help="timed runs per layer (mean)")
+    p.add_argument("--iters", type=int, default=5, help="timed runs per layer (their median is kept)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"],
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
