@@ -152,7 +152,7 @@ def _watch(live, metrics_path: Path, stop: threading.Event, every_s: float = 2.0
             return
 
 
-def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def,type-arg]
     """MLflow parameters and tags of the run; PipeDream-only settings only on PipeDream runs."""
     params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config, "cluster": cluster,
               "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
@@ -168,7 +168,7 @@ def _params_and_tags(args: argparse.Namespace, config: str, cluster: str) -> tup
 
         params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync,
                       compat=args.compat,
-                      stage_lr="x replicas(s) / replicas(0)" if stage_lr_applies(_config(args)) else "uniform")
+                      stage_lr="x replicas(s) / replicas(0)" if stage_lr_applies(cfg) else "uniform")
     else:  # the DP semantics in force (pipedream.baselines.ddp)
         per_worker = args.dp_batch == "per_worker"
         params.update(dp_batch=args.dp_batch,
@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from pipedream.tracking import LiveRun
 
-    params, tags = _params_and_tags(args, config, cluster)
+    params, tags = _params_and_tags(args, cfg, config, cluster)
     t0 = time.time()
     live = LiveRun(args.experiment or f"{args.model}/{cluster}", args.mode, params, tags, start_time_s=t0)
     stop = threading.Event()

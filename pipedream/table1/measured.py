@@ -98,6 +98,15 @@ def threshold_of(model_cfg: dict[str, Any]) -> tuple[float, str]:
     return math.nan, "none"
 
 
+def run_threshold(cfg: dict[str, Any], model: str) -> tuple[float, str]:
+    """:func:`threshold_of` for ``model``'s runs under experiment ``cfg``: ``(nan, "none")`` for a BLEU
+    threshold on synthetic data, whose epochs ``pipedream train`` does not score."""
+    threshold, metric = threshold_of(cfg["models"][model])
+    if metric in SCORED_METRICS and model_data(cfg, model) == "synthetic":
+        return math.nan, "none"
+    return threshold, metric
+
+
 def mean_epoch_time(epochs: list[dict[str, float]]) -> float:
     """Mean ``epoch_time_s`` over epochs, seconds."""
     return sum(e["epoch_time_s"] for e in epochs) / len(epochs)
@@ -115,9 +124,7 @@ def measured_speedup(model: str, cfg: dict[str, Any]) -> dict[str, Any]:
     results = Path(cfg["results_dir"])
     runs = {m: read_metrics(results / "runs" / model / m) for m in MODES}
     plan = Plan.load(results / "plans" / model / f"{cfg['cluster']}.json")
-    threshold, metric = threshold_of(cfg["models"][model])
-    if metric in SCORED_METRICS and model_data(cfg, model) == "synthetic":  # random data: no epoch was scored
-        threshold, metric = math.nan, "none"
+    threshold, metric = run_threshold(cfg, model)
     tta = {m: time_to_accuracy(r, threshold, metric) for m, r in runs.items()}
     eta = {m: epochs_to_accuracy(r, threshold, metric) for m, r in runs.items()}
     ept = {m: mean_epoch_time(r) for m, r in runs.items()}

@@ -19,10 +19,9 @@ from typing import Any
 import pandas as pd
 
 from pipedream.errors import PipeDreamError
-from pipedream.experiment import SCORED_METRICS
 from pipedream.io import atomic_write_text
 from pipedream.paths import shipped
-from pipedream.table1.measured import MODES, measured_speedup, read_metrics, threshold_of
+from pipedream.table1.measured import MODES, measured_speedup, read_metrics, run_threshold
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
                      "rel_error": "predicted_rel_error"}
@@ -179,9 +178,7 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     for model in cfg["models"]:
         runs = {m: read_metrics(results / "runs" / model / m) for m in MODES}
         png = results / "plots" / f"{model}_accuracy_vs_time.png"
-        threshold, metric = threshold_of(cfg["models"][model])
-        if metric in SCORED_METRICS and any(metric not in e for r in runs.values() for e in r):
-            threshold, metric = math.nan, "accuracy"  # epochs not scored (synthetic data)
+        threshold, metric = run_threshold(cfg, model)
         plots.accuracy_vs_time(model, runs, cfg["workers"], png, metric, threshold)
         _attach_to_runs(results / "runs" / model, [png])
     plots.speedup_bars(df, results / "plots" / "table1_speedups.png")
