@@ -280,7 +280,7 @@ def test_bad_arguments(kwargs: dict, match: str) -> None:
 
 def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipedream.cli import main
-    from pipedream.planner.plan import Plan
+    from pipedream.plan import Plan
 
     folder = tmp_path / "vgg16"
     folder.mkdir()

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from pipedream.errors import PipeDreamError
-from pipedream.planner.plan import Plan, Stage
+from pipedream.plan import Plan, Stage
 from pipedream.table1.measured import MODES, epochs_to_accuracy, metric_value, time_to_accuracy, write_speedup
 from pipedream.table1.table import read_explanations, write_report
 from pipedream.tracking import UI_URL, experiment_of_run, log_training_run

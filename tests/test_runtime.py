@@ -9,7 +9,7 @@ import torch
 
 from pipedream.errors import PipeDreamError
 from pipedream.models import layer_node_id
-from pipedream.planner.plan import Plan, Stage
+from pipedream.plan import Plan, Stage
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.lr import stage_lr_factor
 from pipedream.runtime.stage import build_stages, stage_layer_ranges, straight_plan

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pipedream.data import fashion_mnist as fm
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan
 from pipedream.runtime.stage import straight_plan
 
 

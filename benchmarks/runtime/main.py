@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipedream import schedules
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.graph import LayerGraph, profiled_batch
     from pipedream.io import atomic_write_json
     from pipedream.paths import shipped
-    from pipedream.planner.plan import Plan
+    from pipedream.plan import Plan
     from pipedream.sim import simulate_dp, simulate_plan
     from pipedream.topology import get_cluster
 

@@ -220,7 +220,7 @@ def _score_epochs(out_dir: Path, args: argparse.Namespace, cfg, epochs: list[dic
 def run(args: argparse.Namespace) -> int:
     """``pipedream train``: launch the workers while logging each epoch to MLflow, then log the final
     metrics and write ``run.json``."""
-    from pipedream.planner.plan import Plan
+    from pipedream.plan import Plan
     from pipedream.runtime.launch import DP_MODULE, WORKER_MODULE, torchrun_command
 
     plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it

@@ -1,4 +1,4 @@
-"""The PipeDream planner (paper §3.1): profile + cluster -> :class:`pipedream.planner.plan.Plan`.
+"""The PipeDream planner (paper §3.1): profile + cluster -> :class:`pipedream.plan.Plan`.
 
 ``plan_pipeline(graph, cluster, model=..., minibatch_size=...) -> Plan`` (:mod:`.core`; in default mode
 the dynamic program's candidates are re-ranked with the event simulator, :mod:`.rerank`).

@@ -1,4 +1,4 @@
-"""``plan_pipeline``: profile + cluster -> :class:`pipedream.planner.plan.Plan` (paper §3.1).
+"""``plan_pipeline``: profile + cluster -> :class:`pipedream.plan.Plan` (paper §3.1).
 
 The solve itself is in :mod:`pipedream.planner.hierarchy`; this module turns the chosen state splits
 into stages of graph nodes, assigns ranks and fills in the per-stage numbers shown to the user.
@@ -13,7 +13,8 @@ import numpy as np
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
-from pipedream.planner.plan import Plan, Stage
+from pipedream.plan import Plan, Stage
+from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import Cluster
 
@@ -63,8 +64,6 @@ def plan_pipeline(
               "activation_compression_ratio": activation_compression_ratio}
     if not rerank:
         return _dp_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
-    from pipedream.planner.rerank import rerank as rerank_plans
-
     dp_plans: list[tuple[str, Plan]] = []
     variants = [(straight, memory_limit), (straight, False), (True, memory_limit)]
     errors = []

@@ -1,7 +1,7 @@
 """What ``pipedream plan`` prints: the stage table (:func:`format_plan`) and, with ``--explain``, why the
 chosen split won, in words (:func:`explain`).
 
-The numbers are those of the plan (:attr:`pipedream.planner.plan.Plan.extra` ``stage_details``): per stage its
+The numbers are those of the plan (:attr:`pipedream.plan.Plan.extra` ``stage_details``): per stage its
 share of the compute and of the weights, its replicas, its weight synchronisation (§3.1's ``W``) and
 activation transfers (§3.1's ``C``), compared with data parallelism and with a straight pipeline.
 """
@@ -12,7 +12,7 @@ import math
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan
 from pipedream.topology import Cluster
 
 

@@ -52,8 +52,11 @@ from typing import Any
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.planner.fixed_split import split_for_replicas
-from pipedream.planner.plan import Plan, Stage, config_string
+from pipedream.plan import Plan, Stage, config_string
 from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, consecutive_ranks
+from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, plan_ranks, simulate_dp, simulate_plan
+from pipedream.sim.costs import stage_costs
+from pipedream.sim.network import Network
 from pipedream.topology import Cluster
 
 PAPER_SHAPES = 3  # "W-1-1", up to this many single stages after one replicated stage
@@ -99,8 +102,6 @@ def compute_bound_s(graph: LayerGraph, plan: Plan, dataset_size: int) -> float:
 
 def simulation_options(dataset_size: int | None = None) -> dict[str, Any]:
     """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime."""
-    from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES
-
     return {"allreduce": DEFAULT_ALLREDUCE, "warmup": DEFAULT_WARMUP, "overlap": True,
             "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES}
 
@@ -122,9 +123,6 @@ def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: l
 
 def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int) -> Plan | None:
     """A plan of :mod:`.fixed_split` for ``replicas`` on consecutive ranks, or None if it cannot be split."""
-    from pipedream.sim.network import Network
-    from pipedream.sim.simulate import DEFAULT_ALLREDUCE
-
     non_input = sum(1 for n in graph.nodes.values() if not n.is_input)
     if len(replicas) > non_input:
         return None
@@ -183,8 +181,6 @@ def rerank(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]]
     Raises:
         PipeDreamError: with the memory limit, no candidate fits.
     """
-    from pipedream.sim import simulate_dp, simulate_plan
-
     g = graph
     if g.minibatch_size != minibatch_size:
         g = copy.copy(graph)
@@ -221,10 +217,6 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
             opts: dict[str, Any], *, memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""
-    from pipedream.sim.costs import stage_costs
-    from pipedream.sim.network import Network
-    from pipedream.sim.simulate import plan_ranks
-
     plan = copy.deepcopy(best.plan)
     samples = opts["dataset_size"]
     assert best.epoch_s is not None and best.time_per_minibatch_s is not None

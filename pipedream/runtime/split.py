@@ -3,7 +3,7 @@
 The model is traced once (:func:`trace`; ``"layer"`` granularity keeps every child of an
 ``nn.Sequential`` whole, ``"op"`` is torch.fx's own granularity where a ResNet block's skip connection
 is a branch of the graph). Graph nodes get the ids the profiler gives them (:func:`node_ids`), so the
-node sets of a :class:`~pipedream.planner.plan.Plan` name the same operations.
+node sets of a :class:`~pipedream.plan.Plan` name the same operations.
 
 Stage ``s`` becomes its own ``fx.GraphModule`` holding only its operations and their sub-modules
 (parameter names stay those of the whole model, e.g. ``layer1.0.conv1.weight``). What crosses the

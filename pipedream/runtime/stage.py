@@ -16,7 +16,7 @@ from torch import nn
 
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan
 from pipedream.runtime import split
 
 
@@ -131,7 +131,7 @@ def straight_plan(model: str, num_layers: int, layers_per_stage: list[int], repl
     Used by tests and benchmarks (the planner makes the real plans).
     """
     from pipedream.models import layer_node_id
-    from pipedream.planner.plan import Stage
+    from pipedream.plan import Stage
 
     if sum(layers_per_stage) != num_layers:
         raise PipeDreamError(f"layers_per_stage {layers_per_stage} does not sum to {num_layers}")

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan
 from pipedream.runtime import assemble, lr, split
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D

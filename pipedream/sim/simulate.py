@@ -29,7 +29,7 @@ from typing import Any
 from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan, config_string
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.engine import Trace, run
@@ -227,7 +227,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [workers]
     return SimResult(
         schedule=kind,
-        config=_config(replicas),
+        config=config_string(replicas),
         workers=workers,
         batch_size=int(batch),
         microbatches=m,
@@ -263,12 +263,6 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[i
             return 2 * n, 3 * n, t2, t3, True
         n, t1, t2 = 2 * n, t2, sim(4 * n)
     return n, 2 * n, t1, t2, False
-
-
-def _config(replicas: list[int]) -> str:
-    from pipedream.planner.plan import config_string
-
-    return config_string(replicas)
 
 
 def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "1f1b",

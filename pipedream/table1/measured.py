@@ -24,7 +24,7 @@ from typing import Any
 from pipedream.errors import PipeDreamError
 from pipedream.experiment import SCORED_METRICS, THRESHOLD_METRICS, model_data
 from pipedream.io import atomic_write_json
-from pipedream.planner.plan import Plan
+from pipedream.plan import Plan
 
 MODES = ("pipedream", "dp")
 PERCENT_METRICS = ("top1", "token_accuracy")

@@ -1,0 +1,131 @@
+"""How long things take: the one cost model that the planner, the re-ranking, the simulator, ``explain``
+and the runtime's link emulation all call (DESIGN.md, "One fact, one place").
+
+Every formula here is the alpha-beta model of a collective or a transfer on links of a given bandwidth:
+
+* point-to-point transfer of ``S`` bytes on a link of ``B`` bytes/s: ``latency + S / B``;
+* ring allreduce of ``S`` bytes over ``n`` ranks (reduce-scatter then all-gather, ``2 (n - 1)`` steps of
+  ``S / n`` bytes each; Patarasuk and Yuan 2009, the algorithm NCCL and gloo run):
+  ``2 (n - 1) * latency + 2 (n - 1) / n * S / B``;
+* hierarchical allreduce: one ring per level of the cluster (inside a server, then across servers), the
+  level-``l`` ring over ``n_l`` groups at that level's bandwidth ``B_l``: the sum over levels of the ring
+  term;
+* gradient buckets as PyTorch's ``DistributedDataParallel`` forms them (``torch/nn/parallel/distributed.py``:
+  ``bucket_cap_mb=25``, the first bucket capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB, parameters
+  in reverse order of registration, i.e. roughly the order in which the backward produces their
+  gradients); a bucket's allreduce starts when its last gradient is ready, buckets are reduced one after
+  another in bucket order;
+* an optimizer step: memory bound, ``traffic x parameter bytes / memory bandwidth`` with the bytes an
+  update reads and writes per parameter byte (:data:`STEP_TRAFFIC`), or a measured seconds-per-byte.
+
+The release's own formulas (the ``4 (m - 1) P / (B m)`` weight sync of its optimizer, no latency, no
+buckets) are not here: they live in :mod:`pipedream.planner.compat`, used only by ``--compat``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# PyTorch DDP's defaults (torch.nn.parallel.DistributedDataParallel: bucket_cap_mb=25 is 25 MiB; the first
+# bucket is capped at torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB so the first allreduce starts early)
+DDP_BUCKET_CAP_BYTES = 25 * 2**20
+DDP_FIRST_BUCKET_BYTES = 2**20
+# Latency of one step of a ring (one message between neighbours), s, when a cluster gives none: the order of
+# one TCP round trip inside a data centre; a cluster's ``latency_s`` overrides it.
+DEFAULT_STEP_LATENCY_S = 20e-6
+# Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors): plain SGD reads weight and
+# gradient and writes the weight (3); with momentum it also reads and writes the momentum buffer (5); Adam
+# reads weight, gradient and both moments and writes weight and both moments (7).
+STEP_TRAFFIC = {"sgd_plain": 3.0, "sgd": 5.0, "adam": 7.0}
+
+
+def transfer_s(nbytes: float, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    """Seconds to send ``nbytes`` over one link of ``bandwidth_Bps`` bytes/s: ``latency + S / B``
+    (0 for nothing to send or an infinitely fast link, e.g. a rank to itself)."""
+    if nbytes <= 0 or math.isinf(bandwidth_Bps):
+        return 0.0
+    return latency_s + nbytes / bandwidth_Bps
+
+
+def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
+    """Seconds of a ring allreduce of ``nbytes`` over ``ranks`` ranks on links of ``bandwidth_Bps``.
+
+    ``2 (n - 1) * latency + 2 (n - 1) / n * S / B``: ``2 (n - 1)`` steps (reduce-scatter, all-gather), each
+    moving ``S / n`` bytes through every link of the ring (Patarasuk and Yuan 2009). 0 for one rank.
+    """
+    if ranks < 2 or nbytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) * latency_s + 2 * (ranks - 1) / ranks * nbytes / bandwidth_Bps
+
+
+def ring_allreduce_bytes(nbytes: float, ranks: int) -> float:
+    """Bytes all ranks of a ring allreduce send together: ``2 (n - 1) S`` (each sends ``2 (n - 1) / n * S``)."""
+    return 2 * (ranks - 1) * nbytes if ranks > 1 else 0.0
+
+
+def hierarchical_allreduce_s(nbytes: float, groups_per_level: Sequence[int], bandwidths_Bps: Sequence[float],
+                             latency_s: float = 0.0) -> float:
+    """Seconds of a hierarchical allreduce: one ring per level, innermost first.
+
+    ``groups_per_level[l]`` is how many level-``l`` groups (GPUs at level 0, servers at level 1) take part
+    inside one level-``l+1`` group, ``bandwidths_Bps[l]`` the bandwidth between them; the result is the sum
+    of :func:`ring_allreduce_s` over the levels with more than one group.
+    """
+    return sum(ring_allreduce_s(nbytes, c, bw, latency_s)
+               for c, bw in zip(groups_per_level, bandwidths_Bps, strict=True) if c > 1)
+
+
+def bucket_layers(sizes_bytes: Sequence[float], cap_bytes: float = DDP_BUCKET_CAP_BYTES,
+                  first_cap_bytes: float | None = DDP_FIRST_BUCKET_BYTES) -> list[list[int]]:
+    """Group gradient tensors into allreduce buckets the way DDP does.
+
+    Args:
+        sizes_bytes: bytes of each gradient tensor (or layer), in the order the backward produces them
+            (reverse order of registration, as DDP assumes); zero sizes are skipped.
+        cap_bytes: a bucket is closed once it holds at least this many bytes (DDP's ``bucket_cap_mb``).
+        first_cap_bytes: the cap of the first bucket (DDP: 1 MiB), None for ``cap_bytes``.
+    Returns:
+        buckets in reduction order, each the indices (into ``sizes_bytes``) it holds, in order.
+    Raises:
+        ValueError: a non-positive cap.
+    """
+    if cap_bytes <= 0 or (first_cap_bytes is not None and first_cap_bytes <= 0):
+        raise ValueError(f"bucket caps must be positive bytes, got {cap_bytes} and {first_cap_bytes}")
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0.0
+    for i, size in enumerate(sizes_bytes):
+        if size <= 0:
+            continue
+        current.append(i)
+        filled += size
+        cap = first_cap_bytes if (first_cap_bytes is not None and not buckets) else cap_bytes
+        if filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0.0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | None = None,
+                     s_per_param_byte: float | None = None) -> float:
+    """Seconds of one optimizer step over ``param_bytes`` bytes of parameters.
+
+    With ``s_per_param_byte`` (measured, e.g. by the profiler on the run's host) that rate times the bytes;
+    otherwise the memory-bound estimate ``STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps``; 0 when
+    neither is known.
+
+    Raises:
+        ValueError: an optimizer :data:`STEP_TRAFFIC` does not know.
+    """
+    if optimizer not in STEP_TRAFFIC:
+        raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(STEP_TRAFFIC)}")
+    if param_bytes <= 0:
+        return 0.0
+    if s_per_param_byte is not None:
+        return s_per_param_byte * param_bytes
+    if memory_Bps:
+        return STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps
+    return 0.0
