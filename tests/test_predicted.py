@@ -14,8 +14,8 @@ import pytest
 from pipedream.cli import main
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
-from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.plan import Plan, Stage
+from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.schedules import consecutive_ranks
 from pipedream.sim import interleave, plan_ranks, simulate_dp, simulate_stages
 from pipedream.sim.network import Network

@@ -12,8 +12,8 @@ import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
 from pipedream.plan import Plan, Stage
+from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import Cluster

@@ -51,8 +51,8 @@ from typing import Any
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.planner.fixed_split import split_for_replicas
 from pipedream.plan import Plan, Stage, config_string
+from pipedream.planner.fixed_split import split_for_replicas
 from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, consecutive_ranks
 from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, plan_ranks, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs

@@ -45,8 +45,8 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.io import atomic_write_text
 from pipedream.paths import RELEASE_PROFILES
-from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.plan import Plan, Stage
+from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.schedules import consecutive_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
