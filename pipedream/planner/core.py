@@ -1,7 +1,8 @@
 """``plan_pipeline``: profile + cluster -> :class:`pipedream.plan.Plan` (paper §3.1).
 
 The solve itself is in :mod:`pipedream.planner.hierarchy`; this module turns the chosen state splits
-into stages of graph nodes, assigns ranks and fills in the per-stage numbers shown to the user.
+into stages of graph nodes, places them on ranks (:mod:`pipedream.planner.placement`) and fills in the
+per-stage numbers shown to the user.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
+from pipedream.planner.placement import hierarchical_ranks
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import Cluster
@@ -121,7 +123,6 @@ def _dp_plan(
             "dp_time_per_minibatch_s": solution.dp_time_s,
             "replicas_per_level": [seg.per_level for seg in solution.segments],
             "offsets_per_level": [seg.offsets for seg in solution.segments],
-            "placement_rank_map": _placement(solution.segments, cluster),
             "stage_details": details,
         },
     )
@@ -132,7 +133,12 @@ def _dp_plan(
             f"predicted bottleneck of {solution.time_s * 1e3:.3f} ms: the release's model (--compat) split a "
             "segment at a state that does not contain its start (see pipedream/planner/__init__.py, difference 5)"
         ]
-    plan.validate()
+    empty = [i for i, s in enumerate(stages) if not s.nodes]
+    if empty:  # the release's model only (difference 5): report it, the runtime cannot run it
+        plan.extra.setdefault("warnings", []).append(
+            f"stage(s) {empty} of this plan have no layers (the release's model, --compat, split a segment at a state "
+            "that does not contain its start): it cannot be run; plan without --compat")
+    plan.validate(allow_empty_stages=compat)
     return plan
 
 
@@ -163,7 +169,8 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
     workers_after = np.cumsum([seg.replicas for seg in solution.segments][::-1])[::-1]
     out: list[Stage] = []
     details: list[dict[str, float]] = []
-    rank = 0
+    placement = hierarchical_ranks([seg.per_level for seg in solution.segments],
+                                   [seg.offsets for seg in solution.segments], cluster)
     for idx, seg in enumerate(solution.segments):
         nodes = [n for n in order if stage_of[n] == idx]
         compute = sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in nodes if not graph.nodes[n].is_input)
@@ -175,7 +182,7 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
             Stage(
                 nodes=nodes,
                 replicas=seg.replicas,
-                ranks=list(range(rank, rank + seg.replicas)),
+                ranks=placement[idx],
                 compute_s=compute,
                 comm_s=sync + act,
                 memory_bytes=versions * (params + acts),
@@ -183,7 +190,6 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
         )
         details.append({"sync_s": sync, "activation_s": act, "param_bytes": params,
                         "time_s": max(compute + sync, act) / seg.replicas})
-        rank += seg.replicas
     return out, details
 
 
@@ -209,15 +215,3 @@ def _link_bandwidth(a: Segment, b: Segment, cluster: Cluster) -> float:
     differ = [lv for lv in range(len(cluster.levels)) if a.offsets[lv] != b.offsets[lv]]
     return cluster.levels[max(differ, default=0)][1]
 
-
-def _placement(segments: list[Segment], cluster: Cluster) -> dict[str, list[int]]:
-    """Hierarchical placement (the release's stage-to-rank map): a stage replicated over ``r`` groups at a
-    level takes the same positions inside each of those groups."""
-    devices = [math.prod(w for w, _ in cluster.levels[:lv]) for lv in range(len(cluster.levels))]
-    out = {}
-    for idx, seg in enumerate(segments):
-        ranks = [0]
-        for lv, (reps, off) in enumerate(zip(seg.per_level, seg.offsets, strict=True)):
-            ranks = [r + (off + t) * devices[lv] for r in ranks for t in range(reps)]
-        out[str(idx)] = sorted(ranks)
-    return out

@@ -62,9 +62,9 @@ def format_plan(plan: Plan) -> str:
                      f"{dp_est['dp_time_per_sample_s'] / dp_est['time_per_sample_s']:.3f} x; "
                      f"{sum(1 for c in ex.get('candidates', []) if c.get('simulated_epoch_s'))} candidates simulated "
                      f"(pipedream/planner/rerank.py)")
-    placement = ex.get("placement_rank_map")
-    if placement and len(ex.get("levels", [])) > 1:
-        lines.append("hierarchical placement (stage: ranks): " + "; ".join(f"{k}: {_ranks(v)}" for k, v in placement.items()))
+    if len(ex.get("levels", [])) > 1 and any(s.ranks != sorted(s.ranks) for s in plan.stages):
+        lines.append("placement across servers (stage: ranks in round-robin order, replica i takes the minibatches "
+                     "m with m % replicas == i): " + "; ".join(f"{i}: {_ranks(s.ranks)}" for i, s in enumerate(plan.stages)))
     return "\n".join(lines)
 
 

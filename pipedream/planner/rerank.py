@@ -53,8 +53,9 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
-from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, consecutive_ranks
-from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, plan_ranks, simulate_dp, simulate_plan
+from pipedream.planner.placement import replica_ranks
+from pipedream.schedules import DEFAULT_WARMUP, WARMUPS
+from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
@@ -122,16 +123,17 @@ def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: l
 
 
 def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int) -> Plan | None:
-    """A plan of :mod:`.fixed_split` for ``replicas`` on consecutive ranks, or None if it cannot be split."""
+    """A plan of :mod:`.fixed_split` for ``replicas``, placed by :func:`.placement.replica_ranks` (copies of
+    the pipeline on whole servers where the replica counts allow, else consecutive ranks), or None if it
+    cannot be split."""
     non_input = sum(1 for n in graph.nodes.values() if not n.is_input)
     if len(replicas) > non_input:
         return None
-    ranks = consecutive_ranks(replicas)
-    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size)
+    ranks = replica_ranks(replicas, cluster)
+    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size, ranks)
     stages = [Stage(nodes=ns, replicas=r, ranks=rk) for ns, r, rk in zip(nodes, replicas, ranks, strict=True)]
     return Plan(model=model, cluster=cluster.name, workers=sum(replicas), stages=stages, minibatch_size=minibatch_size,
-                time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan,
-                extra={"placement_rank_map": {str(i): rk for i, rk in enumerate(ranks)}})
+                time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
 
 
 def paper_shapes(workers: int, layers: int) -> list[list[int]]:
@@ -159,8 +161,7 @@ def candidates(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Pl
     seen: set[tuple[Any, ...]] = set()
     unique = []
     for source, plan in out:
-        key = tuple((tuple(s.nodes), s.replicas) for s in plan.stages) + (
-            tuple(tuple(v) for v in (plan.extra.get("placement_rank_map") or {}).values()),)
+        key = tuple((tuple(s.nodes), tuple(s.ranks)) for s in plan.stages)
         if key not in seen:
             seen.add(key)
             unique.append((source, plan))
@@ -223,7 +224,7 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
     plan.time_per_sample_s = best.epoch_s / samples
     plan.dp_time_per_sample_s = dp.epoch_time_s / samples
     net = Network(cluster, opts["allreduce"])
-    ranks = plan_ranks(plan, cluster)
+    ranks = [s.ranks for s in plan.stages]
     costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size)
     details = []
     for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):

@@ -47,7 +47,7 @@ from pipedream.io import atomic_write_text
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.plan import Plan, Stage
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
-from pipedream.schedules import consecutive_ranks
+from pipedream.planner.placement import replica_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD, explain
@@ -407,7 +407,7 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
         raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
     reps = [1] * cluster.workers
     stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
-    ranks = consecutive_ranks(reps)
+    ranks = replica_ranks(reps, cluster)
     panels = []
     for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
                          ("2bw", f"PipeDream-2BW, {microbatches} microbatches"), ("dp", "data parallelism")):
