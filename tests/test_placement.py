@@ -51,6 +51,8 @@ def test_replica_ranks_copies_the_pipeline_over_servers_when_the_counts_allow() 
     # gcd(4 servers, 6, 10) = 2 copies of 3-5, each on two servers (ranks 0-7 and 8-15)
     assert replica_ranks([6, 10], cluster) == [[0, 8, 1, 9, 2, 10], [3, 11, 4, 12, 5, 13, 6, 14, 7, 15]]
     assert replica_ranks([3, 1]) == [[0, 1, 2], [3]]
+    assert replica_ranks([16], cluster) == [list(range(16))]  # one stage: nothing to keep inside a server
+    assert hierarchical_ranks([[4, 4]], [[0, 0]], cluster) == [list(range(16))]
     assert replica_ranks([2, 1], cluster) == [[0, 1], [2]]  # fewer workers than the cluster: consecutive
 
 

@@ -18,7 +18,8 @@ with ``m % replicas == i`` (:meth:`pipedream.schedules.Schedule.rank_of`). Two r
   workers than the cluster has).
 
 With either order, minibatch ``m`` of two stages whose replica counts divide each other lands on the
-same server in both.
+same server in both. A single stage (data parallelism) has no boundary to keep inside a server: its ranks
+are ``0 .. workers - 1`` in order.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def hierarchical_ranks(per_level: Sequence[Sequence[int]], offsets: Sequence[Seq
         ranks = [0]
         for lv, (r, off) in enumerate(zip(reps, offs, strict=True)):
             ranks = [x + (off + t) * devices[lv] for x in ranks for t in range(r)]
-        out.append(interleave(ranks, server_size(cluster)))
+        out.append(interleave(ranks, server_size(cluster) if len(per_level) > 1 else max(ranks) + 1))
     return out
 
 
@@ -83,7 +84,7 @@ def replica_ranks(replicas: Sequence[int], cluster: Cluster | None = None) -> li
     """
     workers = sum(replicas)
     whole = cluster is not None and len(cluster.levels) > 1 and cluster.workers == workers
-    copies = math.gcd(cluster.levels[-1][0], *replicas) if whole else 1  # type: ignore[union-attr]
+    copies = math.gcd(cluster.levels[-1][0], *replicas) if whole and len(replicas) > 1 else 1  # type: ignore[union-attr]
     width = workers // copies
     out: list[list[int]] = []
     first = 0
