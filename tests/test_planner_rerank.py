@@ -45,7 +45,7 @@ def test_default_plan_beats_dp_paper_and_straight_and_its_estimate_is_its_simula
     assert others[best] / ours.epoch_time_s >= 0.98, (plan.config, others)
     mem = runtime_memory_bytes(g, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
     assert max(mem) <= max(cluster.device_memory_bytes, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
-    assert plan.extra["dp_estimate"]["config"] and plan.extra["estimate"] == "simulated"
+    assert plan.extra["solver_estimate"]["config"] and plan.extra["estimate"] == "simulated"
 
 
 def _chain(times: list[float], params: float = 1e6, acts: float = 1e6) -> LayerGraph:
@@ -74,7 +74,7 @@ def test_memory_limit_drops_a_plan_the_dp_chose_and_compat_keeps_the_release() -
     assert max(runtime_memory_bytes(g, [s.nodes for s in limited.stages], [s.replicas for s in limited.stages])) \
         <= limited.extra["memory_limit_bytes"]
     assert plan_pipeline(g, cluster, model="m", minibatch_size=8, compat=True).extra["mode"] == "compat"
-    assert "dp_estimate" not in plan_pipeline(g, cluster, model="m", minibatch_size=8, rerank=False, memory_limit=False).extra
+    assert "solver_estimate" not in plan_pipeline(g, cluster, model="m", minibatch_size=8, rerank=False, memory_limit=False).extra
 
 
 def test_estimate_is_what_simulate_prints(tmp_path: Path) -> None:

@@ -11,10 +11,12 @@ import math
 
 import numpy as np
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
-from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
+from pipedream.planner.compat import data_parallel_communication_time, transfer_time
+from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve, step_latency_s
 from pipedream.planner.placement import hierarchical_ranks
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
@@ -65,25 +67,25 @@ def plan_pipeline(
     kwargs = {"model": model, "minibatch_size": minibatch_size, "compat": compat,
               "activation_compression_ratio": activation_compression_ratio}
     if not rerank:
-        return _dp_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
-    dp_plans: list[tuple[str, Plan]] = []
+        return _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+    solver_plans: list[tuple[str, Plan]] = []
     variants = [(straight, memory_limit), (straight, False), (True, memory_limit)]
     errors = []
     for st, mem in dict.fromkeys(variants):
         if straight and not st:
             continue
         try:
-            dp_plans.append((f"dp{' straight' if st else ''}{'' if mem else ', no memory limit'}",
-                             _dp_plan(graph, cluster, memory_limit=mem, straight=st, **kwargs)))
+            solver_plans.append((f"solver{' straight' if st else ''}{'' if mem else ', no memory limit'}",
+                             _solver_plan(graph, cluster, memory_limit=mem, straight=st, **kwargs)))
         except PipeDreamError as e:  # e.g. a straight pipeline longer than the model, or nothing fits
             errors.append(e)
-    if not dp_plans:
+    if not solver_plans:
         raise errors[0]
-    return rerank_plans(graph, cluster, dp_plans, model=model, minibatch_size=minibatch_size,
+    return rerank_plans(graph, cluster, solver_plans, model=model, minibatch_size=minibatch_size,
                         memory_limit=memory_limit, straight=straight)
 
 
-def _dp_plan(
+def _solver_plan(
     graph: LayerGraph,
     cluster: Cluster,
     *,
@@ -195,18 +197,31 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
 
 def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, cluster: Cluster) -> tuple[float, float]:
     """Communication of stage ``idx`` per minibatch on one replica, seconds: the weight sync at every level
-    where the stage is replicated, ``4 (r - 1) P / (B r)`` (§3.1's W), and sending and receiving its
-    boundary activations, ``2 a / B`` each (§3.1's C, at the bandwidth of the level the boundary crosses)."""
+    where the stage is replicated (§3.1's W) and sending its boundary activations and receiving their
+    gradients (§3.1's C, at the bandwidth of the level the boundary crosses).
+
+    Default mode: per level ``l``, a ring allreduce of ``P / g_l`` bytes over the stage's ``r_l`` groups
+    (``g_l`` devices per group, as the recurrence charges it) and ``2 (latency + a / B)`` per boundary, both
+    from :mod:`pipedream.costmodel` with the cluster's latency. Compat mode: the release's ``4 (r - 1) P / (B r)``
+    per level and ``2 a / B`` per boundary (:mod:`pipedream.planner.compat`)."""
     seg: Segment = solution.segments[idx]
-    sync = sum(
-        4.0 * (r - 1) * params / (bw * r) for r, (_, bw) in zip(seg.per_level, cluster.levels, strict=False) if r > 1
-    )
     segs = solution.segments
-    act = 0.0
+    compat = solution.level_rules[0].compat
+    latency = step_latency_s(cluster)
+    sync = 0.0
+    devices = 1
+    for r, (workers, bw) in zip(seg.per_level, cluster.levels, strict=False):
+        if r > 1:
+            sync += float(data_parallel_communication_time(params, r, bw) if compat
+                          else costmodel.ring_allreduce_s(params / devices, r, bw, latency))
+        devices *= workers
+    bounds = []
     if idx > 0:
-        act += 2.0 * float(states.cut_bytes[segs[idx - 1].end]) / _link_bandwidth(segs[idx - 1], seg, cluster)
+        bounds.append((float(states.cut_bytes[segs[idx - 1].end]), _link_bandwidth(segs[idx - 1], seg, cluster)))
     if idx < len(segs) - 1:
-        act += 2.0 * float(states.cut_bytes[seg.end]) / _link_bandwidth(seg, segs[idx + 1], cluster)
+        bounds.append((float(states.cut_bytes[seg.end]), _link_bandwidth(seg, segs[idx + 1], cluster)))
+    act = sum(float(transfer_time(a, 1, bw, 1.0)) if compat else 2.0 * costmodel.transfer_s(a, bw, latency)
+              for a, bw in bounds)
     return sync, act
 
 

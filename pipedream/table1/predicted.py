@@ -213,13 +213,13 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
                                warmup="release") if replicated else pd_res
     pd_ind = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
                            sync="independent") if replicated else pd_res
-    dp_est = plan.extra.get("dp_estimate") or {}
+    solver_est = plan.extra.get("solver_estimate") or {}
     row: dict[str, Any] = {
         "predicted_config": plan.config, "plan_source": plan_source,
         "predicted_speedup": dp.epoch_time_s / pd_res.epoch_time_s,
         "planner_estimate_speedup": plan.predicted_speedup,
-        "dp_cost_model_config": dp_est.get("config", plan.config),
-        "dp_cost_model_speedup": (dp_est["dp_time_per_sample_s"] / dp_est["time_per_sample_s"]) if dp_est
+        "dp_cost_model_config": solver_est.get("config", plan.config),
+        "dp_cost_model_speedup": (solver_est["dp_time_per_sample_s"] / solver_est["time_per_sample_s"]) if solver_est
         else plan.predicted_speedup,
         "release_warmup_speedup": dp.epoch_time_s / pd_release.epoch_time_s,
         "independent_replicas_speedup": dp.epoch_time_s / pd_ind.epoch_time_s,
