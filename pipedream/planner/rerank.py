@@ -11,7 +11,9 @@ models the gap decides the plan (the solver's VGG-16 plan for cluster A, 9-3-2-1
 1. candidates: the solver's plan with and without a straight pipeline and with and without the memory
    limit; for the replica vector of each, the split of :mod:`.fixed_split` (balanced for the
    simulator's own cost terms); and the paper's shapes for the whole cluster: data parallelism
-   (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline;
+   (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline; and when the model and the
+   cluster are small (at most :data:`EVERY_SPLIT_LIMIT` pairs), every split into contiguous stages with
+   every replica vector (:func:`every_split`);
 2. candidates whose stages do not fit the device (:func:`runtime_memory_bytes`, on by default) are
    dropped. The profile's activation bytes (every layer's output) overcount what PyTorch keeps: they put
    data parallelism of ResNet-50 at 128 images per GPU, which the paper trained on 16 GB V100s, at 19.5 GB.
@@ -45,6 +47,7 @@ than any of them.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +67,7 @@ from pipedream.topology import Cluster
 
 PAPER_SHAPES = 3  # "W-1-1", up to this many single stages after one replicated stage
 NEAR_TIE = 0.02  # relative epoch-time margin within which the plan with fewer stages wins (step 4)
+EVERY_SPLIT_LIMIT = 256  # at most this many (split, replica vector) pairs: all are candidates (step 1)
 
 
 @dataclass
@@ -148,10 +152,48 @@ def paper_shapes(workers: int, layers: int) -> list[list[int]]:
     return shapes
 
 
+def _vectors(workers: int, stages: int, straight: bool) -> list[list[int]]:
+    """Replica vectors of ``stages`` stages on ``workers`` workers (each at least 1; all 1 if ``straight``)."""
+    if straight:
+        return [[1] * stages] if stages == workers else []
+    return [[b - a for a, b in zip((0, *bars), (*bars, workers), strict=True)]
+            for bars in itertools.combinations(range(1, workers), stages - 1)]
+
+
+def every_split(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_size: int,
+                straight: bool) -> list[tuple[str, Plan]]:
+    """Every split of the layers' topological order into contiguous stages with every replica vector,
+    placed by :func:`.placement.replica_ranks`, if there are at most :data:`EVERY_SPLIT_LIMIT` (else none).
+
+    On a small model and cluster the solver's cost model and the fixed splitter's balance can both miss the
+    split that simulates fastest (by a third on random 4-6 layer chains on 4 workers,
+    ``tests/test_planner_rerank.py``); simulating all of them costs little there. On a chain these are all
+    the splits; on a DAG, those of one topological order.
+    """
+    layers = [n for n in graph.topological_order() if not graph.nodes[n].is_input]
+    workers, n = cluster.workers, len(layers)
+    shapes = [(k, _vectors(workers, k, straight)) for k in range(1, min(workers, n) + 1)]
+    if sum(math.comb(n - 1, k - 1) * len(vs) for k, vs in shapes) > EVERY_SPLIT_LIMIT:
+        return []
+    out = []
+    for k, vectors in shapes:
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            bounds = (0, *cuts, n)
+            nodes = [layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+            for reps in vectors:
+                stages = [Stage(nodes=ns, replicas=r, ranks=rk)
+                          for ns, r, rk in zip(nodes, reps, replica_ranks(reps, cluster), strict=True)]
+                plan = Plan(model=model, cluster=cluster.name, workers=workers, stages=stages,
+                            minibatch_size=minibatch_size, time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
+                out.append((f"every split: {config_string(reps)} after layers {list(cuts)}", plan))
+    return out
+
+
 def candidates(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Plan]], *, model: str,
                minibatch_size: int, straight: bool) -> list[tuple[str, Plan]]:
     """The solver's plans, :mod:`.fixed_split`'s split of each of their replica vectors and of the paper's
-    shapes (straight ones only if ``straight``), without duplicates, in that order."""
+    shapes (straight ones only if ``straight``), and, when there are at most :data:`EVERY_SPLIT_LIMIT` of
+    them, every split and replica vector (:func:`every_split`); without duplicates, in that order."""
     layers = sum(1 for n in graph.nodes.values() if not n.is_input)
     vectors = [[s.replicas for s in p.stages] for _, p in solver_plans]
     vectors += [v for v in paper_shapes(cluster.workers, layers) if not straight or all(r == 1 for r in v)]
@@ -160,6 +202,7 @@ def candidates(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str
         plan = _split_plan(graph, cluster, reps, model, minibatch_size)
         if plan is not None:
             out.append((f"split {config_string(reps)}", plan))
+    out += every_split(graph, cluster, model=model, minibatch_size=minibatch_size, straight=straight)
     seen: set[tuple[Any, ...]] = set()
     unique = []
     for source, plan in out:
