@@ -27,6 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+from numpy.typing import ArrayLike
+
 # PyTorch DDP's defaults (torch.nn.parallel.DistributedDataParallel: bucket_cap_mb=25 is 25 MiB; the first
 # bucket is capped at torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB so the first allreduce starts early)
 DDP_BUCKET_CAP_BYTES = 25 * 2**20
@@ -129,3 +132,21 @@ def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | Non
     if memory_Bps:
         return STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps
     return 0.0
+
+
+def ring_allreduce_s_array(nbytes: ArrayLike, ranks: ArrayLike, bandwidth_Bps: float,
+                           latency_s: float = 0.0) -> np.ndarray:
+    """:func:`ring_allreduce_s` element-wise over arrays that broadcast (the planner's vectorised
+    recurrence): ``2 (n - 1) * latency + 2 (n - 1) / n * S / B`` where ``n >= 2`` and ``S > 0``, else 0."""
+    s = np.asarray(nbytes, dtype=np.float64)
+    n = np.asarray(ranks, dtype=np.float64)
+    value = 2 * (n - 1) * latency_s + 2 * (n - 1) / n * s / bandwidth_Bps
+    return np.where((n < 2) | (s <= 0), 0.0, value)
+
+
+def transfer_s_array(nbytes: ArrayLike, bandwidth_Bps: float, latency_s: float = 0.0) -> np.ndarray:
+    """:func:`transfer_s` element-wise over an array of byte counts: ``latency + S / B`` where ``S > 0``, else 0."""
+    s = np.asarray(nbytes, dtype=np.float64)
+    if math.isinf(bandwidth_Bps):
+        return np.zeros_like(s)
+    return np.where(s <= 0, 0.0, latency_s + s / bandwidth_Bps)

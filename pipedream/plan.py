@@ -24,7 +24,10 @@ class Stage:
     Attributes:
         nodes: layer-graph node ids the stage runs, in topological order.
         replicas: number of workers running this stage (data parallel inside the stage).
-        ranks: global ranks of those workers (``len(ranks) == replicas``).
+        ranks: global ranks of those workers (``len(ranks) == replicas``) in round-robin order: replica
+            ``i``, on ``ranks[i]``, runs the minibatches ``m`` with ``m % replicas == i``
+            (:meth:`pipedream.schedules.Schedule.rank_of`). The planner writes them
+            (:mod:`pipedream.planner.placement`); the runtime and the simulator both run exactly them.
         compute_s: forward+backward time of the stage for one profiled minibatch on one worker, s.
         comm_s: communication time charged to the stage per minibatch (activations, weight sync), s.
         memory_bytes: estimated memory one replica needs (weights, stashed versions, activations), bytes.
@@ -116,19 +119,41 @@ class Plan:
         plan.validate()
         return plan
 
-    def validate(self) -> None:
-        """Check ranks and replicas agree; raises PipeDreamError naming the inconsistency."""
+    def validate(self, allow_empty_stages: bool = False) -> None:
+        """Refuse what the runtime cannot run; raises PipeDreamError naming the stage and the fix.
+
+        Every stage has layers and ``replicas`` ranks (``len(ranks) == replicas``, in round-robin order:
+        replica ``i`` takes minibatches ``m % replicas == i``); together the stages use the ranks
+        ``0 .. workers - 1`` each exactly once. A plan written before the placement moved into
+        ``Stage.ranks`` (it has ``extra["placement_rank_map"]``) is refused: its stages' ranks are not the
+        placement its estimate assumed. ``allow_empty_stages`` lets the planner's compat mode return the
+        release's answer when that has a stage without layers (it cannot be run, nor loaded from a file).
+        """
         if not self.stages:
-            raise PipeDreamError("plan has no stages")
-        seen: set[int] = set()
+            raise PipeDreamError("plan has no stages; regenerate it with `pipedream plan`")
+        if "placement_rank_map" in self.extra:
+            raise PipeDreamError("plan has extra.placement_rank_map, the placement of an older planner that its "
+                                 "stages' ranks do not follow; regenerate it with `pipedream plan`")
+        owner: dict[int, int] = {}
         for i, s in enumerate(self.stages):
+            if not s.nodes and not allow_empty_stages:
+                raise PipeDreamError(f"plan stage {i} has no layers; give it layers or remove the stage")
             if s.replicas < 1 or len(s.ranks) != s.replicas:
-                raise PipeDreamError(f"plan stage {i}: replicas={s.replicas} but ranks={s.ranks}")
-            if seen & set(s.ranks):
-                raise PipeDreamError(f"plan stage {i}: rank(s) {sorted(seen & set(s.ranks))} already used by another stage")
-            seen |= set(s.ranks)
-        if sum(s.replicas for s in self.stages) != self.workers:
-            raise PipeDreamError(f"plan uses {sum(s.replicas for s in self.stages)} workers but says workers={self.workers}")
+                raise PipeDreamError(f"plan stage {i}: replicas={s.replicas} but ranks={s.ranks}; "
+                                     "give the stage exactly one rank per replica")
+            for r in s.ranks:
+                if not isinstance(r, int) or not 0 <= r < self.workers:
+                    raise PipeDreamError(f"plan stage {i}: rank {r!r} is not one of 0..{self.workers - 1} "
+                                         f"(workers={self.workers}); use ranks 0..{self.workers - 1}")
+                if r in owner:
+                    where = "twice" if owner[r] == i else f"also by stage {owner[r]}"
+                    raise PipeDreamError(f"plan stage {i}: rank {r} is used {where}; give every rank to one "
+                                         "replica of one stage")
+                owner[r] = i
+        if len(owner) != self.workers:
+            missing = sorted(set(range(self.workers)) - set(owner))
+            raise PipeDreamError(f"plan uses {len(owner)} ranks but says workers={self.workers} (ranks {missing} "
+                                 f"have no stage); set workers={len(owner)} or give those ranks a stage")
 
     def save(self, path: str | Path) -> None:
         """Write the plan as JSON atomically."""

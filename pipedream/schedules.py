@@ -380,23 +380,24 @@ def data_parallel(workers: int, num_minibatches: int) -> Schedule:
     return sched
 
 
-def build(name: str, replicas: Sequence[int], num_minibatches: int, num_microbatches: int = 1,
+def build(name: str, stage_ranks: Sequence[Sequence[int]], num_minibatches: int, num_microbatches: int = 1,
           warmup: str = DEFAULT_WARMUP) -> Schedule:
-    """Schedule ``name`` for stages replicated ``replicas`` times on ranks ``0..sum(replicas)-1``
-    (``warmup``: 1F1B's warm-up counts, see :func:`one_f_one_b`).
+    """Schedule ``name`` for stages on ``stage_ranks`` (per stage its ranks in round-robin order, e.g.
+    ``[s.ranks for s in plan.stages]``; ``warmup``: 1F1B's warm-up counts, see :func:`one_f_one_b`).
+    ``"dp"`` runs the whole model on all the ranks, ``0 .. workers - 1``.
 
     Raises:
         PipeDreamError: unknown name, or the checks of the chosen schedule.
     """
-    stage_ranks = consecutive_ranks(replicas)
+    ranks = [list(rs) for rs in stage_ranks]
     if name == "1f1b":
-        return one_f_one_b(stage_ranks, num_minibatches, warmup)
+        return one_f_one_b(ranks, num_minibatches, warmup)
     if name == "gpipe":
-        return gpipe(stage_ranks, num_minibatches, num_microbatches)
+        return gpipe(ranks, num_minibatches, num_microbatches)
     if name == "2bw":
-        return two_bw(stage_ranks, num_minibatches, num_microbatches)
+        return two_bw(ranks, num_minibatches, num_microbatches)
     if name == "dp":
-        return data_parallel(sum(replicas), num_minibatches)
+        return data_parallel(sum(len(rs) for rs in ranks), num_minibatches)
     raise PipeDreamError(f"unknown schedule {name!r}; use 1f1b, gpipe, 2bw or dp")
 
 

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "experiments" / "data" / "profiles"
 CLUSTERS = REPO / "experiments" / "clusters.yaml"
 INF = math.inf
+LATENCY = 20e-6  # the cost model's per-step latency for a cluster that gives none (costmodel.DEFAULT_STEP_LATENCY_S)
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -51,18 +52,25 @@ def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
 
 def piece_time(dc: float, dp: float, da: float, r: int, used: int, n_workers: int, bw: float, *, first: bool,
                group: float, mem: float | None, extra_version: int, mem_div: float,
-               comm: tuple[float, float | None] | None) -> float:
-    """One stage: compute plus weight sync over r replicas; memory; activation transfers (not first)."""
-    t = (dc + 4.0 * (r - 1) * dp / (bw * r) / group) / r
+               comm: tuple[float, float | None] | None, compat: bool) -> float:
+    """One stage: compute plus weight sync over r replicas; memory; activation transfers (not first).
+
+    ``comm``: bytes into and out of the stage (already divided by the compression ratio). Compat: the
+    release's sync ``4 (r - 1) P / (B r) / g`` and ``2 a / (B r)``. Default: a ring allreduce of ``P / g`` bytes,
+    ``2 (r - 1) L + 2 (r - 1) / r * P / (g B)``, and a transfer each way, ``2 (L + a / B) / r``."""
+    if compat:
+        sync = 4.0 * (r - 1) * dp / (bw * r) / group
+    else:
+        sync = 2 * (r - 1) * LATENCY + 2 * (r - 1) / r * (dp / group) / bw if r > 1 and dp > 0 else 0.0
+    t = (dc + sync) / r
     if mem is not None:
         versions = math.ceil((n_workers - used) / r) + extra_version
         if versions * (da + dp) / mem_div > mem:
             return INF
     if comm is not None and not first:
-        a_in, a_out = comm
-        t = max(t, a_in / (bw * r))
-        if a_out is not None:
-            t = max(t, a_out / (bw * r))
+        for a in comm:
+            if a is not None:
+                t = max(t, 2.0 * a / (bw * r) if compat else (2 * (LATENCY + a / bw) if a > 0 else 0.0) / r)
     return t
 
 
@@ -76,7 +84,7 @@ def cumulative(layers: list[tuple[float, float, float]]) -> tuple[list[float], l
 
 
 def brute_level(c, p, a, bnd, lo: int, hi: int, workers: int, bw: float, *, n_states: int, mem, ratio, straight,
-                extra_version: int, group_init: float, group_split: float, mem_div: float, inner=None):
+                extra_version: int, group_init: float, group_split: float, mem_div: float, compat: bool, inner=None):
     """Best time for the segment after state ``lo`` (-1: start) up to state ``hi`` on ``workers`` workers of one level.
 
     ``inner(s, e)`` gives a lower level's best time for a piece (default: compute of the piece)."""
@@ -97,10 +105,10 @@ def brute_level(c, p, a, bnd, lo: int, hi: int, workers: int, bw: float, *, n_st
                     dc = inner(s, e) if inner else c[e] - base(c)
                     comm = None
                     if ratio is not None:
-                        comm = (2.0 * bnd[s] / ratio if s >= 0 else 0.0, 2.0 * bnd[e] / ratio if e < n_states - 1 else None)
+                        comm = (bnd[s] / ratio if s >= 0 else 0.0, bnd[e] / ratio if e < n_states - 1 else None)
                     t = piece_time(dc, p[e] - base(p), a[e] - base(a), r, used, workers, bw, first=idx == 0,
                                    group=group_init if idx == 0 else group_split, mem=mem, extra_version=extra_version,
-                                   mem_div=mem_div, comm=comm)
+                                   mem_div=mem_div, comm=comm, compat=compat)
                     worst = max(worst, t)
                     s = e
                 best = min(best, worst)
@@ -118,15 +126,16 @@ def brute_plan(layers, cluster: Cluster, *, compat: bool, memory_limit=False, st
     if len(cluster.levels) == 1:
         (w, bw), = cluster.levels
         return brute_level(c, p, a, bnd, -1, n - 1, w, bw, n_states=n, mem=mem, ratio=ratio, straight=straight,
-                           extra_version=ev, group_init=1, group_split=1, mem_div=1)
+                           extra_version=ev, group_init=1, group_split=1, mem_div=1, compat=compat)
     (w1, b1), (w2, b2) = cluster.levels
 
     def inner(s: int, e: int) -> float:
         return brute_level(c, p, a, bnd, s, e, w1, b1, n_states=n, mem=mem, ratio=ratio, straight=straight,
-                           extra_version=ev, group_init=1, group_split=1, mem_div=1)
+                           extra_version=ev, group_init=1, group_split=1, mem_div=1, compat=compat)
 
     return brute_level(c, p, a, bnd, -1, n - 1, w2, b2, n_states=n, mem=mem, ratio=ratio, straight=straight, extra_version=ev,
-                       group_init=w1, group_split=1 if compat else w1, mem_div=1 if compat else w1, inner=inner)
+                       group_init=w1, group_split=1 if compat else w1, mem_div=1 if compat else w1, compat=compat,
+                       inner=inner)
 
 
 def rel(x: float, y: float) -> float:
@@ -192,8 +201,9 @@ def test_shipped_resnet50_16_gpus_is_8_4_4_with_the_memory_limit() -> None:
     plan = plan_pipeline(read_profile("resnet50"), get_cluster("A_4x4", CLUSTERS), model="resnet50", minibatch_size=128,
                          compat=True, memory_limit=True, activation_compression_ratio=1.0)
     assert plan.config == "8-4-4"
-    assert plan.extra["placement_rank_map"] == {"0": [0, 1, 4, 5, 8, 9, 12, 13], "1": [2, 6, 10, 14], "2": [3, 7, 11, 15]}
-    assert [s.ranks for s in plan.stages] == [list(range(8)), list(range(8, 12)), list(range(12, 16))]
+    assert "placement_rank_map" not in plan.extra
+    # the release's map (stage 0 on slots 0-1 of every server), in round-robin order: minibatch m on server m % 4
+    assert [s.ranks for s in plan.stages] == [[0, 4, 8, 12, 1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
 
 
 def test_shipped_gnmt_large_16_gpus_flat() -> None:
@@ -348,9 +358,9 @@ def brute_dag(graph: LayerGraph, cluster: Cluster, *, compat: bool, memory_limit
                     dc = sum(nodes[b].fwd_s + nodes[b].bwd_s for b in piece)
                     dp = sum(nodes[b].param_bytes for b in piece)
                     da = sum(nodes[b].output_bytes for b in piece)
-                    comm = None if compat else (2.0 * cut(prev) if idx else 0.0, 2.0 * cut(s.ideals[e]) if e < n - 1 else None)
+                    comm = None if compat else (cut(prev) if idx else 0.0, cut(s.ideals[e]) if e < n - 1 else None)
                     worst = max(worst, piece_time(dc, dp, da, r, used, workers, bw, first=idx == 0, group=1, mem=mem,
-                                                  extra_version=0 if compat else 1, mem_div=1, comm=comm))
+                                                  extra_version=0 if compat else 1, mem_div=1, comm=comm, compat=compat))
                     prev = s.ideals[e]
                 best = min(best, worst)
     return best

@@ -1,51 +1,82 @@
-"""The default planner's re-ranking (pipedream/planner/rerank.py): on every Table 1 row with a V100
-profile, the plan it returns simulates at least as fast as data parallelism, the paper's configuration
-and a straight pipeline (to 2%), and its estimate is the simulated time of its own plan (to 10%)."""
+"""The default planner's re-ranking (pipedream/planner/rerank.py) against an exhaustive search.
+
+On small random graphs (chains of 4-6 layers with random times, activation and parameter bytes, some
+with a skip connection) and 4-worker clusters (flat and two servers of two), every contiguous split of
+the layers and every replica vector (each stage at least one replica, all workers used), placed by the
+planner's rule (:func:`pipedream.planner.placement.replica_ranks`), is simulated exactly as the
+re-ranking simulates (:func:`pipedream.planner.rerank.simulation_options`); the planner's plan must
+simulate within the near-tie margin of the fastest of them. A chain has one topological order, so its
+contiguous splits are all its splits into stages. Before the re-ranking simulated every split of such
+small cases (rerank.every_split, checked by setting EVERY_SPLIT_LIMIT to 0), five of these 40 cases
+failed, up to 23% slower than the exhaustive best (over seeds 0-79: 37 of 160 more than 2%, up to 33%).
+"""
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from pipedream.graph import LayerGraph, Node
 from pipedream.planner import plan_pipeline, rerank
-from pipedream.planner.fixed_split import replicas_of
-from pipedream.planner.rerank import _split_plan, paper_shapes, runtime_memory_bytes, simulation_options
-from pipedream.sim import simulate_dp, simulate_plan
-from pipedream.table1.predicted import find_profile
-from pipedream.topology import Cluster, get_cluster
-from tests.conftest import REPO
+from pipedream.planner.placement import replica_ranks
+from pipedream.planner.rerank import paper_shapes, runtime_memory_bytes, simulation_options
+from pipedream.sim import simulate_dp, simulate_plan, simulate_stages
+from pipedream.topology import Cluster
 
-CLUSTERS = REPO / "experiments" / "clusters.yaml"
-PAPER = pd.read_csv(REPO / "experiments" / "paper_table1.csv")
-ROWS = [(str(p.model), f"{p.cluster}_{p.servers}x{p.gpus_per_server}", str(p.pipedream_config)) for p in PAPER.itertuples()]
+BIG_MEMORY = 1e15  # no candidate is dropped for memory: the search below does not model the limit
+CLUSTERS = [Cluster("flat4", [(4, 1e9)], BIG_MEMORY), Cluster("two2x2", [(2, 10e9), (2, 1e9)], BIG_MEMORY)]
+
+
+def random_graph(rng: random.Random) -> LayerGraph:
+    """An input and a chain of 4-6 layers (fwd+bwd 1-50 ms, activations 0.1-50 MB, parameters none or
+    0.1-100 MB), half of them with one skip connection over at least one layer; minibatch 8."""
+    layers = rng.randint(4, 6)
+    g = LayerGraph(minibatch_size=8)
+    g.add_node(Node("in", "Input", 0.0, 0.0, (rng.uniform(1e5, 1e7),), 0.0))
+    for i in range(layers):
+        t = rng.uniform(1e-3, 50e-3)
+        params = rng.choice([0.0, rng.uniform(1e5, 1e8)])
+        g.add_node(Node(f"n{i}", "Linear", t / 3, 2 * t / 3, (rng.uniform(1e5, 5e7),), params))
+        g.add_edge("in" if i == 0 else f"n{i - 1}", f"n{i}")
+    if rng.random() < 0.5:
+        src = rng.randrange(0, layers - 2)
+        g.add_edge(f"n{src}", f"n{rng.randrange(src + 2, layers)}")
+    return g
+
+
+def exhaustive_best(g: LayerGraph, cluster: Cluster) -> tuple[float, str]:
+    """The fastest simulated epoch over every contiguous split and replica vector, and which it was."""
+    layers = [n for n in g.topological_order() if not g.nodes[n].is_input]
+    inputs = [n for n in g.topological_order() if g.nodes[n].is_input]
+    workers = cluster.workers
+    best, which = float("inf"), ""
+    for stages in range(1, min(workers, len(layers)) + 1):
+        for cuts in itertools.combinations(range(1, len(layers)), stages - 1):
+            bounds = [0, *cuts, len(layers)]
+            nodes = [layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+            nodes[0] = inputs + nodes[0]
+            for bars in itertools.combinations(range(1, workers), stages - 1):
+                reps = [b - a for a, b in zip([0, *bars], [*bars, workers], strict=True)]
+                epoch = simulate_stages(g, nodes, replica_ranks(reps, cluster), cluster,
+                                        **simulation_options()).epoch_time_s
+                if epoch < best:
+                    best, which = epoch, f"{'-'.join(map(str, reps))} split after {list(cuts)}"
+    return best, which
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "cluster_name", "paper_config"), ROWS, ids=[f"{m}-{c}" for m, c, _ in ROWS])
-def test_default_plan_beats_dp_paper_and_straight_and_its_estimate_is_its_simulation(
-        model: str, cluster_name: str, paper_config: str) -> None:
-    prof = find_profile(model, Path("no-user-profiles"))
-    if prof is None:
-        pytest.skip(f"no V100 profile of {model} (the release ships none)")
-    g, cluster = prof.graph, get_cluster(cluster_name, CLUSTERS)
-    plan = plan_pipeline(g, cluster, model=model, minibatch_size=prof.batch)
-    opts = simulation_options()
-    ours = simulate_plan(g, plan, cluster, **opts)
-    assert abs(plan.time_per_sample_s * opts["dataset_size"] / ours.epoch_time_s - 1) < 0.10
-    others = {"dp": simulate_dp(g, cluster, **opts).epoch_time_s}
-    for config in {paper_config, "straight"}:
-        reps = replicas_of(config, cluster.workers)
-        alt = _split_plan(g, cluster, reps, model, prof.batch) if len(reps) > 1 else None
-        if alt is not None:
-            others[config] = simulate_plan(g, alt, cluster, **opts).epoch_time_s
-    best = min(others, key=others.__getitem__)
-    assert others[best] / ours.epoch_time_s >= 0.98, (plan.config, others)
-    mem = runtime_memory_bytes(g, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
-    assert max(mem) <= max(cluster.device_memory_bytes, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
-    assert plan.extra["dp_estimate"]["config"] and plan.extra["estimate"] == "simulated"
+@pytest.mark.parametrize("cluster", CLUSTERS, ids=lambda c: c.name)
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_is_within_the_near_tie_margin_of_the_exhaustive_best(cluster: Cluster, seed: int) -> None:
+    g = random_graph(random.Random(seed * 7919 + cluster.workers))
+    plan = plan_pipeline(g, cluster, model="m", minibatch_size=8)
+    ours = simulate_plan(g, plan, cluster, **simulation_options()).epoch_time_s
+    best, which = exhaustive_best(g, cluster)
+    assert ours <= best * (1 + rerank.NEAR_TIE) * (1 + 1e-12), (plan.config, [s.nodes for s in plan.stages], which,
+                                                              ours / best)
 
 
 def _chain(times: list[float], params: float = 1e6, acts: float = 1e6) -> LayerGraph:
@@ -55,6 +86,16 @@ def _chain(times: list[float], params: float = 1e6, acts: float = 1e6) -> LayerG
         g.add_node(Node(f"n{i}", "Linear", t / 3, 2 * t / 3, (acts,), params))
         g.add_edge("in" if i == 0 else f"n{i - 1}", f"n{i}")
     return g
+
+
+def test_every_split_is_a_candidate_only_when_there_are_few() -> None:
+    g, cluster = _chain([0.01] * 4), Cluster("four", [(4, 1e9)], 16e9)
+    plans = rerank.every_split(g, cluster, model="m", minibatch_size=8, straight=False)
+    # 1 + C(3,1) C(3,1) + C(3,2) C(3,2) + 1 (stages x replica vectors), each on all 4 workers
+    assert len(plans) == 1 + 3 * 3 + 3 * 3 + 1 and all(p.workers == 4 for _, p in plans)
+    assert [p.config for _, p in rerank.every_split(g, cluster, model="m", minibatch_size=8, straight=True)] == ["straight"]
+    assert rerank.every_split(_chain([0.01] * 40), Cluster("16", [(16, 1e9)], 16e9), model="m", minibatch_size=8,
+                              straight=False) == []
 
 
 def test_paper_shapes() -> None:
@@ -74,7 +115,7 @@ def test_memory_limit_drops_a_plan_the_dp_chose_and_compat_keeps_the_release() -
     assert max(runtime_memory_bytes(g, [s.nodes for s in limited.stages], [s.replicas for s in limited.stages])) \
         <= limited.extra["memory_limit_bytes"]
     assert plan_pipeline(g, cluster, model="m", minibatch_size=8, compat=True).extra["mode"] == "compat"
-    assert "dp_estimate" not in plan_pipeline(g, cluster, model="m", minibatch_size=8, rerank=False, memory_limit=False).extra
+    assert "solver_estimate" not in plan_pipeline(g, cluster, model="m", minibatch_size=8, rerank=False, memory_limit=False).extra
 
 
 def test_estimate_is_what_simulate_prints(tmp_path: Path) -> None:

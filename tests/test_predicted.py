@@ -16,8 +16,9 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan, Stage
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
+from pipedream.planner.placement import replica_ranks
 from pipedream.schedules import consecutive_ranks
-from pipedream.sim import interleave, plan_ranks, simulate_dp, simulate_stages
+from pipedream.sim import simulate_dp, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.predicted import (
     RELEASE_RUNS,
@@ -65,24 +66,15 @@ def test_config_strings_and_split() -> None:
         split_for_replicas(_chain([1.0, 1.0]), [1, 1, 1], flat, 8)
 
 
-def test_round_robin_alternates_servers_for_hierarchical_plans() -> None:
-    assert interleave([0, 1, 2, 4, 5, 6, 8, 9, 10], 4) == [0, 4, 8, 1, 5, 9, 2, 6, 10]
-    plan = Plan("m", "A_4x4", 16, [Stage(["a"], 12, list(range(12))), Stage(["b"], 4, list(range(12, 16)))], 8, 1.0, 1.0,
-                extra={"placement_rank_map": {"0": [0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14], "1": [3, 7, 11, 15]}})
-    assert plan_ranks(plan, get_cluster("A_4x4", CLUSTERS)) == [[0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14], [3, 7, 11, 15]]
-    plan.extra["placement_rank_map"] = {"0": [0, 1], "1": [3]}
-    with pytest.raises(PipeDreamError, match="placement_rank_map"):
-        plan_ranks(plan)
-
-
 def _write_plan(plans: Path, model: str, cluster: Cluster, config: str) -> Plan:
     """A plan made with our splitter (so these tests do not depend on the planner's speed)."""
     prof = find_profile(model, plans)
     assert prof is not None
     reps = replicas_of(config, cluster.workers)
     stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
+    ranks = replica_ranks(reps, cluster)
     plan = Plan(model, cluster.name, cluster.workers,
-                [Stage(s, r, rk) for s, r, rk in zip(stages, reps, consecutive_ranks(reps), strict=True)], prof.batch, 1.0, 2.0)
+                [Stage(s, r, rk) for s, r, rk in zip(stages, reps, ranks, strict=True)], prof.batch, 1.0, 2.0)
     plan.save(plans / model / f"{cluster.name}.json")
     return plan
 

@@ -171,7 +171,7 @@ SCHEDULES = [("1f1b", [1, 1], 6, 1), ("1f1b", [1, 1, 1], 8, 1), ("1f1b", [1, 1, 
 @pytest.mark.parametrize("name,replicas,minibatches,micro", SCHEDULES)
 def test_batched_issue_order_cannot_deadlock_in_order(name: str, replicas: list[int], minibatches: int,
                                                       micro: int) -> None:
-    sched = schedules.build(name, replicas, minibatches, micro)
+    sched = schedules.build(name, schedules.consecutive_ranks(replicas), minibatches, micro)
     logs = _logs(sched, batched=True)
     assert_sends_match_receives(logs)
     run_in_order(logs)
@@ -181,7 +181,7 @@ def test_batched_issue_order_cannot_deadlock_in_order(name: str, replicas: list[
 @pytest.mark.parametrize("replicas", [[1, 1], [1, 1, 1, 1]])
 def test_receives_posted_ahead_deadlock_in_order(replicas: list[int]) -> None:
     """The checker bites: gloo's look-ahead (receives posted before the sends the peer waits for) hangs."""
-    logs = _logs(schedules.build("1f1b", replicas, 8), batched=False)
+    logs = _logs(schedules.build("1f1b", schedules.consecutive_ranks(replicas), 8), batched=False)
     assert_sends_match_receives(logs)
     with pytest.raises(AssertionError, match="deadlock"):
         run_in_order(logs)
@@ -189,7 +189,7 @@ def test_receives_posted_ahead_deadlock_in_order(replicas: list[int]) -> None:
 
 def test_a_batch_never_waits_for_a_later_one() -> None:
     """Every batch of 1F1B on two stages: the first stage pairs SEND_F m with RECV_B m - 1."""
-    sched = schedules.build("1f1b", [1, 1], 4)
+    sched = schedules.build("1f1b", schedules.consecutive_ranks([1, 1]), 4)
     actions = sched.order[0]
     batches = [[str(actions[k]) for k in ks] for ks in issue_plan(actions, batched=True) if ks]
     assert batches == [["0SEND_F0"], ["0SEND_F1", "0RECV_B0"], ["0SEND_F2", "0RECV_B1"], ["0SEND_F3", "0RECV_B2"],
@@ -208,7 +208,7 @@ def test_executor_issues_the_planned_order(tmp_path: Path, replicas: list[int], 
     plan = straight_plan("t", 8, [8 // len(replicas)] * len(replicas), replicas=replicas)
     dumps = run(tmp_path, sum(replicas), plan=plan, max_minibatches=8, epochs=2,
                 env={BATCHED_ENV: "1" if batched else "0"})
-    train = schedules.build("1f1b", replicas, 8)
+    train = schedules.build("1f1b", schedules.consecutive_ranks(replicas), 8)
     evaluate = schedules.forward_only(train.stage_ranks, 32 // 8)  # tests.tiny.write_data: 32 samples
     logs = {}
     for rank, d in enumerate(dumps):

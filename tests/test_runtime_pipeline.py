@@ -65,7 +65,7 @@ def _steps_before(actions: list[schedules.Action]) -> dict[int, int]:
 
 def test_weight_stashing_backward_uses_the_forwards_version(tmp_path: Path) -> None:
     dumps = run(tmp_path, 4, max_minibatches=8)
-    sched = schedules.build("1f1b", [1, 1, 1, 1], 8)
+    sched = schedules.build("1f1b", schedules.consecutive_ranks([1, 1, 1, 1]), 8)
     for rank, d in enumerate(dumps):
         fwd = {m: v for kind, _, m, _, v in d["trace"] if kind == "F"}
         bwd = {m: v for kind, _, m, _, v in d["trace"] if kind == "B"}
@@ -130,7 +130,7 @@ def test_vertical_sync_on_replicated_stages_carries_update_counts(tmp_path: Path
     there); every stage runs its forward and backward on its newest version with at most c(m) updates."""
     plan = straight_plan("t", 8, [4, 4], replicas=replicas)
     dumps = run(tmp_path, 3, plan=plan, max_minibatches=8, weight_sync="vertical")
-    sched = schedules.build("1f1b", replicas, 8)
+    sched = schedules.build("1f1b", schedules.consecutive_ranks(replicas), 8)
     carried = {m: replicas[0] * steps for r in plan.stages[0].ranks for m, steps in _steps_before(sched.order[r]).items()}
     assert sorted(carried) == list(range(8)) and max(carried.values()) > 0
     for d in dumps:
@@ -394,7 +394,7 @@ def test_replicated_1f1b_equals_a_one_process_replay(tmp_path: Path, replicas: l
     lr, stages = 0.1, [range(0, 3), range(3, 6)]
     plan = straight_plan("t", 6, [3, 3], replicas=replicas)
     dumps = run(tmp_path, sum(replicas), factory=stash_model, plan=plan, max_minibatches=6, lr=lr, stage_lr=stage_lr)
-    sched = schedules.build("1f1b", replicas, 6)
+    sched = schedules.build("1f1b", schedules.consecutive_ranks(replicas), 6)
     expected = _replay(sched, build(stash_model), stages, reference_batches(tmp_path / "data", 8, 0, 0), lr,
                        stage_lr != "none")
     for rank, d in enumerate(dumps):

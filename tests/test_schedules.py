@@ -23,7 +23,7 @@ def test_action_text_round_trip() -> None:
 
 
 def test_1f1b_four_stages_eight_minibatches_compute_order() -> None:
-    s = S.build("1f1b", [1, 1, 1, 1], 8)
+    s = S.build("1f1b", S.consecutive_ranks([1, 1, 1, 1]), 8)
     c = (Kind.F, Kind.B)
     assert texts(s, 0, c) == "0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0F6 0B3 0F7 0B4 0B5 0B6 0B7"
     assert texts(s, 1, c) == "1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1F6 1B4 1F7 1B5 1B6 1B7"
@@ -32,7 +32,7 @@ def test_1f1b_four_stages_eight_minibatches_compute_order() -> None:
 
 
 def test_1f1b_full_list_of_a_middle_stage() -> None:
-    s = S.build("1f1b", [1, 1, 1, 1], 8)
+    s = S.build("1f1b", S.consecutive_ranks([1, 1, 1, 1]), 8)
     assert texts(s, 2).split()[:14] == (
         "2RECV_F0 2F0 2SEND_F0 2RECV_F1 2F1 2SEND_F1 2RECV_B0 2B0 2SEND_B0 2STEP0 2RECV_F2 2F2 2SEND_F2 2RECV_B1"
     ).split()
@@ -40,7 +40,7 @@ def test_1f1b_full_list_of_a_middle_stage() -> None:
 
 
 def test_replicated_2_1_on_three_ranks_round_robin() -> None:
-    s = S.build("1f1b", [2, 1], 4)
+    s = S.build("1f1b", S.consecutive_ranks([2, 1]), 4)
     assert S.warmup_count([2, 1], 0) == 2  # NOAM = ceil(3 workers / 2 input replicas)
     assert texts(s, 0) == "0F0 0SEND_F0 0F2 0SEND_F2 0RECV_B0 0B0 0ALLREDUCE0 0STEP0 0RECV_B2 0B2 0ALLREDUCE2 0STEP2"
     assert texts(s, 1) == "0F1 0SEND_F1 0F3 0SEND_F3 0RECV_B1 0B1 0ALLREDUCE1 0STEP1 0RECV_B3 0B3 0ALLREDUCE3 0STEP3"
@@ -52,7 +52,7 @@ def test_replicated_2_1_on_three_ranks_round_robin() -> None:
 
 
 def test_gpipe_four_stages_four_microbatches() -> None:
-    s = S.build("gpipe", [1, 1, 1, 1], 1, 4)
+    s = S.build("gpipe", S.consecutive_ranks([1, 1, 1, 1]), 1, 4)
     assert texts(s, 0) == ("0F0.0 0SEND_F0.0 0F0.1 0SEND_F0.1 0F0.2 0SEND_F0.2 0F0.3 0SEND_F0.3 "
                            "0RECV_B0.0 0B0.0 0RECV_B0.1 0B0.1 0RECV_B0.2 0B0.2 0RECV_B0.3 0B0.3 0STEP0")
     assert texts(s, 3, (Kind.F, Kind.B, Kind.STEP)) == "3F0.0 3F0.1 3F0.2 3F0.3 3B0.0 3B0.1 3B0.2 3B0.3 3STEP0"
@@ -62,15 +62,15 @@ def test_gpipe_four_stages_four_microbatches() -> None:
 
 
 def test_2bw_coalesces_and_steps_once_per_minibatch() -> None:
-    s = S.build("2bw", [1, 1], 2, 2)
+    s = S.build("2bw", S.consecutive_ranks([1, 1]), 2, 2)
     assert texts(s, 0, (Kind.F, Kind.B, Kind.STEP)) == "0F0.0 0F0.1 0B0.0 0F1.0 0B0.1 0STEP0 0F1.1 0B1.0 0B1.1 0STEP1"
     assert texts(s, 1, (Kind.F, Kind.B, Kind.STEP)) == "1F0.0 1B0.0 1F0.1 1B0.1 1STEP0 1F1.0 1B1.0 1F1.1 1B1.1 1STEP1"
     with pytest.raises(PipeDreamError, match="microbatches"):
-        S.build("2bw", [1, 1, 1], 2, 2)
+        S.build("2bw", S.consecutive_ranks([1, 1, 1]), 2, 2)
 
 
 def test_gpipe_replicated_stage_takes_microbatches_round_robin() -> None:
-    s = S.build("gpipe", [2, 1], 2, 2)
+    s = S.build("gpipe", S.consecutive_ranks([2, 1]), 2, 2)
     assert texts(s, 0) == ("0F0.0 0SEND_F0.0 0RECV_B0.0 0B0.0 0ALLREDUCE0 0STEP0 "
                            "0F1.0 0SEND_F1.0 0RECV_B1.0 0B1.0 0ALLREDUCE1 0STEP1")
     assert texts(s, 1) == ("0F0.1 0SEND_F0.1 0RECV_B0.1 0B0.1 0ALLREDUCE0 0STEP0 "
@@ -81,7 +81,7 @@ def test_gpipe_replicated_stage_takes_microbatches_round_robin() -> None:
     assert s.peer(Action(1, Kind.SEND_B, 0, 1)) == 1
     assert s.peer(Action(0, Kind.SEND_F, 1, 0)) == 2
     assert s.reduce_divisor(0) == 1  # replicas hold microbatches of one minibatch: their gradients add up
-    assert S.build("1f1b", [2, 1], 2).reduce_divisor(0) == 2  # whole minibatches: averaged
+    assert S.build("1f1b", S.consecutive_ranks([2, 1]), 2).reduce_divisor(0) == 2  # whole minibatches: averaged
 
 
 def _makespan(s: S.Schedule, backward_cost: int) -> int:
@@ -93,28 +93,28 @@ def _makespan(s: S.Schedule, backward_cost: int) -> int:
 @pytest.mark.parametrize("p,r,m", [(2, 1, 4), (3, 1, 4), (2, 2, 4), (3, 2, 8), (2, 4, 8), (4, 3, 6)])
 def test_gpipe_bubble_with_every_stage_replicated(p: int, r: int, m: int) -> None:
     """``r`` replicas of each of ``p`` equal stages: ``(p - 1) / (m / r + p - 1)`` idle (GPipe's at r = 1)."""
-    s = S.build("gpipe", [r] * p, 1, m)
+    s = S.build("gpipe", S.consecutive_ranks([r] * p), 1, m)
     span = _makespan(s, 2)
     busy = m * p * 3  # every microbatch: one forward (1) and one backward (2) on every stage
     assert 1 - busy / (r * p * span) == pytest.approx((p - 1) / (m / r + p - 1))
 
 
 def test_2bw_replicated_stage_round_robin_and_versions() -> None:
-    s = S.build("2bw", [2, 1], 2, 4)
+    s = S.build("2bw", S.consecutive_ranks([2, 1]), 2, 4)
     core = (Kind.F, Kind.B, Kind.ALLREDUCE, Kind.STEP)
     assert texts(s, 0, core) == "0F0.0 0F0.2 0B0.0 0F1.0 0B0.2 0ALLREDUCE0 0STEP0 0F1.2 0B1.0 0B1.2 0ALLREDUCE1 0STEP1"
     assert texts(s, 1, core) == "0F0.1 0F0.3 0B0.1 0F1.1 0B0.3 0ALLREDUCE0 0STEP0 0F1.3 0B1.1 0B1.3 0ALLREDUCE1 0STEP1"
     assert texts(s, 2, core) == ("1F0.0 1B0.0 1F0.1 1B0.1 1F0.2 1B0.2 1F0.3 1B0.3 1STEP0 "
                                  "1F1.0 1B1.0 1F1.1 1B1.1 1F1.2 1B1.2 1F1.3 1B1.3 1STEP1")
     with pytest.raises(PipeDreamError, match="at least 4 microbatches"):
-        S.build("2bw", [2, 1], 2, 2)
+        S.build("2bw", S.consecutive_ranks([2, 1]), 2, 2)
 
 
 @pytest.mark.parametrize("replicas,m", [([1, 1, 1, 1], 4), ([2, 1], 4), ([1, 2], 4), ([2, 2], 4), ([1, 2, 1], 4),
                                         ([3, 1], 6), ([2, 2, 2], 6), ([2, 3], 6)])
 def test_2bw_forwards_find_version_t_minus_1(replicas: list[int], m: int) -> None:
     """2BW's forward of minibatch ``t`` uses version ``max(t - 1, 0)``; the runtime keeps the newest two."""
-    s = S.build("2bw", replicas, 5, m)
+    s = S.build("2bw", S.consecutive_ranks(replicas), 5, m)
     S.dry_run(s, backward_cost=2)
     for acts in s.order.values():
         steps = 0
@@ -125,7 +125,7 @@ def test_2bw_forwards_find_version_t_minus_1(replicas: list[int], m: int) -> Non
 
 
 def test_data_parallel_is_one_replicated_stage() -> None:
-    s = S.build("dp", [3], 6)
+    s = S.build("dp", S.consecutive_ranks([3]), 6)
     assert texts(s, 1) == "0F1 0B1 0ALLREDUCE1 0STEP1 0F4 0B4 0ALLREDUCE4 0STEP4"
 
 
@@ -136,7 +136,7 @@ def test_data_parallel_is_one_replicated_stage() -> None:
     ("dp", [4], 8, 1),
 ])
 def test_every_schedule_runs_without_deadlock_and_balances(name: str, replicas: list[int], n: int, m: int) -> None:
-    s = S.build(name, replicas, n, m)
+    s = S.build(name, S.consecutive_ranks(replicas), n, m)
     S.dry_run(s, backward_cost=2)
     for rank, acts in s.order.items():
         fs = [a.key for a in acts if a.kind == Kind.F]
@@ -150,7 +150,7 @@ def test_every_schedule_runs_without_deadlock_and_balances(name: str, replicas: 
 
 
 def test_dry_run_reports_deadlock() -> None:
-    s = S.build("1f1b", [1, 1], 2)
+    s = S.build("1f1b", S.consecutive_ranks([1, 1]), 2)
     s.order[1] = [a for a in s.order[1] if a.kind != Kind.SEND_B]
     with pytest.raises(ValueError, match="deadlock"):
         S.dry_run(s)
@@ -158,17 +158,17 @@ def test_dry_run_reports_deadlock() -> None:
 
 def test_bad_counts_are_explained() -> None:
     with pytest.raises(PipeDreamError, match="replicas"):
-        S.build("1f1b", [2, 1], 3)
+        S.build("1f1b", S.consecutive_ranks([2, 1]), 3)
     with pytest.raises(PipeDreamError, match="multiple of 2"):
-        S.build("gpipe", [2, 1], 2, 3)  # replicas take turns over the microbatches
+        S.build("gpipe", S.consecutive_ranks([2, 1]), 2, 3)  # replicas take turns over the microbatches
     with pytest.raises(PipeDreamError, match="multiple of 3"):
-        S.build("2bw", [1, 3], 2, 8)
+        S.build("2bw", S.consecutive_ranks([1, 3]), 2, 8)
     with pytest.raises(PipeDreamError, match="unknown schedule"):
-        S.build("zero-bubble", [1], 1)
+        S.build("zero-bubble", S.consecutive_ranks([1]), 1)
 
 
 def test_csv_round_trip_and_grid(tmp_path) -> None:
-    s = S.build("1f1b", [2, 1], 4)
+    s = S.build("1f1b", S.consecutive_ranks([2, 1]), 4)
     s.save_csv(tmp_path / "s.csv")
     assert S.load_csv(tmp_path / "s.csv") == s.order
     grid = s.grid().splitlines()
@@ -189,8 +189,8 @@ def test_runtime_default_warmup_is_consistent_and_compat_keeps_the_release() -> 
         return sum(1 for a in acts[: [a.kind for a in acts].index(S.Kind.B)] if a.kind == S.Kind.F)
 
     replicas = [1, 7, 1]  # the single input stage must admit 14 + 1 for the 7 replicas (release: 9)
-    assert forwards_before_first_backward(S.build("1f1b", replicas, 28).order[0]) == 15
-    assert forwards_before_first_backward(S.build("1f1b", replicas, 28, warmup="release").order[0]) == 9
+    assert forwards_before_first_backward(S.build("1f1b", S.consecutive_ranks(replicas), 28).order[0]) == 15
+    assert forwards_before_first_backward(S.build("1f1b", S.consecutive_ranks(replicas), 28, warmup="release").order[0]) == 9
     assert TrainConfig().warmup == S.DEFAULT_WARMUP == "consistent" and TrainConfig(compat=True).warmup == "release"
 
 

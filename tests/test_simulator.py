@@ -198,9 +198,9 @@ def test_measured_costs_two_stage_1f1b_by_hand() -> None:
     assert [(c.send_fwd_bytes, c.send_bwd_bytes) for c in costs] == [(1e6, 0.0), (0.0, 1e6)]
     free = Cluster(name="fast", levels=[(2, 1e30)])
     for n in (1, 2, 4, 9):
-        tr = run(schedules.build("1f1b", [1, 1], n), costs, Network(free))
+        tr = run(schedules.build("1f1b", schedules.consecutive_ranks([1, 1]), n), costs, Network(free))
         assert tr.makespan_s == pytest.approx(3 * n + 3, rel=1e-12)
     slow = Cluster(name="slow", levels=[(2, 2e6)])  # 1e6 bytes take 0.5 s
-    assert run(schedules.build("1f1b", [1, 1], 1), costs, Network(slow)).makespan_s == pytest.approx(7.0)
+    assert run(schedules.build("1f1b", [[0], [1]], 1), costs, Network(slow)).makespan_s == pytest.approx(7.0)
     with pytest.raises(PipeDreamError, match="n - 1 boundary sizes"):
         measured_costs([1.0, 1.0], [2.0, 2.0], [])

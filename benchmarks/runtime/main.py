@@ -165,8 +165,8 @@ def _timed(fn) -> float:  # type: ignore[no-untyped-def]
 def _schedule(kind: str, stages: int, units: int, microbatches: int) -> schedules.Schedule:
     """The action lists ours-``kind`` executes for ``units`` units (and the simulator times)."""
     if kind == "1f1b":
-        return schedules.build("1f1b", [1] * stages, units)
-    return schedules.build("gpipe", [1] * stages, units // microbatches, microbatches)
+        return schedules.build("1f1b", schedules.consecutive_ranks([1] * stages), units)
+    return schedules.build("gpipe", schedules.consecutive_ranks([1] * stages), units // microbatches, microbatches)
 
 
 def _ours(args: argparse.Namespace, plan: Plan, schedule: str, x: torch.Tensor, y: torch.Tensor,

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas  # noqa: E402
-from pipedream.schedules import consecutive_ranks
+from pipedream.planner.placement import replica_ranks  # noqa: E402
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, run_minibatches, simulate_stages  # noqa: E402
 from pipedream.sim.costs import stage_costs  # noqa: E402
 from pipedream.sim.network import Network  # noqa: E402
@@ -53,7 +53,8 @@ def main() -> None:
         if sched == "dp":
             stages, ranks = [list(g.nodes)], [list(range(cluster.workers))]
         else:
-            stages, ranks = split_for_replicas(g, reps, Network(cluster), batch), consecutive_ranks(reps)
+            ranks = replica_ranks(reps, cluster)
+            stages = split_for_replicas(g, reps, Network(cluster), batch, ranks)
         costs = stage_costs(g, stages, batch)
         best = math.inf
         for _ in range(args.repeats):

@@ -53,13 +53,19 @@ The differences (default mode vs. the release) and why:
    pipeline and the memory limit), :mod:`.fixed_split`'s split of their replica vectors and the paper's
    shapes (``16``, ``15-1``, ``14-1-1``, ``13-1-1-1``, straight) are simulated as our runtime runs them
    (1F1B-RR with the consistent warm-up, lockstep ring allreduce overlapped with the backward, links
-   shared), and the fastest is returned with the simulated time as its estimate (the DP's own estimate
-   stays in ``extra["dp_estimate"]``). §3.1's cost model has no warm-up, independent replicas and no
-   contention, and on the paper's models that gap decides the plan (VGG-16 on cluster A: the DP's
+   shared), and the fastest is returned with the simulated time as its estimate (the solver's own estimate
+   stays in ``extra["solver_estimate"]``). §3.1's cost model has no warm-up, independent replicas and no
+   contention, and on the paper's models that gap decides the plan (VGG-16 on cluster A: the solver's
    9-3-2-1-1 simulates at 0.43x of 15-1). ``rerank=False`` returns the dynamic program's plan.
 8. The memory limit is on by default (the release's ``--use_memory_constraint`` is off by default; compat
    keeps that), and in the re-ranking a stage must fit what our runtime keeps on a device
    (:func:`.rerank.runtime_memory_bytes`: its warm-up count of weight versions and activations).
+9. Costs come from the one cost model, :mod:`pipedream.costmodel`, which the simulator and the runtime use
+   too: a replicated stage's weight sync is a ring allreduce, ``2 (n - 1) / n * P / B`` plus ``2 (n - 1)``
+   per-step latencies (the cluster's ``latency_s``, else ``costmodel.DEFAULT_STEP_LATENCY_S``), and each
+   activation transfer ``latency + a / B``. The release charges ``4 (n - 1) P / (B n)`` (every byte twice,
+   as through a parameter server) and no latency; compat mode keeps those formulas, in
+   :mod:`.compat` and nowhere else.
 
 What compat mode cannot copy: the release numbers its states in a depth-first order that depends on
 Python's string hash seed; we use file order instead. Only difference 5 makes the predicted time depend

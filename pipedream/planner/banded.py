@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipedream.planner.compat import data_parallel_communication_time
 from pipedream.planner.recurrence import LevelInput, LevelRules, best_splits, combo_groups, initial_table, last_stage
 
 _SLACK = 1e-9  # relative widening of the window, against rounding in the bounds
@@ -43,8 +44,10 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
     p_prev = np.concatenate(([0.0], inp.params))
     suffix_min_p = np.minimum.accumulate(inp.params[::-1])[::-1]
     drop = np.minimum(0.0, np.r_[suffix_min_p, np.inf][: n + 1] - p_prev)
-    sync_max = 4.0 * (big_m - 1) / (rules.bandwidth_Bps * big_m) / min(rules.group_init, rules.group_split)
-    d = drop * sync_max
+    # Only the release's weight sync goes negative with P (default mode's ring allreduce is 0 for P <= 0), at
+    # most at its steepest slope, per byte: that of the largest replica count and the smallest divisor.
+    slope = data_parallel_communication_time(1.0, big_m, rules.bandwidth_Bps, min(rules.group_init, rules.group_split))
+    d = drop * slope if rules.compat else np.zeros_like(drop)
     slack = _SLACK * max(float(np.max(np.abs(compute))), 1e-30)
     n_combos = len(m_of)
     # Windowed pricing gathers scattered entries of the table; once the table no longer fits in the

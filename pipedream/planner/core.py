@@ -1,7 +1,8 @@
 """``plan_pipeline``: profile + cluster -> :class:`pipedream.plan.Plan` (paper §3.1).
 
 The solve itself is in :mod:`pipedream.planner.hierarchy`; this module turns the chosen state splits
-into stages of graph nodes, assigns ranks and fills in the per-stage numbers shown to the user.
+into stages of graph nodes, places them on ranks (:mod:`pipedream.planner.placement`) and fills in the
+per-stage numbers shown to the user.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import math
 
 import numpy as np
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
-from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
+from pipedream.planner.compat import data_parallel_communication_time, transfer_time
+from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve, step_latency_s
+from pipedream.planner.placement import hierarchical_ranks
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import Cluster
@@ -63,25 +67,25 @@ def plan_pipeline(
     kwargs = {"model": model, "minibatch_size": minibatch_size, "compat": compat,
               "activation_compression_ratio": activation_compression_ratio}
     if not rerank:
-        return _dp_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
-    dp_plans: list[tuple[str, Plan]] = []
+        return _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+    solver_plans: list[tuple[str, Plan]] = []
     variants = [(straight, memory_limit), (straight, False), (True, memory_limit)]
     errors = []
     for st, mem in dict.fromkeys(variants):
         if straight and not st:
             continue
         try:
-            dp_plans.append((f"dp{' straight' if st else ''}{'' if mem else ', no memory limit'}",
-                             _dp_plan(graph, cluster, memory_limit=mem, straight=st, **kwargs)))
+            solver_plans.append((f"solver{' straight' if st else ''}{'' if mem else ', no memory limit'}",
+                             _solver_plan(graph, cluster, memory_limit=mem, straight=st, **kwargs)))
         except PipeDreamError as e:  # e.g. a straight pipeline longer than the model, or nothing fits
             errors.append(e)
-    if not dp_plans:
+    if not solver_plans:
         raise errors[0]
-    return rerank_plans(graph, cluster, dp_plans, model=model, minibatch_size=minibatch_size,
+    return rerank_plans(graph, cluster, solver_plans, model=model, minibatch_size=minibatch_size,
                         memory_limit=memory_limit, straight=straight)
 
 
-def _dp_plan(
+def _solver_plan(
     graph: LayerGraph,
     cluster: Cluster,
     *,
@@ -121,7 +125,6 @@ def _dp_plan(
             "dp_time_per_minibatch_s": solution.dp_time_s,
             "replicas_per_level": [seg.per_level for seg in solution.segments],
             "offsets_per_level": [seg.offsets for seg in solution.segments],
-            "placement_rank_map": _placement(solution.segments, cluster),
             "stage_details": details,
         },
     )
@@ -132,7 +135,12 @@ def _dp_plan(
             f"predicted bottleneck of {solution.time_s * 1e3:.3f} ms: the release's model (--compat) split a "
             "segment at a state that does not contain its start (see pipedream/planner/__init__.py, difference 5)"
         ]
-    plan.validate()
+    empty = [i for i, s in enumerate(stages) if not s.nodes]
+    if empty:  # the release's model only (difference 5): report it, the runtime cannot run it
+        plan.extra.setdefault("warnings", []).append(
+            f"stage(s) {empty} of this plan have no layers (the release's model, --compat, split a segment at a state "
+            "that does not contain its start): it cannot be run; plan without --compat")
+    plan.validate(allow_empty_stages=compat)
     return plan
 
 
@@ -163,7 +171,8 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
     workers_after = np.cumsum([seg.replicas for seg in solution.segments][::-1])[::-1]
     out: list[Stage] = []
     details: list[dict[str, float]] = []
-    rank = 0
+    placement = hierarchical_ranks([seg.per_level for seg in solution.segments],
+                                   [seg.offsets for seg in solution.segments], cluster)
     for idx, seg in enumerate(solution.segments):
         nodes = [n for n in order if stage_of[n] == idx]
         compute = sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in nodes if not graph.nodes[n].is_input)
@@ -175,7 +184,7 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
             Stage(
                 nodes=nodes,
                 replicas=seg.replicas,
-                ranks=list(range(rank, rank + seg.replicas)),
+                ranks=placement[idx],
                 compute_s=compute,
                 comm_s=sync + act,
                 memory_bytes=versions * (params + acts),
@@ -183,24 +192,36 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
         )
         details.append({"sync_s": sync, "activation_s": act, "param_bytes": params,
                         "time_s": max(compute + sync, act) / seg.replicas})
-        rank += seg.replicas
     return out, details
 
 
 def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, cluster: Cluster) -> tuple[float, float]:
     """Communication of stage ``idx`` per minibatch on one replica, seconds: the weight sync at every level
-    where the stage is replicated, ``4 (r - 1) P / (B r)`` (§3.1's W), and sending and receiving its
-    boundary activations, ``2 a / B`` each (§3.1's C, at the bandwidth of the level the boundary crosses)."""
+    where the stage is replicated (§3.1's W) and sending its boundary activations and receiving their
+    gradients (§3.1's C, at the bandwidth of the level the boundary crosses).
+
+    Default mode: per level ``l``, a ring allreduce of ``P / g_l`` bytes over the stage's ``r_l`` groups
+    (``g_l`` devices per group, as the recurrence charges it) and ``2 (latency + a / B)`` per boundary, both
+    from :mod:`pipedream.costmodel` with the cluster's latency. Compat mode: the release's ``4 (r - 1) P / (B r)``
+    per level and ``2 a / B`` per boundary (:mod:`pipedream.planner.compat`)."""
     seg: Segment = solution.segments[idx]
-    sync = sum(
-        4.0 * (r - 1) * params / (bw * r) for r, (_, bw) in zip(seg.per_level, cluster.levels, strict=False) if r > 1
-    )
     segs = solution.segments
-    act = 0.0
+    compat = solution.level_rules[0].compat
+    latency = step_latency_s(cluster)
+    sync = 0.0
+    devices = 1
+    for r, (workers, bw) in zip(seg.per_level, cluster.levels, strict=False):
+        if r > 1:
+            sync += float(data_parallel_communication_time(params, r, bw) if compat
+                          else costmodel.ring_allreduce_s(params / devices, r, bw, latency))
+        devices *= workers
+    bounds = []
     if idx > 0:
-        act += 2.0 * float(states.cut_bytes[segs[idx - 1].end]) / _link_bandwidth(segs[idx - 1], seg, cluster)
+        bounds.append((float(states.cut_bytes[segs[idx - 1].end]), _link_bandwidth(segs[idx - 1], seg, cluster)))
     if idx < len(segs) - 1:
-        act += 2.0 * float(states.cut_bytes[seg.end]) / _link_bandwidth(seg, segs[idx + 1], cluster)
+        bounds.append((float(states.cut_bytes[seg.end]), _link_bandwidth(seg, segs[idx + 1], cluster)))
+    act = sum(float(transfer_time(a, 1, bw, 1.0)) if compat else 2.0 * costmodel.transfer_s(a, bw, latency)
+              for a, bw in bounds)
     return sync, act
 
 
@@ -209,15 +230,3 @@ def _link_bandwidth(a: Segment, b: Segment, cluster: Cluster) -> float:
     differ = [lv for lv in range(len(cluster.levels)) if a.offsets[lv] != b.offsets[lv]]
     return cluster.levels[max(differ, default=0)][1]
 
-
-def _placement(segments: list[Segment], cluster: Cluster) -> dict[str, list[int]]:
-    """Hierarchical placement (the release's stage-to-rank map): a stage replicated over ``r`` groups at a
-    level takes the same positions inside each of those groups."""
-    devices = [math.prod(w for w, _ in cluster.levels[:lv]) for lv in range(len(cluster.levels))]
-    out = {}
-    for idx, seg in enumerate(segments):
-        ranks = [0]
-        for lv, (reps, off) in enumerate(zip(seg.per_level, seg.offsets, strict=True)):
-            ranks = [r + (off + t) * devices[lv] for r in ranks for t in range(reps)]
-        out[str(idx)] = sorted(ranks)
-    return out

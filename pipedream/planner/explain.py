@@ -56,15 +56,15 @@ def format_plan(plan: Plan) -> str:
         f"(data parallelism on all {plan.workers} workers)",
         f"predicted speedup over DP      {plan.predicted_speedup:12.3f} x",
     ]
-    dp_est = ex.get("dp_estimate")
-    if dp_est:
-        lines.append(f"the dynamic program chose {dp_est['config']}, estimated by its own cost model at "
-                     f"{dp_est['dp_time_per_sample_s'] / dp_est['time_per_sample_s']:.3f} x; "
+    solver_est = ex.get("solver_estimate")
+    if solver_est:
+        lines.append(f"the dynamic program chose {solver_est['config']}, estimated by its own cost model at "
+                     f"{solver_est['dp_time_per_sample_s'] / solver_est['time_per_sample_s']:.3f} x; "
                      f"{sum(1 for c in ex.get('candidates', []) if c.get('simulated_epoch_s'))} candidates simulated "
                      f"(pipedream/planner/rerank.py)")
-    placement = ex.get("placement_rank_map")
-    if placement and len(ex.get("levels", [])) > 1:
-        lines.append("hierarchical placement (stage: ranks): " + "; ".join(f"{k}: {_ranks(v)}" for k, v in placement.items()))
+    if len(ex.get("levels", [])) > 1 and any(s.ranks != sorted(s.ranks) for s in plan.stages):
+        lines.append("placement across servers (stage: ranks in round-robin order, replica i takes the minibatches "
+                     "m with m % replicas == i): " + "; ".join(f"{i}: {_ranks(s.ranks)}" for i, s in enumerate(plan.stages)))
     return "\n".join(lines)
 
 
@@ -184,10 +184,11 @@ def _simulated(plan: Plan) -> list[str]:
            f"{ex.get('simulated_epoch_s', math.nan):.1f} s per epoch, {_ms(ex.get('bottleneck_time_per_minibatch_s', 0.0))} "
            f"per minibatch of {plan.minibatch_size} in steady state; data parallelism {dp_epoch:.1f} s: "
            f"{plan.predicted_speedup:.2f}x."]
-    dp_est = ex.get("dp_estimate") or {}
-    if dp_est:
+    solver_est = ex.get("solver_estimate") or {}
+    if solver_est:
         out.append(f"- The dynamic program's own cost model (§3.1: no warm-up, independent replicas, no contention) chose "
-                   f"{dp_est['config']} at {dp_est['dp_time_per_sample_s'] / dp_est['time_per_sample_s']:.2f}x; its plan "
+                   f"{solver_est['config']} at "
+                   f"{solver_est['dp_time_per_sample_s'] / solver_est['time_per_sample_s']:.2f}x; its plan "
                    "and the others below were simulated and the fastest kept, or the one with the fewest stages "
                    "among those within 2% of it (a near-tie, pipedream/planner/rerank.py):")
     for c in ex.get("candidates", []):

@@ -17,7 +17,7 @@ import numpy as np
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.schedules import consecutive_ranks
+from pipedream.planner.placement import replica_ranks
 from pipedream.sim.network import Network
 
 
@@ -47,13 +47,14 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
         replicas: replica count per stage.
         network: the cluster's links (used for bandwidths and allreduce times only; nothing is booked).
         samples: samples per minibatch on one worker (scales times and activations).
-        stage_ranks: ranks per stage (default :func:`pipedream.schedules.consecutive_ranks`).
+        stage_ranks: ranks per stage (default :func:`pipedream.planner.placement.replica_ranks` of the
+            network's cluster).
     Raises:
         PipeDreamError: more stages than layers, or an unknown profiled minibatch size.
     """
     if graph.minibatch_size <= 0:
         raise PipeDreamError("the profile's minibatch size is unknown")
-    ranks = stage_ranks or consecutive_ranks(replicas)
+    ranks = stage_ranks or replica_ranks(replicas, network.cluster)
     scale = samples / graph.minibatch_size
     topo = graph.topological_order()
     order = [n for n in topo if not graph.nodes[n].is_input]

@@ -12,10 +12,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.planner.banded import solve_rows_banded
+from pipedream.planner.compat import data_parallel_total_time
 from pipedream.planner.prune import all_pairs, by_end, undominated_pairs
-from pipedream.planner.recurrence import ComputeTable, LevelInput, LevelRules, RowSolution, solve_row, solve_rows
+from pipedream.planner.recurrence import (
+    ComputeTable,
+    LevelInput,
+    LevelRules,
+    RowSolution,
+    solve_row,
+    solve_rows,
+    weight_sync_s,
+)
 from pipedream.planner.states import StateGraph
 from pipedream.topology import Cluster
 
@@ -57,30 +67,40 @@ def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight:
         mem = cluster.device_memory_bytes if memory_limit else None
         if compat:
             rules.append(LevelRules(workers, bandwidth, group_init=previous_width, group_split=1.0,
-                                    memory_limit_bytes=mem, comm_ratio=ratio, straight=straight))
+                                    memory_limit_bytes=mem, comm_ratio=ratio, straight=straight, compat=True))
         else:
             rules.append(LevelRules(workers, bandwidth, group_init=devices, group_split=devices,
                                     memory_limit_bytes=mem, memory_divisor=devices, extra_version=1,
-                                    comm_ratio=1.0 if ratio is None else ratio, straight=straight))
+                                    comm_ratio=1.0 if ratio is None else ratio, straight=straight,
+                                    latency_s=step_latency_s(cluster)))
         previous_width = workers
         devices *= workers
     return rules
 
 
-def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
-    """Predicted data-parallel time per minibatch on all workers, seconds (the release's baseline).
+def step_latency_s(cluster: Cluster) -> float:
+    """Per-step latency of a collective or a transfer on ``cluster``, seconds: its ``latency_s`` if it gives one,
+    else :data:`pipedream.costmodel.DEFAULT_STEP_LATENCY_S` (the one place the planner reads it)."""
+    return float(getattr(cluster, "latency_s", costmodel.DEFAULT_STEP_LATENCY_S))
 
-    Level by level: ``t = (t + 4 (M - 1) P / (B M) / g) / M``, starting from the model's compute time.
+
+def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
+    """Predicted data-parallel time per minibatch on all workers, seconds, level by level innermost first:
+    ``t = (t + W(P / g, M)) / M`` from the model's compute time, with the level's weight sync ``W``
+    (:func:`pipedream.planner.recurrence.weight_sync_s`: a ring allreduce in default mode, the release's
+    ``data_parallel_total_time`` in compat mode).
     """
     t = float(states.compute_s[-1])
     p = float(states.param_bytes[-1])
+    if rules and rules[0].compat:
+        return data_parallel_total_time(t, p, [(lv.workers, lv.bandwidth_Bps, lv.group_init) for lv in rules])
     for lv in rules:
-        t = (t + 4.0 * (lv.workers - 1) * p / (lv.bandwidth_Bps * lv.workers) / lv.group_init) / lv.workers
+        t = (t + float(weight_sync_s(lv, p, lv.workers, lv.group_init))) / lv.workers
     return t
 
 
 def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, compat: bool) -> Solution:
-    """Run the DP level by level and expand the chosen splits into final stages.
+    """Run the dynamic program level by level and expand the chosen splits into final stages.
 
     Raises:
         PipeDreamError: if no plan fits (memory limit) or a straight pipeline needs more stages than

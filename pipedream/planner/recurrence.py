@@ -7,18 +7,23 @@ that segment on ``m + 1`` workers:
 
 * one stage replicated ``m + 1`` times (no split)::
 
-      (T[r, j] + 4 m P / (B (m + 1)) / g) / (m + 1)
+      (T[r, j] + W(P / g, m + 1)) / (m + 1)
 
-  where ``P`` is the segment's parameter bytes and ``g`` the size of a lower-level group; the term is
-  the data-parallel weight synchronisation, *added to* compute (not overlapped, as in the release);
+  where ``P`` is the segment's parameter bytes, ``g`` the size of a lower-level group and ``W`` the
+  data-parallel weight synchronisation, *added to* compute (not overlapped, as in the release);
 * or a split after state ``k``: the best prefix on ``m + 1 - m'`` workers and a last stage
   ``(k, j]`` replicated ``m'`` times::
 
-      max(A[r, k, m - m'], (T[k + 1, j] + 4 (m' - 1) P' / (B m') [/ g]) / m'
-          [, 2 a_k / (B m' c), 2 a_j / (B m' c)])
+      max(A[r, k, m - m'], (T[k + 1, j] + W(P' [/ g], m')) / m' [, 2 X(a_k / c) / m', 2 X(a_j / c) / m'])
 
   with the activation terms (``a`` the activation bytes crossing the split, ``c`` the compression
-  ratio) only when activations are charged (see :class:`LevelRules`).
+  ratio, ``X`` one transfer) only when activations are charged (see :class:`LevelRules`).
+
+Default mode prices ``W`` and ``X`` with the one cost model (:mod:`pipedream.costmodel`): ``W(S, n)`` a ring
+allreduce of ``S`` bytes over ``n`` groups at this level's bandwidth with the cluster's per-step latency
+(dividing the bytes by ``g``: after the reduce inside a group, its ``g`` devices each carry ``1 / g`` of the
+gradient over the level's links), ``X(S)`` a transfer ``latency + S / B``. Compat mode uses the release's
+``W = 4 (n - 1) S / (B n)`` and ``X = S / B`` (:mod:`pipedream.planner.compat`).
 
 A stage is memory-feasible when ``versions * (activation bytes + parameter bytes)`` fits the device,
 ``versions = ceil((M - (m + 1)) / m')`` (+1 when the working copy is counted).
@@ -32,6 +37,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from pipedream import costmodel
+from pipedream.planner.compat import data_parallel_communication_time, transfer_time
 
 INF = np.inf
 _BLOCK_BYTES = 2**20  # solve_row's candidates per block: (M x block) floats of about this size
@@ -54,6 +62,9 @@ class LevelRules:
         comm_ratio: activation compression ratio; ``None`` ignores activation transfers (release
             without ``--activation_compression_ratio``).
         straight: one replica per stage.
+        compat: price weight sync and transfers with the release's formulas (:mod:`pipedream.planner.compat`)
+            instead of :mod:`pipedream.costmodel`'s.
+        latency_s: per-step latency of a ring allreduce and of a transfer, seconds (default mode only).
     """
 
     workers: int
@@ -65,6 +76,25 @@ class LevelRules:
     extra_version: int = 0
     comm_ratio: float | None = None
     straight: bool = False
+    compat: bool = False
+    latency_s: float = 0.0
+
+
+def weight_sync_s(rules: LevelRules, param_bytes, replicas, group: float):
+    """``W``: weight sync of ``param_bytes`` over ``replicas`` groups of this level (arrays broadcast), seconds."""
+    if rules.compat:
+        return data_parallel_communication_time(param_bytes, replicas, rules.bandwidth_Bps, group)
+    return costmodel.ring_allreduce_s_array(param_bytes / group, replicas, rules.bandwidth_Bps, rules.latency_s)
+
+
+def activation_s(rules: LevelRules, boundary_bytes, replicas):
+    """Sending a boundary's activations and receiving their gradients, per minibatch on one of ``replicas``
+    replicas (arrays broadcast), seconds; requires ``rules.comm_ratio``."""
+    assert rules.comm_ratio is not None
+    if rules.compat:
+        return transfer_time(boundary_bytes, replicas, rules.bandwidth_Bps, rules.comm_ratio)
+    one_way = costmodel.transfer_s_array(boundary_bytes / rules.comm_ratio, rules.bandwidth_Bps, rules.latency_s)
+    return 2.0 * one_way / replicas
 
 
 @dataclass(frozen=True)
@@ -143,7 +173,7 @@ def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.nd
     t = inp.table[rows].T
     out = np.full((big_m, n, len(rows)), INF)
     for m in range(1 if rules.straight else big_m):
-        value = (t + 4.0 * m * p / (rules.bandwidth_Bps * (m + 1)) / rules.group_init) / (m + 1)
+        value = (t + weight_sync_s(rules, p, m + 1, rules.group_init)) / (m + 1)
         if rules.memory_limit_bytes is not None:
             versions = math.ceil((big_m - (m + 1)) / (m + 1)) + rules.extra_version
             value = np.where(versions * mem / rules.memory_divisor > rules.memory_limit_bytes, INF, value)
@@ -157,18 +187,18 @@ def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarr
     Includes the weight sync, the memory check (``inf`` when it does not fit) and, when charged, the
     activation transfers into and out of the stage. All arguments broadcast (integer arrays). Seconds.
     """
-    n, b = inp.n, rules.bandwidth_Bps
+    n = inp.n
     m = np.asarray(m)
     m_prime = np.asarray(m_prime, dtype=np.float64)
     p = inp.params[j] - inp.params[k]
-    value = (inp.table[k + 1, j] + 4.0 * (m_prime - 1) * p / (b * m_prime) / rules.group_split) / m_prime
+    value = (inp.table[k + 1, j] + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
     if rules.memory_limit_bytes is not None:
         versions = np.ceil((rules.workers - (m + 1)) / m_prime) + rules.extra_version
         mem = versions * (inp.acts[j] - inp.acts[k] + p) / rules.memory_divisor
         value = np.where(mem > rules.memory_limit_bytes, INF, value)
     if rules.comm_ratio is not None:
-        transfer_in = 2.0 * inp.boundary[k] / (b * m_prime) / rules.comm_ratio
-        transfer_out = np.where(np.asarray(j) < n - 1, 2.0 * inp.boundary[j] / (b * m_prime) / rules.comm_ratio, 0.0)
+        transfer_in = activation_s(rules, inp.boundary[k], m_prime)
+        transfer_out = np.where(np.asarray(j) < n - 1, activation_s(rules, inp.boundary[j], m_prime), 0.0)
         value = np.maximum(value, np.maximum(transfer_in, transfer_out))
     return value
 

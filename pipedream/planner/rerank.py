@@ -1,17 +1,19 @@
 """Default mode's last step: simulate candidate plans and keep the fastest (what the runtime runs).
 
 The dynamic program (:mod:`.hierarchy`) optimises §3.1's cost model: each stage's compute, its weight sync
-``4 (r - 1) P / (r B)`` and its activation transfers, replicas assumed independent, no warm-up, no
-contention. Our runtime runs something else: 1F1B-RR with the consistent warm-up
+(a ring allreduce, :func:`pipedream.costmodel.ring_allreduce_s`) and its activation transfers, replicas
+assumed independent, no warm-up, no contention. Our runtime runs something else: 1F1B-RR with the consistent warm-up
 (:func:`pipedream.schedules.warmup_count_consistent`), replicas of a stage synchronised in lockstep by a
 ring allreduce overlapped with the backward, transfers and collectives sharing links. On the paper's
-models the gap decides the plan (the DP's VGG-16 plan for cluster A, 9-3-2-1-1, simulates at 0.43x of
+models the gap decides the plan (the solver's VGG-16 plan for cluster A, 9-3-2-1-1, simulates at 0.43x of
 15-1). So the default planner does not trust its own estimate:
 
-1. candidates: the DP's plan with and without a straight pipeline and with and without the memory
+1. candidates: the solver's plan with and without a straight pipeline and with and without the memory
    limit; for the replica vector of each, the split of :mod:`.fixed_split` (balanced for the
    simulator's own cost terms); and the paper's shapes for the whole cluster: data parallelism
-   (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline;
+   (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline; and when the model and the
+   cluster are small (at most :data:`EVERY_SPLIT_LIMIT` pairs), every split into contiguous stages with
+   every replica vector (:func:`every_split`);
 2. candidates whose stages do not fit the device (:func:`runtime_memory_bytes`, on by default) are
    dropped. The profile's activation bytes (every layer's output) overcount what PyTorch keeps: they put
    data parallelism of ResNet-50 at 128 images per GPU, which the paper trained on 16 GB V100s, at 19.5 GB.
@@ -35,8 +37,8 @@ models the gap decides the plan (the DP's VGG-16 plan for cluster A, 9-3-2-1-1, 
 The plan's estimate (``time_per_sample_s``) is then the simulated epoch time divided by the epoch's samples
 (fill and drain included), and its ``dp_time_per_sample_s`` that of simulated data parallelism, so
 ``predicted_speedup`` is what ``pipedream simulate`` prints for the same plan and cluster. The estimate
-agrees with the simulation by construction, not because the DP's cost model became exact: the DP's own
-numbers stay in ``extra["dp_estimate"]`` (``pipedream plan --explain`` shows both), and every candidate with
+agrees with the simulation by construction, not because the solver's cost model became exact: the solver's own
+numbers stay in ``extra["solver_estimate"]`` (``pipedream plan --explain`` shows both), and every candidate with
 its simulated time in ``extra["candidates"]``. Since data parallelism, a straight pipeline and the paper's
 two-stage shape are always candidates, the plan is never more than :data:`NEAR_TIE` slower in simulation
 than any of them.
@@ -45,22 +47,27 @@ than any of them.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
-from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, consecutive_ranks
-from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, plan_ranks, simulate_dp, simulate_plan
+from pipedream.planner.hierarchy import step_latency_s
+from pipedream.planner.placement import replica_ranks
+from pipedream.schedules import DEFAULT_WARMUP, WARMUPS
+from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
 
 PAPER_SHAPES = 3  # "W-1-1", up to this many single stages after one replicated stage
 NEAR_TIE = 0.02  # relative epoch-time margin within which the plan with fewer stages wins (step 4)
+EVERY_SPLIT_LIMIT = 256  # at most this many (split, replica vector) pairs: all are candidates (step 1)
 
 
 @dataclass
@@ -69,7 +76,7 @@ class Candidate:
 
     Attributes:
         plan: the plan (stages, ranks, placement).
-        source: where it came from, e.g. ``"dp"``, ``"dp straight"``, ``"split 15-1"``.
+        source: where it came from, e.g. ``"solver"``, ``"solver straight"``, ``"split 15-1"``.
         memory_bytes: per stage, what one replica needs (:func:`runtime_memory_bytes`).
         fits: every stage fits the device memory (always True without the memory limit).
         epoch_s: simulated epoch time (None if not simulated).
@@ -122,16 +129,17 @@ def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: l
 
 
 def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int) -> Plan | None:
-    """A plan of :mod:`.fixed_split` for ``replicas`` on consecutive ranks, or None if it cannot be split."""
+    """A plan of :mod:`.fixed_split` for ``replicas``, placed by :func:`.placement.replica_ranks` (copies of
+    the pipeline on whole servers where the replica counts allow, else consecutive ranks), or None if it
+    cannot be split."""
     non_input = sum(1 for n in graph.nodes.values() if not n.is_input)
     if len(replicas) > non_input:
         return None
-    ranks = consecutive_ranks(replicas)
-    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size)
+    ranks = replica_ranks(replicas, cluster)
+    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size, ranks)
     stages = [Stage(nodes=ns, replicas=r, ranks=rk) for ns, r, rk in zip(nodes, replicas, ranks, strict=True)]
     return Plan(model=model, cluster=cluster.name, workers=sum(replicas), stages=stages, minibatch_size=minibatch_size,
-                time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan,
-                extra={"placement_rank_map": {str(i): rk for i, rk in enumerate(ranks)}})
+                time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
 
 
 def paper_shapes(workers: int, layers: int) -> list[list[int]]:
@@ -144,37 +152,75 @@ def paper_shapes(workers: int, layers: int) -> list[list[int]]:
     return shapes
 
 
-def candidates(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]], *, model: str,
+def _vectors(workers: int, stages: int, straight: bool) -> list[list[int]]:
+    """Replica vectors of ``stages`` stages on ``workers`` workers (each at least 1; all 1 if ``straight``)."""
+    if straight:
+        return [[1] * stages] if stages == workers else []
+    return [[b - a for a, b in zip((0, *bars), (*bars, workers), strict=True)]
+            for bars in itertools.combinations(range(1, workers), stages - 1)]
+
+
+def every_split(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_size: int,
+                straight: bool) -> list[tuple[str, Plan]]:
+    """Every split of the layers' topological order into contiguous stages with every replica vector,
+    placed by :func:`.placement.replica_ranks`, if there are at most :data:`EVERY_SPLIT_LIMIT` (else none).
+
+    On a small model and cluster the solver's cost model and the fixed splitter's balance can both miss the
+    split that simulates fastest (by a third on random 4-6 layer chains on 4 workers,
+    ``tests/test_planner_rerank.py``); simulating all of them costs little there. On a chain these are all
+    the splits; on a DAG, those of one topological order.
+    """
+    layers = [n for n in graph.topological_order() if not graph.nodes[n].is_input]
+    workers, n = cluster.workers, len(layers)
+    shapes = [(k, _vectors(workers, k, straight)) for k in range(1, min(workers, n) + 1)]
+    if sum(math.comb(n - 1, k - 1) * len(vs) for k, vs in shapes) > EVERY_SPLIT_LIMIT:
+        return []
+    out = []
+    for k, vectors in shapes:
+        for cuts in itertools.combinations(range(1, n), k - 1):
+            bounds = (0, *cuts, n)
+            nodes = [layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+            for reps in vectors:
+                stages = [Stage(nodes=ns, replicas=r, ranks=rk)
+                          for ns, r, rk in zip(nodes, reps, replica_ranks(reps, cluster), strict=True)]
+                plan = Plan(model=model, cluster=cluster.name, workers=workers, stages=stages,
+                            minibatch_size=minibatch_size, time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
+                out.append((f"every split: {config_string(reps)} after layers {list(cuts)}", plan))
+    return out
+
+
+def candidates(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Plan]], *, model: str,
                minibatch_size: int, straight: bool) -> list[tuple[str, Plan]]:
-    """The DP's plans, :mod:`.fixed_split`'s split of each of their replica vectors and of the paper's
-    shapes (straight ones only if ``straight``), without duplicates, in that order."""
+    """The solver's plans, :mod:`.fixed_split`'s split of each of their replica vectors and of the paper's
+    shapes (straight ones only if ``straight``), and, when there are at most :data:`EVERY_SPLIT_LIMIT` of
+    them, every split and replica vector (:func:`every_split`); without duplicates, in that order."""
     layers = sum(1 for n in graph.nodes.values() if not n.is_input)
-    vectors = [[s.replicas for s in p.stages] for _, p in dp_plans]
+    vectors = [[s.replicas for s in p.stages] for _, p in solver_plans]
     vectors += [v for v in paper_shapes(cluster.workers, layers) if not straight or all(r == 1 for r in v)]
-    out = list(dp_plans)
+    out = list(solver_plans)
     for reps in vectors:
         plan = _split_plan(graph, cluster, reps, model, minibatch_size)
         if plan is not None:
             out.append((f"split {config_string(reps)}", plan))
+    out += every_split(graph, cluster, model=model, minibatch_size=minibatch_size, straight=straight)
     seen: set[tuple[Any, ...]] = set()
     unique = []
     for source, plan in out:
-        key = tuple((tuple(s.nodes), s.replicas) for s in plan.stages) + (
-            tuple(tuple(v) for v in (plan.extra.get("placement_rank_map") or {}).values()),)
+        key = tuple((tuple(s.nodes), tuple(s.ranks)) for s in plan.stages)
         if key not in seen:
             seen.add(key)
             unique.append((source, plan))
     return unique
 
 
-def rerank(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]], *, model: str, minibatch_size: int,
+def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Plan]], *, model: str, minibatch_size: int,
            memory_limit: bool, straight: bool) -> Plan:
     """Simulate every candidate (see the module docstring) and return the fastest, its estimate the simulation.
 
     Args:
         graph: the profile, times per minibatch of ``minibatch_size`` samples.
         cluster: the cluster (device memory for the limit).
-        dp_plans: ``(source, plan)`` from the dynamic program, the first being the DP's answer to the flags.
+        solver_plans: ``(source, plan)`` from the dynamic program, the first being the solver's answer to the flags.
         model, minibatch_size: recorded in the plan; the simulated batch.
         memory_limit: drop candidates with a stage that does not fit ``cluster.device_memory_bytes``.
         straight: only straight pipelines.
@@ -188,7 +234,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]]
     opts = simulation_options()
     limit = max(cluster.device_memory_bytes, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
     cands = []
-    for source, plan in candidates(g, cluster, dp_plans, model=model, minibatch_size=minibatch_size, straight=straight):
+    for source, plan in candidates(g, cluster, solver_plans, model=model, minibatch_size=minibatch_size, straight=straight):
         reps = [s.replicas for s in plan.stages]
         mem = runtime_memory_bytes(g, [s.nodes for s in plan.stages], reps)
         fits = not memory_limit or max(mem) <= limit
@@ -209,11 +255,11 @@ def rerank(graph: LayerGraph, cluster: Cluster, dp_plans: list[tuple[str, Plan]]
     near = [c for c in fitting if c.epoch_s is not None and c.epoch_s <= fastest * (1 + NEAR_TIE)]
     best = min(near, key=lambda c: (len(c.plan.stages), c.epoch_s))
     dp = simulate_dp(g, cluster, workers=best.plan.workers, **opts)
-    return _finish(g, cluster, best, dp, cands, dp_plans[0][1], opts, memory_limit=memory_limit, straight=straight,
+    return _finish(g, cluster, best, dp, cands, solver_plans[0][1], opts, memory_limit=memory_limit, straight=straight,
                    limit=limit)
 
 
-def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands: list[Candidate], dp_answer: Plan,
+def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands: list[Candidate], solver_answer: Plan,
             opts: dict[str, Any], *, memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""
@@ -223,23 +269,26 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
     plan.time_per_sample_s = best.epoch_s / samples
     plan.dp_time_per_sample_s = dp.epoch_time_s / samples
     net = Network(cluster, opts["allreduce"])
-    ranks = plan_ranks(plan, cluster)
+    latency = step_latency_s(cluster)
+    ranks = [s.ranks for s in plan.stages]
     costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size)
     details = []
     for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
-        sync = net.allreduce_time(ranks[i], cost.param_bytes) if stage.replicas > 1 else 0.0
+        # a flat ring over the stage's ranks at its slowest link (DEFAULT_ALLREDUCE), one transfer each way per boundary
+        ring_bw = min((net.path(ranks[i][0], r)[1] for r in ranks[i][1:]), default=math.inf)
+        sync = costmodel.ring_allreduce_s(cost.param_bytes, stage.replicas, ring_bw, latency)
         act = 0.0
         if i > 0:
-            act += 2 * costs[i - 1].send_fwd_bytes / net.path(ranks[i - 1][0], ranks[i][0])[1]
+            act += 2 * costmodel.transfer_s(costs[i - 1].send_fwd_bytes, net.path(ranks[i - 1][0], ranks[i][0])[1], latency)
         if i < len(plan.stages) - 1:
-            act += 2 * cost.send_fwd_bytes / net.path(ranks[i][0], ranks[i + 1][0])[1]
+            act += 2 * costmodel.transfer_s(cost.send_fwd_bytes, net.path(ranks[i][0], ranks[i + 1][0])[1], latency)
         stage.compute_s = cost.fwd_s + cost.bwd_s
         stage.comm_s = sync + act
         stage.memory_bytes = best.memory_bytes[i]
         details.append({"sync_s": sync, "activation_s": act, "param_bytes": cost.param_bytes,
                         "time_s": max(stage.compute_s + sync, act) / stage.replicas})
     ex = plan.extra
-    if not best.source.startswith("dp"):  # a fixed split: the DP's per-level record does not describe it
+    if not best.source.startswith("solver"):  # a fixed split: the solver's per-level record does not describe it
         for key in ("replicas_per_level", "offsets_per_level", "warnings"):
             ex.pop(key, None)
     ex.update({
@@ -257,13 +306,13 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
         "simulated_epoch_s": best.epoch_s,
         "simulated_dp_epoch_s": dp.epoch_time_s,
         "stage_details": details,
-        "dp_estimate": {"config": dp_answer.config, "time_per_sample_s": dp_answer.time_per_sample_s,
-                        "dp_time_per_sample_s": dp_answer.dp_time_per_sample_s,
-                        "bottleneck_time_per_minibatch_s": dp_answer.extra.get("bottleneck_time_per_minibatch_s")},
+        "solver_estimate": {"config": solver_answer.config, "time_per_sample_s": solver_answer.time_per_sample_s,
+                        "dp_time_per_sample_s": solver_answer.dp_time_per_sample_s,
+                        "bottleneck_time_per_minibatch_s": solver_answer.extra.get("bottleneck_time_per_minibatch_s")},
         "candidates": [c.summary() for c in cands],
     })
     for key in ("states", "activation_compression_ratio"):
-        ex.setdefault(key, dp_answer.extra.get(key))
+        ex.setdefault(key, solver_answer.extra.get(key))
     if memory_limit and limit > cluster.device_memory_bytes:
         ex.setdefault("warnings", []).append(
             f"by the profile's bytes, data parallelism needs {limit / 1e9:.3g} GB per device, more than the "

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipedream.cuts import crossing
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.planner.bits import pack_rows, unit_rows, unpack_rows
@@ -55,7 +56,8 @@ class StateGraph:
         activation_bytes: per state, summed output bytes of its ideal, cumulative.
         param_bytes: per state, summed parameter bytes of its ideal, cumulative.
         boundary_bytes: per state, output bytes of its augmented antichain (release semantics).
-        cut_bytes: per state, output bytes of the ideal's nodes that feed a node outside it.
+        cut_bytes: per state, output bytes of the ideal's nodes that feed a node outside it
+            (:func:`pipedream.cuts.crossing`, the definition the simulator's stage boundaries use too).
         ancestors: boolean matrix, ``ancestors[k, j]`` if state ``k`` precedes state ``j`` in the state DAG.
         nested: boolean matrix, ``nested[k, j]`` if ideal ``k`` is a proper subset of ideal ``j``.
         edges: the state DAG's edges ``(k, j)``, ``j`` a direct successor of ``k`` (an edge may repeat), shape ``(E, 2)``
@@ -201,7 +203,6 @@ def build_states(graph: LayerGraph) -> StateGraph:
     boundary = _row_sums(acts, [augmented[s][0] for s in topo])
     n = len(topo)
     columns = pack_rows(member.T)  # [b, the states containing node b], packed
-    feeds_out = ~_contain_all(columns, out, n).T  # [s, b]: b has a consumer outside state s (none: False)
     edge_array = _edge_array(edges, topo)
     ancestors = _descendants(edge_array, member.sum(axis=1))
     # An ideal is a down-set: ideal k is inside ideal j iff every node of antichain k is. Distinct states
@@ -219,7 +220,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
         activation_bytes=member @ acts,
         param_bytes=member @ params,
         boundary_bytes=boundary,
-        cut_bytes=(member & feeds_out) @ acts,
+        cut_bytes=crossing(member, out) @ acts,
         ancestors=ancestors,
         nested=nested,
         edges=edge_array,

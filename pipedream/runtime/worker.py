@@ -125,6 +125,16 @@ def segment_bounds(num_minibatches: int, every: int | None, step: int) -> list[t
     return [(m0, min(every, num_minibatches - m0)) for m0 in range(0, num_minibatches, every)]
 
 
+def train_schedules(cfg: TrainConfig, plan: Plan, num_minibatches: int) -> list[tuple[int, schedules.Schedule]]:
+    """The schedules one epoch runs: ``(first minibatch, schedule)`` per segment (:func:`segment_bounds`),
+    each built from the plan's placement, ``[s.ranks for s in plan.stages]`` (round-robin order), exactly
+    as the simulator builds it for the same plan (:func:`pipedream.sim.simulate_plan`)."""
+    stage_ranks = [list(s.ranks) for s in plan.stages]
+    step = minibatch_step(cfg, [s.replicas for s in plan.stages])
+    return [(m0, schedules.build(cfg.schedule, stage_ranks, count, cfg.microbatches, cfg.warmup))
+            for m0, count in segment_bounds(num_minibatches, cfg.checkpoint_every, step)]
+
+
 def train(cfg: TrainConfig) -> None:
     """Run the whole training on this rank (call inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -149,8 +159,7 @@ def train(cfg: TrainConfig) -> None:
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
     micro = cfg.batch_size // cfg.microbatches
-    segments = [(m0, schedules.build(cfg.schedule, replicas, count, cfg.microbatches, cfg.warmup))
-                for m0, count in segment_bounds(nb, cfg.checkpoint_every, minibatch_step(cfg, replicas))]
+    segments = train_schedules(cfg, plan, nb)
     n_val = len(val_split) // micro
     eval_sched = schedules.forward_only(stage_ranks, n_val)
     is_reporter = rank == stage_ranks[-1][0]

@@ -14,13 +14,11 @@ from pipedream.sim.simulate import (
     SimResult,
     build_schedule,
     extrapolate,
-    interleave,
-    plan_ranks,
     run_minibatches,
     simulate_dp,
     simulate_plan,
     simulate_stages,
 )
 
-__all__ = ["DEFAULT_ALLREDUCE", "IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimResult", "build_schedule", "extrapolate", "interleave",
-           "plan_ranks", "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages"]
+__all__ = ["DEFAULT_ALLREDUCE", "IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimResult", "build_schedule", "extrapolate",
+           "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages"]

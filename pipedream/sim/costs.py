@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from pipedream.cuts import crossing
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 
@@ -104,13 +107,18 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float)
             param_bytes=sum(n.param_bytes for n in compute),
             grad_chunks=chunks,
         ))
+    # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the
+    # definition the planner's states use too); an input's bytes go forward, no gradient comes back
+    index = {n: i for i, n in enumerate(order)}
+    stage_of = np.array([where[n] for n in order])
+    crosses = crossing(stage_of[None, :] <= np.arange(n_stages - 1)[:, None],
+                       [[index[d] for d in graph.successors(n)] for n in order])
     for s in range(n_stages - 1):
         fwd = bwd = 0.0
-        for n in order:
-            if where[n] <= s and any(where[d] > s for d in graph.successors(n)):
-                nbytes = graph.nodes[n].output_bytes * scale
-                fwd += nbytes
-                bwd += 0.0 if graph.nodes[n].is_input else nbytes
+        for i in np.flatnonzero(crosses[s]):
+            nbytes = graph.nodes[order[i]].output_bytes * scale
+            fwd += nbytes
+            bwd += 0.0 if graph.nodes[order[i]].is_input else nbytes
         costs[s].send_fwd_bytes = fwd
         costs[s + 1].send_bwd_bytes = bwd
     return costs

@@ -269,6 +269,9 @@ def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: 
                   **kwargs: Any) -> SimResult:
     """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; see :func:`simulate_stages`.
 
+    The stages run exactly on their ``Stage.ranks``, in that round-robin order (the order the runtime
+    builds its schedule from); nothing is re-placed here.
+
     ``schedule="dp"`` ignores the plan's split and runs data parallelism on the plan's ranks.
     Raises:
         PipeDreamError: the plan needs more workers than the cluster has, or the checks of
@@ -280,57 +283,8 @@ def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: 
                              f"has {cluster.workers}")
     if SCHEDULES.get(schedule) == "dp":
         return simulate_dp(graph, cluster, workers=plan.workers, **kwargs)
-    return simulate_stages(graph, [s.nodes for s in plan.stages], plan_ranks(plan, cluster), cluster,
+    return simulate_stages(graph, [s.nodes for s in plan.stages], [s.ranks for s in plan.stages], cluster,
                            schedule=schedule, **kwargs)
-
-
-def interleave(ranks: list[int], group: int) -> list[int]:
-    """Order a stage's ranks for round robin so consecutive minibatches alternate between servers.
-
-    ``group`` is the number of ranks in one outermost-level group (a server). With this order, minibatch
-    ``m`` of two stages whose replica counts divide each other lands on the same server in both, which
-    is what a hierarchical plan assumes (its stage boundary stays inside a server, paper §3.1):
-    ``interleave([0, 1, 2, 4, 5, 6], 4) == [0, 4, 1, 5, 2, 6]``.
-    """
-    seen: dict[int, int] = {}
-    keyed = []
-    for r in sorted(ranks):
-        k = seen.get(r // group, 0)
-        seen[r // group] = k + 1
-        keyed.append(((k, r // group), r))
-    return [r for _, r in sorted(keyed)]
-
-
-def plan_ranks(plan: Plan, cluster: Cluster | None = None) -> list[list[int]]:
-    """Ranks of each stage in round-robin order: the planner's hierarchical placement
-    (``extra["placement_rank_map"]``, the map its cost model assumes: a stage replicated over servers
-    takes the same GPU slots in each) when the plan has one, else the stages' own ``ranks``; with a
-    multi-level ``cluster`` each stage's ranks are :func:`interleave`-d across servers.
-
-    Raises:
-        PipeDreamError: a placement map that does not match the stages' replica counts or reuses a rank.
-    """
-    ranks = _placement(plan)
-    if cluster is not None and len(cluster.levels) > 1:
-        top = Network(cluster).group_size[-1]
-        ranks = [interleave(rs, top) for rs in ranks]
-    return ranks
-
-
-def _placement(plan: Plan) -> list[list[int]]:
-    placement = plan.extra.get("placement_rank_map")
-    if not placement:
-        return [list(s.ranks) for s in plan.stages]
-    try:
-        ranks = [sorted(int(r) for r in placement[str(i)]) for i in range(len(plan.stages))]
-    except (KeyError, TypeError, ValueError):
-        raise PipeDreamError(f"plan {plan.config!r}: extra.placement_rank_map must map every stage index to a "
-                             "list of ranks; regenerate the plan with `pipedream plan`") from None
-    flat = [r for rs in ranks for r in rs]
-    if [len(rs) for rs in ranks] != [s.replicas for s in plan.stages] or len(set(flat)) != len(flat):
-        raise PipeDreamError(f"plan {plan.config!r}: extra.placement_rank_map {placement} does not give each stage "
-                             "as many distinct ranks as it has replicas; regenerate the plan")
-    return ranks
 
 
 def simulate_dp(graph: LayerGraph, cluster: Cluster, *, workers: int | None = None, **kwargs: Any) -> SimResult:

@@ -47,7 +47,7 @@ from pipedream.io import atomic_write_text
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.plan import Plan, Stage
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
-from pipedream.schedules import consecutive_ranks
+from pipedream.planner.placement import replica_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD, explain
@@ -213,13 +213,13 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
                                warmup="release") if replicated else pd_res
     pd_ind = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
                            sync="independent") if replicated else pd_res
-    dp_est = plan.extra.get("dp_estimate") or {}
+    solver_est = plan.extra.get("solver_estimate") or {}
     row: dict[str, Any] = {
         "predicted_config": plan.config, "plan_source": plan_source,
         "predicted_speedup": dp.epoch_time_s / pd_res.epoch_time_s,
         "planner_estimate_speedup": plan.predicted_speedup,
-        "dp_cost_model_config": dp_est.get("config", plan.config),
-        "dp_cost_model_speedup": (dp_est["dp_time_per_sample_s"] / dp_est["time_per_sample_s"]) if dp_est
+        "dp_cost_model_config": solver_est.get("config", plan.config),
+        "dp_cost_model_speedup": (solver_est["dp_time_per_sample_s"] / solver_est["time_per_sample_s"]) if solver_est
         else plan.predicted_speedup,
         "release_warmup_speedup": dp.epoch_time_s / pd_release.epoch_time_s,
         "independent_replicas_speedup": dp.epoch_time_s / pd_ind.epoch_time_s,
@@ -407,7 +407,7 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
         raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
     reps = [1] * cluster.workers
     stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
-    ranks = consecutive_ranks(reps)
+    ranks = replica_ranks(reps, cluster)
     panels = []
     for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
                          ("2bw", f"PipeDream-2BW, {microbatches} microbatches"), ("dp", "data parallelism")):
