@@ -1,8 +1,10 @@
 """Cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
 
 The simulator times the per-rank action lists of :mod:`pipedream.schedules` (the lists the runtime
-executes) with compute from a layer-graph profile (:mod:`pipedream.sim.costs`) and links with per-level
-bandwidth and contention (:mod:`pipedream.sim.network`), event by event (:mod:`pipedream.sim.engine`).
+executes) with compute from a layer-graph profile, DDP gradient buckets and the optimizer step
+(:mod:`pipedream.sim.costs`) and links with per-level bandwidth, latency and contention
+(:mod:`pipedream.sim.network`), event by event (:mod:`pipedream.sim.engine`); every formula is
+:mod:`pipedream.costmodel`'s.
 
 An epoch is ``ceil(dataset_size / samples per minibatch)`` minibatches. Rather than simulating all of
 them (ImageNet: 20,000 minibatches of 64), short runs of ``n``, ``2n`` and ``3n`` minibatches are
