@@ -41,6 +41,11 @@ DEFAULT_STEP_LATENCY_S = 20e-6
 # gradient and writes the weight (3); with momentum it also reads and writes the momentum buffer (5); Adam
 # reads weight, gradient and both moments and writes weight and both moments (7).
 STEP_TRAFFIC = {"sgd_plain": 3.0, "sgd": 5.0, "adam": 7.0}
+# The optimizer the paper's image models train with (SGD with momentum, §5.1), when none is given.
+DEFAULT_OPTIMIZER = "sgd"
+# Memory bandwidth of the paper's GPU, bytes/s: NVIDIA Tesla V100, 900 GB/s of HBM2 (V100 datasheet); the
+# memory-bound optimizer step's default when no measured seconds-per-byte is given.
+V100_MEMORY_BPS = 900e9
 
 
 def transfer_s(nbytes: float, bandwidth_Bps: float, latency_s: float = 0.0) -> float:

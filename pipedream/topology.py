@@ -14,10 +14,12 @@ Clusters are read from ``experiments/clusters.yaml``::
           - {workers: 4, bandwidth_Bps: 15.75e9}
           - {workers: 4, bandwidth_Bps: 1.25e9}
         device_memory_bytes: 16e9
+        latency_s: 20e-6               # optional: one message between two ranks, s
 
 or given on the command line as a what-if string, innermost level first like the release's flags:
 ``"8x2:25e9,3.125e9"`` (8 workers per server joined at 25e9 B/s, 2 servers joined at 3.125e9 B/s),
-optionally with ``@<device memory bytes>``, e.g. ``"4:1e9@8e9"``.
+optionally with ``@<device memory bytes>``, e.g. ``"4:1e9@8e9"``; a what-if cluster has the default
+latency (:data:`pipedream.costmodel.DEFAULT_STEP_LATENCY_S`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.paths import CLUSTERS
 
@@ -49,12 +52,16 @@ class Cluster:
             the bandwidth between them in bytes/s.
         device_memory_bytes: memory of one worker (device), bytes.
         description: free text.
+        latency_s: latency of one message between two ranks, seconds (the alpha of the alpha-beta model:
+            paid once per transfer and once per step of an allreduce ring, :mod:`pipedream.costmodel`);
+            default :data:`pipedream.costmodel.DEFAULT_STEP_LATENCY_S`.
     """
 
     name: str
     levels: list[tuple[int, float]]
     device_memory_bytes: float = RELEASE_DEFAULT_MEMORY_BYTES
     description: str = ""
+    latency_s: float = costmodel.DEFAULT_STEP_LATENCY_S
 
     def __post_init__(self) -> None:
         self.validate()
@@ -83,12 +90,16 @@ class Cluster:
         mem = self.device_memory_bytes
         if not (isinstance(mem, float | int) and math.isfinite(mem)) or mem <= 0:
             raise PipeDreamError(f"cluster {self.name!r}: device_memory_bytes={mem!r} must be a positive number of bytes")
+        lat = self.latency_s
+        if isinstance(lat, bool) or not (isinstance(lat, float | int) and math.isfinite(lat)) or lat < 0:
+            raise PipeDreamError(f"cluster {self.name!r}: latency_s={lat!r} must be a non-negative number of seconds")
 
     def describe(self) -> str:
-        """One line: name, shape, bandwidths and memory."""
+        """One line: name, shape, bandwidths, latency and memory."""
         bws = ", ".join(f"{w} x {b / 1e9:g} GB/s" for w, b in self.levels)
         memory = f"{self.device_memory_bytes / 1e9:g} GB/device"
-        return f"{self.name} ({self.workers} workers; levels innermost first: {bws}; {memory})"
+        latency = f"latency {self.latency_s * 1e6:g} us"
+        return f"{self.name} ({self.workers} workers; levels innermost first: {bws}; {latency}; {memory})"
 
 
 def _number(value: Any, what: str) -> float:
@@ -114,10 +125,11 @@ def cluster_from_dict(name: str, d: Any) -> Cluster:
     """Build a :class:`Cluster` from one ``clusters:`` entry; raises PipeDreamError naming a bad key."""
     if not isinstance(d, dict):
         raise PipeDreamError(f"cluster {name!r}: expected a mapping with 'levels', got {type(d).__name__}")
-    unknown = set(d) - {"levels", "device_memory_bytes", "description"}
+    unknown = set(d) - {"levels", "device_memory_bytes", "latency_s", "description"}
     if unknown:
         raise PipeDreamError(
-            f"cluster {name!r}: unknown key(s) {sorted(unknown)}; allowed: levels, device_memory_bytes, description"
+            f"cluster {name!r}: unknown key(s) {sorted(unknown)}; allowed: levels, device_memory_bytes, latency_s, "
+            "description"
         )
     raw_levels = d.get("levels")
     if not isinstance(raw_levels, list) or not raw_levels:
@@ -135,7 +147,9 @@ def cluster_from_dict(name: str, d: Any) -> Cluster:
             )
         )
     memory = _number(d.get("device_memory_bytes", RELEASE_DEFAULT_MEMORY_BYTES), f"cluster {name!r}: device_memory_bytes")
-    return Cluster(name=name, levels=levels, device_memory_bytes=memory, description=str(d.get("description", "")))
+    latency = _number(d.get("latency_s", costmodel.DEFAULT_STEP_LATENCY_S), f"cluster {name!r}: latency_s")
+    return Cluster(name=name, levels=levels, device_memory_bytes=memory, description=str(d.get("description", "")),
+                   latency_s=latency)
 
 
 def load_clusters(path: str | Path = DEFAULT_CLUSTERS_PATH) -> dict[str, Cluster]:

@@ -3,10 +3,12 @@
 * A straight pipeline with free communication: the steady period is the bottleneck stage's compute,
   which is the planner's estimate.
 * A replicated stage with no weights to synchronise: ``r`` replicas give ``r / T`` minibatches/s.
-* With weights: the simulator charges a ring allreduce ``2 (r - 1) / r * P / B`` after each backward
-  (lockstep, as DDP in the release runtime), i.e. ``(T + 2 (r - 1) P / (r B)) / r`` per minibatch without
-  overlap. The release planner's term is ``4 (r - 1) P / (r B)``: twice the ring's bytes over the link, so
-  the simulator equals the planner's formula at bandwidth ``B / 2`` (and is faster at ``B``).
+* With weights: the simulator charges, per DDP bucket, a ring allreduce ``2 (r - 1) L + 2 (r - 1) / r * P / B``
+  after each backward (latency ``L`` per step of the ring; lockstep, as DDP in the release runtime) and then
+  the optimizer step ``5 P / M`` (SGD with momentum, memory bound at ``M`` B/s), i.e.
+  ``(T + 2 (r - 1) L + 2 (r - 1) P / (r B) + 5 P / M) / r`` per minibatch without overlap for one bucket.
+  The release planner's term is ``4 (r - 1) P / (r B)``: twice the ring's bytes over the link, so the
+  simulator's bandwidth term equals the planner's formula at bandwidth ``B / 2`` (and is faster at ``B``).
 * Lockstep vs independent replicas and the two warm-up counts differ only where the paper's assumption
   breaks: a single stage feeding a replicated one.
 """
@@ -35,8 +37,9 @@ def chain(times: list[float], param_bytes: float = 0.0, act_bytes: float = 0.0, 
     return g
 
 
-def flat(workers: int, bandwidth: float = 1 * GB) -> Cluster:
-    return Cluster(name=f"flat{workers}", levels=[(workers, bandwidth)], device_memory_bytes=16 * GB)
+def flat(workers: int, bandwidth: float = 1 * GB, latency_s: float = 0.0) -> Cluster:
+    return Cluster(name=f"flat{workers}", levels=[(workers, bandwidth)], device_memory_bytes=16 * GB,
+                   latency_s=latency_s)
 
 
 def test_straight_pipeline_period_is_the_bottleneck_stage_and_the_planner_estimate() -> None:
@@ -61,21 +64,24 @@ def test_replicated_stage_without_weights_gives_r_over_t(r: int) -> None:
 
 @pytest.mark.parametrize("r", [2, 4])
 def test_replicated_stage_with_weight_sync(r: int) -> None:
-    """T = 90 ms, P = 0.1 GB at 1 GB/s: ring allreduce 2 (r-1)/r * 0.1 s after every backward."""
-    t, p, bw = 0.090, 0.1 * GB, 1 * GB
+    """T = 90 ms, P = 0.1 GB (one bucket) at 1 GB/s with 1 ms latency: after every backward a ring allreduce
+    of 2 (r-1) ms + 2 (r-1)/r * 0.1 s, then a step of 5 * 0.1 GB / 100 GB/s = 5 ms."""
+    t, p, bw, lat, mem = 0.090, 0.1 * GB, 1 * GB, 1e-3, 100 * GB
     g = chain([t, 0.001], param_bytes=0.0)
     g.nodes["n0"].param_bytes = p
-    ring = 2 * (r - 1) / r * p / bw
-    kw = dict(dataset_size=8 * 3000, overlap=False, allreduce="ring")
-    res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw), **kw)
-    assert res.time_per_minibatch_s == pytest.approx((t + ring) / r, rel=1e-9)
-    planner_term = 4 * (r - 1) * p / (r * bw)  # the release planner: twice the ring's time
-    assert planner_term == pytest.approx(2 * ring)
-    half = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw / 2), **kw)
-    assert half.time_per_minibatch_s == pytest.approx((t + planner_term) / r, rel=1e-9)
+    ring = 2 * (r - 1) * lat + 2 * (r - 1) / r * p / bw
+    step = 5 * p / mem
+    kw = dict(dataset_size=8 * 3000, overlap=False, allreduce="ring", memory_Bps=mem)
+    res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), **kw)
+    assert res.time_per_minibatch_s == pytest.approx((t + ring + step) / r, rel=1e-9)
+    planner_term = 4 * (r - 1) * p / (r * bw)  # the release planner: twice the ring's bandwidth term
+    assert planner_term == pytest.approx(2 * (ring - 2 * (r - 1) * lat))
+    half = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw / 2, lat), **kw)
+    assert half.time_per_minibatch_s == pytest.approx((t + 2 * (r - 1) * lat + planner_term + step) / r, rel=1e-9)
     # independent replicas (the planner's assumption) give the same period when nothing staggers them
-    ind = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw), sync="independent", **kw)
-    assert ind.time_per_minibatch_s == pytest.approx((t + ring) / r, rel=1e-9)
+    ind = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), sync="independent",
+                          **kw)
+    assert ind.time_per_minibatch_s == pytest.approx((t + ring + step) / r, rel=1e-9)
 
 
 def test_consistent_warmup_equals_the_release_where_replicas_divide() -> None:

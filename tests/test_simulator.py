@@ -29,8 +29,10 @@ def chain(layers: int, fwd_s: float, bwd_s: float, act_bytes: float = 0.0, param
     return g
 
 
-def flat(workers: int, bandwidth: float = 1 * GB) -> Cluster:
-    return Cluster(name=f"flat{workers}", levels=[(workers, bandwidth)])
+def flat(workers: int, bandwidth: float = 1 * GB, latency_s: float = 0.0) -> Cluster:
+    """One level of ``workers`` at ``bandwidth`` B/s; no latency unless given, so the hand computations
+    below are bytes over bandwidth."""
+    return Cluster(name=f"flat{workers}", levels=[(workers, bandwidth)], latency_s=latency_s)
 
 
 def one_per_stage(p: int) -> tuple[list[list[str]], list[list[int]]]:
@@ -95,28 +97,33 @@ def test_bytes_per_sample_pipeline_vs_data_parallel() -> None:
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dp_without_overlap_adds_the_ring_allreduce(n: int) -> None:
-    """A DP round: compute f + b, then 2 (n - 1) / n * P / B of allreduce; the stall is that share."""
-    f, b, w, bw, batch = 0.010, 0.020, 0.8 * GB, 2 * GB, 32
+    """A DP round: compute f + b, then the ring allreduce of two buckets (one per layer, 0.4 GB each)
+    2 x (2 (n - 1) L + 2 (n - 1) / n * P / 2 / B), then the SGD step 5 P / 900 GB/s (the default V100
+    memory bound); the stall is the allreduce's share."""
+    f, b, w, bw, lat, batch = 0.010, 0.020, 0.8 * GB, 2 * GB, 1e-3, 32
     g = chain(2, f / 2, b / 2, param_bytes=w / 2, batch=batch)
-    res = simulate_dp(g, flat(n, bw), overlap=False, dataset_size=batch * n * 1000)
-    ar = 2 * (n - 1) / n * w / bw
-    assert res.time_per_sample_s * n * batch == pytest.approx(f + b + ar, rel=1e-12)
-    assert res.comm_stall_fraction == pytest.approx(ar / (f + b + ar), rel=1e-12)
-    assert res.epoch_time_s == pytest.approx(1000 * (f + b + ar), rel=1e-12)
+    res = simulate_dp(g, flat(n, bw, lat), overlap=False, dataset_size=batch * n * 1000)
+    ar = 2 * (2 * (n - 1) * lat + 2 * (n - 1) / n * (w / 2) / bw)
+    step = 5 * w / 900e9
+    assert res.time_per_sample_s * n * batch == pytest.approx(f + b + ar + step, rel=1e-12)
+    assert res.comm_stall_fraction == pytest.approx(ar / (f + b + ar + step), rel=1e-12)
+    assert res.epoch_time_s == pytest.approx(1000 * (f + b + ar + step), rel=1e-12)
 
 
 def test_dp_wait_free_backprop_overlaps_layer_allreduces_with_backward() -> None:
-    """Two layers, backward 1 s each, each layer's allreduce 1.5 s (2 workers, 1.5 GB at 1 GB/s).
+    """Two layers, backward 1 s each, each layer one bucket whose allreduce takes 1.5 s (2 workers,
+    1.5 GB at 1 GB/s), then a step of 0.1 s (3 GB at a measured 1 / 30 ns per byte).
 
     Backward order is n1 then n0: n1's gradients are ready at 1 s and reduced over [1, 2.5]; n0's are
-    ready at 2 s and reduced over [2.5, 4]. The round takes f + 4 s instead of f + 2 + 3 s.
+    ready at 2 s and reduced over [2.5, 4]. The round takes f + 4 + 0.1 s instead of f + 2 + 3 + 0.1 s.
     """
     g = chain(2, fwd_s=0.5, bwd_s=1.0, param_bytes=1.5 * GB, batch=8)
-    over = simulate_dp(g, flat(2), overlap=True, dataset_size=8 * 200)
-    assert over.time_per_minibatch_s * 2 == pytest.approx(1.0 + 4.0, rel=1e-12)
-    assert over.comm_stall_fraction == pytest.approx(2.0 / 5.0, rel=1e-12)
-    serial = simulate_dp(g, flat(2), overlap=False, dataset_size=8 * 200)
-    assert serial.time_per_minibatch_s * 2 == pytest.approx(1.0 + 2.0 + 3.0, rel=1e-12)
+    kw = dict(dataset_size=8 * 200, step_s_per_param_byte=0.1 / (3 * GB))
+    over = simulate_dp(g, flat(2), overlap=True, **kw)
+    assert over.time_per_minibatch_s * 2 == pytest.approx(1.0 + 4.0 + 0.1, rel=1e-12)
+    assert over.comm_stall_fraction == pytest.approx(2.0 / 5.1, rel=1e-12)
+    serial = simulate_dp(g, flat(2), overlap=False, **kw)
+    assert serial.time_per_minibatch_s * 2 == pytest.approx(1.0 + 2.0 + 3.0 + 0.1, rel=1e-12)
 
 
 def _split(g: LayerGraph, sizes: list[int]) -> list[list[str]]:
@@ -196,11 +203,17 @@ def test_measured_costs_two_stage_1f1b_by_hand() -> None:
     3 N + 3 s. One minibatch with a 0.5 s transfer each way: f + c + f + b + c + b = 7 s."""
     costs = measured_costs([1.0, 1.0], [2.0, 2.0], [1e6])
     assert [(c.send_fwd_bytes, c.send_bwd_bytes) for c in costs] == [(1e6, 0.0), (0.0, 1e6)]
-    free = Cluster(name="fast", levels=[(2, 1e30)])
+    free = Cluster(name="fast", levels=[(2, 1e30)], latency_s=0.0)
     for n in (1, 2, 4, 9):
         tr = run(schedules.build("1f1b", schedules.consecutive_ranks([1, 1]), n), costs, Network(free))
         assert tr.makespan_s == pytest.approx(3 * n + 3, rel=1e-12)
-    slow = Cluster(name="slow", levels=[(2, 2e6)])  # 1e6 bytes take 0.5 s
+    slow = Cluster(name="slow", levels=[(2, 2e6)], latency_s=0.0)  # 1e6 bytes take 0.5 s
     assert run(schedules.build("1f1b", [[0], [1]], 1), costs, Network(slow)).makespan_s == pytest.approx(7.0)
+    # a latency of 0.25 s per message and a measured 0.5 s optimizer step on each stage after its backward:
+    # f + (L + c) + f + b + (L + c) + b + step = 1 + 0.75 + 1 + 2 + 0.75 + 2 + 0.5 = 8 s (stage 1's step runs
+    # while the gradient travels to stage 0)
+    stepped = measured_costs([1.0, 1.0], [2.0, 2.0], [1e6], step_s=[0.5, 0.5])
+    late = Cluster(name="late", levels=[(2, 2e6)], latency_s=0.25)
+    assert run(schedules.build("1f1b", [[0], [1]], 1), stepped, Network(late)).makespan_s == pytest.approx(8.0)
     with pytest.raises(PipeDreamError, match="n - 1 boundary sizes"):
         measured_costs([1.0, 1.0], [2.0, 2.0], [])

@@ -1,4 +1,4 @@
-"""Links and allreduce of the simulator: hand-computed transfer times, contention, ring formulas."""
+"""Links and allreduce of the simulator: hand-computed transfer times, contention, ring formulas with latency."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from pipedream.topology import Cluster
 GB = 1e9
 
 
-def two_level(gpus: int = 4, servers: int = 2, inner: float = 10 * GB, outer: float = 1 * GB) -> Cluster:
-    return Cluster(name="t", levels=[(gpus, inner), (servers, outer)])
+def two_level(gpus: int = 4, servers: int = 2, inner: float = 10 * GB, outer: float = 1 * GB,
+              latency_s: float = 0.0) -> Cluster:
+    """Servers x GPUs; no latency unless given, so the contention checks below are bytes over bandwidth."""
+    return Cluster(name="t", levels=[(gpus, inner), (servers, outer)], latency_s=latency_s)
 
 
 def test_transfer_time_is_bytes_over_bottleneck_bandwidth() -> None:
@@ -21,6 +23,13 @@ def test_transfer_time_is_bytes_over_bottleneck_bandwidth() -> None:
     assert net.transfer_time(0, 4, 5 * GB) == pytest.approx(5.0)  # across servers: 5 GB / 1 GB/s
     assert net.transfer_time(3, 3, 5 * GB) == 0.0
     assert net.meet_level(0, 3) == 0 and net.meet_level(3, 4) == 1
+
+
+def test_transfer_pays_the_cluster_latency_once() -> None:
+    net = Network(two_level(latency_s=0.25))
+    assert net.transfer_time(0, 4, 5 * GB) == pytest.approx(0.25 + 5.0)
+    assert net.send(0, 1, 1 * GB, ready_s=1.0) == pytest.approx((1.0, 1.0 + 0.25 + 0.1))
+    assert net.transfer_time(3, 3, 5 * GB) == 0.0  # a rank to itself: nothing crosses a link
 
 
 def test_one_send_alone_on_a_link() -> None:
@@ -56,25 +65,29 @@ def test_intra_server_send_contends_with_the_gpu_port_of_a_cross_server_send() -
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
 def test_ring_allreduce_formula(n: int) -> None:
-    """2 (n - 1) / n * bytes / bandwidth on one level, for both allreduce kinds."""
-    flat = Cluster(name="flat", levels=[(16, 2 * GB)])
+    """2 (n - 1) latency + 2 (n - 1) / n * bytes / bandwidth on one level, for both allreduce kinds."""
+    flat = Cluster(name="flat", levels=[(16, 2 * GB)], latency_s=1e-3)
     for kind in ("ring", "hierarchical"):
         net = Network(flat, kind)
-        assert net.allreduce_time(list(range(n)), 3 * GB) == pytest.approx(2 * (n - 1) / n * 3 * GB / (2 * GB))
+        expected = 2 * (n - 1) * 1e-3 + 2 * (n - 1) / n * 3 * GB / (2 * GB)
+        assert net.allreduce_time(list(range(n)), 3 * GB) == pytest.approx(expected, rel=1e-12)
+        assert net.allreduce_time(list(range(n)), 3 * GB) == pytest.approx(expected, rel=1e-12)  # cached
         assert net.allreduce_bytes(list(range(n)), 3 * GB) == pytest.approx(2 * (n - 1) * 3 * GB)
+    assert Network(flat).allreduce_time([5], 3 * GB) == 0.0  # one rank: nothing to reduce, no latency
 
 
 def test_hierarchical_allreduce_sums_one_ring_per_level() -> None:
-    c = two_level(gpus=4, servers=4, inner=15.75 * GB, outer=1.25 * GB)  # cluster A
+    lat = 1e-4
+    c = two_level(gpus=4, servers=4, inner=15.75 * GB, outer=1.25 * GB, latency_s=lat)  # cluster A
     s = 0.5 * GB
     hier = Network(c, "hierarchical").allreduce_time(list(range(16)), s)
-    assert hier == pytest.approx(2 * 3 / 4 * s / (15.75 * GB) + 2 * 3 / 4 * s / (1.25 * GB))
+    assert hier == pytest.approx(2 * 3 * lat + 2 * 3 / 4 * s / (15.75 * GB) + 2 * 3 * lat + 2 * 3 / 4 * s / (1.25 * GB))
     ring = Network(c, "ring").allreduce_time(list(range(16)), s)
-    assert ring == pytest.approx(2 * 15 / 16 * s / (1.25 * GB))
+    assert ring == pytest.approx(2 * 15 * lat + 2 * 15 / 16 * s / (1.25 * GB))
     # 15 ranks (a 15-1 plan's first stage): 4 GPUs in the fullest server, 4 servers
     assert Network(c).allreduce_time(list(range(15)), s) == pytest.approx(hier)
     # inside one server only the inner level counts
-    assert Network(c).allreduce_time([4, 5, 6], s) == pytest.approx(2 * 2 / 3 * s / (15.75 * GB))
+    assert Network(c).allreduce_time([4, 5, 6], s) == pytest.approx(2 * 2 * lat + 2 * 2 / 3 * s / (15.75 * GB))
     # bytes: three 4-GPU rings and one 3-GPU ring inside, a 4-server ring across
     assert Network(c).allreduce_bytes(list(range(15)), s) == pytest.approx((3 * 6 + 4 + 6) * s)
 

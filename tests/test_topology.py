@@ -82,3 +82,19 @@ def test_missing_file_and_bad_keys(tmp_path: Path) -> None:
     f.write_text("clusters:\n  x:\n    levels:\n      - {workers: 2}\n")
     with pytest.raises(PipeDreamError, match="level 0: expected exactly the keys"):
         load_clusters(f)
+
+
+def test_latency_is_an_optional_key_with_the_cost_models_default(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("clusters:\n  slow:\n    levels:\n      - {workers: 2, bandwidth_Bps: 1e9}\n    latency_s: 5e-5\n"
+                 "  plain:\n    levels:\n      - {workers: 2, bandwidth_Bps: 1e9}\n")
+    clusters = load_clusters(f)
+    assert clusters["slow"].latency_s == 5e-5
+    assert clusters["plain"].latency_s == 20e-6  # costmodel.DEFAULT_STEP_LATENCY_S: one TCP round trip in a DC
+    assert parse_whatif("4:1e9").latency_s == 20e-6
+    assert "latency 50 us" in clusters["slow"].describe()
+    with pytest.raises(PipeDreamError, match=r"latency_s=-1.0 must be a non-negative"):
+        Cluster("bad", [(2, 1e9)], latency_s=-1.0)
+    f.write_text("clusters:\n  x:\n    levels:\n      - {workers: 2, bandwidth_Bps: 1e9}\n    latency: 1e-5\n")
+    with pytest.raises(PipeDreamError, match=r"unknown key\(s\) \['latency'\]; allowed: .*latency_s"):
+        load_clusters(f)

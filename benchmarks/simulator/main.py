@@ -31,7 +31,7 @@ PROFILES = Path("experiments/data/profiles")
 CASES = [
     ("VGG-16 DP", "vgg16", 64, "A_4x4", "dp", "16", 1),
     ("VGG-16 PipeDream 15-1", "vgg16", 64, "A_4x4", "1f1b", "15-1", 1),
-    ("ResNet-50 DP (161 layer allreduces)", "resnet50", 128, "B_2x8", "dp", "16", 1),
+    ("ResNet-50 DP (5 DDP buckets)", "resnet50", 128, "B_2x8", "dp", "16", 1),
     ("GNMT-16 PipeDream straight", "gnmt_large", 64, "A_4x4", "1f1b", "straight", 1),
     ("GNMT-16 GPipe straight, m=16", "gnmt_large", 64, "A_4x4", "gpipe", "straight", 16),
     ("GNMT-16 2BW straight, m=16", "gnmt_large", 64, "A_4x4", "2bw", "straight", 16),

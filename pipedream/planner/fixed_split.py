@@ -5,8 +5,9 @@ layer split. To simulate that configuration next to our planner's choice, the la
 contiguous pieces of one topological order (every prefix of a topological order is a valid first part,
 so every such split respects the graph) by a min-max dynamic program over cut points. The throughput
 model it minimises is the steady state of 1F1B-RR: a stage replicated ``r`` times does one minibatch per
-``(compute + allreduce) / r`` seconds (paper §3.1's per-stage time, with the ring allreduce of
-:mod:`pipedream.sim.network`), and the link between two stages carries the boundary activations one way
+``(compute + allreduce) / r`` seconds (paper §3.1's per-stage time, with the allreduce of
+:mod:`pipedream.sim.network`, affine in its bytes: latency plus bytes / bandwidth, :mod:`pipedream.costmodel`),
+and the link between two stages carries the boundary activations one way
 and their gradients the other way (full duplex), ``cut bytes / bandwidth`` per minibatch; the slowest
 of these is the pipeline's period. The simulator then times the split exactly.
 """
@@ -74,16 +75,24 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
             delta[pos[nid]] += graph.nodes[nid].output_bytes * scale
             delta[last_use[nid]] -= graph.nodes[nid].output_bytes * scale
     cut = np.cumsum(delta)[: n + 1]
-    ar_per_byte = [network.allreduce_time(rs, 1.0) for rs in ranks]
+    # the allreduce is affine in its bytes (a latency per ring step plus bytes / bandwidth, pipedream.costmodel):
+    # intercept and slope per stage, the intercept charged only to stages with parameters
+    unit = 1e9
+    ar_per_byte = [(network.allreduce_time(rs, 2 * unit) - network.allreduce_time(rs, unit)) / unit for rs in ranks]
+    ar_fixed = [network.allreduce_time(rs, unit) - b * unit for rs, b in zip(ranks, ar_per_byte, strict=True)]
+
+    def sync_s(s: int, nbytes: np.ndarray) -> np.ndarray:
+        return np.where(nbytes > 0, ar_fixed[s] + ar_per_byte[s] * nbytes, 0.0)
+
     link_bw = [network.path(ranks[s][0], ranks[s + 1][0])[1] for s in range(k - 1)]
     best = np.full((k, n + 1), np.inf)
     back = np.zeros((k, n + 1), dtype=int)
-    best[0] = (compute + ar_per_byte[0] * params) / replicas[0]
+    best[0] = (compute + sync_s(0, params)) / replicas[0]
     best[0][0] = np.inf
     for s in range(1, k):
         for j in range(s + 1, n + 1):
             i = np.arange(s, j)  # previous stage ends at i, this one is (i, j]
-            stage = (compute[j] - compute[i] + ar_per_byte[s] * (params[j] - params[i])) / replicas[s]
+            stage = (compute[j] - compute[i] + sync_s(s, params[j] - params[i])) / replicas[s]
             cand = np.maximum(np.maximum(best[s - 1][i], stage), cut[i] / link_bw[s - 1])
             t = int(np.argmin(cand))
             best[s][j], back[s][j] = cand[t], i[t]

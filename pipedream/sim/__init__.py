@@ -1,10 +1,11 @@
 """The cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
 
 Public API (from :mod:`.simulate`): :func:`simulate_plan`, :func:`simulate_dp`, :func:`simulate_stages`,
-:func:`run_minibatches`, :class:`SimResult`. Its parts: links with per-level bandwidth and contention
-(:mod:`.network`), the cost of every action from a layer profile or from measured stage times
-(:mod:`.costs`) and the event loop that times the per-rank action lists of :mod:`pipedream.schedules`
-(:mod:`.engine`).
+:func:`run_minibatches`, :class:`SimResult`. Its parts: links with per-level bandwidth, latency and
+contention (:mod:`.network`), the cost of every action from a layer profile or from measured stage times,
+DDP gradient buckets and the optimizer step included (:mod:`.costs`), and the event loop that times the
+per-rank action lists of :mod:`pipedream.schedules` (:mod:`.engine`). Every time is one of
+:mod:`pipedream.costmodel`'s, the formulas the planner and the runtime use too.
 """
 
 from pipedream.sim.simulate import (

@@ -4,9 +4,14 @@ Compute scales linearly with the number of samples an action processes (the prof
 minibatch, as in the release optimizer). Input nodes carry data-loading time, which is ignored, as the
 planners do. The activations crossing the boundary after stage ``s`` are the outputs of every node in
 stages ``<= s`` with a consumer in stages ``> s`` (skip connections included); the gradient sent back
-has the same size, minus the outputs of input nodes (data needs no gradient). A stage's allreduce
-moves its parameter bytes; for wait-free backpropagation the backward is split into its layers in
-reverse topological order, each layer's gradients ready when that layer's backward ends.
+has the same size, minus the outputs of input nodes (data needs no gradient).
+
+A stage's weight update is what PyTorch DistributedDataParallel and the runtime do: the stage's layers with
+parameters, in reverse topological order (the order its backward produces their gradients), are grouped
+into gradient buckets by :func:`pipedream.costmodel.bucket_layers` (cap ``bucket_bytes``, DDP's 25 MiB by
+default, the first bucket 1 MiB); a bucket is ready when the backward of its last layer ends, and each
+bucket is one allreduce. The optimizer step over the stage's parameters takes
+:func:`pipedream.costmodel.optimizer_step_s`.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipedream import costmodel
 from pipedream.cuts import crossing
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
@@ -29,9 +35,10 @@ class StageCost:
         bwd_s: backward time of one (micro)batch on one worker, seconds.
         send_fwd_bytes: activation bytes sent to the next stage per (micro)batch (0 for the last stage).
         send_bwd_bytes: gradient bytes sent to the previous stage per (micro)batch (0 for the first stage).
-        param_bytes: parameter bytes of the stage (what its allreduce moves).
-        grad_chunks: ``(seconds into the backward when ready, bytes)`` per layer with parameters, in
-            backward order (reverse topological), for overlapped allreduce.
+        param_bytes: parameter bytes of the stage (what its allreduces move together).
+        buckets: DDP gradient buckets in reduction order, each ``(seconds into the backward when its last
+            gradient is ready, bucket bytes)``; the bytes sum to ``param_bytes``. One allreduce per bucket.
+        step_s: seconds of one optimizer step over the stage's parameters on one worker.
     """
 
     fwd_s: float
@@ -39,7 +46,8 @@ class StageCost:
     send_fwd_bytes: float
     send_bwd_bytes: float
     param_bytes: float
-    grad_chunks: list[tuple[float, float]] = field(default_factory=list)
+    buckets: list[tuple[float, float]] = field(default_factory=list)
+    step_s: float = 0.0
 
 
 def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, int]:
@@ -68,15 +76,63 @@ def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, 
     return where
 
 
-def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float) -> list[StageCost]:
+def buckets_in_backward(grads: list[tuple[float, float]], bucket_bytes: float) -> list[tuple[float, float]]:
+    """DDP buckets of gradients listed in backward order.
+
+    Args:
+        grads: ``(seconds into the backward when ready, bytes)`` per layer (or tensor) in the order the
+            backward produces them.
+        bucket_bytes: bucket cap, bytes (:func:`pipedream.costmodel.bucket_layers`).
+    Returns:
+        ``(seconds into the backward when the bucket's last gradient is ready, bucket bytes)`` per bucket,
+        in reduction order.
+    Raises:
+        PipeDreamError: a non-positive cap.
+    """
+    try:
+        groups = costmodel.bucket_layers([nbytes for _, nbytes in grads], bucket_bytes)
+    except ValueError as e:
+        raise PipeDreamError(f"{e}; pass a positive --bucket-bytes (DDP's default is 25 MiB)") from None
+    return [(grads[idx[-1]][0], sum(grads[i][1] for i in idx)) for idx in groups]
+
+
+def optimizer_step(param_bytes: float, optimizer: str, step_s_per_param_byte: float | None,
+                   memory_Bps: float | None) -> float:
+    """Seconds of one optimizer step over ``param_bytes``: :func:`pipedream.costmodel.optimizer_step_s`
+    (the measured rate when given, else memory bound at ``memory_Bps``).
+
+    Raises:
+        PipeDreamError: an unknown optimizer, or a negative rate or bandwidth.
+    """
+    if (step_s_per_param_byte is not None and step_s_per_param_byte < 0) or (memory_Bps is not None and memory_Bps < 0):
+        raise PipeDreamError(f"optimizer step rate {step_s_per_param_byte} s/byte and memory bandwidth {memory_Bps} "
+                             "B/s must not be negative")
+    try:
+        return costmodel.optimizer_step_s(param_bytes, optimizer, memory_Bps=memory_Bps,
+                                          s_per_param_byte=step_s_per_param_byte)
+    except ValueError as e:
+        raise PipeDreamError(f"{e}; pass one of them as --optimizer") from None
+
+
+def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float, *,
+                bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
+                step_s_per_param_byte: float | None = None,
+                memory_Bps: float | None = costmodel.V100_MEMORY_BPS) -> list[StageCost]:
     """Per-stage costs for actions of ``samples`` samples each.
 
     Args:
         graph: the profile; ``graph.minibatch_size`` must be the profiled minibatch (samples).
         stage_nodes: node ids of each stage in pipeline order (e.g. ``[s.nodes for s in plan.stages]``).
         samples: samples one forward/backward action processes (the per-worker (micro)batch).
+        bucket_bytes: DDP gradient bucket cap, bytes (default DDP's 25 MiB).
+        optimizer: a key of :data:`pipedream.costmodel.STEP_TRAFFIC` (default ``"sgd"``, with momentum).
+        step_s_per_param_byte: measured optimizer step seconds per parameter byte on the run's host; None
+            for the memory-bound estimate.
+        memory_Bps: device memory bandwidth for that estimate, bytes/s (default the V100's 900e9,
+            :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0 models no step time.
     Raises:
-        PipeDreamError: unknown profiled minibatch size, non-positive ``samples``, or a bad stage split.
+        PipeDreamError: unknown profiled minibatch size, non-positive ``samples``, a bad stage split, a
+            non-positive bucket cap or an unknown optimizer.
     """
     if graph.minibatch_size <= 0:
         raise PipeDreamError("the profile's minibatch size is unknown; pass the profiled minibatch (samples) "
@@ -93,19 +149,21 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float)
     for s in range(n_stages):
         mine = [n for n in order if where[n] == s]
         compute = [graph.nodes[n] for n in mine if not graph.nodes[n].is_input]
-        chunks: list[tuple[float, float]] = []
+        grads: list[tuple[float, float]] = []  # (ready into the backward, bytes) per layer, backward order
         elapsed = 0.0
         for node in reversed(compute):
             elapsed += node.bwd_s * scale
             if node.param_bytes > 0:
-                chunks.append((elapsed, node.param_bytes))
+                grads.append((elapsed, node.param_bytes))
+        param_bytes = sum(n.param_bytes for n in compute)
         costs.append(StageCost(
             fwd_s=sum(n.fwd_s for n in compute) * scale,
             bwd_s=elapsed,
             send_fwd_bytes=0.0,
             send_bwd_bytes=0.0,
-            param_bytes=sum(n.param_bytes for n in compute),
-            grad_chunks=chunks,
+            param_bytes=param_bytes,
+            buckets=buckets_in_backward(grads, bucket_bytes),
+            step_s=optimizer_step(param_bytes, optimizer, step_s_per_param_byte, memory_Bps),
         ))
     # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the
     # definition the planner's states use too); an input's bytes go forward, no gradient comes back
@@ -125,8 +183,10 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float)
 
 
 def uniform_costs(stages: int, fwd_s: float, bwd_s: float, boundary_bytes: float = 0.0,
-                  param_bytes: float = 0.0) -> list[StageCost]:
-    """``stages`` identical stages (for balanced-pipeline checks such as GPipe's bubble formula)."""
+                  param_bytes: float = 0.0, step_s: float = 0.0) -> list[StageCost]:
+    """``stages`` identical stages (for balanced-pipeline checks such as GPipe's bubble formula); each
+    stage's gradient is one tensor ready at the end of its backward, so one bucket (DDP never splits a
+    tensor), and its optimizer step takes ``step_s`` seconds."""
     out = []
     for s in range(stages):
         out.append(StageCost(
@@ -134,13 +194,14 @@ def uniform_costs(stages: int, fwd_s: float, bwd_s: float, boundary_bytes: float
             send_fwd_bytes=boundary_bytes if s < stages - 1 else 0.0,
             send_bwd_bytes=boundary_bytes if s > 0 else 0.0,
             param_bytes=param_bytes,
-            grad_chunks=[(bwd_s, param_bytes)] if param_bytes > 0 else [],
+            buckets=[(bwd_s, param_bytes)] if param_bytes > 0 else [],
+            step_s=step_s,
         ))
     return out
 
 
 def measured_costs(fwd_s: list[float], bwd_s: list[float], boundary_bytes: list[float],
-                   param_bytes: list[float] | None = None) -> list[StageCost]:
+                   param_bytes: list[float] | None = None, step_s: list[float] | None = None) -> list[StageCost]:
     """Stage costs from times measured per stage (e.g. by a benchmark), not from a layer profile.
 
     Args:
@@ -149,20 +210,24 @@ def measured_costs(fwd_s: list[float], bwd_s: list[float], boundary_bytes: list[
         boundary_bytes: bytes crossing the boundary after each stage but the last, per (micro)batch
             (``len(fwd_s) - 1`` values); the gradient sent back is taken to be the same size.
         param_bytes: parameter bytes per stage (default 0: no allreduce is modelled); a stage's whole
-            gradient counts as ready at the end of its backward.
+            gradient counts as ready at the end of its backward, one bucket.
+        step_s: measured optimizer step seconds per stage (default 0: no step time).
     Raises:
         PipeDreamError: lists of inconsistent lengths, or a negative time or size.
     """
     n = len(fwd_s)
     params = [0.0] * n if param_bytes is None else list(param_bytes)
-    if n == 0 or len(bwd_s) != n or len(boundary_bytes) != n - 1 or len(params) != n:
-        raise PipeDreamError(f"measured costs need n forward and backward times, n - 1 boundary sizes and n parameter "
-                             f"sizes; got {len(fwd_s)}, {len(bwd_s)}, {len(boundary_bytes)} and {len(params)}")
-    if min(*fwd_s, *bwd_s, *boundary_bytes, *params, 0.0) < 0:
+    steps = [0.0] * n if step_s is None else list(step_s)
+    if n == 0 or len(bwd_s) != n or len(boundary_bytes) != n - 1 or len(params) != n or len(steps) != n:
+        raise PipeDreamError(f"measured costs need n forward, backward and step times, n - 1 boundary sizes and n "
+                             f"parameter sizes; got {len(fwd_s)}, {len(bwd_s)}, {len(steps)}, {len(boundary_bytes)} "
+                             f"and {len(params)}")
+    if min(*fwd_s, *bwd_s, *boundary_bytes, *params, *steps, 0.0) < 0:
         raise PipeDreamError("measured stage times and sizes must not be negative")
     return [StageCost(fwd_s=fwd_s[s], bwd_s=bwd_s[s],
                       send_fwd_bytes=boundary_bytes[s] if s < n - 1 else 0.0,
                       send_bwd_bytes=boundary_bytes[s - 1] if s > 0 else 0.0,
                       param_bytes=params[s],
-                      grad_chunks=[(bwd_s[s], params[s])] if params[s] > 0 else [])
+                      buckets=[(bwd_s[s], params[s])] if params[s] > 0 else [],
+                      step_s=steps[s])
             for s in range(n)]

@@ -3,22 +3,27 @@
 Each rank runs its list in order, like the runtime does: ``F``/``B`` occupy the rank for the stage's
 compute time; ``SEND_*`` are asynchronous (the rank goes on at once) and occupy links (see
 :mod:`pipedream.sim.network`); ``RECV_*`` block until the matching transfer has arrived; the k-th
-``ALLREDUCE`` of every replica of a stage is one collective that ends when the slowest replica's
-gradients have been reduced; ``STEP`` takes no time. Ranks are advanced in global time order (a heap of
-ranks keyed by their clocks), so links are booked in the order the sends are issued.
+``ALLREDUCE`` of every replica of a stage reduces the stage's gradient buckets (:mod:`pipedream.sim.costs`)
+and ends when the slowest replica's gradients have been reduced; ``STEP`` occupies the rank for the
+stage's optimizer step (``StageCost.step_s``). Ranks are advanced in global time order (a heap of ranks
+keyed by their clocks), so links are booked in the order the sends are issued.
 
-Wait-free backpropagation (``overlap=True``, what PyTorch DistributedDataParallel does, paper §2.1 and
-§5.1): the allreduce of a layer's gradients may start as soon as that layer's backward has finished on
-every replica; layers are reduced one after another in backward order, and the step waits for the last.
-Without overlap the whole stage is reduced after the backward.
+Buckets, as PyTorch DistributedDataParallel and the runtime reduce them (DESIGN.md, "One fact, one
+place"): one collective per bucket, each costing :meth:`pipedream.sim.network.Network.allreduce_time`
+(latency included, so the latency is paid once per bucket), the buckets one after another in order. With
+wait-free backpropagation (``overlap=True``, paper §2.1 and §5.1) bucket ``k`` starts at
+``max(its last gradient is ready on every replica, end of bucket k - 1)``; readiness is measured from the
+start of the backward that precedes the ``ALLREDUCE`` in the rank's list, so with GPipe and 2BW only the
+last microbatch's backward overlaps (the earlier ones accumulate gradients, DDP's ``no_sync``). Without
+overlap the buckets are reduced one after another once every replica has finished its backward.
 
 Replica synchronisation (``sync``). ``"lockstep"`` (the default) is what the release runtime does: every
 replicated stage's modules are wrapped in DistributedDataParallel over the stage's ranks, so each
 backward ends with a blocking allreduce that all replicas join (the k-th backward of every replica),
 and a replica whose gradients are ready waits for the slowest. ``"independent"`` is the planner's
-assumption (paper §3.1): each replica pays its stage's allreduce time ``2 (r - 1) / r * P / B`` alone
-after its own backward, never waiting for the others and booking no links; it isolates the cost of
-lockstep synchronisation in round-robin pipelines.
+assumption (paper §3.1): each replica pays its stage's bucketed allreduce time (the sum over buckets) alone
+after its own backward, never overlapping it, never waiting for the others and booking no links; it
+isolates the cost of lockstep synchronisation in round-robin pipelines.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ class Trace:
         busy_s: rank -> seconds spent in ``F``/``B``.
         recv_wait_s: rank -> seconds blocked in ``RECV_*``.
         allreduce_wait_s: rank -> seconds blocked in ``ALLREDUCE`` (communication stall after its backward).
+        step_s: rank -> seconds in ``STEP`` (optimizer steps).
         compute: rank -> ``F``/``B`` spans in order.
+        steps: ``STEP`` spans (``rank`` the rank stepping).
         transfers: point-to-point transfers (``rank`` sender, ``peer`` receiver).
         collectives: allreduce pieces (``rank`` = first rank of the group).
         p2p_bytes: bytes moved by point-to-point transfers.
@@ -63,7 +70,9 @@ class Trace:
     busy_s: dict[int, float] = field(default_factory=dict)
     recv_wait_s: dict[int, float] = field(default_factory=dict)
     allreduce_wait_s: dict[int, float] = field(default_factory=dict)
+    step_s: dict[int, float] = field(default_factory=dict)
     compute: dict[int, list[Span]] = field(default_factory=dict)
+    steps: list[Span] = field(default_factory=list)
     transfers: list[Span] = field(default_factory=list)
     collectives: list[Span] = field(default_factory=list)
     p2p_bytes: float = 0.0
@@ -106,7 +115,8 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
     for r in order:
         network.check_rank(r)
     tr = Trace(busy_s=dict.fromkeys(order, 0.0), recv_wait_s=dict.fromkeys(order, 0.0),
-               allreduce_wait_s=dict.fromkeys(order, 0.0), compute={r: [] for r in order})
+               allreduce_wait_s=dict.fromkeys(order, 0.0), step_s=dict.fromkeys(order, 0.0),
+               compute={r: [] for r in order})
     clock = dict.fromkeys(order, 0.0)
     pos = dict.fromkeys(order, 0)
     last_b_start = dict.fromkeys(order, 0.0)
@@ -117,23 +127,31 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
     heap = [(0.0, r) for r in sorted(order)]
     heapq.heapify(heap)
 
+    def reduce_buckets(stage: int, group: list[int], after_s: float, ready_ranks: list[int] | None,
+                       book: bool) -> float:
+        """Allreduce the stage's buckets in order over ``group``, each no earlier than the end of the previous
+        one and than ``after_s``; with ``ready_ranks`` (overlap) bucket ``k`` also waits until its last
+        gradient is ready on every one of them (measured from the start of each rank's last backward). One
+        collective per bucket, latency included; ``book`` places it on the links, else it only takes its
+        time. Returns when the last bucket ends."""
+        prev = after_s
+        for ready_in_bwd, nbytes in costs[stage].buckets:
+            ready = max(last_b_start[r] + ready_in_bwd for r in ready_ranks) if ready_ranks else prev
+            if book:
+                start, prev = network.collective(group, nbytes, max(ready, prev))
+                if record and prev > start:
+                    tr.collectives.append(Span(start, prev, f"{stage}ALLREDUCE", group[0]))
+            else:
+                prev = max(ready, prev) + network.allreduce_time(group, nbytes)
+        return prev
+
     def finish_allreduce(stage: int, members: dict[int, float]) -> None:
         ranks = sorted(members)
-        cost = costs[stage]
-        if overlap and cost.grad_chunks:
-            prev = 0.0
-            for ready_in_bwd, nbytes in cost.grad_chunks:
-                ready = max(last_b_start[r] + ready_in_bwd for r in ranks)
-                start, prev = network.collective(ranks, nbytes, max(ready, prev))
-                tr.allreduce_bytes += network.allreduce_bytes(ranks, nbytes)
-                if record and prev > start:
-                    tr.collectives.append(Span(start, prev, f"{stage}ALLREDUCE", ranks[0]))
-            end = max(prev, *members.values())
+        if overlap:
+            end = max(reduce_buckets(stage, ranks, 0.0, ranks, book=True), *members.values())
         else:
-            start, end = network.collective(ranks, cost.param_bytes, max(members.values()))
-            tr.allreduce_bytes += network.allreduce_bytes(ranks, cost.param_bytes)
-            if record and end > start:
-                tr.collectives.append(Span(start, end, f"{stage}ALLREDUCE", ranks[0]))
+            end = reduce_buckets(stage, ranks, max(members.values()), None, book=True)
+        tr.allreduce_bytes += sum(network.allreduce_bytes(ranks, nbytes) for _, nbytes in costs[stage].buckets)
         for r in ranks:
             tr.allreduce_wait_s[r] += end - members[r]
             clock[r] = end
@@ -189,10 +207,11 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                     break
             elif a.kind == Kind.ALLREDUCE and sync == "independent":
                 group_ranks = schedule.stage_ranks[a.stage]
-                dur = network.allreduce_time(group_ranks, cost.param_bytes)
-                tr.allreduce_bytes += network.allreduce_bytes(group_ranks, cost.param_bytes) / len(group_ranks)
-                tr.allreduce_wait_s[r] += dur
-                clock[r] = t + dur
+                end = reduce_buckets(a.stage, group_ranks, t, None, book=False)
+                tr.allreduce_bytes += sum(network.allreduce_bytes(group_ranks, nbytes)
+                                          for _, nbytes in cost.buckets) / len(group_ranks)
+                tr.allreduce_wait_s[r] += end - t
+                clock[r] = end
                 pos[r] += 1
                 heapq.heappush(heap, (clock[r], r))
                 break
@@ -204,8 +223,15 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                     del groups[(a.stage, ar_count[r] - 1)]
                     finish_allreduce(a.stage, members)
                 break
-            else:  # STEP: the optimizer step is not modelled (no time)
+            else:  # STEP: the optimizer step over the stage's parameters
                 pos[r] += 1
+                if cost.step_s > 0:
+                    tr.step_s[r] += cost.step_s
+                    if record:
+                        tr.steps.append(Span(t, t + cost.step_s, str(a), r))
+                    clock[r] = t + cost.step_s
+                    heapq.heappush(heap, (clock[r], r))
+                    break
         tr.makespan_s = max(tr.makespan_s, clock[r])
     stuck = {r: str(acts[pos[r]]) for r, acts in order.items() if pos[r] < len(acts)}
     if stuck:

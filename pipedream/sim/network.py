@@ -5,7 +5,8 @@ At level ``l`` every group (a GPU at level 0, a server at level 1, ...) owns one
 ``bandwidth_Bps`` bytes/s into the switch that joins it to its ``workers - 1`` siblings. A transfer from
 rank ``a`` to rank ``b`` that first meet at level ``L + 1`` uses, for every ``l <= L``, the egress port
 of ``a``'s level-``l`` group and the ingress port of ``b``'s; its duration is
-``bytes / min(bandwidth_l for l <= L)`` (the paper's cost model: size / bandwidth, no latency term).
+:func:`pipedream.costmodel.transfer_s` with the bottleneck ``min(bandwidth_l for l <= L)`` and the
+cluster's ``latency_s`` (``latency + bytes / bandwidth``; 0 between a rank and itself).
 
 Contention: a port carries one transfer at a time; a transfer is placed at the earliest time at or after
 it is ready when all ports on its path are free for its whole duration. Two transfers that share a link
@@ -13,15 +14,16 @@ it is ready when all ports on its path are free for its whole duration. Two tran
 alone, while transfers on disjoint ports run in parallel. Earliest-fit placement may start a transfer in
 a gap left before a transfer placed earlier, so reservations never push each other later.
 
-Allreduce (data-parallel weight sync, paper §2.1 and §3.1): a ring allreduce of ``S`` bytes over
-``n`` workers on links of bandwidth ``B`` takes ``2 (n - 1) / n * S / B`` seconds (reduce-scatter plus
-all-gather, each ``(n - 1) / n * S`` per worker). ``hierarchical`` (the default, NCCL-style for servers x
-GPUs) runs one ring per level: inside each group the ranks reduce-scatter and all-gather, and the
-level-``l`` groups run a ring over their shards, which all cross the group's one port, so level ``l``
-costs ``2 (n_l - 1) / n_l * S / B_l`` with ``n_l`` the most level-``l`` groups taking part inside one
-level-``l+1`` group. ``ring`` is one flat ring bottlenecked by the slowest link it crosses: NCCL 2.4's
-ring over all ``n`` GPUs (what PyTorch 1.1's DistributedDataParallel used, paper §5.1), whose ``2 (n - 1)``
-steps of ``S / n`` bytes each cross every server's NIC.
+Allreduce (data-parallel weight sync, paper §2.1 and §3.1): every allreduce time is one of
+:mod:`pipedream.costmodel`'s, with the cluster's ``latency_s`` paid per step of every ring (one
+collective: one DDP bucket). ``ring`` is one flat ring over all ``n`` ranks bottlenecked by the slowest
+link it crosses (:func:`~pipedream.costmodel.ring_allreduce_s`): NCCL 2.4's ring over all GPUs (what
+PyTorch 1.1's DistributedDataParallel used, paper §5.1), whose ``2 (n - 1)`` steps of ``S / n`` bytes each
+cross every server's NIC. ``hierarchical`` (NCCL-style for servers x GPUs) runs one ring per level
+(:func:`~pipedream.costmodel.hierarchical_allreduce_s`): inside each group the ranks reduce-scatter and
+all-gather, and the level-``l`` groups run a ring over their shards, which all cross the group's one port;
+level ``l`` counts ``n_l`` groups, the most level-``l`` groups taking part inside one level-``l+1`` group.
+Bytes sent are :func:`~pipedream.costmodel.ring_allreduce_bytes` per ring.
 
 Lanes (``contention``). ``"lanes"`` (the default): collectives and point-to-point transfers book separate
 lanes of each port, so an activation send never queues behind a whole allreduce (NCCL's allreduce and the
@@ -38,6 +40,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.topology import Cluster
 
@@ -88,8 +91,11 @@ class Network:
         self.bandwidths = [float(b) for _, b in cluster.levels]
         self.group_size = [math.prod(w for w, _ in cluster.levels[:lv]) for lv in range(len(cluster.levels))]
         self.workers = cluster.workers
+        self.latency_s = float(cluster.latency_s)
         self._ports: dict[Port, _Timeline] = {}
-        self._groups: dict[tuple[int, ...], tuple[float, list[Port]]] = {}
+        self._group_ports: dict[tuple[int, ...], list[Port]] = {}
+        self._allreduce_s: dict[tuple[tuple[int, ...], float], float] = {}
+        self._allreduce_bytes: dict[tuple[tuple[int, ...], float], float] = {}
 
     # ------------------------------------------------------------------ topology
     def check_rank(self, rank: int) -> None:
@@ -116,51 +122,66 @@ class Network:
         return ports, bw
 
     def transfer_time(self, a: int, b: int, nbytes: float) -> float:
-        """Seconds to move ``nbytes`` from rank ``a`` to rank ``b`` with no contention (0 if ``a == b``)."""
+        """Seconds to move ``nbytes`` from rank ``a`` to rank ``b`` with no contention:
+        :func:`pipedream.costmodel.transfer_s` on the path's bottleneck with the cluster's latency (0 if ``a == b``)."""
         _, bw = self.path(a, b)
-        return 0.0 if nbytes <= 0 or math.isinf(bw) else nbytes / bw
+        return costmodel.transfer_s(nbytes, bw, self.latency_s)
+
+    def _outer_groups(self, ranks: list[int], level: int) -> list[int]:
+        """Per level-``level + 1`` group holding some of ``ranks``: how many level-``level`` groups of ``ranks`` it joins."""
+        g = self.group_size[level]
+        outer = g * self.cluster.levels[level][0]
+        per_outer: dict[int, set[int]] = {}
+        for r in ranks:
+            per_outer.setdefault(r // outer, set()).add(r // g)
+        return [len(s) for s in per_outer.values()]
 
     def level_counts(self, ranks: list[int]) -> list[int]:
         """Per level ``l``: the most distinct level-``l`` groups of ``ranks`` inside one level-``l+1`` group."""
-        counts = []
-        for lv, g in enumerate(self.group_size):
-            outer = g * self.cluster.levels[lv][0]
-            per_outer: dict[int, set[int]] = {}
-            for r in ranks:
-                per_outer.setdefault(r // outer, set()).add(r // g)
-            counts.append(max(len(s) for s in per_outer.values()))
-        return counts
+        return [max(self._outer_groups(ranks, lv)) for lv in range(len(self.group_size))]
 
     def allreduce_time(self, ranks: list[int], nbytes: float) -> float:
-        """Seconds for an allreduce of ``nbytes`` over ``ranks`` with no contention.
+        """Seconds for one allreduce (one collective, e.g. one DDP bucket) of ``nbytes`` over ``ranks`` with no
+        contention, latency included.
 
-        Ring (paper §3.1's data-parallel cost, in its bandwidth-optimal ring form):
-        ``2 (n - 1) / n * nbytes / B``. Hierarchical: the sum over levels of that term with ``n_l``
-        groups at level ``l`` (see the module docstring).
+        ``ring``: :func:`pipedream.costmodel.ring_allreduce_s` over all ranks at the slowest link the ring
+        crosses. ``hierarchical``: :func:`pipedream.costmodel.hierarchical_allreduce_s` with
+        :meth:`level_counts` groups per level (see the module docstring). Seconds are cached per
+        ``(ranks, nbytes)``: a run reduces the same buckets over the same groups again and again.
         """
+        key = (tuple(ranks), float(nbytes))
+        cached = self._allreduce_s.get(key)
+        if cached is not None:
+            return cached
         n = len(set(ranks))
         if n < 2 or nbytes <= 0:
-            return 0.0
-        if self.allreduce_kind == "ring":
+            seconds = 0.0
+        elif self.allreduce_kind == "ring":
             top = max(self.meet_level(a, b) for a in ranks for b in ranks)
-            return 2 * (n - 1) / n * nbytes / min(self.bandwidths[: top + 1])
-        counts = self.level_counts(ranks)
-        return sum(2 * (c - 1) / c * nbytes / bw for c, bw in zip(counts, self.bandwidths, strict=True) if c > 1)
+            seconds = costmodel.ring_allreduce_s(nbytes, n, min(self.bandwidths[: top + 1]), self.latency_s)
+        else:
+            seconds = costmodel.hierarchical_allreduce_s(nbytes, self.level_counts(ranks), self.bandwidths,
+                                                         self.latency_s)
+        self._allreduce_s[key] = seconds
+        return seconds
 
     def allreduce_bytes(self, ranks: list[int], nbytes: float) -> float:
-        """Total bytes all participants send in one allreduce of ``nbytes`` (each ring of ``c`` sends ``2 (c - 1) S``)."""
+        """Total bytes all participants send in one allreduce of ``nbytes``: the sum of
+        :func:`pipedream.costmodel.ring_allreduce_bytes` over its rings (``2 (c - 1) S`` for a ring of ``c``);
+        cached per ``(ranks, nbytes)`` like :meth:`allreduce_time`."""
+        key = (tuple(ranks), float(nbytes))
+        cached = self._allreduce_bytes.get(key)
+        if cached is not None:
+            return cached
         n = len(set(ranks))
         if n < 2:
-            return 0.0
-        if self.allreduce_kind == "ring":
-            return 2 * (n - 1) * nbytes
-        total = 0.0
-        for lv, g in enumerate(self.group_size):
-            outer = g * self.cluster.levels[lv][0]
-            per_outer: dict[int, set[int]] = {}
-            for r in ranks:
-                per_outer.setdefault(r // outer, set()).add(r // g)
-            total += sum(2 * (len(s) - 1) * nbytes for s in per_outer.values())
+            total = 0.0
+        elif self.allreduce_kind == "ring":
+            total = costmodel.ring_allreduce_bytes(nbytes, n)
+        else:
+            total = sum(costmodel.ring_allreduce_bytes(nbytes, c)
+                        for lv in range(len(self.group_size)) for c in self._outer_groups(ranks, lv))
+        self._allreduce_bytes[key] = total
         return total
 
     def allreduce_ports(self, ranks: list[int]) -> list[Port]:
@@ -189,18 +210,19 @@ class Network:
 
     def send(self, a: int, b: int, nbytes: float, ready_s: float) -> tuple[float, float]:
         """Place a transfer ``a -> b`` of ``nbytes`` ready at ``ready_s``; returns ``(start, end)`` seconds."""
-        ports, _ = self.path(a, b)
-        dur = self.transfer_time(a, b, nbytes)
+        ports, bw = self.path(a, b)
+        dur = costmodel.transfer_s(nbytes, bw, self.latency_s)
         start = self.reserve(ports, ready_s, dur)
         return start, start + dur
 
     def collective(self, ranks: list[int], nbytes: float, ready_s: float) -> tuple[float, float]:
-        """Place an allreduce of ``nbytes`` over ``ranks`` ready at ``ready_s``; returns ``(start, end)`` seconds."""
+        """Place one allreduce (one collective) of ``nbytes`` over ``ranks`` ready at ``ready_s``; returns
+        ``(start, end)`` seconds. Its duration is :meth:`allreduce_time` (cached), its ports cached per group."""
         key = tuple(ranks)
-        if key not in self._groups:  # allreduce time is linear in bytes: cache seconds per byte and the ports
-            self._groups[key] = (self.allreduce_time(ranks, 1.0), self.allreduce_ports(ranks))
-        per_byte, ports = self._groups[key]
-        dur = per_byte * nbytes
+        ports = self._group_ports.get(key)
+        if ports is None:
+            ports = self._group_ports[key] = self.allreduce_ports(ranks)
+        dur = self.allreduce_time(ranks, nbytes)
         if dur <= 0:
             return ready_s, ready_s
         if self.contention == "lanes":  # the collective lane of each port (see the module docstring)

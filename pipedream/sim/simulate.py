@@ -1,8 +1,10 @@
 """Cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
 
 The simulator times the per-rank action lists of :mod:`pipedream.schedules` (the lists the runtime
-executes) with compute from a layer-graph profile (:mod:`pipedream.sim.costs`) and links with per-level
-bandwidth and contention (:mod:`pipedream.sim.network`), event by event (:mod:`pipedream.sim.engine`).
+executes) with compute from a layer-graph profile, DDP gradient buckets and the optimizer step
+(:mod:`pipedream.sim.costs`) and links with per-level bandwidth, latency and contention
+(:mod:`pipedream.sim.network`), event by event (:mod:`pipedream.sim.engine`); every formula is
+:mod:`pipedream.costmodel`'s.
 
 An epoch is ``ceil(dataset_size / samples per minibatch)`` minibatches. Rather than simulating all of
 them (ImageNet: 20,000 minibatches of 64), short runs of ``n``, ``2n`` and ``3n`` minibatches are
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipedream import schedules
+from pipedream import costmodel, schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
@@ -162,7 +164,10 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     microbatches: int = 1, dataset_size: int = IMAGENET_TRAIN_SAMPLES, overlap: bool = True,
                     allreduce: str = DEFAULT_ALLREDUCE, keep_trace: bool = False,
                     costs: list[StageCost] | None = None, contention: str = "lanes",
-                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP) -> SimResult:
+                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
+                    bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
+                    step_s_per_param_byte: float | None = None,
+                    memory_Bps: float | None = costmodel.V100_MEMORY_BPS) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -184,6 +189,15 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             :mod:`pipedream.sim.engine`.
         warmup: 1F1B warm-up counts, ``consistent`` (:func:`pipedream.schedules.warmup_count_consistent`,
             what our runtime runs by default) or ``release`` (the release runtime's formula, ``--compat``).
+        bucket_bytes: DDP gradient bucket cap, bytes (default DDP's 25 MiB); one allreduce per bucket.
+        optimizer: the optimizer whose step is timed (:data:`pipedream.costmodel.STEP_TRAFFIC`; default
+            ``"sgd"``, with momentum).
+        step_s_per_param_byte: optimizer step seconds per parameter byte measured on the host; None for the
+            memory-bound estimate at ``memory_Bps``.
+        memory_Bps: device memory bandwidth, bytes/s, for that estimate (default the V100's 900e9,
+            :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0: no step time.
+        (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte`` and ``memory_Bps`` build ``costs``; they
+        are ignored when ``costs`` is given.)
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
     """
@@ -197,7 +211,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     kind = SCHEDULES[schedule]
     m = microbatches if kind in ("gpipe", "2bw") else 1
     if costs is None:
-        costs = stage_costs(graph, stage_nodes, batch)
+        costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
+                            step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps)
     unit, n0 = _unit(kind, stage_ranks, m)
 
     def sim(n: int, record: bool = False) -> Trace:
@@ -267,7 +282,8 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[i
 
 def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "1f1b",
                   **kwargs: Any) -> SimResult:
-    """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; see :func:`simulate_stages`.
+    """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; ``kwargs`` are those of
+    :func:`simulate_stages` (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte``, ``memory_Bps``, ...).
 
     The stages run exactly on their ``Stage.ranks``, in that round-robin order (the order the runtime
     builds its schedule from); nothing is re-placed here.
@@ -288,7 +304,9 @@ def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: 
 
 
 def simulate_dp(graph: LayerGraph, cluster: Cluster, *, workers: int | None = None, **kwargs: Any) -> SimResult:
-    """Data parallelism of the whole model on ranks ``0 .. workers - 1`` (default: the whole cluster)."""
+    """Data parallelism of the whole model on ranks ``0 .. workers - 1`` (default: the whole cluster): bucketed
+    DDP (gradient buckets of ``bucket_bytes``, one allreduce each with its latency, overlapped with the
+    backward) and an optimizer step, as :func:`simulate_stages` with its ``kwargs`` times them."""
     n = workers or cluster.workers
     if not 1 <= n <= cluster.workers:
         raise PipeDreamError(f"data parallelism on {n} workers does not fit cluster {cluster.name!r} ({cluster.workers})")

@@ -39,7 +39,7 @@ def _release_run(r: pd.Series) -> str:
 def _pipeline_slower(r: pd.Series, cluster: Cluster) -> str:
     """Why the paper's config simulates faster than the paper measured: DP at its bound, PipeDream's link speed."""
     bw = _number(r, "pipedream_outer_Bps_matching_paper")
-    if bw is None or _number(r, "dp_allreduce_s") is None:
+    if bw is None or _number(r, "dp_allreduce_s") is None or _number(r, "dp_link_bytes") is None:
         return ("pipeline/profile: with this profile the paper's config is predicted faster than measured; the paper's "
                 "DP was relatively faster, or its pipeline slower, than modelled (profile hardware, runtime overheads "
                 "the simulator does not charge).")
@@ -54,7 +54,7 @@ def _pipeline_slower(r: pd.Series, cluster: Cluster) -> str:
               f"{speedup / hier:.2f}x)" if hier >= 1 else "a hierarchical allreduce would not make DP faster")
     line = (f"pipeline runtime: DP is {bound}at line rate: {r['param_bytes'] / 1e6:.0f} MB of "
             f"gradients in a flat ring over {cluster.workers} GPUs take {r['dp_allreduce_s'] * 1e3:.0f} ms at "
-            f"{_gbps(line_rate)} ({r['dp_allreduce_s'] * line_rate / 1e6:.0f} MB through each "
+            f"{_gbps(line_rate)} in {r['dp_buckets']:.0f} DDP buckets ({r['dp_link_bytes'] / 1e6:.0f} MB through each "
             f"{'server' if len(cluster.levels) > 1 else 'GPU'}'s link) against {r['compute_s_per_minibatch'] * 1e3:.0f} ms "
             f"of compute per minibatch, so an iteration takes {r['dp_iteration_s'] * 1e3:.0f} ms "
             f"({r['dp_comm_stall_fraction']:.0%} stalled), and {faster}. So the gap is in the pipeline: against this "

@@ -41,6 +41,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.io import atomic_write_text
@@ -49,6 +50,7 @@ from pipedream.plan import Plan, Stage
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.planner.placement import replica_ranks
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
+from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD, explain
 from pipedream.table1.table import read_paper_table, to_markdown
@@ -134,7 +136,8 @@ def get_plan(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None
 
 def _outer_scaled(cluster: Cluster, factor: float) -> Cluster:
     levels = [*cluster.levels[:-1], (cluster.levels[-1][0], cluster.levels[-1][1] * factor)]
-    return Cluster(name=f"{cluster.name}*{factor:.3g}", levels=levels, device_memory_bytes=cluster.device_memory_bytes)
+    return Cluster(name=f"{cluster.name}*{factor:.3g}", levels=levels, device_memory_bytes=cluster.device_memory_bytes,
+                   latency_s=cluster.latency_s)
 
 
 def _bandwidth_for(epoch_s: Callable[[Cluster], float], cluster: Cluster, target_epoch_s: float,
@@ -245,7 +248,13 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
     params = sum(n.param_bytes for n in g.nodes.values())
     row["param_bytes"] = params
     row["compute_s_per_minibatch"] = sum(n.fwd_s + n.bwd_s for n in g.nodes.values() if not n.is_input)
-    row["dp_allreduce_s"] = Network(cluster, ALLREDUCE).allreduce_time(list(range(cluster.workers)), params)
+    # DP's weight sync as the simulator times it: one allreduce per DDP bucket, latency included
+    dp_buckets = stage_costs(g, [list(g.nodes)], g.minibatch_size)[0].buckets
+    net, dp_ranks = Network(cluster, ALLREDUCE), list(range(cluster.workers))
+    row["dp_buckets"] = len(dp_buckets)
+    row["dp_allreduce_s"] = sum(net.allreduce_time(dp_ranks, nbytes) for _, nbytes in dp_buckets)
+    # bytes each rank sends in that ring (its link's share): the ring's total over its ranks
+    row["dp_link_bytes"] = costmodel.ring_allreduce_bytes(params, cluster.workers) / cluster.workers
     row["dp_iteration_s"] = dp.time_per_minibatch_s * cluster.workers  # one minibatch per worker per iteration
     run = RELEASE_RUNS.get((model, cluster.name))
     run_plan = release_run_plan(g, cluster, plan, run, prof.batch) if run is not None else None
