@@ -148,7 +148,8 @@ def test_bad_config_is_explained(kwargs: dict, match: str) -> None:
 
 
 def test_link_throttle_serialises_messages_on_a_link() -> None:
-    from pipedream.runtime.comm import allreduce_s, link_ready_s
+    from pipedream.costmodel import ring_allreduce_s
+    from pipedream.runtime.comm import link_ready_s
 
     bw = 1e6  # bytes/s
     first = link_ready_s(sent_at_s=10.0, link_free_s=0.0, nbytes=500_000, bandwidth_Bps=bw)
@@ -156,8 +157,8 @@ def test_link_throttle_serialises_messages_on_a_link() -> None:
     second = link_ready_s(sent_at_s=10.1, link_free_s=first, nbytes=1_000_000, bandwidth_Bps=bw)
     assert second == pytest.approx(11.5)  # waits for the first message to leave the link
     assert link_ready_s(20.0, second, 0, bw) == 20.0
-    assert allreduce_s(1_000_000, 4, bw) == pytest.approx(1.5)
-    assert allreduce_s(1_000_000, 1, bw) == 0.0
+    assert ring_allreduce_s(1_000_000, 4, bw) == pytest.approx(1.5)  # 2 (4 - 1) / 4 of 1 MB at 1 MB/s
+    assert ring_allreduce_s(1_000_000, 1, bw) == 0.0
 
 
 SKIP_STAGES = [["conv", "relu", "flatten", "fc1", "tanh"], ["fc2", "tanh_1"], ["fc3", "tanh_2"], ["add", "head"]]

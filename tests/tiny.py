@@ -37,6 +37,15 @@ def stash_model() -> nn.Sequential:
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 10))
 
 
+def bucket_model() -> nn.Sequential:
+    """8 layers whose last five hold ~1.1 MiB of parameters: flatten, linear 3072->32, tanh (stage 0 of a
+    [3, 5] split), linear 32->512, tanh, linear 512->512, tanh, linear 512->10 (stage 1). In backward order,
+    layers 7 and 5 (20,520 + 1,050,624 bytes) fill DDP's 1 MiB first bucket, so a small bucket cap gives
+    stage 1 a second bucket with layer 3 (67,584 bytes)."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 32), nn.Tanh(), nn.Linear(32, 512), nn.Tanh(),
+                         nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 10))
+
+
 def write_data(root: Path, n_train: int = 128, n_val: int = 32, seed: int = 0) -> Path:
     """Random-pixel IDX files with Fashion-MNIST's names under ``root``; returns ``root``."""
     rng = np.random.default_rng(seed)

@@ -16,8 +16,11 @@ An epoch is one pass over the same training samples as a PipeDream epoch. With `
 saves the epoch's whole model as one stage (:mod:`pipedream.runtime.assemble`), outside the wall time,
 as the PipeDream workers do.
 
-With ``emulate_bandwidth_Bps`` each gradient bucket's allreduce takes at least the time a ring
-allreduce would need on that link: ``2 (W - 1) / W * bucket_bytes / bandwidth_Bps``.
+Buckets hold ``cfg.bucket_bytes`` (DDP's ``bucket_cap_mb``; left to DDP's own default, with its 1 MiB
+first bucket, when it is the default 25 MiB). With ``emulate_bandwidth_Bps`` the buckets' allreduces share
+one emulated link, one after the other, by the rule of the PipeDream runtime
+(:class:`pipedream.runtime.buckets.EmulatedLink`): bucket ``k`` completes no earlier than
+``max(launch_k, completion_{k-1}) + ring_allreduce_s(bucket bytes, W, bandwidth_Bps)``.
 """
 
 from __future__ import annotations
@@ -30,29 +33,31 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
-from pipedream.runtime.comm import allreduce_s
+from pipedream.runtime.buckets import EmulatedLink
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.task import load_task
 
 
 def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
-    """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows."""
+    """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows
+    (:class:`~pipedream.runtime.buckets.EmulatedLink`: buckets one after the other on one link)."""
+    link = EmulatedLink(bandwidth_Bps)
 
     # no annotations: DDP compares them with dist.GradBucket at run time, and this module's
     # `from __future__ import annotations` would turn them into strings that fail that check
     def hook(state, bucket):  # type: ignore[no-untyped-def]
         buf = bucket.buffer()
-        t0 = time.time()
-        target_s = allreduce_s(buf.numel() * buf.element_size(), world, bandwidth_Bps)
+        done_s = link.finish_s(time.perf_counter(), buf.numel() * buf.element_size(), world)
         fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
 
         def finish(f: torch.futures.Future) -> torch.Tensor:
-            delay = t0 + target_s - time.time()
+            delay = done_s - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             return f.value()[0]
@@ -68,7 +73,10 @@ def train(cfg: TrainConfig) -> None:
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
     task = load_task(cfg)
     model = task.model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index])
+    # bucket_cap_mb=None is DDP's default (25 MiB, first bucket 1 MiB); an explicit cap applies to every bucket
+    cap_mb = None if cfg.bucket_bytes == DDP_BUCKET_CAP_BYTES else cfg.bucket_bytes / 2**20
+    ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index],
+                                  bucket_cap_mb=cap_mb)
     if cfg.emulate_bandwidth_Bps:
         ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
     optimizer = make_optimizer(cfg, list(model.parameters()))

@@ -85,14 +85,6 @@ def link_ready_s(sent_at_s: float, link_free_s: float, nbytes: int, bandwidth_Bp
     return max(sent_at_s, link_free_s) + nbytes / bandwidth_Bps
 
 
-def allreduce_s(nbytes: int, replicas: int, bandwidth_Bps: float) -> float:
-    """Time of a ring allreduce of ``nbytes`` over ``replicas`` workers on links of ``bandwidth_Bps``, s.
-
-    Each worker sends and receives ``2 (R - 1) / R * nbytes`` (reduce-scatter, then all-gather).
-    """
-    return 2 * (replicas - 1) / replicas * nbytes / bandwidth_Bps if replicas > 1 else 0.0
-
-
 @dataclass
 class Message:
     """A received transfer: its tensors (one per boundary item) and header fields."""

@@ -15,6 +15,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.errors import PipeDreamError
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class TrainConfig:
             :meth:`run_dir`'s default.
         comm_timeout_s: longest wait for any message or collective, s.
         emulate_bandwidth_Bps: throttle every link to this many bytes/s (None = raw link).
+        bucket_bytes: gradient bucket cap, bytes: the allreduce of a replicated stage (PipeDream mode,
+            :mod:`pipedream.runtime.buckets`) and of DDP (dp mode, ``bucket_cap_mb``) goes in buckets of
+            about this size, each launched while the backward still runs (default DDP's 25 MiB).
         checkpoint: save each stage's state at every epoch boundary under ``out_dir/checkpoints``.
         checkpoint_every: also checkpoint after every this many minibatches inside an epoch (the
             pipeline is flushed there; implies ``checkpoint``); None = epoch boundaries only.
@@ -123,6 +127,9 @@ class TrainConfig:
                                      "results/runs/<model>/<mode>)")
     comm_timeout_s: float = _opt(60.0, "limit for any single wait on a message or collective, s")
     emulate_bandwidth_Bps: float | None = _opt(None, "throttle every link to this many bytes/s (logged); default: raw link")
+    bucket_bytes: int = _opt(DDP_BUCKET_CAP_BYTES, "gradient bucket cap in bytes (both modes; DDP's bucket_cap_mb in "
+                                                   "bytes): replicas allreduce each bucket as soon as the backward "
+                                                   "has produced its gradients, overlapping the rest of the backward")
     checkpoint: bool = _opt(False, "save per-stage checkpoints every epoch")
     checkpoint_every: int | None = _opt(None, "pipedream mode: also checkpoint every N minibatches inside an epoch (the "
                                               "pipeline is flushed there, so 1F1B pays a drain every N); implies "
@@ -188,6 +195,9 @@ class TrainConfig:
             raise PipeDreamError("--comm-timeout-s must be positive")
         if self.emulate_bandwidth_Bps is not None and self.emulate_bandwidth_Bps <= 0:
             raise PipeDreamError("--emulate-bandwidth must be a positive number of bytes/s")
+        if self.bucket_bytes <= 0:
+            raise PipeDreamError(f"--bucket-bytes must be a positive number of bytes (got {self.bucket_bytes}); "
+                                 f"DDP's default is {DDP_BUCKET_CAP_BYTES}")
 
     def run_dir(self, mode: str) -> Path:
         """``out_dir``, or ``results/runs/<model>/<mode>`` when it is not set (``mode``: pipedream or dp;

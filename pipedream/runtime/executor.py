@@ -9,11 +9,15 @@ Per action kind (§3.2, §3.3):
   activation sent on carries the update count of vertical sync (§3.3): the input stage sends how many
   minibatches' updates its weights contain (version x minibatches per step), later stages pass it on.
 * ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added
-  to the master weights' ``.grad``; the input gradient is kept for ``SEND_B``.
+  to the master weights' ``.grad`` (views into the stage's gradient buckets,
+  :mod:`pipedream.runtime.buckets`); the input gradient is kept for ``SEND_B``. The ``B`` followed by
+  an ``ALLREDUCE`` adds each gradient as soon as autograd computes it and launches every full bucket's
+  allreduce while the backward goes on (DDP's overlap).
 * ``SEND_F``/``SEND_B``: asynchronous send to the rank that runs the minibatch on the next/previous stage.
-* ``ALLREDUCE``: sum ``.grad`` over the stage's replicas (one flat buffer, per-stage process group) and
-  divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`: an average over replicas that hold
-  whole minibatches (1F1B-RR), a plain sum over replicas that hold microbatches (GPipe, 2BW).
+* ``ALLREDUCE``: wait for the bucket allreduces (sums over the stage's replicas on its process group;
+  launched now if no backward did) and divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`:
+  an average over replicas that hold whole minibatches (1F1B-RR), a plain sum over replicas that hold
+  microbatches (GPipe, 2BW).
 * ``STEP``: optimizer step on the master weights, zero the gradients, commit a new weight version.
 
 When sends and receives are issued is :func:`issue_plan`'s decision: on gloo (tag-matched), receives
@@ -35,7 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from pipedream.runtime.comm import P2P, Outgoing, PendingRecv, allreduce_s, wait_or_raise
+from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
+from pipedream.runtime.buckets import BucketReducer, GradBuckets
+from pipedream.runtime.comm import P2P, Outgoing, PendingRecv
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
@@ -83,6 +89,20 @@ def issue_plan(actions: list[Action], batched: bool, lookahead: int = RECV_LOOKA
     return plan
 
 
+def overlapped_backwards(actions: list[Action]) -> set[int]:
+    """Indices of the ``B`` actions whose gradients complete an update: those followed by an ``ALLREDUCE``
+    with only sends and receives in between. Their backward launches the bucket allreduces; earlier
+    backwards of the same minibatch (GPipe and 2BW microbatches) only accumulate."""
+    out: set[int] = set()
+    last_b: int | None = None
+    for i, a in enumerate(actions):
+        if a.kind == Kind.ALLREDUCE and last_b is not None:
+            out.add(last_b)
+        if a.kind not in SENDS and a.kind not in RECVS:
+            last_b = i if a.kind == Kind.B else None
+    return out
+
+
 @dataclass
 class StageData:
     """Where a stage's inputs and labels come from.
@@ -126,12 +146,16 @@ class StageExecutor:
         stage_group: process group of the stage's replicas (None when unreplicated).
         timeout_s: longest wait for a collective, s.
         on_backward: called after each backward with (minibatch, microbatch) (progress bars).
-        trace: when True, record ``(kind, stage, minibatch, microbatch, version)`` of every F and B.
+        trace: when True, record ``(kind, stage, minibatch, microbatch, version)`` of every F and B in
+            :attr:`trace`, and ``(event, stage, minibatch, microbatch, bucket, time.perf_counter())`` in
+            :attr:`comm_trace`: ``B_start``/``B_end`` of every backward (bucket -1), ``launch``/``done`` of
+            every bucket allreduce (the minibatch and microbatch of the backward that launched it).
         criterion: the last stage's loss, ``criterion(output, target) -> mean loss``.
         count_correct: the last stage's validation accuracy, ``count_correct(output, target) -> (correct,
             counted)`` (:meth:`pipedream.runtime.task.Task.count_correct` skips padding).
         before_step: called before each optimizer step with the global index of the minibatch it
             completes (``minibatch_offset`` + its index): sets the learning rate, clips gradients.
+        bucket_bytes: gradient bucket cap, bytes (:class:`~pipedream.runtime.buckets.GradBuckets`).
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
@@ -140,7 +164,8 @@ class StageExecutor:
                  on_backward: Callable[[int, int], None] | None = None, trace: bool = False,
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
                  count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct,
-                 before_step: Callable[[int], None] | None = None) -> None:
+                 before_step: Callable[[int], None] | None = None,
+                 bucket_bytes: float = DDP_BUCKET_CAP_BYTES) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
@@ -149,11 +174,14 @@ class StageExecutor:
         self.on_backward = on_backward
         self.criterion, self.count_correct, self.before_step = criterion, count_correct, before_step
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
+        self.comm_trace: list[tuple[str, int, int, int, int, float]] | None = [] if trace else None
         self.first_grads: dict[str, torch.Tensor] | None = None  # gradients applied at the first STEP
         self.stats_history: list[list[tuple[int, int, float]]] = []  # per training pass: (mb, micro, loss)
-        for p in versions.master:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+        self.master = dict(zip(versions.names, versions.master, strict=True))
+        self.buckets = GradBuckets(versions.names, versions.master, bucket_bytes)
+        self.reducer = (BucketReducer(self.buckets, stage_group, timeout_s, p2p.bandwidth_Bps,
+                                      self._bucket_event if trace else None) if stage_group is not None else None)
+        self._reducing = (0, 0)  # (minibatch, microbatch) of the backward that launched the buckets
 
     # ---------------------------------------------------------------- one pass over an action list
     def run(self, actions: list[Action], schedule: Schedule, data: StageData, microbatch_size: int,
@@ -174,11 +202,14 @@ class StageExecutor:
         self.pending: dict[Action, PendingRecv] = {}
         self.scale = 1.0 / schedule.num_microbatches
         self.updates_per_version = schedule.reduce_divisor(self.stage)  # minibatches one STEP applies
+        self.overlapped = overlapped_backwards(actions)
         plan = issue_plan(actions, self.p2p.batched)
         for i, a in enumerate(actions):
             if plan[i]:
                 self._issue([actions[k] for k in plan[i]])
-            if a.kind not in SENDS:  # a send's work was done when it was issued
+            if a.kind == Kind.B:
+                self._do_b(a, overlap=i in self.overlapped)
+            elif a.kind not in SENDS:  # a send's work was done when it was issued
                 getattr(self, f"_do_{a.kind.value.lower()}")(a)
         self.p2p.drain()
         if phase == 0:
@@ -280,8 +311,9 @@ class StageExecutor:
         else:
             unit["output"] = out
 
-    def _do_b(self, a: Action) -> None:
+    def _do_b(self, a: Action, overlap: bool = False) -> None:
         t0 = time.perf_counter()
+        self._comm_event("B_start", a.key, -1, t0)
         unit = self.units[a.key]
         params = unit.pop("params")
         names = [n for n in self.versions.names if params[n].requires_grad]
@@ -296,12 +328,20 @@ class StageExecutor:
                      if outs[k].requires_grad]
             outputs, grad_outputs = [o for o, _ in pairs], [g for _, g in pairs]
         wrt = [params[n] for n in names] + in_float
-        grads = (torch.autograd.grad(outputs, wrt, grad_outputs=grad_outputs, allow_unused=True)
-                 if outputs else [None] * len(wrt))
-        master = dict(zip(self.versions.names, self.versions.master, strict=True))
+        # the backward completing an update: hooks add each gradient to the master and launch full buckets
+        hooked = self.reducer is not None and overlap
+        if hooked:
+            self._reducing = a.key
+            handles = self.reducer.overlap(params, self.master)  # type: ignore[union-attr]
+        try:
+            grads = (torch.autograd.grad(outputs, wrt, grad_outputs=grad_outputs, allow_unused=True)
+                     if outputs else [None] * len(wrt))
+        finally:
+            if hooked:
+                self.reducer.after_backward(handles)  # type: ignore[union-attr]
         for n, g in zip(names, grads, strict=False):
-            if g is not None:
-                master[n].grad.add_(g)  # type: ignore[union-attr]
+            if g is not None and not hooked:
+                self.master[n].grad.add_(g)  # type: ignore[union-attr]
         if not self.is_first:
             unit["grad_in"] = [g if g is not None else torch.zeros_like(t)
                                for g, t in zip(grads[len(names):], in_float, strict=True)]
@@ -311,28 +351,27 @@ class StageExecutor:
         self.versions.release(unit["version"])
         if self.is_first:
             del self.units[a.key]
-        self.stats.compute_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self.stats.compute_s += t1 - t0
+        self._comm_event("B_end", a.key, -1, t1)
         if self.on_backward is not None:
             self.on_backward(*a.key)
 
     def _do_allreduce(self, a: Action) -> None:
-        grads = [p.grad for p in self.versions.master if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.reducer is None:
+            raise RuntimeError(f"{a}: stage {self.stage} has no replicas to allreduce with")
         t0 = time.perf_counter()
         self.p2p.note("allreduce", tuple(dist.get_process_group_ranks(self.stage_group)))
-        work = dist.all_reduce(flat, group=self.stage_group, async_op=True)
-        wait_or_raise(work, self.timeout_s, f"gradient allreduce of stage {self.stage} ({a})")
-        replicas = dist.get_world_size(self.stage_group)
-        if self.p2p.bandwidth_Bps:  # the emulated link: at least the ring allreduce time on it
-            delay = t0 + allreduce_s(flat.numel() * flat.element_size(), replicas, self.p2p.bandwidth_Bps)
-            if delay > time.perf_counter():
-                time.sleep(delay - time.perf_counter())
+        self.reducer.wait(f"gradient allreduce of stage {self.stage} ({a})")
         self.stats.wait_s += time.perf_counter() - t0
-        flat /= self.schedule.reduce_divisor(self.stage)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        self.buckets.div_(self.schedule.reduce_divisor(self.stage))
+
+    def _comm_event(self, event: str, key: tuple[int, int], bucket: int, t: float) -> None:
+        if self.comm_trace is not None:
+            self.comm_trace.append((event, self.stage, key[0], key[1], bucket, t))
+
+    def _bucket_event(self, event: str, bucket: int, t: float) -> None:
+        self._comm_event(event, self._reducing, bucket, t)
 
     def _do_step(self, a: Action) -> None:
         if self.first_grads is None:
@@ -342,6 +381,5 @@ class StageExecutor:
             self.before_step(self.minibatch_offset + a.minibatch)
         with torch.no_grad():
             self.optimizer.step()
-        for p in self.versions.master:
-            p.grad.zero_()  # type: ignore[union-attr]
+        self.buckets.zero_()
         self.versions.commit()

@@ -180,7 +180,7 @@ def train(cfg: TrainConfig) -> None:
                              stage_group=groups[s], timeout_s=cfg.comm_timeout_s, trace=cfg.debug_dump,
                              criterion=task.criterion, count_correct=task.count_correct,
                              before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb, factor=lr_factor),
-                             on_backward=on_backward)
+                             on_backward=on_backward, bucket_bytes=cfg.bucket_bytes)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume:
@@ -262,12 +262,17 @@ def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-u
 
 def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions, p2p: P2P) -> None:
     """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses,
-    the communication operations in issue order (:attr:`P2P.log`) and whether they were batched."""
+    the communication operations in issue order (:attr:`P2P.log`) and whether they were batched, the
+    backward and bucket-allreduce timestamps (:attr:`StageExecutor.comm_trace`), the parameter names of
+    each gradient bucket and the storage addresses of the buckets' buffers and of the master gradients."""
     path = out_dir / "debug" / f"rank{rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"stage": stage, "trace": ex.trace, "first_grads": ex.first_grads,
                 "losses": ex.stats_history, "max_versions": versions.max_alive,
-                "comm_log": p2p.log, "batched": p2p.batched,
+                "comm_log": p2p.log, "batched": p2p.batched, "comm_trace": ex.comm_trace, "buckets": ex.buckets.names,
+                "bucket_ptrs": [b.buffer.untyped_storage().data_ptr() for b in ex.buckets.buckets],
+                "grad_ptrs": {n: p.grad.untyped_storage().data_ptr() for n, p in zip(versions.names, versions.master,
+                                                                                     strict=True) if p.grad is not None},
                 "params": {n: p.detach().cpu() for n, p in zip(versions.names, versions.master, strict=True)}},
                path)
 
