@@ -84,20 +84,30 @@ def hierarchical_allreduce_s(nbytes: float, groups_per_level: Sequence[int], ban
                for c, bw in zip(groups_per_level, bandwidths_Bps, strict=True) if c > 1)
 
 
+def ddp_first_cap(cap_bytes: float) -> float | None:
+    """The first bucket's cap as PyTorch's DDP applies it: 1 MiB (:data:`DDP_FIRST_BUCKET_BYTES`) when the cap is
+    DDP's default 25 MiB, else none (an explicit ``bucket_cap_mb`` caps every bucket alike, torch 2.14)."""
+    return DDP_FIRST_BUCKET_BYTES if cap_bytes == DDP_BUCKET_CAP_BYTES else None
+
+
 def bucket_layers(sizes_bytes: Sequence[float], cap_bytes: float = DDP_BUCKET_CAP_BYTES,
-                  first_cap_bytes: float | None = DDP_FIRST_BUCKET_BYTES) -> list[list[int]]:
+                  first_cap_bytes: float | None | str = "ddp") -> list[list[int]]:
     """Group gradient tensors into allreduce buckets the way DDP does.
 
     Args:
         sizes_bytes: bytes of each gradient tensor (or layer), in the order the backward produces them
             (reverse order of registration, as DDP assumes); zero sizes are skipped.
         cap_bytes: a bucket is closed once it holds at least this many bytes (DDP's ``bucket_cap_mb``).
-        first_cap_bytes: the cap of the first bucket (DDP: 1 MiB), None for ``cap_bytes``.
+        first_cap_bytes: the cap of the first bucket, None for ``cap_bytes``; ``"ddp"`` (the default, what the
+            runtime, the DDP baseline and the simulator all use): :func:`ddp_first_cap`.
     Returns:
         buckets in reduction order, each the indices (into ``sizes_bytes``) it holds, in order.
     Raises:
         ValueError: a non-positive cap.
     """
+    if first_cap_bytes == "ddp":
+        first_cap_bytes = ddp_first_cap(cap_bytes)
+    assert not isinstance(first_cap_bytes, str), f"first_cap_bytes={first_cap_bytes!r}: a number, None or 'ddp'"
     if cap_bytes <= 0 or (first_cap_bytes is not None and first_cap_bytes <= 0):
         raise ValueError(f"bucket caps must be positive bytes, got {cap_bytes} and {first_cap_bytes}")
     buckets: list[list[int]] = []

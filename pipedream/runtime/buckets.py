@@ -4,10 +4,9 @@ Layout (once, when the executor is built). The stage's trainable parameters are 
 submodule that owns them (``layer1.0.conv1`` for ``layer1.0.conv1.weight``), layers in reverse order of
 registration: the order in which the backward produces their gradients, as PyTorch's
 ``DistributedDataParallel`` assumes. :func:`pipedream.costmodel.bucket_layers` groups those layers into
-buckets (a bucket closes once it holds ``cap_bytes``; the first one at
-:data:`~pipedream.costmodel.DDP_FIRST_BUCKET_BYTES`), the one bucketing rule the planner and the simulator
-use too (PyTorch's own DDP applies the 1 MiB first bucket only when ``bucket_cap_mb`` is left at its default,
-so the DDP baseline leaves it there when ``--bucket-bytes`` is the default 25 MiB). A bucket's bytes are
+buckets (a bucket closes once it holds ``cap_bytes``; the first one at 1 MiB when the cap is DDP's default
+25 MiB, as PyTorch's DDP does: :func:`pipedream.costmodel.ddp_first_cap`), the one bucketing rule the DDP
+baseline, the planner and the simulator use too. A bucket's bytes are
 its parameters' bytes. Each bucket owns one flat buffer, allocated once, and every master parameter's ``.grad`` is a view
 into it (DDP's ``gradient_as_bucket_view``), parameters in the bucket in backward order: a step needs
 no concatenation and no copy.
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipedream.costmodel import DDP_FIRST_BUCKET_BYTES, bucket_layers, ring_allreduce_s
+from pipedream.costmodel import bucket_layers, ring_allreduce_s
 from pipedream.errors import PipeDreamError
 from pipedream.runtime.comm import wait_or_raise
 
@@ -111,13 +110,14 @@ class GradBuckets:
     Args:
         names, params: the stage's master parameters and their names, in registration order.
         cap_bytes: bucket cap (``--bucket-bytes``, DDP's ``bucket_cap_mb`` in bytes).
-        first_cap_bytes: the first bucket's cap (DDP's 1 MiB), None for ``cap_bytes``.
+        first_cap_bytes: the first bucket's cap, None for ``cap_bytes``; ``"ddp"``: DDP's rule
+            (:func:`pipedream.costmodel.ddp_first_cap`: 1 MiB at the default 25 MiB cap, else none).
     Raises:
         PipeDreamError: the trainable parameters do not share one dtype and device.
     """
 
     def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor], cap_bytes: float,
-                 first_cap_bytes: float | None = DDP_FIRST_BUCKET_BYTES) -> None:
+                 first_cap_bytes: float | None | str = "ddp") -> None:
         trainable = [i for i, p in enumerate(params) if p.requires_grad]
         kinds = {(params[i].dtype, params[i].device) for i in trainable}
         if len(kinds) > 1:
