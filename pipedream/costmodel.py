@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-from numpy.typing import ArrayLike
+if TYPE_CHECKING:  # numpy only for annotations: the command line's --help must not import it
+    import numpy as np
 
 # PyTorch DDP's defaults (torch.nn.parallel.DistributedDataParallel: bucket_cap_mb=25 is 25 MiB; the first
 # bucket is capped at torch.distributed._DEFAULT_FIRST_BUCKET_BYTES = 1 MiB so the first allreduce starts early)
@@ -64,7 +65,7 @@ def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_Bps: float, latency_s:
     """
     if ranks < 2 or nbytes <= 0:
         return 0.0
-    return 2 * (ranks - 1) * latency_s + 2 * (ranks - 1) / ranks * nbytes / bandwidth_Bps
+    return float(_ring_s(nbytes, ranks, bandwidth_Bps, latency_s))
 
 
 def ring_allreduce_bytes(nbytes: float, ranks: int) -> float:
@@ -149,19 +150,21 @@ def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | Non
     return 0.0
 
 
-def ring_allreduce_s_array(nbytes: ArrayLike, ranks: ArrayLike, bandwidth_Bps: float,
+def _ring_s(nbytes, ranks, bandwidth_Bps, latency_s):  # type: ignore[no-untyped-def]
+    """The ring formula alone (floats or numpy arrays alike): ``2 (n - 1) * latency + 2 (n - 1) / n * S / B``."""
+    return 2 * (ranks - 1) * latency_s + 2 * (ranks - 1) / ranks * nbytes / bandwidth_Bps
+
+
+def ring_allreduce_s_array(nbytes: np.ndarray, ranks: np.ndarray | int, bandwidth_Bps: float,
                            latency_s: float = 0.0) -> np.ndarray:
-    """:func:`ring_allreduce_s` element-wise over arrays that broadcast (the planner's vectorised
+    """:func:`ring_allreduce_s` element-wise over numpy arrays that broadcast (the planner's vectorised
     recurrence): ``2 (n - 1) * latency + 2 (n - 1) / n * S / B`` where ``n >= 2`` and ``S > 0``, else 0."""
-    s = np.asarray(nbytes, dtype=np.float64)
-    n = np.asarray(ranks, dtype=np.float64)
-    value = 2 * (n - 1) * latency_s + 2 * (n - 1) / n * s / bandwidth_Bps
-    return np.where((n < 2) | (s <= 0), 0.0, value)
+    return ((ranks >= 2) & (nbytes > 0)) * _ring_s(nbytes, ranks, bandwidth_Bps, latency_s)
 
 
-def transfer_s_array(nbytes: ArrayLike, bandwidth_Bps: float, latency_s: float = 0.0) -> np.ndarray:
-    """:func:`transfer_s` element-wise over an array of byte counts: ``latency + S / B`` where ``S > 0``, else 0."""
-    s = np.asarray(nbytes, dtype=np.float64)
+def transfer_s_array(nbytes: np.ndarray, bandwidth_Bps: float, latency_s: float = 0.0) -> np.ndarray:
+    """:func:`transfer_s` element-wise over a numpy array of byte counts: ``latency + S / B`` where ``S > 0``,
+    else 0 (0 everywhere on an infinitely fast link)."""
     if math.isinf(bandwidth_Bps):
-        return np.zeros_like(s)
-    return np.where(s <= 0, 0.0, latency_s + s / bandwidth_Bps)
+        return nbytes * 0.0
+    return (nbytes > 0) * (latency_s + nbytes / bandwidth_Bps)

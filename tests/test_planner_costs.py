@@ -9,7 +9,7 @@ import itertools
 import numpy as np
 
 from pipedream import costmodel
-from pipedream.planner.hierarchy import level_rules, step_latency_s
+from pipedream.planner.hierarchy import level_rules
 from pipedream.planner.recurrence import activation_s, weight_sync_s
 from pipedream.topology import Cluster
 
@@ -30,7 +30,7 @@ def test_array_variants_equal_the_scalar_cost_model() -> None:
 def test_default_mode_charges_a_ring_allreduce_and_transfers_with_latency() -> None:
     inner, outer = level_rules(CLUSTER, compat=False, memory_limit=False, straight=False, ratio=None)
     lat = costmodel.DEFAULT_STEP_LATENCY_S
-    assert step_latency_s(CLUSTER) == lat and outer.latency_s == lat
+    assert CLUSTER.latency_s == lat and outer.latency_s == lat
     # 3 replicas inside a server: 2 (n - 1) L + 2 (n - 1) / n * P / B, by hand
     assert weight_sync_s(inner, 6e8, 3, 1.0) == 2 * 2 * lat + 2 * 2 / 3 * 6e8 / 10e9
     # 2 servers, 4 devices each carry a quarter of the gradient across
@@ -49,10 +49,6 @@ def test_compat_mode_keeps_the_release_formulas() -> None:
 
 
 def test_latency_of_a_cluster_that_gives_one() -> None:
-    class WithLatency(Cluster):
-        latency_s = 5e-6
-
-    c = WithLatency("l", [(2, 1e9)], 1e9)
-    assert step_latency_s(c) == 5e-6
+    c = Cluster("l", [(2, 1e9)], 1e9, latency_s=5e-6)
     (rules,) = level_rules(c, compat=False, memory_limit=False, straight=False, ratio=None)
     assert weight_sync_s(rules, 1e9, 2, 1.0) == 2 * 5e-6 + 1e9 / 1e9

@@ -16,7 +16,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.compat import data_parallel_communication_time, transfer_time
-from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve, step_latency_s
+from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
 from pipedream.planner.placement import hierarchical_ranks
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
@@ -207,7 +207,7 @@ def _comm_s(states: StateGraph, solution: Solution, idx: int, params: float, clu
     seg: Segment = solution.segments[idx]
     segs = solution.segments
     compat = solution.level_rules[0].compat
-    latency = step_latency_s(cluster)
+    latency = cluster.latency_s
     sync = 0.0
     devices = 1
     for r, (workers, bw) in zip(seg.per_level, cluster.levels, strict=False):

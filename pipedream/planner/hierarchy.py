@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.planner.banded import solve_rows_banded
 from pipedream.planner.compat import data_parallel_total_time
@@ -72,16 +71,10 @@ def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight:
             rules.append(LevelRules(workers, bandwidth, group_init=devices, group_split=devices,
                                     memory_limit_bytes=mem, memory_divisor=devices, extra_version=1,
                                     comm_ratio=1.0 if ratio is None else ratio, straight=straight,
-                                    latency_s=step_latency_s(cluster)))
+                                    latency_s=cluster.latency_s))
         previous_width = workers
         devices *= workers
     return rules
-
-
-def step_latency_s(cluster: Cluster) -> float:
-    """Per-step latency of a collective or a transfer on ``cluster``, seconds: its ``latency_s`` if it gives one,
-    else :data:`pipedream.costmodel.DEFAULT_STEP_LATENCY_S` (the one place the planner reads it)."""
-    return float(getattr(cluster, "latency_s", costmodel.DEFAULT_STEP_LATENCY_S))
 
 
 def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:

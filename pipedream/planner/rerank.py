@@ -57,7 +57,6 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
-from pipedream.planner.hierarchy import step_latency_s
 from pipedream.planner.placement import replica_ranks
 from pipedream.schedules import DEFAULT_WARMUP, WARMUPS
 from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
@@ -269,7 +268,7 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
     plan.time_per_sample_s = best.epoch_s / samples
     plan.dp_time_per_sample_s = dp.epoch_time_s / samples
     net = Network(cluster, opts["allreduce"])
-    latency = step_latency_s(cluster)
+    latency = cluster.latency_s
     ranks = [s.ranks for s in plan.stages]
     costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size)
     details = []
