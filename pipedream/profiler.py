@@ -13,6 +13,10 @@ Each node is then timed in isolation on its recorded inputs:
 - activation bytes: bytes of each output tensor for the whole minibatch;
 - parameter bytes: bytes of the node's own parameters (4 per fp32 parameter).
 
+Besides the layers, :func:`optimizer_step_rates` times one optimizer step (SGD with momentum, Adam) over
+all the model's parameters, as seconds per parameter byte: the simulator's optimizer-step cost on this
+host (:func:`pipedream.costmodel.optimizer_step_s`).
+
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize``. The original release needed a
 patched PyTorch for this; here only public APIs are used.
 
@@ -207,6 +211,42 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
     if not outs:
         return 0.0
     return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare)
+
+
+# The optimizers the runtime builds (pipedream.runtime.optim.make_optimizer) with the settings the rate is
+# timed at: SGD with momentum 0.9 (the paper's image models), Adam with PyTorch's defaults; no weight decay.
+STEP_OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
+}
+
+
+def optimizer_step_rates(model: nn.Module, settings: ProfileSettings | None = None) -> dict[str, float]:
+    """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
+
+    Each optimizer of :data:`STEP_OPTIMIZERS` steps on copies of the parameters (the model is left as it
+    is) with random gradients: ``max(1, warmup)`` untimed steps (the first creates the momentum or moment
+    buffers), then the median of ``iters`` timed steps, divided by the parameter bytes. The step is memory
+    bound (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the
+    parameters.
+
+    Returns:
+        ``{"sgd": s_per_byte, "adam": s_per_byte}``; empty for a model without parameters.
+    """
+    settings = settings or ProfileSettings()
+    device = torch.device(settings.device)
+    params = [p.detach().to(device).clone().requires_grad_(True) for p in model.parameters()]
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    if nbytes == 0:
+        return {}
+    for p in params:
+        p.grad = torch.randn_like(p)
+    timing = ProfileSettings(warmup=max(1, settings.warmup), iters=settings.iters, device=settings.device)
+    rates = {}
+    for name, make in STEP_OPTIMIZERS.items():
+        opt = make(params)
+        rates[name] = _timed(opt.step, timing) / nbytes
+    return rates
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:
