@@ -244,8 +244,8 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
         return {}, why
-    print(f"predicted epoch {pred.epoch_s:.2f} s (compute x{pred.compute_scale:.2f} for {pred.busy_ranks:.2f} busy "
-          f"ranks on {pred.cores} cores)", file=sys.stderr)
+    print(f"predicted epoch {pred.epoch_s:.2f} s (compute x{pred.compute_scale:.2f}: {pred.concurrency:.2f} ranks "
+          f"compute at once on {pred.cores} cores)", file=sys.stderr)
     return pred.to_dict(), None
 
 
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
     predicted = prediction.get("predicted_epoch_time_s")
     if predicted is not None:
         params.update(predicted_epoch_time_s=predicted, predicted_compute_scale=prediction["compute_scale"],
-                      predicted_busy_ranks=prediction["busy_ranks"])
+                      predicted_concurrency=prediction["concurrency"])
         atomic_write_json(out_dir / "prediction.json", prediction)
     else:
         tags["prediction_error"] = why_not or "unknown"

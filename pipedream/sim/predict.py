@@ -23,25 +23,32 @@ What is modelled, term by term:
 
 The host (processor sharing). Workers run ``threads`` threads each (``pipedream train`` sets
 ``OMP_NUM_THREADS``) on a host of ``cores`` cores. When more threads want a core than there are cores, the
-operating system shares the cores among them, and each computes ``runnable threads / cores`` times slower
-than the profile (taken with the workers' thread count on an otherwise idle core). A rank blocked in a
-receive or an allreduce (gloo waits in a blocking call; the link throttle sleeps) uses no core. So the
-slowdown depends on how many ranks compute at once, which depends on the slowdown: with ``u_r`` the
-steady-state share of time rank ``r`` computes (:attr:`SimResult.utilisation`),
+operating system shares the cores among them fairly (Linux CFS), and each computes ``runnable threads /
+cores`` times slower than the profile (taken with the workers' thread count on an otherwise idle core). A
+rank blocked in a receive or an allreduce (gloo waits in a blocking call; the link throttle sleeps) uses no
+core. So the slowdown depends on how many ranks compute at once, which depends on the slowdown. The
+simulator times every action at a fixed speed, so the model scales every compute time by one factor ``f``:
 
-    ``f = max(1, sum_r(u_r) * threads / cores)``,
+    ``f = max(1, C * threads / cores)``,  ``C = integral of n(t)^2 dt / integral of n(t) dt``,
 
-solved by fixed-point iteration from ``f_0 = max(1, workers * threads / cores)`` (every rank runnable, the
-first model): simulate with compute times ``x f``, read ``u``, recompute ``f``, until it settles. ``u``
-grows with ``f`` (compute takes a larger share of each period), so from the upper bound ``f_0`` the
-iterates decrease monotonically to the largest fixed point.
+where ``n(t)`` is the number of ranks computing at time ``t`` in the simulated run (its forward and backward
+spans). ``C`` is the concurrency an average unit of compute sees: a compute-weighted mean of ``n``, not the
+time average ``sum_r(u_r)`` of the ranks' utilisations (:attr:`SimResult.utilisation`), which
+underestimates the sharing whenever compute bunches up: data parallelism in lockstep computes on all ``W``
+ranks at once and then waits for the allreduce on all, so ``C = W`` while ``sum(u)`` may be 1. For a
+steady pipeline whose ranks compute at independent times the two agree. ``f`` is solved by fixed-point
+iteration from ``f_0 = max(1, workers * threads / cores)`` (every rank runnable at once, the upper bound):
+simulate with compute times ``x f``, measure ``C``, recompute ``f``, until it changes by less than
+:data:`SCALE_RTOL` (averaging successive iterates after :data:`UNDAMPED_ITERATIONS` in case it oscillates).
 
-Assumptions: the sharing is uniform over time (the steady-state average, not the instantaneous number of
-computing ranks: a pipeline's fill and drain, when fewer ranks compute, are slowed as much as the steady
-state); a blocked rank uses no core (the launcher, MLflow logging, gloo's own threads and other processes
-on the host use none either); compute of an action scales linearly with its samples; the profile was taken
-with the workers' thread count (``meta.json`` ``threads``, :mod:`pipedream.commands.profile`); mid-epoch
-checkpoints (``--checkpoint-every``) and the end-of-epoch loss reduction are not modelled.
+Assumptions: one factor for the whole epoch (the compute-weighted mean; in reality a span computing alone
+runs at full speed and one among ``n`` at ``cores / n``); a blocked rank uses no core (the launcher, MLflow
+logging, gloo's own threads and other processes on the host use none either); compute of an action scales
+linearly with its samples; the profile was taken with the workers' thread count (``meta.json`` ``threads``,
+:mod:`pipedream.commands.profile`); the runtime's own per-action costs (Python, gloo messages, weight
+stashing, loading the minibatch) are not in the profile; mid-epoch checkpoints (``--checkpoint-every``) and
+the end-of-epoch loss reduction are not modelled. An exact model needs processor sharing inside the
+simulator's event loop (each compute action's progress rate ``min(1, cores / (n(t) threads))``).
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ from pipedream.sim.simulate import plan_ranks as _plan_ranks
 from pipedream.topology import Cluster, get_cluster
 
 MAX_ITERATIONS = 50
+UNDAMPED_ITERATIONS = 10
 SCALE_RTOL = 1e-3  # relative change of the host-sharing factor that counts as settled
 
 
@@ -94,8 +102,9 @@ class Prediction:
 
     Attributes:
         epoch_s: predicted epoch time, s.
-        compute_scale: the settled host-sharing factor the compute times were multiplied by.
-        busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once on average.
+        compute_scale: the settled host-sharing factor ``f`` the compute times were multiplied by.
+        concurrency: ``C`` at that factor: ranks computing at once, as an average unit of compute sees it.
+        busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once, time-averaged (steady state).
         iterations: simulations run to settle the factor.
         cores: host cores assumed; threads: threads per worker assumed.
         shape: the epoch simulated.
@@ -106,6 +115,7 @@ class Prediction:
 
     epoch_s: float
     compute_scale: float
+    concurrency: float
     busy_ranks: float
     iterations: int
     cores: int
@@ -118,7 +128,8 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "compute_scale": self.compute_scale,
-                "busy_ranks": self.busy_ranks, "iterations": self.iterations, "cores": self.cores,
+                "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
+                "cores": self.cores,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}}
 
@@ -133,6 +144,22 @@ def host_scale(busy_ranks: float, threads: int, cores: int) -> float:
     if threads < 1 or cores < 1:
         raise PipeDreamError(f"threads per worker and host cores must be positive, got {threads} and {cores}")
     return max(1.0, busy_ranks * threads / cores)
+
+
+def compute_concurrency(spans: list[tuple[float, float]]) -> float:
+    """Compute-weighted concurrency ``integral n^2 dt / integral n dt`` of ``(start_s, end_s)`` compute spans,
+    ``n(t)`` the spans open at ``t`` (0 without any span of positive length).
+
+    Two ranks computing ``[0, 2)`` and ``[1, 3)``: ``n`` is 1, 2, 1 over three seconds, so
+    ``(1 + 4 + 1) / (1 + 2 + 1) = 1.5``.
+    """
+    events = sorted([(a, 1) for a, b in spans if b > a] + [(b, -1) for a, b in spans if b > a])
+    n, last, first_moment, second_moment = 0, 0.0, 0.0, 0.0
+    for t, step in events:
+        first_moment += n * (t - last)
+        second_moment += n * n * (t - last)
+        n, last = n + step, t
+    return second_moment / first_moment if first_moment > 0 else 0.0
 
 
 def scaled_costs(costs: list[StageCost], factor: float) -> list[StageCost]:
@@ -218,13 +245,15 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     while True:
         iterations += 1
         res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=scaled_costs(base, scale),
-                              **fixed, **extra(scale))
-        busy = sum(res.utilisation)
-        new = host_scale(busy, threads, cores)
+                              keep_trace=True, **fixed, **extra(scale))
+        assert res.trace is not None  # keep_trace
+        conc = compute_concurrency([(sp.start, sp.end) for spans in res.trace.compute.values() for sp in spans])
+        new = host_scale(conc, threads, cores)
         if abs(new - scale) <= SCALE_RTOL * scale or iterations >= MAX_ITERATIONS:
             break
-        scale = new
-    return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, busy_ranks=busy, iterations=iterations,
+        scale = new if iterations < UNDAMPED_ITERATIONS else (scale + new) / 2
+    return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc,
+                      busy_ranks=sum(res.utilisation), iterations=iterations,
                       cores=cores, threads=threads, shape=shape, cluster=cluster,
                       sim_kwargs={**fixed, **extra(scale)}, sim=res)
 
