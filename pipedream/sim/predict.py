@@ -63,6 +63,7 @@ from pipedream.baselines import ddp
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
+from pipedream.paths import shipped
 from pipedream.plan import Plan
 from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
@@ -275,14 +276,15 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         mode: ``pipedream`` (the plan's stages and ranks) or ``dp`` (the whole model on the plan's workers).
         plan: the run's plan (DP runs use its cluster and worker count).
         profile: the ``graph.txt`` the plan came from (its ``meta.json`` beside it).
-        clusters_file: the clusters YAML the plan's cluster is read from.
+        clusters_file: the clusters YAML the plan's cluster is read from (a relative path not found here is
+            looked up in the checkout).
         num_samples: training samples of the run (``len(task.train)``).
         cores: host cores; threads: threads per worker.
     Raises:
         PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
     """
     graph = LayerGraph.read(profile, profiled_batch(profile))
-    cluster = emulated_cluster(get_cluster(plan.cluster, clusters_file), cfg.emulate_bandwidth_Bps)
+    cluster = emulated_cluster(get_cluster(plan.cluster, shipped(clusters_file)), cfg.emulate_bandwidth_Bps)
     if plan.workers > cluster.workers:
         raise PipeDreamError(f"plan {plan.config!r} uses {plan.workers} workers but cluster {cluster.name!r} "
                              f"has {cluster.workers}")
