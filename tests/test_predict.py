@@ -136,3 +136,12 @@ def test_a_failed_prediction_is_one_line_not_an_error(tmp_path: Path) -> None:
     args.profile = tmp_path / "graph.txt"  # missing
     prediction, why = _predict(args, cfg, plan)
     assert prediction == {} and why and "\n" not in why
+
+
+def test_no_sharing_on_gpus_and_per_host_sharing() -> None:
+    """The lockstep DP of 2 ranks above: on GPUs (cores None) nothing is shared, 12 s; spread over 2 hosts of
+    1 core each, each host runs C / 2 = 1 rank at a time: no slowdown either."""
+    g = chain(2, 1.0, 2.0)
+    args = ([["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32))
+    assert predict_epoch(g, *args, cores=None).epoch_s == pytest.approx(12.0)
+    assert predict_epoch(g, *args, cores=1, hosts=2).epoch_s == pytest.approx(12.0)

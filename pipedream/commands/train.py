@@ -233,19 +233,21 @@ def _score_epochs(out_dir: Path, args: argparse.Namespace, cfg, epochs: list[dic
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
     """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
     a failure to predict is reported in one line, never raised (the run goes on)."""
+    from pipedream.runtime.distributed import uses_cuda
     from pipedream.sim.predict import predict_run, training_samples
 
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"
+    cores = None if uses_cuda() else os.cpu_count() or 1  # on GPUs the workers do not share the CPU's cores
     try:
-        pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters,
-                           num_samples=training_samples(cfg), cores=os.cpu_count() or 1, threads=WORKER_THREADS)
+        pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
+                           cores=cores, threads=WORKER_THREADS, hosts=args.nnodes)
     except Exception as e:  # any failure of the model must leave the run itself alone
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
         return {}, why
     print(f"predicted epoch {pred.epoch_s:.2f} s (compute x{pred.compute_scale:.2f}: {pred.concurrency:.2f} ranks "
-          f"compute at once on {pred.cores} cores)", file=sys.stderr)
+          f"compute at once on {pred.cores or 'their own'} cores)", file=sys.stderr)
     return pred.to_dict(), None
 
 

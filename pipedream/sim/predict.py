@@ -107,7 +107,7 @@ class Prediction:
         concurrency: ``C`` at that factor: ranks computing at once, as an average unit of compute sees it.
         busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once, time-averaged (steady state).
         iterations: simulations run to settle the factor.
-        cores: host cores assumed; threads: threads per worker assumed.
+        cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed.
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
@@ -119,7 +119,7 @@ class Prediction:
     concurrency: float
     busy_ranks: float
     iterations: int
-    cores: int
+    cores: int | None
     threads: int
     shape: EpochShape
     cluster: Cluster
@@ -212,7 +212,8 @@ def _simulator_supports(**kwargs: Any) -> dict[str, Any]:
 
 
 def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
-                  shape: EpochShape, *, cores: int, threads: int = 1, optimizer: str | None = None,
+                  shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
+                  optimizer: str | None = None,
                   step_s_per_param_byte: float | None = None, warmup: str | None = None) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
@@ -222,7 +223,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         stage_ranks: ranks per stage in round-robin order (DP: one list of all ranks).
         cluster: links as the run pays them (:func:`emulated_cluster`).
         shape: the epoch (:func:`epoch_shape`).
-        cores: host cores (``os.cpu_count()``); threads: threads per worker.
+        cores: cores of each host (``os.cpu_count()``); None when the ranks do not compute on shared cores
+            (one GPU each): no host sharing. threads: threads per worker.
+        hosts: hosts the ranks are spread over evenly (``--nnodes``); each host's cores are shared by its
+            ranks, so the concurrency per host is ``C / hosts``.
         optimizer: the run's optimizer (``sgd``, ``adam``); step_s_per_param_byte: its measured rate, s/byte.
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
     Raises:
@@ -241,7 +245,13 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                    step_s_per_param_byte=rate)
 
     workers = sum(len(rs) for rs in stage_ranks)
-    scale = host_scale(workers, threads, cores)  # every rank runnable: the upper bound
+    if hosts < 1:
+        raise PipeDreamError(f"hosts must be positive, got {hosts}")
+
+    def sharing(ranks: float) -> float:
+        return 1.0 if cores is None else host_scale(ranks / hosts, threads, cores)
+
+    scale = sharing(workers)  # every rank runnable: the upper bound
     iterations = 0
     while True:
         iterations += 1
@@ -249,7 +259,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                               keep_trace=True, **fixed, **extra(scale))
         assert res.trace is not None  # keep_trace
         conc = compute_concurrency([(sp.start, sp.end) for spans in res.trace.compute.values() for sp in spans])
-        new = host_scale(conc, threads, cores)
+        new = sharing(conc)
         if abs(new - scale) <= SCALE_RTOL * scale or iterations >= MAX_ITERATIONS:
             break
         scale = new if iterations < UNDAMPED_ITERATIONS else (scale + new) / 2
@@ -268,7 +278,7 @@ def step_rate(profile: Path, optimizer: str) -> float | None:
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
-                num_samples: int, cores: int, threads: int) -> Prediction:
+                num_samples: int, cores: int | None, threads: int, hosts: int = 1) -> Prediction:
     """Predict the epoch time of a ``pipedream train`` run before it starts.
 
     Args:
@@ -279,7 +289,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         clusters_file: the clusters YAML the plan's cluster is read from (a relative path not found here is
             looked up in the checkout).
         num_samples: training samples of the run (``len(task.train)``).
-        cores: host cores; threads: threads per worker.
+        cores: cores per host (None: the workers compute on GPUs, no sharing); threads: threads per worker;
+            hosts: hosts the workers are spread over.
     Raises:
         PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
     """
@@ -295,7 +306,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     else:
         plan.validate()
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], _plan_ranks(plan, cluster)
-    return predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads,
+    return predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(profile, cfg.optimizer),
                          warmup=cfg.warmup if mode == "pipedream" else None)
 
