@@ -120,11 +120,11 @@ def test_step_rate_reads_the_profiles_meta(tmp_path: Path) -> None:
 def test_optimizer_step_rates_leave_the_model_alone() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
     before = [p.detach().clone() for p in model.parameters()]
-    rates = optimizer_step_rates(model)
+    rates = optimizer_step_rates(model, torch.randn(4, 256))
     assert set(rates) == {"sgd", "adam"}
     assert all(math.isfinite(r) and r > 0 for r in rates.values())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
-    assert optimizer_step_rates(torch.nn.ReLU()) == {}
+    assert optimizer_step_rates(torch.nn.ReLU(), torch.randn(4, 3)) == {}
 
 
 def test_a_failed_prediction_is_one_line_not_an_error(tmp_path: Path) -> None:

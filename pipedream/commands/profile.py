@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     x = example_input(args.model, args.profiled_batch, args.preset, args.seed)
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile_module(model, x, settings, name=args.model, granularity=args.granularity)
-    rates = optimizer_step_rates(model, settings)
+    rates = optimizer_step_rates(model, x, settings)
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads,
             "optimizer_step_s_per_param_byte": rates}
