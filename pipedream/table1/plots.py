@@ -126,6 +126,13 @@ def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15) -> No
         ax.set_ylim(lo, hi)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        from matplotlib.ticker import FuncFormatter  # matplotlib is imported by _pyplot (Agg backend first)
+
+        seconds = FuncFormatter(lambda v, _: f"{v:g}")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(seconds)
+            axis.set_minor_formatter(seconds)
+        ax.tick_params(which="minor", labelsize=7)
         ax.legend(loc="upper left", fontsize=8)
     ax.set_xlabel("predicted epoch time (s)")
     ax.set_ylabel("measured mean epoch time (s)")
