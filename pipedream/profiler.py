@@ -13,6 +13,10 @@ Each node is then timed in isolation on its recorded inputs:
 - activation bytes: bytes of each output tensor for the whole minibatch;
 - parameter bytes: bytes of the node's own parameters (4 per fp32 parameter).
 
+Besides the layers, :func:`optimizer_step_rates` times one optimizer step (SGD with momentum, Adam) over
+all the model's parameters after a forward and backward, as seconds per parameter byte: the simulator's
+optimizer-step cost on this host (:func:`pipedream.costmodel.optimizer_step_s`).
+
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize``. The original release needed a
 patched PyTorch for this; here only public APIs are used.
 
@@ -23,6 +27,7 @@ Node ids follow the original format: ``node0`` is the input and operation nodes 
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -207,6 +212,63 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
     if not outs:
         return 0.0
     return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare)
+
+
+# The optimizers the runtime builds (pipedream.runtime.optim.make_optimizer) with the settings the rate is
+# timed at: SGD with momentum 0.9 (the paper's image models), Adam with PyTorch's defaults; no weight decay.
+STEP_OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
+    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
+    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
+}
+
+
+def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[torch.Tensor, ...],
+                         settings: ProfileSettings | None = None) -> dict[str, float]:
+    """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
+
+    Each optimizer of :data:`STEP_OPTIMIZERS` steps on a copy of the model (``model`` is left as it is), right
+    after a forward and backward of ``example_input`` (loss: the sum of the floating-point outputs), as in
+    training: the backward leaves the caches full of activations, so the step reads its weights, gradients
+    and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the
+    step of the reduced VGG-16 ran 2.5x faster than inside a training loop on the same host). ``max(1,
+    warmup)`` untimed iterations (the first step creates the momentum or moment buffers), then the median of
+    ``iters`` timed steps, divided by the parameter bytes. The step is memory bound
+    (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the parameters.
+
+    Returns:
+        ``{"sgd": s_per_byte, "adam": s_per_byte}``; empty for a model without parameters.
+    """
+    settings = settings or ProfileSettings()
+    device = torch.device(settings.device)
+    cuda = settings.device.startswith("cuda")
+    inputs = tuple(t.to(device) for t in (example_input if isinstance(example_input, tuple) else (example_input,)))
+    rates = {}
+    for name, make in STEP_OPTIMIZERS.items():
+        net = copy.deepcopy(model).to(device).train()
+        params = [p for p in net.parameters() if p.requires_grad]
+        nbytes = sum(p.numel() * p.element_size() for p in params)
+        if nbytes == 0:
+            return {}
+        opt = make(params)
+        times = []
+        for i in range(max(1, settings.warmup) + settings.iters):
+            opt.zero_grad(set_to_none=False)
+            outs = [t for t in _tensors(net(*inputs)) if t.is_floating_point() and t.requires_grad]
+            if outs:
+                torch.autograd.backward([t.float().sum() for t in outs])
+            for p in params:
+                if p.grad is None or not outs:
+                    p.grad = torch.randn_like(p)
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            opt.step()
+            if cuda:
+                torch.cuda.synchronize()
+            if i >= max(1, settings.warmup):
+                times.append(time.perf_counter() - start)
+        rates[name] = statistics.median(times) / nbytes
+    return rates
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:

@@ -130,8 +130,12 @@ def test_report_from_runs(tmp_path: Path, mlflow_store: Path) -> None:
     assert re.findall(r"<img src='([^']*)'", page) and all(
         src.startswith("data:image/png;base64,") for src in re.findall(r"<img src='([^']*)'", page))
     assert not re.search(r"<img src=(?!'data:)", page) and "<link" not in page and "<script" not in page
-    assert page.count("<img ") == len(list((res / "plots").glob("*.png"))) == 3  # 2 accuracy curves + speedup bars
-    order = ["id='headline'", "id='fig-table1_speedups'", "id='why'", "id='table1'"]  # headline first, details after
+    # 2 accuracy curves + speedup bars + the prediction check (measured against predicted epoch time)
+    assert page.count("<img ") == len(list((res / "plots").glob("*.png"))) == 4
+    order = ["id='headline'", "id='fig-table1_speedups'", "id='why'", "id='table1'",  # headline first, details after
+             "id='prediction-check'"]
+    check = pd.read_csv(res / "prediction_check.csv")  # run.json files without a prediction: rows with NaN
+    assert len(check) == 4 and check["ratio"].isna().all()
     assert [page.index(x) for x in order] == sorted(page.index(x) for x in order)
     for field in ("commit", "date", "experiments/ci.yaml", "workers", "cpu4", "1 Gbps", "host", "CPUs", "torch",
                   "CUDA device"):

@@ -67,6 +67,29 @@ def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-u
     return hook
 
 
+def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, world: int) -> tuple[int, int]:
+    """``(minibatches, steps)`` of one DP epoch over ``num_samples`` training samples on ``world`` workers.
+
+    Minibatches have ``cfg.batch_size`` samples (capped by ``cfg.max_minibatches``). ``per_worker``: each
+    step takes ``world`` of them at once, one per worker (so the count is a multiple of ``world``), with the
+    learning rate scaled by ``world`` (Goyal et al. 2017); ``global``: each step takes one minibatch, split
+    over the workers.
+
+    Raises:
+        PipeDreamError: fewer samples than one step needs.
+    """
+    per_worker = cfg.dp_batch == "per_worker"
+    nb = num_samples // cfg.batch_size
+    if cfg.max_minibatches is not None:
+        nb = min(nb, cfg.max_minibatches)
+    if per_worker:
+        nb -= nb % world
+    if nb < 1:
+        raise PipeDreamError(f"{num_samples} training samples give fewer than {world} minibatches of "
+                             f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
+    return nb, (nb // world if per_worker else nb)
+
+
 def train(cfg: TrainConfig) -> None:
     """Train data-parallel on this rank (inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -85,18 +108,8 @@ def train(cfg: TrainConfig) -> None:
     if not per_worker and cfg.batch_size % world:
         raise PipeDreamError(f"--dp-batch global splits each minibatch over the workers: --batch-size "
                              f"{cfg.batch_size} is not a multiple of {world} workers")
-    nb = len(train_split) // cfg.batch_size
-    if cfg.max_minibatches is not None:
-        nb = min(nb, cfg.max_minibatches)
-    if per_worker:
-        nb -= nb % world
-    if nb < 1:
-        raise PipeDreamError(f"{len(train_split)} training samples give fewer than {world} minibatches of "
-                             f"{cfg.batch_size}; raise --train-subset or lower --batch-size")
-    # per_worker: each step takes `world` of the pipeline's minibatches at once, with the learning rate
-    # scaled by `world` (Goyal et al. 2017); global: each step takes one minibatch, split over the workers
-    # (the linear rule is SGD's; Adam keeps its learning rate)
-    steps = nb // world if per_worker else nb
+    nb, steps = minibatches_per_epoch(cfg, len(train_split), world)
+    # the linear rule is SGD's; Adam keeps its learning rate
     scale = float(world) if per_worker and cfg.optimizer == "sgd" else 1.0
     bar = None
     if cfg.progress and rank == 0:

@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device to profile on")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per layer")
     p.add_argument("--iters", type=int, default=5, help="timed runs per layer (their median is kept)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU threads to time with (torch.set_num_threads); default 1, what every `pipedream train` "
+                        "worker runs with (OMP_NUM_THREADS=1), so the profile times what the workers compute at")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"],
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
@@ -28,19 +31,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
+    import torch
+
     from pipedream.errors import PipeDreamError
     from pipedream.models import build_model, example_input, get_spec
-    from pipedream.profiler import ProfileSettings, profile_module, write_profile
+    from pipedream.profiler import ProfileSettings, optimizer_step_rates, profile_module, write_profile
 
     spec = get_spec(args.model)
-    if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0:
-        raise PipeDreamError("--profiled-batch and --iters must be >= 1 and --warmup >= 0")
+    if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:
+        raise PipeDreamError("--profiled-batch, --iters and --threads must be >= 1 and --warmup >= 0")
+    torch.set_num_threads(args.threads)
     model = build_model(args.model, args.preset, args.seed)
     x = example_input(args.model, args.profiled_batch, args.preset, args.seed)
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile_module(model, x, settings, name=args.model, granularity=args.granularity)
+    rates = optimizer_step_rates(model, x, settings)
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
-            "iters": args.iters, "granularity": args.granularity}
+            "iters": args.iters, "granularity": args.granularity, "threads": args.threads,
+            "optimizer_step_s_per_param_byte": rates}
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "

@@ -17,6 +17,12 @@ own metrics, greedy decoding + sacrebleu) needs whole decoded sequences, so with
 logs it to MLflow at the epoch's step and real time, and deletes the saved models (unless
 ``--keep-epoch-models``). Writing the models is excluded from ``wall_time_s`` by the workers and scoring
 runs after training, identically in both modes: neither counts towards time-to-accuracy.
+
+Before the workers start, the run's epoch time is predicted by the simulator on the run's own profile,
+plan, cluster (``--clusters``), link throttle and host (:func:`pipedream.sim.predict.predict_run`) and
+logged as ``predicted_epoch_time_s``; after training ``prediction_ratio`` = measured mean epoch time /
+predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made (no ``--plan`` or
+``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
 """
 
 from __future__ import annotations
@@ -37,9 +43,12 @@ from typing import IO
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_json
+from pipedream.paths import CLUSTERS
 from pipedream.tracking import STORE_HELP
 
 HELP = "train with PipeDream (a plan's pipeline) or data parallelism on local processes; log to MLflow"
+# OMP_NUM_THREADS of every worker: W workers want W x this many cores (pipedream.sim.predict models sharing)
+WORKER_THREADS = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--experiment",
                      help=f"MLflow experiment (default: <model>/<cluster of the plan or cpuW>); the store: {STORE_HELP}")
     run.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run, s")
-    run.add_argument("--profile", type=Path, help="the profile the plan came from (attached to the MLflow run)")
+    run.add_argument("--profile", type=Path,
+                     help="the profile the plan came from (attached to the MLflow run; the epoch time is predicted "
+                          "from it)")
+    run.add_argument("--clusters", default=CLUSTERS,
+                     help="clusters YAML the plan's cluster is read from, for the predicted epoch time")
     run.add_argument("--threshold", type=float,
                      help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
     from pipedream.experiment import THRESHOLD_METRICS
@@ -98,7 +111,7 @@ def launch(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
     """Run the torchrun command, streaming its output; raise PipeDreamError on failure or timeout."""
     from pipedream.runtime.launch import first_error
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1"}
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "train.log"
     with log_path.open("wb") as log:
@@ -161,7 +174,7 @@ def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -
               "val_subset": args.val_subset or "all",
               "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
               "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none",
-              "threads_per_worker": os.environ.get("OMP_NUM_THREADS", "1"), "host_cores": os.cpu_count() or 0}
+              "threads_per_worker": WORKER_THREADS, "host_cores": os.cpu_count() or 0}
     params.update(lr_policy=args.lr_policy, lr_warmup_epochs=args.lr_warmup_epochs, clip_norm=args.clip_norm)
     if args.mode == "pipedream":
         from pipedream.runtime.lr import stage_lr_applies
@@ -217,6 +230,27 @@ def _score_epochs(out_dir: Path, args: argparse.Namespace, cfg, epochs: list[dic
     return name
 
 
+def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
+    """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
+    a failure to predict is reported in one line, never raised (the run goes on)."""
+    from pipedream.runtime.distributed import uses_cuda
+    from pipedream.sim.predict import predict_run, training_samples
+
+    if plan is None or args.profile is None:
+        return {}, "no --plan and --profile to predict the epoch time from"
+    cores = None if uses_cuda() else os.cpu_count() or 1  # on GPUs the workers do not share the CPU's cores
+    try:
+        pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
+                           cores=cores, threads=WORKER_THREADS, hosts=args.nnodes)
+    except Exception as e:  # any failure of the model must leave the run itself alone
+        why = (str(e).splitlines() or [""])[0] or type(e).__name__
+        print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
+        return {}, why
+    print(f"predicted epoch {pred.epoch_s:.2f} s (compute x{pred.compute_scale:.2f}: {pred.concurrency:.2f} ranks "
+          f"compute at once on {pred.cores or 'their own'} cores)", file=sys.stderr)
+    return pred.to_dict(), None
+
+
 def run(args: argparse.Namespace) -> int:
     """``pipedream train``: launch the workers while logging each epoch to MLflow, then log the final
     metrics and write ``run.json``."""
@@ -240,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = cfg.run_dir(args.mode)
     args.out_dir = cfg.out_dir = str(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.json", *(() if args.resume else ("metrics.json",))):
+    for stale in ("run.json", "prediction.json", *(() if args.resume else ("metrics.json",))):
         (out_dir / stale).unlink(missing_ok=True)
     shutil.rmtree(out_dir / "errors", ignore_errors=True)
     if not args.resume:
@@ -261,6 +295,14 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.tracking import LiveRun
 
     params, tags = _params_and_tags(args, cfg, config, cluster)
+    prediction, why_not = _predict(args, cfg, plan)
+    predicted = prediction.get("predicted_epoch_time_s")
+    if predicted is not None:
+        params.update(predicted_epoch_time_s=predicted, predicted_compute_scale=prediction["compute_scale"],
+                      predicted_concurrency=prediction["concurrency"])
+        atomic_write_json(out_dir / "prediction.json", prediction)
+    else:
+        tags["prediction_error"] = why_not or "unknown"
     t0 = time.time()
     live = LiveRun(args.experiment or f"{args.model}/{cluster}", args.mode, params, tags, start_time_s=t0)
     stop = threading.Event()
@@ -292,6 +334,8 @@ def run(args: argparse.Namespace) -> int:
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "launch_to_finish_s": total_s}
+    if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks")
+        final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["mean_epoch_time_s"] / predicted)
     final_tags = {}
     if args.threshold is not None and args.data == "synthetic":  # accuracy on random labels: no target to reach
         final_tags["time_to_accuracy"] = "synthetic data"
@@ -316,10 +360,12 @@ def run(args: argparse.Namespace) -> int:
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
     own = [plan_file, args.profile] if args.mode == "pipedream" else []
-    live.finish(final, final_tags, artifacts=[p for p in (*own, metrics_path) if p is not None])
+    extra = [out_dir / "prediction.json"] if predicted is not None else []
+    live.finish(final, final_tags, artifacts=[p for p in (*own, metrics_path, *extra) if p is not None])
     atomic_write_json(out_dir / "run.json", {"run_id": live.run_id, "experiment_id": live.experiment_id,
                                               "mode": args.mode, "config": config, "cluster": cluster,
-                                              "epochs": len(epochs), **final, **final_tags})
+                                              "epochs": len(epochs), **final, **final_tags,
+                                              **({} if why_not is None else {"prediction_error": why_not})})
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
           f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {live.run_id}")
     return 0

@@ -24,6 +24,12 @@ from pipedream.io import atomic_write_json, atomic_write_text
 from pipedream.runtime.comm import wait_or_raise
 
 
+def uses_cuda() -> bool:
+    """Whether workers started here train on GPUs (NCCL, one GPU each) rather than on the CPU (gloo):
+    CUDA is available and ``PIPEDREAM_FORCE_GLOO`` is not ``1``."""
+    return torch.cuda.is_available() and os.environ.get("PIPEDREAM_FORCE_GLOO") != "1"
+
+
 def init(timeout_s: float) -> tuple[int, int, torch.device]:
     """Join the process group from the environment: gloo on CPU, NCCL when CUDA is available.
 
@@ -34,7 +40,7 @@ def init(timeout_s: float) -> tuple[int, int, torch.device]:
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    if torch.cuda.is_available() and os.environ.get("PIPEDREAM_FORCE_GLOO") != "1":
+    if uses_cuda():
         local = int(os.environ.get("LOCAL_RANK", rank))
         if local >= torch.cuda.device_count():
             raise PipeDreamError(f"local rank {local} needs GPU {local} but this node has {torch.cuda.device_count()}; "

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipedream.table1.prediction import BAND, PLOT_NAME, summary
 from pipedream.table1.table import row_label
 
 HEADLINE_PLOT = "table1_speedups.png"
@@ -93,6 +94,7 @@ def _plots(plots: list[Path], models: list[str]) -> str:
     by_name = {p.name: p for p in plots}
     curves = [by_name.pop(f"{m}_accuracy_vs_time.png") for m in models if f"{m}_accuracy_vs_time.png" in by_name]
     by_name.pop(HEADLINE_PLOT, None)
+    by_name.pop(PLOT_NAME, None)  # in its own section (_prediction_check)
     out = []
     if curves:
         out.append("<h3>Measured: validation accuracy against wall time (reduced models, CPU)</h3><div class='grid'>")
@@ -188,9 +190,34 @@ def _full_table(df: pd.DataFrame) -> str:
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
+def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
+    """Every run's measured against predicted epoch time: the plot, a table of the ratios and a summary."""
+    if check.empty:
+        return "<p class='muted'>No finished runs to check.</p>"
+    s = summary(check)
+    rows = []
+    for r in check.itertuples(index=False):
+        err = abs(r.ratio - 1) if not math.isnan(r.ratio) else math.nan
+        mark = "" if math.isnan(err) else (" ✓" if err <= BAND else " ✗")
+        rows.append(f"<tr><td>{_text(r.model)}</td><td>{_text(r.mode)}</td><td>{_text(r.config)}</td>"
+                    f"<td class='n'>{_num(r.measured_epoch_s, 's')}</td><td class='n'>{_num(r.predicted_epoch_s, 's')}</td>"
+                    f"<td class='n'>{'—' if math.isnan(r.ratio) else f'{r.ratio:.2f}'}{mark}</td></tr>")
+    median = "—" if math.isnan(s["median_abs_error"]) else f"{s['median_abs_error']:.1%}"
+    table = ("<div class='scroll'><table id='prediction-check-table'><thead><tr><th>model</th><th>mode</th><th>config</th>"
+             "<th class='n'>measured epoch (s)</th><th class='n'>predicted epoch (s)</th><th class='n'>measured / "
+             f"predicted</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+             f"<p>{s['within']} of {s['runs']} runs within ±{BAND:.0%} of their prediction; median |ratio − 1| "
+             f"{median}.</p>")
+    figure = "".join(_figure(p, "Every run: measured mean epoch time against the epoch time predicted before it "
+                                f"started (log-log; the line is y = x, the band ±{BAND:.0%})")
+                     for p in plots if p.name == PLOT_NAME)
+    return table + figure
+
+
 def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provenance: dict[str, str] | None = None,
                 explanations: dict[str, list[str]] | None = None,
-                runs: dict[str, list[tuple[str, str, str | None]]] | None = None) -> str:
+                runs: dict[str, list[tuple[str, str, str | None]]] | None = None,
+                prediction_check: pd.DataFrame | None = None) -> str:
     """The whole page as one string: every PNG under ``<results>/plots`` inlined as a ``data:`` URI.
 
     Args:
@@ -201,6 +228,8 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
         explanations: row name -> why its prediction is off the paper
             (:func:`pipedream.table1.table.read_explanations`).
         runs: model -> ``(mode, run_id, url)`` of its MLflow runs (:func:`pipedream.table1.measured.mlflow_runs`).
+        prediction_check: every run's measured and predicted epoch time
+            (:func:`pipedream.table1.prediction.prediction_rows`); None leaves the section out.
     """
     explanations = explanations or {}
     plots = sorted((results / "plots").glob("*.png"))
@@ -226,6 +255,11 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
         "<h2>Table 1, every column</h2>",
         _full_table(table),
         "<ul class='notes'>" + "".join(f"<li>{escape(n, quote=False)}</li>" for n in notes) + "</ul>",
+        *(("<h2 id='prediction-check'>The prediction check: measured against predicted epoch time</h2>",
+            "<p>Before it starts, every run predicts its epoch time with the simulator from its own profile, plan, "
+            "cluster, link throttle and host cores (<code>pipedream/sim/predict.py</code>); the ratio is the measured "
+            "mean epoch time over that prediction (<code>prediction_check.csv</code>).</p>",
+            _prediction_check(prediction_check, plots)) if prediction_check is not None else ()),
         "<h2>Plots</h2>",
         _plots(plots, list(dict.fromkeys(str(m) for m in table["model"]))),
         "<h2 id='mlflow'>MLflow runs</h2>",

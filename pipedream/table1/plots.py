@@ -1,5 +1,6 @@
 """Every plot of the report (seaborn, PNG): measured accuracy against time, Table 1 speedup bars (paper,
-predicted, measured), the predicted table's bars, DP communication stalls and schedule timelines."""
+predicted, measured), every run's measured against predicted epoch time, the predicted table's bars, DP
+communication stalls and schedule timelines."""
 
 from __future__ import annotations
 
@@ -92,6 +93,50 @@ def speedup_bars(table: pd.DataFrame, out: Path) -> None:
         label.set_horizontalalignment("right")
     ax.set_xlabel("")
     ax.set_title("Table 1: epoch-time speedup of PipeDream over data parallelism", pad=26)
+    fig.tight_layout()
+    _save(fig, out)
+
+
+def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15) -> None:
+    """Every run's measured mean epoch time against its predicted one (the paper's real-versus-predicted
+    figure): log-log scatter, the line y = x and a band of +-``band`` around it, each point labelled by
+    model and mode.
+
+    Args:
+        df: rows of :func:`pipedream.table1.prediction.prediction_rows` (seconds); rows without a
+            prediction are left out.
+    """
+    plt, sns = _pyplot()
+    data = df.dropna(subset=["measured_epoch_s", "predicted_epoch_s"])
+    data = data[(data["measured_epoch_s"] > 0) & (data["predicted_epoch_s"] > 0)]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    if len(data):
+        lo = min(data["measured_epoch_s"].min(), data["predicted_epoch_s"].min()) / 1.5
+        hi = max(data["measured_epoch_s"].max(), data["predicted_epoch_s"].max()) * 1.5
+        xs = [lo, hi]
+        ax.plot(xs, xs, color="black", linewidth=1, label="measured = predicted")
+        ax.fill_between(xs, [x * (1 - band) for x in xs], [x * (1 + band) for x in xs], color="grey", alpha=0.2,
+                        label=f"within ±{band:.0%}")
+        sns.scatterplot(data=data.assign(mode=data["mode"].map({"pipedream": "PipeDream", "dp": "DP"})),
+                        x="predicted_epoch_s", y="measured_epoch_s", hue="mode", style="mode", s=60, ax=ax)
+        for r in data.itertuples(index=False):
+            ax.annotate(f"{r.model} {r.mode}", (r.predicted_epoch_s, r.measured_epoch_s), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        from matplotlib.ticker import FuncFormatter  # matplotlib is imported by _pyplot (Agg backend first)
+
+        seconds = FuncFormatter(lambda v, _: f"{v:g}")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(seconds)
+            axis.set_minor_formatter(seconds)
+        ax.tick_params(which="minor", labelsize=7)
+        ax.legend(loc="upper left", fontsize=8)
+    ax.set_xlabel("predicted epoch time (s)")
+    ax.set_ylabel("measured mean epoch time (s)")
+    ax.set_title("Every run: measured against predicted epoch time")
     fig.tight_layout()
     _save(fig, out)
 

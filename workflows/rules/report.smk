@@ -40,9 +40,11 @@ rule predicted:
 
 
 rule report:
-    """Table 1 (paper, predicted, measured), the plots and report.html."""
+    """Table 1 (paper, predicted, measured), the prediction check (every run's measured against predicted epoch
+    time), the plots and report.html."""
     input:
         speedups=expand(f"{RESULTS}/speedup/{{model}}.json", model=MODELS),
+        runs=expand(f"{RESULTS}/runs/{{model}}/{{mode}}/run.json", model=MODELS, mode=MODES),
         predicted=f"{RESULTS}/table1_predicted.csv",
         paper=config["paper_table"],
     output:
@@ -51,6 +53,8 @@ rule report:
         html=f"{RESULTS}/report.html",
         plots=expand(f"{RESULTS}/plots/{{model}}_accuracy_vs_time.png", model=MODELS),
         bars=f"{RESULTS}/plots/table1_speedups.png",
+        check=f"{RESULTS}/prediction_check.csv",
+        check_plot=f"{RESULTS}/plots/prediction_check.png",
     log:
         f"{RESULTS}/logs/report.log",
     params:

@@ -1,8 +1,10 @@
 rule train:
-    """Train one model with PipeDream (1F1B, weight stashing) or data parallelism (DDP); log to MLflow."""
+    """Train one model with PipeDream (1F1B, weight stashing) or data parallelism (DDP); log to MLflow, with the
+    epoch time the simulator predicts for the run from its profile, plan and cluster (both modes)."""
     input:
         plan=f"{RESULTS}/plans/{{model}}/{CLUSTER}.json",
         profile=f"{RESULTS}/profiles/{{model}}/graph.txt",
+        clusters=config.get("clusters_file", "experiments/clusters.yaml"),
     output:
         f"{RESULTS}/runs/{{model}}/{{mode}}/run.json",
     log:
@@ -25,5 +27,5 @@ rule train:
         nodes=config.get("launch", {}).get("nnodes", 1),
     shell:
         "{params.prefix} {params.pd} train --mode {wildcards.mode} --model {wildcards.model} --preset {params.preset} "
-        "--plan {input.plan} --profile {input.profile} --workers {params.workers} {params.train} "
+        "--plan {input.plan} --profile {input.profile} --clusters {input.clusters} --workers {params.workers} {params.train} "
         "--experiment {params.experiment} {params.extra} --no-progress --out-dir $(dirname {output}) > {log} 2>&1"

@@ -1,0 +1,70 @@
+"""The prediction check: every run's measured mean epoch time beside the epoch time the simulator predicted
+for it before it started (``pipedream train`` writes both to ``run.json``; :mod:`pipedream.sim.predict`).
+
+``results/prediction_check.csv`` has one row per run (``model, mode, config, measured_epoch_s,
+predicted_epoch_s, ratio``, ratio = measured / predicted); the report plots predicted against measured (the
+paper's real-versus-predicted figure) and summarises the ratios: the median ``|ratio - 1|`` and how many
+runs lie within :data:`BAND` of their prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipedream.io import atomic_write_text
+from pipedream.table1.measured import MODES
+from pipedream.table1.plots import predicted_vs_measured
+
+BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
+COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio"]
+CSV_NAME = "prediction_check.csv"
+PLOT_NAME = "prediction_check.png"
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+
+
+def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
+    """One row per finished run (``<results>/runs/<model>/<mode>/run.json``) of ``models``, in order.
+
+    A run without a prediction (``prediction_error`` in its ``run.json``) keeps its row with NaN predicted
+    and ratio. Columns: :data:`COLUMNS` (seconds; ratio = measured / predicted).
+    """
+    rows = []
+    for model in models:
+        for mode in MODES:
+            marker = results / "runs" / model / mode / "run.json"
+            if not marker.is_file():
+                continue
+            run = json.loads(marker.read_text())
+            measured = _number(run.get("mean_epoch_time_s"))
+            predicted = _number(run.get("predicted_epoch_time_s"))
+            ratio = measured / predicted if predicted > 0 else math.nan
+            rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
+                         "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio})
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def summary(df: pd.DataFrame, band: float = BAND) -> dict[str, float | int]:
+    """``runs`` (with a ratio), ``within`` (``|ratio - 1| <= band``), ``median_abs_error`` (median of
+    ``|ratio - 1|``, NaN without runs) and ``worst_abs_error``."""
+    err = (df["ratio"].dropna() - 1).abs()
+    return {"runs": int(err.size), "within": int((err <= band).sum()),
+            "median_abs_error": float(err.median()) if err.size else math.nan,
+            "worst_abs_error": float(err.max()) if err.size else math.nan}
+
+
+def write_prediction_check(results: Path, models: list[str], plot: bool = True) -> pd.DataFrame:
+    """Write ``<results>/prediction_check.csv`` and (``plot``) ``<results>/plots/prediction_check.png``;
+    returns the rows."""
+    df = prediction_rows(results, models)
+    atomic_write_text(results / CSV_NAME, df.to_csv(index=False))
+    if plot:
+        predicted_vs_measured(df, results / "plots" / PLOT_NAME, BAND)
+    return df

@@ -1,0 +1,147 @@
+"""The run's predicted epoch time (pipedream/sim/predict.py): host sharing against hand computations, the epoch
+the workers train, the emulated links and the profile's optimizer-step rates."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipedream.commands.train import _predict
+from pipedream.graph import LayerGraph, Node
+from pipedream.plan import Plan, Stage
+from pipedream.profiler import optimizer_step_rates
+from pipedream.runtime.config import TrainConfig
+from pipedream.sim.predict import (
+    SCALE_RTOL,
+    EpochShape,
+    compute_concurrency,
+    emulated_cluster,
+    epoch_shape,
+    host_scale,
+    predict_epoch,
+    step_rate,
+)
+from pipedream.topology import Cluster
+
+
+def chain(layers: int, fwd_s: float, bwd_s: float, act_bytes: float = 0.0, param_bytes: float = 0.0) -> LayerGraph:
+    """An input and ``layers`` identical layers profiled at 8 samples."""
+    g = LayerGraph(minibatch_size=8)
+    g.add_node(Node("node0", "Input", 0.0, 0.0, (act_bytes,), 0.0))
+    for i in range(1, layers + 1):
+        g.add_node(Node(f"node{i}", "Linear", fwd_s, bwd_s, (act_bytes,), param_bytes))
+        g.add_edge(f"node{i - 1}", f"node{i}")
+    return g
+
+
+def test_host_scale_is_runnable_threads_over_cores_and_never_below_one() -> None:
+    assert host_scale(4, 1, 2) == 2.0
+    assert host_scale(3, 2, 4) == 1.5
+    assert host_scale(1, 1, 2) == 1.0  # one rank on two cores runs at full speed, no faster
+
+
+def test_compute_concurrency_by_hand() -> None:
+    assert compute_concurrency([(0, 2), (1, 3)]) == pytest.approx(6 / 4)  # n = 1, 2, 1 over 1 s each
+    assert compute_concurrency([(0, 1)] * 4) == pytest.approx(4)  # lockstep: every unit of compute sees 4
+    assert compute_concurrency([(0, 1), (1, 2)]) == pytest.approx(1)  # one after the other
+    assert compute_concurrency([]) == 0.0
+
+
+def test_straight_two_stage_pipeline_on_one_core_by_hand() -> None:
+    """2 stages, F = 1 s, B = 2 s each, 6 minibatches, free links. The simulated 1F1B run (unscaled) has rank 0
+    compute [0,1) [1,2) [4,18) [19,21) and rank 1 [1,21) minus nothing but [0,1): n(t) = 1 on [0,1), 2 on [1,2),
+    1 on [2,4), 2 on [4,18), 1 on [18,21). integral n = 36 (= 2 ranks x 6 x 3 s), integral n^2 = 1 + 4 + 2 + 56 +
+    3 = 66, so C = 11/6. Free links: scaling compute scales the whole run, C does not move, and on 1 core
+    f = 11/6 and the epoch is 21 s x 11/6 = 38.5 s. On 2 cores f = max(1, 11/12) = 1: 21 s."""
+    g = chain(2, 1.0, 2.0)
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    one = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=1)
+    assert one.concurrency == pytest.approx(11 / 6)
+    assert one.compute_scale == pytest.approx(11 / 6, rel=SCALE_RTOL)
+    assert one.epoch_s == pytest.approx(21 * 11 / 6, rel=SCALE_RTOL)
+    two = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2)
+    assert two.compute_scale == 1.0 and two.epoch_s == pytest.approx(21.0)
+
+
+def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:
+    """2 DP workers, no weights, 4 minibatches of F + B = 2 x (1 + 2) = 6 s: both ranks compute at once all the
+    time (C = 2), so on 1 core f = 2 and the epoch is 2 minibatches x 6 s x 2 = 24 s = all 4 x 6 s of work."""
+    g = chain(2, 1.0, 2.0)
+    pred = predict_epoch(g, [["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32),
+                         cores=1)
+    assert pred.concurrency == pytest.approx(2.0)
+    assert pred.epoch_s == pytest.approx(24.0)
+
+
+def test_the_host_factor_settles_at_a_fixed_point_with_slow_links() -> None:
+    """With transfers that take as long as compute, the factor is where the simulated concurrency gives it back."""
+    g = chain(4, 1e-3, 2e-3, act_bytes=1e6, param_bytes=1e6)
+    cluster = Cluster("slow", [(4, 1e9)])
+    pred = predict_epoch(g, [["node1"], ["node2"], ["node3"], ["node4"]], [[0], [1], [2], [3]], cluster,
+                         EpochShape("1f1b", 8, 1, 40, 320), cores=2)
+    assert 1.0 <= pred.compute_scale <= 2.0
+    assert host_scale(pred.concurrency, 1, 2) == pytest.approx(pred.compute_scale, rel=2 * SCALE_RTOL)
+
+
+def _cfg(**kw: object) -> TrainConfig:
+    return TrainConfig(model="alexnet", batch_size=32, **kw)  # type: ignore[arg-type]
+
+
+def test_epoch_shape_is_what_the_workers_train() -> None:
+    # 1F1B-RR over a 3-1 plan: 2048 / 32 = 64 minibatches, rounded down to a multiple of 3 = 63 (2016 samples)
+    assert epoch_shape(_cfg(), "pipedream", 2048, 4, [3, 1]) == EpochShape("1f1b", 32, 1, 63, 2016)
+    assert epoch_shape(_cfg(schedule="gpipe", microbatches=4), "pipedream", 2048, 4, [3, 1]) == \
+        EpochShape("gpipe", 8, 4, 64, 2048)
+    # DP: per_worker, each worker a minibatch of 32 (64, a multiple of 4); global: 32 / 4 = 8 samples per worker
+    assert epoch_shape(_cfg(), "dp", 2050, 4, [4]) == EpochShape("dp", 32, 1, 64, 2048)
+    assert epoch_shape(_cfg(dp_batch="global"), "dp", 2048, 4, [4]) == EpochShape("dp", 8, 1, 64, 2048)
+
+
+def test_emulated_links_replace_every_level() -> None:
+    c = emulated_cluster(Cluster("A", [(4, 15e9), (2, 1e9)]), 1.25e8)
+    assert c.levels == [(4, 1.25e8), (2, 1.25e8)] and c.name == "A"
+    same = Cluster("B", [(4, 1e9)])
+    assert emulated_cluster(same, None) is same
+
+
+def test_step_rate_reads_the_profiles_meta(tmp_path: Path) -> None:
+    (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8,
+                                                    "optimizer_step_s_per_param_byte": {"sgd": 2e-10, "adam": 1e-9}}))
+    assert step_rate(tmp_path / "graph.txt", "adam") == 1e-9
+    (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8}))
+    assert step_rate(tmp_path / "graph.txt", "sgd") is None
+
+
+def test_optimizer_step_rates_leave_the_model_alone() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
+    before = [p.detach().clone() for p in model.parameters()]
+    rates = optimizer_step_rates(model, torch.randn(4, 256))
+    assert set(rates) == {"sgd", "adam"}
+    assert all(math.isfinite(r) and r > 0 for r in rates.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert optimizer_step_rates(torch.nn.ReLU(), torch.randn(4, 3)) == {}
+
+
+def test_a_failed_prediction_is_one_line_not_an_error(tmp_path: Path) -> None:
+    args = argparse.Namespace(mode="pipedream", profile=None, clusters="experiments/clusters.yaml")
+    cfg = _cfg(data="synthetic", train_subset=64, val_subset=32)
+    assert _predict(args, cfg, None) == ({}, "no --plan and --profile to predict the epoch time from")
+    plan = Plan(model="alexnet", cluster="no_such_cluster", workers=1, minibatch_size=8, time_per_sample_s=1.0,
+                dp_time_per_sample_s=1.0, stages=[Stage(nodes=["node1"], replicas=1, ranks=[0])])
+    args.profile = tmp_path / "graph.txt"  # missing
+    prediction, why = _predict(args, cfg, plan)
+    assert prediction == {} and why and "\n" not in why
+
+
+def test_no_sharing_on_gpus_and_per_host_sharing() -> None:
+    """The lockstep DP of 2 ranks above: on GPUs (cores None) nothing is shared, 12 s; spread over 2 hosts of
+    1 core each, each host runs C / 2 = 1 rank at a time: no slowdown either."""
+    g = chain(2, 1.0, 2.0)
+    args = ([["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32))
+    assert predict_epoch(g, *args, cores=None).epoch_s == pytest.approx(12.0)
+    assert predict_epoch(g, *args, cores=1, hosts=2).epoch_s == pytest.approx(12.0)

@@ -1,0 +1,63 @@
+"""The prediction check of the report: every run's measured against predicted epoch time, from made-up run.json
+files, with the ratios and the summary computed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pipedream.table1.html import html_report
+from pipedream.table1.prediction import COLUMNS, prediction_rows, summary, write_prediction_check
+
+RUNS = {  # model, mode -> (measured mean epoch s, predicted s or None, config)
+    ("vgg16", "pipedream"): (11.0, 10.0, "3-1"),   # ratio 1.1: within 15%
+    ("vgg16", "dp"): (30.0, 20.0, "4"),            # ratio 1.5: outside
+    ("alexnet", "pipedream"): (9.5, 10.0, "2-2"),  # ratio 0.95: within
+    ("alexnet", "dp"): (8.0, None, "4"),           # no prediction: kept, NaN
+}
+
+
+def _results(tmp_path: Path) -> Path:
+    for (model, mode), (measured, predicted, config) in RUNS.items():
+        run = {"run_id": f"{model}-{mode}", "mode": mode, "config": config, "mean_epoch_time_s": measured}
+        if predicted is None:
+            run["prediction_error"] = "unknown cluster 'x'"
+        else:
+            run.update(predicted_epoch_time_s=predicted, prediction_ratio=measured / predicted)
+        d = tmp_path / "runs" / model / mode
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps(run))
+    return tmp_path
+
+
+def test_rows_and_summary_by_hand(tmp_path: Path) -> None:
+    df = prediction_rows(_results(tmp_path), ["vgg16", "alexnet", "resnet50"])  # resnet50 has no runs
+    assert list(df.columns) == COLUMNS
+    assert list(zip(df["model"], df["mode"], strict=True)) == [("vgg16", "pipedream"), ("vgg16", "dp"),
+                                                                ("alexnet", "pipedream"), ("alexnet", "dp")]
+    assert df["ratio"].iloc[:3].tolist() == pytest.approx([1.1, 1.5, 0.95])
+    assert math.isnan(df["ratio"].iloc[3]) and math.isnan(df["predicted_epoch_s"].iloc[3])
+    s = summary(df)
+    # |ratio - 1| = 0.1, 0.5, 0.05: median 0.1, 2 of 3 within 15%, worst 0.5
+    assert s == {"runs": 3, "within": 2, "median_abs_error": pytest.approx(0.1), "worst_abs_error": pytest.approx(0.5)}
+
+
+def test_csv_plot_and_report_section(tmp_path: Path) -> None:
+    results = _results(tmp_path)
+    df = write_prediction_check(results, ["vgg16", "alexnet"])
+    back = pd.read_csv(results / "prediction_check.csv")
+    assert list(back.columns) == COLUMNS and len(back) == 4
+    assert back["measured_epoch_s"].tolist() == [11.0, 30.0, 9.5, 8.0]
+    png = results / "plots" / "prediction_check.png"
+    assert png.is_file() and png.stat().st_size > 1000
+    table = pd.DataFrame(columns=["task", "model", "hardware", "paper_config", "paper_speedup_epoch_time",
+                                  "paper_speedup_tta"])
+    page = html_report(table, [], results, prediction_check=df)
+    assert "id='prediction-check'" in page
+    assert "2 of 3 runs within ±15% of their prediction; median |ratio − 1| 10.0%" in page
+    assert page.count("fig-prediction_check") == 1  # in its own section, not again among the other plots
+    assert "id='prediction-check'" not in html_report(table, [], results)
