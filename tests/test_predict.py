@@ -50,6 +50,10 @@ def test_compute_concurrency_by_hand() -> None:
     assert compute_concurrency([(0, 1)] * 4) == pytest.approx(4)  # lockstep: every unit of compute sees 4
     assert compute_concurrency([(0, 1), (1, 2)]) == pytest.approx(1)  # one after the other
     assert compute_concurrency([]) == 0.0
+    # per stage: only the flagged spans' compute is weighted; the others still count in n(t)
+    assert compute_concurrency([(0, 2), (1, 3)], [True, False]) == pytest.approx((1 * 1 + 1 * 2) / 2)
+    assert compute_concurrency([(0, 1), (0, 1), (1, 3)], [False, False, True]) == pytest.approx(1.0)  # alone
+    assert compute_concurrency([(0, 1), (0, 1), (0, 4)], [False, False, True]) == pytest.approx((3 + 3) / 4)
 
 
 def test_straight_two_stage_pipeline_on_one_core_by_hand() -> None:
@@ -61,11 +65,13 @@ def test_straight_two_stage_pipeline_on_one_core_by_hand() -> None:
     g = chain(2, 1.0, 2.0)
     shape = EpochShape("1f1b", 8, 1, 6, 48)
     one = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=1)
-    assert one.concurrency == pytest.approx(11 / 6)
-    assert one.compute_scale == pytest.approx(11 / 6, rel=SCALE_RTOL)
+    # per stage: rank 0 computes [0,2), [4,18), [19,21) and rank 1 [1,19); each one's 18 s of compute see
+    # integral k_s n = 1 + 2 + 28 + 2 = 33 (rank 0) and 2 + 2 + 28 + 1 = 33 (rank 1): C_s = 33 / 18 = 11/6 for both
+    assert one.concurrency == pytest.approx([11 / 6, 11 / 6])
+    assert one.compute_scale == pytest.approx([11 / 6, 11 / 6], rel=SCALE_RTOL)
     assert one.epoch_s == pytest.approx(21 * 11 / 6, rel=SCALE_RTOL)
     two = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2)
-    assert two.compute_scale == 1.0 and two.epoch_s == pytest.approx(21.0)
+    assert two.compute_scale == [1.0, 1.0] and two.epoch_s == pytest.approx(21.0)
 
 
 def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:
@@ -74,7 +80,7 @@ def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:
     g = chain(2, 1.0, 2.0)
     pred = predict_epoch(g, [["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32),
                          cores=1)
-    assert pred.concurrency == pytest.approx(2.0)
+    assert pred.concurrency == pytest.approx([2.0])
     assert pred.epoch_s == pytest.approx(24.0)
 
 
@@ -84,8 +90,8 @@ def test_the_host_factor_settles_at_a_fixed_point_with_slow_links() -> None:
     cluster = Cluster("slow", [(4, 1e9)])
     pred = predict_epoch(g, [["node1"], ["node2"], ["node3"], ["node4"]], [[0], [1], [2], [3]], cluster,
                          EpochShape("1f1b", 8, 1, 40, 320), cores=2)
-    assert 1.0 <= pred.compute_scale <= 2.0
-    assert host_scale(pred.concurrency, 1, 2) == pytest.approx(pred.compute_scale, rel=2 * SCALE_RTOL)
+    assert all(1.0 <= f <= 2.0 for f in pred.compute_scale)
+    assert [host_scale(c, 1, 2) for c in pred.concurrency] == pytest.approx(pred.compute_scale, rel=2 * SCALE_RTOL)
 
 
 def _cfg(**kw: object) -> TrainConfig:

@@ -246,8 +246,10 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
         return {}, why
-    print(f"predicted epoch {pred.epoch_s:.2f} s (compute x{pred.compute_scale:.2f}: {pred.concurrency:.2f} ranks "
-          f"compute at once on {pred.cores or 'their own'} cores)", file=sys.stderr)
+    scales = "/".join(f"{f:.2f}" for f in pred.compute_scale)
+    ranks = "/".join(f"{c:.2f}" for c in pred.concurrency)
+    print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "
+          f"{pred.cores or 'their own'} cores)", file=sys.stderr)
     return pred.to_dict(), None
 
 
@@ -298,8 +300,9 @@ def run(args: argparse.Namespace) -> int:
     prediction, why_not = _predict(args, cfg, plan)
     predicted = prediction.get("predicted_epoch_time_s")
     if predicted is not None:
-        params.update(predicted_epoch_time_s=predicted, predicted_compute_scale=prediction["compute_scale"],
-                      predicted_concurrency=prediction["concurrency"])
+        params.update(predicted_epoch_time_s=predicted,
+                      predicted_compute_scale="/".join(f"{f:.3f}" for f in prediction["compute_scale"]),
+                      predicted_concurrency="/".join(f"{c:.3f}" for c in prediction["concurrency"]))
         atomic_write_json(out_dir / "prediction.json", prediction)
     else:
         tags["prediction_error"] = why_not or "unknown"

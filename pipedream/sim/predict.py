@@ -12,9 +12,9 @@ What is modelled, term by term:
   action (:func:`pipedream.sim.costs.stage_costs`), times the host-sharing factor below;
 * links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
   every transfer and allreduce to that bandwidth, :mod:`pipedream.runtime.comm`); otherwise the cluster's;
-* allreduce: a ring over the stage's replicas; DP's overlaps the backward in DDP's gradient buckets
-  (:data:`pipedream.costmodel.DDP_BUCKET_CAP_BYTES`), a PipeDream stage's is one flat allreduce after its
-  backward (:meth:`pipedream.runtime.executor.StageExecutor._do_allreduce`), so ``overlap=False`` there;
+* allreduce: a ring over the stage's replicas in gradient buckets of ``cfg.bucket_bytes``
+  (:func:`pipedream.costmodel.bucket_layers`), each launched when its last gradient is ready, overlapping the
+  backward, in both modes (DDP in ``dp``, :mod:`pipedream.runtime.buckets` in ``pipedream``);
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
   times the host-sharing factor;
@@ -27,22 +27,25 @@ operating system shares the cores among them fairly (Linux CFS), and each comput
 cores`` times slower than the profile (taken with the workers' thread count on an otherwise idle core). A
 rank blocked in a receive or an allreduce (gloo waits in a blocking call; the link throttle sleeps) uses no
 core. So the slowdown depends on how many ranks compute at once, which depends on the slowdown. The
-simulator times every action at a fixed speed, so the model scales every compute time by one factor ``f``:
+simulator times every action at a fixed speed, so the model scales the compute times of stage ``s`` (forward,
+backward, optimizer step) by a factor ``f_s``:
 
-    ``f = max(1, C * threads / cores)``,  ``C = integral of n(t)^2 dt / integral of n(t) dt``,
+    ``f_s = max(1, C_s * threads / cores)``,  ``C_s = integral of k_s(t) n(t) dt / integral of k_s(t) dt``,
 
-where ``n(t)`` is the number of ranks computing at time ``t`` in the simulated run (its forward and backward
-spans). ``C`` is the concurrency an average unit of compute sees: a compute-weighted mean of ``n``, not the
-time average ``sum_r(u_r)`` of the ranks' utilisations (:attr:`SimResult.utilisation`), which
-underestimates the sharing whenever compute bunches up: data parallelism in lockstep computes on all ``W``
-ranks at once and then waits for the allreduce on all, so ``C = W`` while ``sum(u)`` may be 1. For a
-steady pipeline whose ranks compute at independent times the two agree. ``f`` is solved by fixed-point
-iteration from ``f_0 = max(1, workers * threads / cores)`` (every rank runnable at once, the upper bound):
-simulate with compute times ``x f``, measure ``C``, recompute ``f``, until it changes by less than
-:data:`SCALE_RTOL` (averaging successive iterates after :data:`UNDAMPED_ITERATIONS` in case it oscillates).
+where ``n(t)`` is the number of ranks computing at time ``t`` in the simulated run (forward, backward and
+step spans) and ``k_s(t)`` the number of stage ``s``'s ranks among them. ``C_s`` is the concurrency an
+average unit of stage ``s``'s compute sees: a compute-weighted mean of ``n``, not the time average
+``sum_r(u_r)`` of the ranks' utilisations (:attr:`SimResult.utilisation`), which underestimates the sharing
+whenever compute bunches up: data parallelism in lockstep computes on all ``W`` ranks at once and then waits
+for the allreduce on all, so ``C = W`` while ``sum(u)`` may be 1. Per stage, because a pipeline's
+bottleneck stage computes nearly all the time, alongside whatever else computes, while a faster stage
+computes in bursts. The factors are solved by fixed-point iteration from
+``f_0 = max(1, workers * threads / cores)`` (every rank runnable at once, the upper bound): simulate, measure
+every ``C_s``, recompute the ``f_s``, until none changes by more than :data:`SCALE_RTOL` (averaging
+successive iterates after :data:`UNDAMPED_ITERATIONS` in case they oscillate).
 
-Assumptions: one factor for the whole epoch (the compute-weighted mean; in reality a span computing alone
-runs at full speed and one among ``n`` at ``cores / n``); a blocked rank uses no core (the launcher, MLflow
+Assumptions: one factor per stage for the whole epoch (the compute-weighted mean; in reality a span computing
+alone runs at full speed and one among ``n`` at ``cores / n``); a blocked rank uses no core (the launcher, MLflow
 logging, gloo's own threads and other processes on the host use none either); compute of an action scales
 linearly with its samples; the profile was taken with the workers' thread count (``meta.json`` ``threads``,
 :mod:`pipedream.commands.profile`); the runtime's own per-action costs (Python, gloo messages, weight
@@ -54,7 +57,6 @@ simulator's event loop (each compute action's progress rate ``min(1, cores / (n(
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +72,6 @@ from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_task
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.simulate import SimResult, simulate_stages
-from pipedream.sim.simulate import plan_ranks as _plan_ranks
 from pipedream.topology import Cluster, get_cluster
 
 MAX_ITERATIONS = 50
@@ -103,8 +104,9 @@ class Prediction:
 
     Attributes:
         epoch_s: predicted epoch time, s.
-        compute_scale: the settled host-sharing factor ``f`` the compute times were multiplied by.
-        concurrency: ``C`` at that factor: ranks computing at once, as an average unit of compute sees it.
+        compute_scale: the settled host-sharing factors ``f_s`` (one per stage) the compute times were multiplied by.
+        concurrency: ``C_s`` at those factors: ranks computing at once, as an average unit of the stage's compute
+            sees it, per stage.
         busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once, time-averaged (steady state).
         iterations: simulations run to settle the factor.
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed.
@@ -115,8 +117,8 @@ class Prediction:
     """
 
     epoch_s: float
-    compute_scale: float
-    concurrency: float
+    compute_scale: list[float]
+    concurrency: list[float]
     busy_ranks: float
     iterations: int
     cores: int | None
@@ -147,27 +149,32 @@ def host_scale(busy_ranks: float, threads: int, cores: int) -> float:
     return max(1.0, busy_ranks * threads / cores)
 
 
-def compute_concurrency(spans: list[tuple[float, float]]) -> float:
-    """Compute-weighted concurrency ``integral n^2 dt / integral n dt`` of ``(start_s, end_s)`` compute spans,
-    ``n(t)`` the spans open at ``t`` (0 without any span of positive length).
+def compute_concurrency(spans: list[tuple[float, float]], mine: list[bool] | None = None) -> float:
+    """Compute-weighted concurrency of ``(start_s, end_s)`` compute spans: ``integral k(t) n(t) dt / integral
+    k(t) dt`` with ``n(t)`` the spans open at ``t`` and ``k(t)`` those of them flagged in ``mine`` (default: all,
+    giving ``integral n^2 / integral n``); 0 without any (flagged) span of positive length.
 
     Two ranks computing ``[0, 2)`` and ``[1, 3)``: ``n`` is 1, 2, 1 over three seconds, so
-    ``(1 + 4 + 1) / (1 + 2 + 1) = 1.5``.
+    ``(1 + 4 + 1) / (1 + 2 + 1) = 1.5``; only the first flagged: ``(1 + 2) / (1 + 1) = 1.5``.
     """
-    events = sorted([(a, 1) for a, b in spans if b > a] + [(b, -1) for a, b in spans if b > a])
-    n, last, first_moment, second_moment = 0, 0.0, 0.0, 0.0
-    for t, step in events:
-        first_moment += n * (t - last)
-        second_moment += n * n * (t - last)
-        n, last = n + step, t
-    return second_moment / first_moment if first_moment > 0 else 0.0
+    flags = mine if mine is not None else [True] * len(spans)
+    events = sorted([(a, 1, int(f)) for (a, b), f in zip(spans, flags, strict=True) if b > a]
+                    + [(b, -1, -int(f)) for (a, b), f in zip(spans, flags, strict=True) if b > a])
+    n = k = 0
+    last, first_moment, cross_moment = 0.0, 0.0, 0.0
+    for t, step, own in events:
+        first_moment += k * (t - last)
+        cross_moment += k * n * (t - last)
+        n, k, last = n + step, k + own, t
+    return cross_moment / first_moment if first_moment > 0 else 0.0
 
 
-def scaled_costs(costs: list[StageCost], factor: float) -> list[StageCost]:
-    """Stage costs with every compute time (forward, backward, gradient-ready times) multiplied by ``factor``;
-    bytes unchanged."""
-    return [dataclasses.replace(c, fwd_s=c.fwd_s * factor, bwd_s=c.bwd_s * factor,
-                                grad_chunks=[(t * factor, b) for t, b in c.grad_chunks]) for c in costs]
+def scaled_costs(costs: list[StageCost], factors: list[float]) -> list[StageCost]:
+    """Stage costs with every compute time of stage ``s`` (forward, backward, the buckets' ready times in the
+    backward, the optimizer step) multiplied by ``factors[s]``; bytes unchanged."""
+    return [dataclasses.replace(c, fwd_s=c.fwd_s * f, bwd_s=c.bwd_s * f, step_s=c.step_s * f,
+                                buckets=[(t * f, b) for t, b in c.buckets])
+            for c, f in zip(costs, factors, strict=True)]
 
 
 def emulated_cluster(cluster: Cluster, bandwidth_Bps: float | None) -> Cluster:
@@ -201,20 +208,10 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
     return EpochShape(cfg.schedule, cfg.batch_size // m, m, nb, nb * cfg.batch_size)
 
 
-def _simulator_supports(**kwargs: Any) -> dict[str, Any]:
-    """The keyword parameters the simulator takes (and that are set).
-
-    TODO(merge): remove this filter once simulate_stages has ``bucket_bytes``, ``optimizer`` and
-    ``step_s_per_param_byte`` (the cost-model branch); until then they are dropped.
-    """
-    known = inspect.signature(simulate_stages).parameters
-    return {k: v for k, v in kwargs.items() if k in known and v is not None}
-
-
 def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
-                  optimizer: str | None = None,
-                  step_s_per_param_byte: float | None = None, warmup: str | None = None) -> Prediction:
+                  optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
+                  bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -227,46 +224,46 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             (one GPU each): no host sharing. threads: threads per worker.
         hosts: hosts the ranks are spread over evenly (``--nnodes``); each host's cores are shared by its
             ranks, so the concurrency per host is ``C / hosts``.
-        optimizer: the run's optimizer (``sgd``, ``adam``); step_s_per_param_byte: its measured rate, s/byte.
+        optimizer: the run's optimizer (``sgd``, ``adam``); step_s_per_param_byte: its measured rate on the
+            host, s/byte (None: no step time, a profile without the rate).
+        bucket_bytes: the run's gradient bucket cap, bytes (``cfg.bucket_bytes``).
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
-    dp = shape.schedule == "dp"
-    base = stage_costs(graph, stage_nodes, shape.batch_size)
-    fixed = {"schedule": shape.schedule, "batch_size": shape.batch_size, "microbatches": shape.microbatches,
-             "dataset_size": shape.dataset_size, "overlap": dp}
+    base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
+                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None)
+    kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
+                              "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:
-        fixed["warmup"] = warmup
-
-    def extra(scale: float) -> dict[str, Any]:
-        rate = step_s_per_param_byte * scale if step_s_per_param_byte is not None else None
-        return _simulator_supports(bucket_bytes=DDP_BUCKET_CAP_BYTES if dp else None, optimizer=optimizer,
-                                   step_s_per_param_byte=rate)
-
-    workers = sum(len(rs) for rs in stage_ranks)
+        kwargs["warmup"] = warmup
     if hosts < 1:
         raise PipeDreamError(f"hosts must be positive, got {hosts}")
 
     def sharing(ranks: float) -> float:
         return 1.0 if cores is None else host_scale(ranks / hosts, threads, cores)
 
-    scale = sharing(workers)  # every rank runnable: the upper bound
+    workers = sum(len(rs) for rs in stage_ranks)
+    stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
+    scale = [sharing(workers)] * len(stage_ranks)  # every rank runnable: the upper bound
     iterations = 0
     while True:
         iterations += 1
         res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=scaled_costs(base, scale),
-                              keep_trace=True, **fixed, **extra(scale))
+                              keep_trace=True, **kwargs)
         assert res.trace is not None  # keep_trace
-        conc = compute_concurrency([(sp.start, sp.end) for spans in res.trace.compute.values() for sp in spans])
-        new = sharing(conc)
-        if abs(new - scale) <= SCALE_RTOL * scale or iterations >= MAX_ITERATIONS:
+        spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
+        bounds = [(sp.start, sp.end) for sp in spans]
+        conc = [compute_concurrency(bounds, [stage_of[sp.rank] == s for sp in spans]) for s in range(len(stage_ranks))]
+        new = [sharing(c) for c in conc]
+        if all(abs(n - f) <= SCALE_RTOL * f for n, f in zip(new, scale, strict=True)) or iterations >= MAX_ITERATIONS:
             break
-        scale = new if iterations < UNDAMPED_ITERATIONS else (scale + new) / 2
+        scale = new if iterations < UNDAMPED_ITERATIONS else [(f + n) / 2 for f, n in zip(scale, new, strict=True)]
     return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc,
                       busy_ranks=sum(res.utilisation), iterations=iterations,
                       cores=cores, threads=threads, shape=shape, cluster=cluster,
-                      sim_kwargs={**fixed, **extra(scale)}, sim=res)
+                      sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
+                                  "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
 
 
 def step_rate(profile: Path, optimizer: str) -> float | None:
@@ -305,10 +302,10 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         stage_nodes, stage_ranks = [list(graph.nodes)], [list(range(plan.workers))]
     else:
         plan.validate()
-        stage_nodes, stage_ranks = [s.nodes for s in plan.stages], _plan_ranks(plan, cluster)
+        stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
     return predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(profile, cfg.optimizer),
-                         warmup=cfg.warmup if mode == "pipedream" else None)
+                         bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None)
 
 
 def training_samples(cfg: TrainConfig) -> int:
