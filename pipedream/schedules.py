@@ -375,16 +375,14 @@ def data_parallel(workers: int, num_minibatches: int) -> Schedule:
 
     ``num_minibatches`` counts per-worker minibatches over all workers (a multiple of ``workers``).
     """
-    sched = one_f_one_b([list(range(workers))], num_minibatches)
-    sched.name = "dp"
-    return sched
+    return build("dp", [list(range(workers))], num_minibatches)
 
 
 def build(name: str, stage_ranks: Sequence[Sequence[int]], num_minibatches: int, num_microbatches: int = 1,
           warmup: str = DEFAULT_WARMUP) -> Schedule:
     """Schedule ``name`` for stages on ``stage_ranks`` (per stage its ranks in round-robin order, e.g.
     ``[s.ranks for s in plan.stages]``; ``warmup``: 1F1B's warm-up counts, see :func:`one_f_one_b`).
-    ``"dp"`` runs the whole model on all the ranks, ``0 .. workers - 1``.
+    ``"dp"`` runs the whole model on all the ranks of ``stage_ranks`` (one stage, minibatches round robin).
 
     Raises:
         PipeDreamError: unknown name, or the checks of the chosen schedule.
@@ -396,8 +394,10 @@ def build(name: str, stage_ranks: Sequence[Sequence[int]], num_minibatches: int,
         return gpipe(ranks, num_minibatches, num_microbatches)
     if name == "2bw":
         return two_bw(ranks, num_minibatches, num_microbatches)
-    if name == "dp":
-        return data_parallel(sum(len(rs) for rs in ranks), num_minibatches)
+    if name == "dp":  # one stage on all the ranks, in the order given
+        sched = one_f_one_b([[r for rs in ranks for r in rs]], num_minibatches)
+        sched.name = "dp"
+        return sched
     raise PipeDreamError(f"unknown schedule {name!r}; use 1f1b, gpipe, 2bw or dp")
 
 

@@ -118,21 +118,13 @@ class SimResult:
 
 def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, microbatches: int = 1,
                    warmup: str = DEFAULT_WARMUP) -> schedules.Schedule:
-    """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`);
-    ``warmup`` picks 1F1B's warm-up counts (``consistent``, the runtime's default, or ``release``)."""
+    """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`), built by
+    :func:`pipedream.schedules.build` as the runtime builds them; ``warmup`` picks 1F1B's warm-up counts
+    (``consistent``, the runtime's default, or ``release``)."""
     name = SCHEDULES.get(kind)
     if name is None:
         raise PipeDreamError(f"unknown schedule {kind!r}; use 1f1b, gpipe, 2bw or dp")
-    if name == "1f1b":
-        return schedules.one_f_one_b(stage_ranks, minibatches, warmup)
-    if name == "gpipe":
-        return schedules.gpipe(stage_ranks, minibatches, microbatches)
-    if name == "2bw":
-        return schedules.two_bw(stage_ranks, minibatches, microbatches)
-    ranks = [r for rs in stage_ranks for r in rs]
-    sched = schedules.one_f_one_b([ranks], minibatches)
-    sched.name = "dp"
-    return sched
+    return schedules.build(name, stage_ranks, minibatches, microbatches, warmup)
 
 
 def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster,
