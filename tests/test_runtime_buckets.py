@@ -19,8 +19,10 @@ from pipedream.runtime.stage import straight_plan
 from tests.test_runtime_pipeline import _replay, reference, run
 from tests.tiny import bucket_model, build, reference_batches, stage_params
 
-# bucket_model on [3, 5] layers: stage 1's buckets at a 4096-byte cap (the first one capped at DDP's 1 MiB),
-# by hand: layers in backward order 7 (20,520 B), 5 (1,050,624 B) close the first bucket; 3 (67,584 B) is alone
+# bucket_model on [3, 5] layers: stage 1's buckets at a 4096-byte cap with DDP's 1 MiB first bucket, or at a
+# cap of 1,071,144 bytes (an explicit cap: no smaller first bucket, costmodel.ddp_first_cap), by hand: layers in
+# backward order 7 (20,520 B), 5 (1,050,624 B) close the first bucket; 3 (67,584 B) is alone
+RUN_CAP = 20_520 + 1_050_624
 STAGES = [range(0, 3), range(3, 8)]
 STAGE1_BUCKETS = [["7.bias", "7.weight", "5.bias", "5.weight"], ["3.bias", "3.weight"]]
 
@@ -118,13 +120,13 @@ def _assert_grad_views(d: dict) -> None:
 
 @pytest.mark.slow
 def test_1f1b_overlaps_bucket_allreduces_with_the_backward_and_equals_the_replay(tmp_path: Path) -> None:
-    """Plan [1, 2] on bucket_model with 4 KiB buckets: stage 1 has two buckets; each of its backwards (each
+    """Plan [1, 2] on bucket_model with RUN_CAP buckets: stage 1 has two buckets; each of its backwards (each
     is followed by an ALLREDUCE under 1F1B-RR) launches the first before it ends; the weights equal the
     one-process replay of the same action lists."""
     replicas, lr = [1, 2], 0.1
     dumps = run(tmp_path, 3, factory=bucket_model, plan=straight_plan("t", 8, [3, 5], replicas=replicas),
-                max_minibatches=6, lr=lr, bucket_bytes=4096)
-    expected = _replay(schedules.build("1f1b", replicas, 6), build(bucket_model), STAGES,
+                max_minibatches=6, lr=lr, bucket_bytes=RUN_CAP)
+    expected = _replay(schedules.build("1f1b", schedules.consecutive_ranks(replicas), 6), build(bucket_model), STAGES,
                        reference_batches(tmp_path / "data", 8, 0, 0), lr, True)
     for rank, d in enumerate(dumps):
         for n, w in expected[rank].items():
@@ -149,7 +151,7 @@ def test_gpipe_overlaps_only_the_last_backward_and_equals_sgd(tmp_path: Path) ->
     lr, bw = 0.1, 2e7
     plan = straight_plan("t", 8, [3, 5], replicas=[1, 2])
     dumps = run(tmp_path, 3, factory=bucket_model, plan=plan, schedule="gpipe", microbatches=4, max_minibatches=3,
-                lr=lr, momentum=0.9, bucket_bytes=4096, emulate_bandwidth_Bps=bw)
+                lr=lr, momentum=0.9, bucket_bytes=RUN_CAP, emulate_bandwidth_Bps=bw)
     model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, "sgd", lr, 0.9, 0.0,
                              factory=bucket_model)
     for d in dumps:
