@@ -38,10 +38,10 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 # Latency of one step of a ring (one message between neighbours), s, when a cluster gives none: the order of
 # one TCP round trip inside a data centre; a cluster's ``latency_s`` overrides it.
 DEFAULT_STEP_LATENCY_S = 20e-6
-# Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors): plain SGD reads weight and
-# gradient and writes the weight (3); with momentum it also reads and writes the momentum buffer (5); Adam
-# reads weight, gradient and both moments and writes weight and both moments (7).
-STEP_TRAFFIC = {"sgd_plain": 3.0, "sgd": 5.0, "adam": 7.0}
+# Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors): SGD with momentum reads
+# weight, gradient and momentum and writes weight and momentum (5); Adam reads weight, gradient and both
+# moments and writes weight and both moments (7).
+STEP_TRAFFIC = {"sgd": 5.0, "adam": 7.0}
 # The optimizer the paper's image models train with (SGD with momentum, §5.1), when none is given.
 DEFAULT_OPTIMIZER = "sgd"
 # Memory bandwidth of the paper's GPU, bytes/s: NVIDIA Tesla V100, 900 GB/s of HBM2 (V100 datasheet); the
@@ -54,7 +54,7 @@ def transfer_s(nbytes: float, bandwidth_Bps: float, latency_s: float = 0.0) -> f
     (0 for nothing to send or an infinitely fast link, e.g. a rank to itself)."""
     if nbytes <= 0 or math.isinf(bandwidth_Bps):
         return 0.0
-    return latency_s + nbytes / bandwidth_Bps
+    return float(_transfer_s(nbytes, bandwidth_Bps, latency_s))
 
 
 def ring_allreduce_s(nbytes: float, ranks: int, bandwidth_Bps: float, latency_s: float = 0.0) -> float:
@@ -85,32 +85,30 @@ def hierarchical_allreduce_s(nbytes: float, groups_per_level: Sequence[int], ban
                for c, bw in zip(groups_per_level, bandwidths_Bps, strict=True) if c > 1)
 
 
-def ddp_first_cap(cap_bytes: float) -> float | None:
+def ddp_first_cap(cap_bytes: float) -> float:
     """The first bucket's cap as PyTorch's DDP applies it: 1 MiB (:data:`DDP_FIRST_BUCKET_BYTES`) when the cap is
-    DDP's default 25 MiB, else none (an explicit ``bucket_cap_mb`` caps every bucket alike, torch 2.14)."""
-    return DDP_FIRST_BUCKET_BYTES if cap_bytes == DDP_BUCKET_CAP_BYTES else None
+    DDP's default 25 MiB, else the cap itself (an explicit ``bucket_cap_mb`` caps every bucket alike, torch 2.14)."""
+    return DDP_FIRST_BUCKET_BYTES if cap_bytes == DDP_BUCKET_CAP_BYTES else cap_bytes
 
 
 def bucket_layers(sizes_bytes: Sequence[float], cap_bytes: float = DDP_BUCKET_CAP_BYTES,
-                  first_cap_bytes: float | None | str = "ddp") -> list[list[int]]:
+                  first_cap_bytes: float | None = None) -> list[list[int]]:
     """Group gradient tensors into allreduce buckets the way DDP does.
 
     Args:
         sizes_bytes: bytes of each gradient tensor (or layer), in the order the backward produces them
             (reverse order of registration, as DDP assumes); zero sizes are skipped.
         cap_bytes: a bucket is closed once it holds at least this many bytes (DDP's ``bucket_cap_mb``).
-        first_cap_bytes: the cap of the first bucket, None for ``cap_bytes``; ``"ddp"`` (the default, what the
-            runtime, the DDP baseline and the simulator all use): :func:`ddp_first_cap`.
+        first_cap_bytes: the cap of the first bucket; None (what the runtime, the DDP baseline and the
+            simulator all use): DDP's rule, :func:`ddp_first_cap`.
     Returns:
         buckets in reduction order, each the indices (into ``sizes_bytes``) it holds, in order.
     Raises:
         ValueError: a non-positive cap.
     """
-    if first_cap_bytes == "ddp":
-        first_cap_bytes = ddp_first_cap(cap_bytes)
-    assert not isinstance(first_cap_bytes, str), f"first_cap_bytes={first_cap_bytes!r}: a number, None or 'ddp'"
-    if cap_bytes <= 0 or (first_cap_bytes is not None and first_cap_bytes <= 0):
-        raise ValueError(f"bucket caps must be positive bytes, got {cap_bytes} and {first_cap_bytes}")
+    first = ddp_first_cap(cap_bytes) if first_cap_bytes is None else first_cap_bytes
+    if cap_bytes <= 0 or first <= 0:
+        raise ValueError(f"bucket caps must be positive bytes, got {cap_bytes} and {first}")
     buckets: list[list[int]] = []
     current: list[int] = []
     filled = 0.0
@@ -119,8 +117,7 @@ def bucket_layers(sizes_bytes: Sequence[float], cap_bytes: float = DDP_BUCKET_CA
             continue
         current.append(i)
         filled += size
-        cap = first_cap_bytes if (first_cap_bytes is not None and not buckets) else cap_bytes
-        if filled >= cap:
+        if filled >= (cap_bytes if buckets else first):
             buckets.append(current)
             current, filled = [], 0.0
     if current:
@@ -162,9 +159,14 @@ def ring_allreduce_s_array(nbytes: np.ndarray, ranks: np.ndarray | int, bandwidt
     return ((ranks >= 2) & (nbytes > 0)) * _ring_s(nbytes, ranks, bandwidth_Bps, latency_s)
 
 
+def _transfer_s(nbytes, bandwidth_Bps, latency_s):  # type: ignore[no-untyped-def]
+    """The transfer formula alone (floats or numpy arrays alike): ``latency + S / B``."""
+    return latency_s + nbytes / bandwidth_Bps
+
+
 def transfer_s_array(nbytes: np.ndarray, bandwidth_Bps: float, latency_s: float = 0.0) -> np.ndarray:
     """:func:`transfer_s` element-wise over a numpy array of byte counts: ``latency + S / B`` where ``S > 0``,
     else 0 (0 everywhere on an infinitely fast link)."""
     if math.isinf(bandwidth_Bps):
         return nbytes * 0.0
-    return (nbytes > 0) * (latency_s + nbytes / bandwidth_Bps)
+    return (nbytes > 0) * _transfer_s(nbytes, bandwidth_Bps, latency_s)

@@ -41,6 +41,8 @@ from torch import fx, nn
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_json
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.split import OPS, node_ids, trace
 
 
@@ -214,12 +216,9 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
     return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare)
 
 
-# The optimizers the runtime builds (pipedream.runtime.optim.make_optimizer) with the settings the rate is
-# timed at: SGD with momentum 0.9 (the paper's image models), Adam with PyTorch's defaults; no weight decay.
-STEP_OPTIMIZERS: dict[str, Callable[[list[torch.Tensor]], torch.optim.Optimizer]] = {
-    "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9),
-    "adam": lambda ps: torch.optim.Adam(ps, lr=1e-3),
-}
+# The optimizers the rate is timed for, built as the runtime builds them (pipedream.runtime.optim.make_optimizer)
+# at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas.
+STEP_OPTIMIZERS = ("sgd", "adam")
 
 
 def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[torch.Tensor, ...],
@@ -240,35 +239,29 @@ def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[t
     """
     settings = settings or ProfileSettings()
     device = torch.device(settings.device)
-    cuda = settings.device.startswith("cuda")
     inputs = tuple(t.to(device) for t in (example_input if isinstance(example_input, tuple) else (example_input,)))
-    rates = {}
-    for name, make in STEP_OPTIMIZERS.items():
-        net = copy.deepcopy(model).to(device).train()
-        params = [p for p in net.parameters() if p.requires_grad]
-        nbytes = sum(p.numel() * p.element_size() for p in params)
-        if nbytes == 0:
-            return {}
-        opt = make(params)
-        times = []
-        for i in range(max(1, settings.warmup) + settings.iters):
-            opt.zero_grad(set_to_none=False)
-            outs = [t for t in _tensors(net(*inputs)) if t.is_floating_point() and t.requires_grad]
-            if outs:
-                torch.autograd.backward([t.float().sum() for t in outs])
-            for p in params:
-                if p.grad is None or not outs:
-                    p.grad = torch.randn_like(p)
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            opt.step()
-            if cuda:
-                torch.cuda.synchronize()
-            if i >= max(1, settings.warmup):
-                times.append(time.perf_counter() - start)
-        rates[name] = statistics.median(times) / nbytes
-    return rates
+    timing = ProfileSettings(**{**vars(settings), "warmup": max(1, settings.warmup)})  # the first step makes state
+    if not any(p.requires_grad for p in model.parameters()):
+        return {}
+    return {name: _step_rate(copy.deepcopy(model).to(device).train(), inputs, name, timing) for name in STEP_OPTIMIZERS}
+
+
+def _step_rate(net: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: str, timing: ProfileSettings) -> float:
+    """Seconds per parameter byte of ``optimizer``'s step on ``net``, each timed step right after a forward and
+    backward (:func:`optimizer_step_rates`)."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = make_optimizer(TrainConfig(optimizer=optimizer), params)
+
+    def forward_backward() -> None:
+        opt.zero_grad(set_to_none=False)
+        outs = [t for t in _tensors(net(*inputs)) if t.is_floating_point() and t.requires_grad]
+        if outs:
+            torch.autograd.backward([t.float().sum() for t in outs])
+        for p in params:
+            if p.grad is None or not outs:
+                p.grad = torch.randn_like(p)
+
+    return _timed(lambda _: opt.step(), timing, prepare=forward_backward) / sum(p.numel() * p.element_size() for p in params)
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:

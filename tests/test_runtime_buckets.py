@@ -55,7 +55,8 @@ def test_first_bucket_is_capped_at_ddps_one_mib_by_default() -> None:
     assert [x.nbytes for x in b.buckets] == [20_520 + 1_050_624, 67_584]
     assert _buckets(model[3:8], TrainConfig().bucket_bytes).names == STAGE1_BUCKETS  # 25 MiB: the rest
     names, params = zip(*model[3:8].named_parameters(), strict=True)
-    one = GradBuckets(list(names), list(params), TrainConfig().bucket_bytes, first_cap_bytes=None)
+    cap = TrainConfig().bucket_bytes
+    one = GradBuckets(list(names), list(params), cap, first_cap_bytes=cap)
     assert one.names == [sum(STAGE1_BUCKETS, [])]  # without the small first bucket: all in one
 
 

@@ -176,12 +176,13 @@ def every_split(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_si
         return []
     out = []
     for k, vectors in shapes:
+        placed = [(reps, replica_ranks(reps, cluster)) for reps in vectors]
         for cuts in itertools.combinations(range(1, n), k - 1):
             bounds = (0, *cuts, n)
             nodes = [layers[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-            for reps in vectors:
-                stages = [Stage(nodes=ns, replicas=r, ranks=rk)
-                          for ns, r, rk in zip(nodes, reps, replica_ranks(reps, cluster), strict=True)]
+            for reps, ranks in placed:
+                stages = [Stage(nodes=ns, replicas=r, ranks=list(rk))
+                          for ns, r, rk in zip(nodes, reps, ranks, strict=True)]
                 plan = Plan(model=model, cluster=cluster.name, workers=workers, stages=stages,
                             minibatch_size=minibatch_size, time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
                 out.append((f"every split: {config_string(reps)} after layers {list(cuts)}", plan))

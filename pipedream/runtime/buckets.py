@@ -110,14 +110,14 @@ class GradBuckets:
     Args:
         names, params: the stage's master parameters and their names, in registration order.
         cap_bytes: bucket cap (``--bucket-bytes``, DDP's ``bucket_cap_mb`` in bytes).
-        first_cap_bytes: the first bucket's cap, None for ``cap_bytes``; ``"ddp"``: DDP's rule
-            (:func:`pipedream.costmodel.ddp_first_cap`: 1 MiB at the default 25 MiB cap, else none).
+        first_cap_bytes: the first bucket's cap; None: DDP's rule
+            (:func:`pipedream.costmodel.ddp_first_cap`: 1 MiB at the default 25 MiB cap, else ``cap_bytes``).
     Raises:
         PipeDreamError: the trainable parameters do not share one dtype and device.
     """
 
     def __init__(self, names: Sequence[str], params: Sequence[torch.Tensor], cap_bytes: float,
-                 first_cap_bytes: float | None | str = "ddp") -> None:
+                 first_cap_bytes: float | None = None) -> None:
         trainable = [i for i, p in enumerate(params) if p.requires_grad]
         kinds = {(params[i].dtype, params[i].device) for i in trainable}
         if len(kinds) > 1:

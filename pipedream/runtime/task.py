@@ -46,8 +46,10 @@ class Task:
         return count_correct(output, target, self.ignore_index)
 
 
-def load_task(cfg: TrainConfig) -> Task:
-    """Build the task of ``cfg`` (the same on every rank).
+def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
+    """The training and validation sets of ``cfg`` (each with ``len()`` and ``batch(indices)``), without
+    building the model: the model's own data (its ``make_datasets`` hook, or Fashion-MNIST), or synthetic
+    samples of its shapes with ``data: synthetic``, drawn to ``train_subset``/``val_subset`` from ``seed``.
 
     Raises:
         PipeDreamError: unknown model, missing data set (naming how to install it).
@@ -56,33 +58,44 @@ def load_task(cfg: TrainConfig) -> Task:
 
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
     if cfg.model_factory is not None:
-        torch.manual_seed(cfg.seed)
-        model = cfg.model_factory()
         if cfg.data == "synthetic":
             from pipedream.data.images import fmnist_synthetic
 
-            train, val = synthetic.synthetic_datasets(fmnist_synthetic(32), cfg.train_subset, cfg.val_subset, cfg.seed)
-        else:
-            train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+            return synthetic.synthetic_datasets(fmnist_synthetic(32), cfg.train_subset, cfg.val_subset, cfg.seed)
+        return fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+    from pipedream.models import get_spec
+
+    spec = get_spec(cfg.model)
+    hook = getattr(spec, "make_datasets", None)
+    if cfg.data == "synthetic":
+        made = synthetic.require_spec(cfg.model, getattr(spec, "synthetic", None), cfg.preset)
+        return synthetic.synthetic_datasets(made, cfg.train_subset, cfg.val_subset, cfg.seed)
+    if hook is not None and data_dir is None:
+        return hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
+    return fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+
+
+def load_task(cfg: TrainConfig) -> Task:
+    """Build the task of ``cfg`` (the same on every rank): the model from ``cfg.seed``, then its data
+    (:func:`load_datasets`).
+
+    Raises:
+        PipeDreamError: unknown model, missing data set (naming how to install it).
+    """
+    if cfg.model_factory is not None:
+        torch.manual_seed(cfg.seed)
+        model = cfg.model_factory()
+        train, val = load_datasets(cfg)
         return Task(model, train.batch(torch.tensor([0]))[0], train, val, F.cross_entropy)
     from pipedream.models import build_model, example_input, get_spec
 
     spec = get_spec(cfg.model)
     model = build_model(cfg.model, cfg.preset, cfg.seed)
-    hook = getattr(spec, "make_datasets", None)
-    if cfg.data == "synthetic":
-        made = synthetic.require_spec(cfg.model, getattr(spec, "synthetic", None), cfg.preset)
-        train, val = synthetic.synthetic_datasets(made, cfg.train_subset, cfg.val_subset, cfg.seed)
-        example = train.batch([0])[0]
-    elif hook is not None and data_dir is None:
-        train, val = hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
-        example = train.batch([0])[0]
-    else:
-        train, val = fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
-        example = example_input(cfg.model, 1, cfg.preset, cfg.seed)
+    train, val = load_datasets(cfg)
+    own_data = cfg.data == "synthetic" or (getattr(spec, "make_datasets", None) is not None and not cfg.data_dir)
+    example = train.batch([0])[0] if own_data else example_input(cfg.model, 1, cfg.preset, cfg.seed)
     criterion = getattr(spec, "criterion", None) or F.cross_entropy
     return Task(model, example, train, val, criterion, getattr(spec, "ignore_index", None))
-
 
 def count_correct(output: torch.Tensor, target: torch.Tensor, ignore_index: int | None = None) -> tuple[int, int]:
     """(correct, counted) top-1 predictions: ``output (..., C)`` logits against ``target (...)`` ids.

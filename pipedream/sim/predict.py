@@ -69,7 +69,7 @@ from pipedream.paths import shipped
 from pipedream.plan import Plan
 from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
-from pipedream.runtime.task import load_task
+from pipedream.runtime.task import load_datasets
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.simulate import SimResult, simulate_stages
 from pipedream.topology import Cluster, get_cluster
@@ -309,6 +309,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
 
 
 def training_samples(cfg: TrainConfig) -> int:
-    """Training samples of the run: ``len(task.train)`` of the task its workers load
-    (:func:`pipedream.runtime.task.load_task`: the subset of ``cfg.train_subset``, real or synthetic)."""
-    return len(load_task(cfg).train)
+    """Training samples of the run: the length of the training set its workers load
+    (:func:`pipedream.runtime.task.load_datasets`: the subset of ``cfg.train_subset``, real or synthetic), read
+    without building the model."""
+    return len(load_datasets(cfg)[0])
