@@ -60,10 +60,9 @@ def test_plan_with_gaps_or_foreign_layers_is_rejected() -> None:
 
 
 def _step(versions: WeightVersions, delta: float) -> None:
-    with torch.no_grad():
+    with versions.stepping(), torch.no_grad():
         for p in versions.master:
             p.add_(delta)
-    versions.commit()
 
 
 def test_weight_stashing_keeps_a_version_per_inflight_minibatch() -> None:

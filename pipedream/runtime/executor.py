@@ -18,7 +18,8 @@ Per action kind (§3.2, §3.3):
   launched now if no backward did) and divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`:
   an average over replicas that hold whole minibatches (1F1B-RR), a plain sum over replicas that hold
   microbatches (GPipe, 2BW).
-* ``STEP``: optimizer step on the master weights, zero the gradients, commit a new weight version.
+* ``STEP``: optimizer step on the master weights (copy on write of the version it changes, when one is still
+  needed), zero the gradients; the result is the next weight version.
 
 When sends and receives are issued is :func:`issue_plan`'s decision: on gloo (tag-matched), receives
 are posted up to :data:`RECV_LOOKAHEAD` ahead; on NCCL (``P2P.batched``; in-order matching), each run
@@ -175,6 +176,7 @@ class StageExecutor:
         self.criterion, self.count_correct, self.before_step = criterion, count_correct, before_step
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
         self.comm_trace: list[tuple[str, int, int, int, int, float]] | None = [] if trace else None
+        self.copies_trace: list[int] | None = [] if trace else None  # weight copies held after each action
         self.first_grads: dict[str, torch.Tensor] | None = None  # gradients applied at the first STEP
         self.stats_history: list[list[tuple[int, int, float]]] = []  # per training pass: (mb, micro, loss)
         self.master = dict(zip(versions.names, versions.master, strict=True))
@@ -211,10 +213,22 @@ class StageExecutor:
                 self._do_b(a, overlap=i in self.overlapped)
             elif a.kind not in SENDS:  # a send's work was done when it was issued
                 getattr(self, f"_do_{a.kind.value.lower()}")(a)
+            if self.copies_trace is not None:
+                self.copies_trace.append(self._weight_copies())
         self.p2p.drain()
         if phase == 0:
             self.stats_history.append(self.stats.losses)
         return self.stats
+
+    def _weight_copies(self) -> int:
+        """Copies of the stage's weights alive now, counted by storage: the distinct storages of the first
+        parameter over the master, every stored version and every in-flight unit's forward weights."""
+        if not self.versions.names:
+            return 0
+        n = self.versions.names[0]
+        held = [self.versions.master[0], *(self.versions.params_of(v)[n] for v in self.versions.alive()),
+                *(u["params"][n] for u in self.units.values() if "params" in u)]
+        return len({t.untyped_storage().data_ptr() for t in held})
 
     def _issue(self, comm: list[Action]) -> None:
         """Issue the sends and post the receives of ``comm`` together (one batch when ``P2P.batched``)."""
@@ -379,7 +393,6 @@ class StageExecutor:
                                 for n, p in zip(self.versions.names, self.versions.master, strict=True)}
         if self.before_step is not None:
             self.before_step(self.minibatch_offset + a.minibatch)
-        with torch.no_grad():
+        with self.versions.stepping(), torch.no_grad():
             self.optimizer.step()
         self.buckets.zero_()
-        self.versions.commit()

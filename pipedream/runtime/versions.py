@@ -1,11 +1,13 @@
 """Weight versions of one stage: weight stashing (§3.3), vertical sync, and 2BW double buffering.
 
-The stage's ``nn.Parameter`` objects are the *master* weights that the optimizer updates in place.
-Every optimizer step commits an immutable snapshot, numbered by the steps taken so far (version 0 is
-the initial weights). A forward pass runs on a snapshot (through ``torch.func.functional_call``), so
-the autograd graph of an in-flight minibatch keeps pointing at the exact tensors its forward used;
-its backward therefore computes gradients at that version, and the gradients are applied to the
-newest weights: ``W(latest + 1) = W(latest) - lr * grad(W(v))``.
+The stage's ``nn.Parameter`` objects are the *master* weights that the optimizer updates in place;
+version ``k`` is the weights after ``k`` steps (version 0 is the initial weights). The newest version
+is the master weights themselves (aliases of their storage), and an older one lives on as its own copy
+only while an in-flight minibatch or a future forward still needs it (copy on write at the step). A
+forward pass runs on a version (through ``torch.func.functional_call``), so the autograd graph of an
+in-flight minibatch keeps pointing at the exact tensors its forward used; its backward therefore
+computes gradients at that version, and the gradients are applied to the newest weights:
+``W(latest + 1) = W(latest) - lr * grad(W(v))``.
 
 Which version a forward uses is a :class:`Policy`:
 
@@ -27,6 +29,8 @@ Which version a forward uses is a :class:`Policy`:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 
 import torch
@@ -45,7 +49,16 @@ class Policy(StrEnum):
 
 
 class WeightVersions:
-    """Snapshots of a stage's parameters, reference-counted by the in-flight (micro)batches using them.
+    """A stage's weight versions, reference-counted by the in-flight (micro)batches using them.
+
+    The newest version is the live parameters themselves: its tensors are aliases of the master
+    parameters' storage (same bytes, their own autograd version counters), so a stage whose in-flight
+    minibatches all use the newest weights holds one copy of them. An older version exists only while
+    something still needs it, and it costs one copy of the weights: copy on write at the optimizer step
+    (:meth:`stepping`) moves the master parameters to fresh storage only when a minibatch in flight (or,
+    by the policy, a future forward) still needs the version about to change. Copies held (distinct
+    storages, master included): flush 1; 2BW 2; weight stashing one per version still needed, e.g. NOAM
+    on the input stage of 1F1B and 1 on its output stage (PipeDream §3.3; PipeDream-2BW §3.1).
 
     Args:
         module: the stage's module; its parameters are the master weights.
@@ -57,13 +70,31 @@ class WeightVersions:
         self.names = [n for n, _ in module.named_parameters()]
         self.master = [p for _, p in module.named_parameters()]
         self.latest = 0
-        self._store: dict[int, dict[str, torch.Tensor]] = {0: self._snapshot()}
+        self._store: dict[int, dict[str, torch.Tensor]] = {0: self._aliases()}
         self._users: Counter[int] = Counter()
         self._floor = 0  # no future forward uses a version below this one
         self.max_alive = 1
+        self.max_copies = self.copies()
 
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in zip(self.names, self.master, strict=True)}
+    def _aliases(self) -> dict[str, torch.Tensor]:
+        """Leaf tensors sharing the master parameters' storage, each with its own autograd version counter
+        (the optimizer's in-place update of the master must not invalidate a graph built on a version that
+        copy on write has already moved away from the master's storage)."""
+        out = {}
+        with torch.no_grad():
+            for n, p in zip(self.names, self.master, strict=True):
+                alias = torch.empty(0, dtype=p.dtype, device=p.device)
+                alias.set_(p.untyped_storage(), p.storage_offset(), p.size(), p.stride())
+                out[n] = alias.requires_grad_(p.requires_grad)
+        return out
+
+    def copies(self) -> int:
+        """Copies of the weights held now: distinct storages of the first parameter over the master and every
+        stored version (0 for a stage without parameters)."""
+        if not self.names:
+            return 0
+        first = [self.master[0], *(d[self.names[0]] for d in self._store.values())]
+        return len({t.untyped_storage().data_ptr() for t in first})
 
     def version_for(self, minibatch: int, carried: int | None, updates_per_version: int = 1) -> int:
         """The version a forward of ``minibatch`` uses.
@@ -100,23 +131,47 @@ class WeightVersions:
             del self._users[version]
         self._prune()
 
-    def commit(self) -> int:
-        """After an optimizer step on the master weights: snapshot them as the next version; returns it."""
-        self.latest += 1
-        self._store[self.latest] = self._snapshot()
+    @contextmanager
+    def stepping(self) -> Iterator[None]:
+        """Wrap the optimizer's in-place step on the master weights; on exit the result is the next version.
+
+        Before the step, versions nothing needs after it are dropped, and the newest version is copied
+        on write (the master parameters move to fresh storage, the version keeps the old one) only if an
+        in-flight minibatch or, by the policy, a future forward still needs it.
+        """
+        after = self.latest + 1
         if self.policy in (Policy.STASH, Policy.FLUSH):
-            self._floor = self.latest
-        self._prune()
+            self._floor = after  # every later forward uses the version this step produces
+        kept = self._kept(after)
+        self._store = {v: d for v, d in self._store.items() if v in kept}
+        if self.latest in kept:
+            with torch.no_grad():
+                for p in self.master:
+                    p.data = p.detach().clone()
+        self.max_copies = max(self.max_copies, self.copies())
+        yield
+        self.latest = after
+        self._store[after] = self._aliases()
         self.max_alive = max(self.max_alive, len(self._store))
+
+    def commit(self) -> int:
+        """Record a step already made in place on the master weights (tests); returns the new version.
+        Only correct when no stored version still needed the old values: wrap real steps in :meth:`stepping`."""
+        with self.stepping():
+            pass
         return self.latest
 
-    def _prune(self) -> None:
-        for v in [v for v in self._store if v != self.latest and v < self._floor and self._users[v] == 0]:
-            del self._store[v]
+    def _kept(self, latest: int) -> set[int]:
+        """Stored versions that survive when ``latest`` is the newest version."""
+        kept = {v for v in self._store if v == latest or v >= self._floor or self._users[v] > 0}
         if self.policy == Policy.TWO_BW:
             # minibatch t needs version t - 1 while t + 1 is being produced: keep the newest two
-            for v in [v for v in self._store if v < self.latest - 1 and self._users[v] == 0]:
-                del self._store[v]
+            kept = {v for v in kept if v >= latest - 1 or self._users[v] > 0}
+        return kept
+
+    def _prune(self) -> None:
+        kept = self._kept(self.latest)
+        self._store = {v: d for v, d in self._store.items() if v in kept}
 
     def alive(self) -> list[int]:
         """Version numbers currently stored, oldest first."""
@@ -140,10 +195,13 @@ class WeightVersions:
                 "store": {v: {n: t.detach().clone() for n, t in d.items()} for v, d in self._store.items()}}
 
     def load_state(self, state: dict[str, object]) -> None:
-        """Inverse of :meth:`state` (at an epoch boundary, when no minibatch is in flight)."""
+        """Inverse of :meth:`state` (at an epoch boundary, when no minibatch is in flight), after the master
+        parameters are restored: the newest version is their aliases again, older ones own copies."""
         self.latest = int(state["latest"])  # type: ignore[arg-type]
         self._floor = int(state["floor"])  # type: ignore[arg-type]
         store = state["store"]
         assert isinstance(store, dict)
-        self._store = {int(v): {n: t.clone().requires_grad_(True) for n, t in d.items()} for v, d in store.items()}
+        self._store = {int(v): {n: t.clone().requires_grad_(t.requires_grad) for n, t in d.items()}
+                       for v, d in store.items() if int(v) != self.latest}
+        self._store[self.latest] = self._aliases()
         self._users.clear()

@@ -262,6 +262,7 @@ def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-u
 
 def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions, p2p: P2P) -> None:
     """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses,
+    the weight copies held after each action,
     the communication operations in issue order (:attr:`P2P.log`) and whether they were batched, the
     backward and bucket-allreduce timestamps (:attr:`StageExecutor.comm_trace`), the parameter names of
     each gradient bucket and the storage addresses of the buckets' buffers and of the master gradients."""
@@ -269,6 +270,7 @@ def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: Wei
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"stage": stage, "trace": ex.trace, "first_grads": ex.first_grads,
                 "losses": ex.stats_history, "max_versions": versions.max_alive,
+                "copies": ex.copies_trace,
                 "comm_log": p2p.log, "batched": p2p.batched, "comm_trace": ex.comm_trace, "buckets": ex.buckets.names,
                 "bucket_ptrs": [b.buffer.untyped_storage().data_ptr() for b in ex.buckets.buckets],
                 "grad_ptrs": {n: p.grad.untyped_storage().data_ptr() for n, p in zip(versions.names, versions.master,
