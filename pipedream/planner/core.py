@@ -7,11 +7,7 @@ per-stage numbers shown to the user.
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
-from pipedream import costmodel
+from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
@@ -168,17 +164,16 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
         if node_id in states.dropped_sinks:
             stage_of[node_id] = max((stage_of[p] for p in preds[node_id]), default=last)
     order = graph.topological_order()
-    workers_after = np.cumsum([seg.replicas for seg in solution.segments][::-1])[::-1]
     out: list[Stage] = []
     details: list[dict[str, float]] = []
     placement = hierarchical_ranks([seg.per_level for seg in solution.segments],
                                    [seg.offsets for seg in solution.segments], cluster)
+    members = [[n for n in order if stage_of[n] == idx] for idx in range(len(solution.segments))]
+    need = memory.plan_memory(graph, members, [seg.replicas for seg in solution.segments])
     for idx, seg in enumerate(solution.segments):
-        nodes = [n for n in order if stage_of[n] == idx]
+        nodes = members[idx]
         compute = sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in nodes if not graph.nodes[n].is_input)
         params = sum(graph.nodes[n].param_bytes for n in nodes)
-        acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
-        versions = math.ceil(int(workers_after[idx]) / seg.replicas)
         sync, act = _comm_s(states, solution, idx, params, cluster)
         out.append(
             Stage(
@@ -187,7 +182,7 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
                 ranks=placement[idx],
                 compute_s=compute,
                 comm_s=sync + act,
-                memory_bytes=versions * (params + acts),
+                memory_bytes=need[idx].total,
             )
         )
         details.append({"sync_s": sync, "activation_s": act, "param_bytes": params,

@@ -69,7 +69,7 @@ def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight:
                                     memory_limit_bytes=mem, comm_ratio=ratio, straight=straight, compat=True))
         else:
             rules.append(LevelRules(workers, bandwidth, group_init=devices, group_split=devices,
-                                    memory_limit_bytes=mem, memory_divisor=devices, extra_version=1,
+                                    memory_limit_bytes=mem, memory_divisor=devices, one_memory_model=True,
                                     comm_ratio=1.0 if ratio is None else ratio, straight=straight,
                                     latency_s=cluster.latency_s))
         previous_width = workers

@@ -25,8 +25,10 @@ allreduce of ``S`` bytes over ``n`` groups at this level's bandwidth with the cl
 gradient over the level's links), ``X(S)`` a transfer ``latency + S / B``. Compat mode uses the release's
 ``W = 4 (n - 1) S / (B n)`` and ``X = S / B`` (:mod:`pipedream.planner.compat`).
 
-A stage is memory-feasible when ``versions * (activation bytes + parameter bytes)`` fits the device,
-``versions = ceil((M - (m + 1)) / m')`` (+1 when the working copy is counted).
+A stage is memory-feasible when what one replica holds fits the device: in default mode the one memory
+model (:func:`pipedream.memory.stashing_total` with ``versions + 1`` minibatches in flight, the stage's
+1F1B warm-up count), in compat mode the release's ``versions * (activation bytes + parameter bytes)``;
+``versions = ceil((M - (m + 1)) / m')``, the downstream workers per replica.
 
 The rows are independent, so the final level solves row 0 only and a lower level all rows.
 """
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipedream import costmodel
+from pipedream import costmodel, memory
 from pipedream.planner.compat import data_parallel_communication_time, transfer_time
 
 INF = np.inf
@@ -58,7 +60,9 @@ class LevelRules:
         memory_limit_bytes: per-device memory, or ``None`` for no limit.
         memory_divisor: divide a stage's bytes by this before the memory check (devices per group in
             default mode; 1 in the release).
-        extra_version: 1 to count the working copy as a version (default mode), 0 (release).
+        one_memory_model: check memory with :func:`pipedream.memory.stashing_total` (default mode: weight
+            copies, gradients, momentum, stashed activations and received inputs); False: the release's
+            ``versions * (activations + parameters)``.
         comm_ratio: activation compression ratio; ``None`` ignores activation transfers (release
             without ``--activation_compression_ratio``).
         straight: one replica per stage.
@@ -73,7 +77,7 @@ class LevelRules:
     group_split: float = 1.0
     memory_limit_bytes: float | None = None
     memory_divisor: float = 1.0
-    extra_version: int = 0
+    one_memory_model: bool = False
     comm_ratio: float | None = None
     straight: bool = False
     compat: bool = False
@@ -170,13 +174,16 @@ def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.nd
     n, big_m = inp.n, rules.workers
     p = inp.params[:, None] - _prev(inp.params)[rows][None, :]
     mem = p + inp.acts[:, None] - _prev(inp.acts)[rows][None, :]
+    inbound = _prev(inp.boundary)[rows][None, :]  # a segment after state r - 1 receives its boundary
     t = inp.table[rows].T
     out = np.full((big_m, n, len(rows)), INF)
     for m in range(1 if rules.straight else big_m):
         value = (t + weight_sync_s(rules, p, m + 1, rules.group_init)) / (m + 1)
         if rules.memory_limit_bytes is not None:
-            versions = math.ceil((big_m - (m + 1)) / (m + 1)) + rules.extra_version
-            value = np.where(versions * mem / rules.memory_divisor > rules.memory_limit_bytes, INF, value)
+            versions = math.ceil((big_m - (m + 1)) / (m + 1))
+            need = (memory.stashing_total(p, mem - p, inbound, versions + 1) if rules.one_memory_model
+                    else versions * mem)  # the release's rule
+            value = np.where(need / rules.memory_divisor > rules.memory_limit_bytes, INF, value)
         out[m] = value
     return out
 
@@ -193,8 +200,10 @@ def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarr
     p = inp.params[j] - inp.params[k]
     value = (inp.table[k + 1, j] + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
     if rules.memory_limit_bytes is not None:
-        versions = np.ceil((rules.workers - (m + 1)) / m_prime) + rules.extra_version
-        mem = versions * (inp.acts[j] - inp.acts[k] + p) / rules.memory_divisor
+        versions = np.ceil((rules.workers - (m + 1)) / m_prime)
+        acts = inp.acts[j] - inp.acts[k]
+        mem = (memory.stashing_total(p, acts, inp.boundary[k], versions + 1) if rules.one_memory_model
+               else versions * (acts + p)) / rules.memory_divisor  # else: the release's rule
         value = np.where(mem > rules.memory_limit_bytes, INF, value)
     if rules.comm_ratio is not None:
         transfer_in = activation_s(rules, inp.boundary[k], m_prime)

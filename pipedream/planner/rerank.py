@@ -52,13 +52,13 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pipedream import costmodel
+from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
 from pipedream.planner.placement import replica_ranks
-from pipedream.schedules import DEFAULT_WARMUP, WARMUPS
+from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
@@ -112,19 +112,10 @@ def simulation_options(dataset_size: int | None = None) -> dict[str, Any]:
             "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES}
 
 
-def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: list[int],
-                         warmup: str = DEFAULT_WARMUP) -> list[float]:
-    """Bytes one replica of each stage needs under 1F1B-RR with weight stashing: a replica of stage ``s``
-    holds ``w_s`` minibatches in flight (its warm-up count), each with a stashed weight version (the
-    newest is the live weights) and its activations, plus one gradient buffer and one optimizer state
-    (momentum) of the weights: ``w_s (P + A) + 2 P``. Allocator overhead and workspace are not counted."""
-    count = WARMUPS[warmup]
-    out = []
-    for s, nodes in enumerate(stages):
-        params = sum(graph.nodes[n].param_bytes for n in nodes)
-        acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
-        out.append(count(replicas, s) * (params + acts) + 2 * params)
-    return out
+def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: list[int]) -> list[float]:
+    """Bytes one replica of each stage needs under 1F1B-RR with weight stashing and SGD with momentum:
+    the total of the one memory model, :func:`pipedream.memory.plan_memory`."""
+    return [m.total for m in memory.plan_memory(graph, stages, replicas)]
 
 
 def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int) -> Plan | None:

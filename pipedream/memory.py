@@ -1,0 +1,163 @@
+"""The memory one replica of a stage holds, in one place (the planner, the re-ranking, ``explain`` and the
+runtime's memory check all call :func:`stage_memory`).
+
+A replica of a stage with ``P`` parameter bytes that holds ``n`` (micro)batches in flight at its peak holds
+
+* weights: ``c * P``, ``c`` the weight copies of its schedule (:func:`weight_copies`): 1 for a flush
+  schedule (GPipe, data parallelism), 2 for PipeDream-2BW (PipeDream-2BW §3.1, "at most 2" versions),
+  and one per version an in-flight minibatch still needs under weight stashing, the newest being the
+  live weights, so ``n`` (PipeDream §3.3: the input stage stashes NOAM versions);
+* gradients: ``P`` (one buffer the backward accumulates into);
+* optimizer state: ``k * P``, ``k`` = 1 for SGD with momentum, 0 without, 2 for Adam (its two moments);
+* activations: ``n * A``, ``A`` the activation bytes its forward stashes for one (micro)batch;
+* receive buffers: ``n * I``, ``I`` the bytes of one received input (the previous stage's output),
+  held until the backward that consumes it.
+
+Allocator slack, workspace and the transient copies of an update are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph
+from pipedream.schedules import DEFAULT_WARMUP, WARMUPS
+
+OPTIMIZER_STATES = {"sgd": 1, "adam": 2}  # state tensors of the weights' size per optimizer (SGD: momentum)
+SCHEDULES = ("1f1b", "vertical", "gpipe", "2bw", "dp")
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one replica of a stage holds at its peak, by kind (see the module docstring)."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    buffers: float
+
+    @property
+    def total(self) -> float:
+        """All of it, bytes."""
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+    def as_dict(self) -> dict[str, float]:
+        """The kinds and ``total``, bytes."""
+        return {**asdict(self), "total": self.total}
+
+
+def optimizer_states(optimizer: str, momentum: float = 0.9) -> int:
+    """Optimizer state tensors of the weights' size: SGD 1 with momentum (0 without), Adam 2.
+
+    Raises:
+        PipeDreamError: an unknown optimizer.
+    """
+    if optimizer not in OPTIMIZER_STATES:
+        raise PipeDreamError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZER_STATES)}")
+    return 0 if optimizer == "sgd" and momentum == 0 else OPTIMIZER_STATES[optimizer]
+
+
+def in_flight(schedule: str, replicas: Sequence[int], stage: int, microbatches: int = 1,
+              warmup: str = DEFAULT_WARMUP) -> int:
+    """(Micro)batches whose activations one replica of ``stage`` holds at its peak.
+
+    1F1B (stashing or vertical sync): its warm-up count (:data:`pipedream.schedules.WARMUPS`, NOAM on the
+    input stage, §3.2); GPipe: every microbatch the replica runs (``ceil(m / r)``, all forwards before
+    any backward); 2BW: 1F1B over microbatches, ``min(m, warm-up)``; data parallelism: 1.
+
+    Raises:
+        PipeDreamError: an unknown schedule.
+    """
+    if schedule in ("1f1b", "vertical"):
+        return WARMUPS[warmup](replicas, stage)
+    if schedule == "gpipe":
+        return math.ceil(microbatches / replicas[stage])
+    if schedule == "2bw":
+        return min(math.ceil(microbatches / replicas[stage]), WARMUPS[warmup](replicas, stage))
+    if schedule == "dp":
+        return 1
+    raise PipeDreamError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+
+
+def weight_copies(schedule: str, in_flight_count: int) -> int:
+    """Copies of a stage's weights its schedule holds (module docstring): flush and DP 1, 2BW 2, weight
+    stashing and vertical sync one per in-flight minibatch's version (at most ``in_flight_count``).
+
+    Raises:
+        PipeDreamError: an unknown schedule.
+    """
+    if schedule in ("gpipe", "dp"):
+        return 1
+    if schedule == "2bw":
+        return 2
+    if schedule in ("1f1b", "vertical"):
+        return max(1, in_flight_count)
+    raise PipeDreamError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
+
+
+def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float, *, schedule: str,
+                 in_flight_count: int, optimizer: str = "sgd", momentum: float = 0.9) -> StageMemory:
+    """Bytes one replica of a stage holds at its peak.
+
+    Args:
+        param_bytes: the stage's parameters, bytes (``P``).
+        activation_bytes: what its forward stashes for one (micro)batch, bytes (``A``).
+        input_bytes: one received input, bytes (``I``; 0 on the input stage, whose input is its data).
+        schedule: one of :data:`SCHEDULES`.
+        in_flight_count: (micro)batches held at the peak (:func:`in_flight`).
+        optimizer, momentum: the optimizer (:func:`optimizer_states`).
+    Raises:
+        PipeDreamError: an unknown schedule or optimizer.
+    """
+    return StageMemory(weights=weight_copies(schedule, in_flight_count) * param_bytes, gradients=param_bytes,
+                       optimizer=optimizer_states(optimizer, momentum) * param_bytes,
+                       activations=in_flight_count * activation_bytes, buffers=in_flight_count * input_bytes)
+
+
+def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Sequence[int], *,
+                schedule: str = "1f1b", microbatches: int = 1, warmup: str = DEFAULT_WARMUP, optimizer: str = "sgd",
+                momentum: float = 0.9) -> list[StageMemory]:
+    """:func:`stage_memory` of one replica of each stage of a plan, from a profile.
+
+    ``A`` is the profile's output bytes of the stage's layers (inputs excluded) and ``I`` the output bytes
+    of the layers of other stages that feed it, both per (micro)batch: ``graph`` must be at the
+    (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage.
+
+    Raises:
+        PipeDreamError: an unknown schedule or optimizer.
+    """
+    where = {n: s for s, nodes in enumerate(stages) for n in nodes}
+    out = []
+    for s, nodes in enumerate(stages):
+        params = sum(graph.nodes[n].param_bytes for n in nodes)
+        acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
+        received = {a for a, b in graph.edges if where.get(b) == s and where.get(a, s) != s}
+        inputs = sum(graph.nodes[a].output_bytes for a in received)
+        n = in_flight(schedule, replicas, s, microbatches, warmup)
+        out.append(stage_memory(params, acts, inputs, schedule=schedule, in_flight_count=n, optimizer=optimizer,
+                                momentum=momentum))
+    return out
+
+
+def stashing_total(param_bytes, activation_bytes, input_bytes, in_flight_count, states: int = 1):  # type: ignore[no-untyped-def]
+    """:func:`stage_memory`'s total under weight stashing, ``n (P + A + I) + (1 + k) P``, for floats or numpy
+    arrays that broadcast (the planner's dynamic program checks whole rows at once). Bytes.
+
+    Args:
+        param_bytes, activation_bytes, input_bytes: ``P``, ``A``, ``I`` as in :func:`stage_memory`.
+        in_flight_count: ``n`` (at least 1).
+        states: ``k``, the optimizer's state tensors (:func:`optimizer_states`).
+    """
+    return in_flight_count * (param_bytes + activation_bytes + input_bytes) + (1 + states) * param_bytes
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes as ``'1.23 GB'``, ``'4.5 MB'`` or ``'678 B'`` (decimal units)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"

@@ -1,0 +1,54 @@
+"""The one memory model (pipedream/memory.py) against hand computations and the schedules' action lists."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipedream import memory, schedules
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph, Node
+from pipedream.planner.rerank import runtime_memory_bytes
+
+
+def test_stage_memory_by_hand() -> None:
+    # P = 100, A = 10, I = 5 bytes; 1F1B with 4 in flight: 4 weight copies, 4 x (A + I), grads and momentum
+    m = memory.stage_memory(100, 10, 5, schedule="1f1b", in_flight_count=4)
+    assert m.as_dict() == {"weights": 400, "gradients": 100, "optimizer": 100, "activations": 40, "buffers": 20,
+                           "total": 660}
+    assert memory.stage_memory(100, 10, 5, schedule="gpipe", in_flight_count=4).weights == 100
+    assert memory.stage_memory(100, 10, 5, schedule="2bw", in_flight_count=4).weights == 200
+    assert memory.stage_memory(100, 10, 5, schedule="dp", in_flight_count=1, optimizer="adam").total == 100 + 100 + 200 + 10 + 5
+    assert memory.stage_memory(100, 0, 0, schedule="1f1b", in_flight_count=1, momentum=0.0).total == 200
+    assert memory.stashing_total(100, 10, 5, 4) == 660
+
+
+@pytest.mark.parametrize("name,replicas,micro", [("1f1b", [1, 1, 1, 1], 1), ("1f1b", [2, 1, 1], 1),
+                                                 ("gpipe", [1, 1, 1], 4), ("gpipe", [2, 1], 4), ("2bw", [1, 1, 1], 4),
+                                                 ("2bw", [2, 1], 4)])
+def test_in_flight_equals_the_most_forwards_awaiting_a_backward_in_the_action_lists(name: str, replicas: list[int],
+                                                                                     micro: int) -> None:
+    sched = schedules.build(name, schedules.consecutive_ranks(replicas), 8, micro)
+    for s, ranks in enumerate(schedules.consecutive_ranks(replicas)):
+        peak, held = 0, 0
+        for a in sched.order[ranks[0]]:
+            held += (a.kind == schedules.Kind.F) - (a.kind == schedules.Kind.B)
+            peak = max(peak, held)
+        assert memory.in_flight(name, replicas, s, micro) == peak, (name, replicas, s)
+
+
+def test_plan_memory_of_a_chain_by_hand() -> None:
+    g = LayerGraph()
+    g.add_node(Node("in", "Input", 0.0, 0.0, (7.0,), 0.0))
+    for i, (p, a) in enumerate([(100.0, 10.0), (50.0, 20.0), (30.0, 40.0)]):
+        g.add_node(Node(f"l{i}", "Linear", 1e-3, 1e-3, (a,), p))
+        g.add_edge("in" if i == 0 else f"l{i - 1}", f"l{i}")
+    # 2 stages [in, l0, l1] and [l2], 1F1B: NOAM 2 on stage 0, 1 on stage 1; stage 1 receives l1's 20 bytes
+    assert runtime_memory_bytes(g, [["in", "l0", "l1"], ["l2"]], [1, 1]) == [2 * (150 + 30) + 2 * 150,
+                                                                          1 * (30 + 40 + 20) + 2 * 30]
+
+
+def test_unknown_schedule_or_optimizer_is_named() -> None:
+    with pytest.raises(PipeDreamError, match="unknown schedule 'pipe'"):
+        memory.in_flight("pipe", [1], 0)
+    with pytest.raises(PipeDreamError, match="unknown optimizer 'lamb'"):
+        memory.optimizer_states("lamb")
