@@ -6,6 +6,7 @@ never obtained from the counting code itself.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,29 @@ def test_meter_reset_forgets_the_peak() -> None:
     assert (mem.peak_bytes, mem.max_copies) == (16, 2)
     mem.reset()
     assert mem.record()["peak_bytes"] == 0 and mem.record()["cuda_max_allocated_bytes"] is None
+
+
+# tiny_model on 4 stages (tests.test_runtime_pipeline.LAYERS), fp32 weight bytes per stage from the layer shapes:
+# conv 3->4 3x3 | linear 256->16 | linear 16->16 | linear 16->10
+TINY_STAGE_WEIGHT_BYTES = [4 * (4 * 3 * 3 * 3 + 4), 4 * (256 * 16 + 16), 4 * (16 * 16 + 16), 4 * (16 * 10 + 10)]
+
+
+@pytest.mark.slow
+def test_1f1b_input_stage_holds_noam_times_the_output_stages_version_bytes(tmp_path: Path) -> None:
+    """1F1B with weight stashing on 4 stages: the input stage stashes 4 versions, the output stage 1
+    (every one a copy of the weights), so their version bytes are 4 and 1 times their weight bytes."""
+    from tests.test_runtime_pipeline import run
+
+    dumps = run(tmp_path, 4, max_minibatches=8)
+    for s, d in enumerate(dumps):
+        mem = d["memory"]
+        assert mem["breakdown"]["weights"] == TINY_STAGE_WEIGHT_BYTES[s]
+        assert mem["category_max"]["versions"] == d["copies"] * TINY_STAGE_WEIGHT_BYTES[s]
+        assert mem["breakdown"]["optimizer"] == 0  # momentum 0: SGD keeps no state
+    assert [d["copies"] for d in dumps] == [4, 3, 2, 1] and dumps[0]["max_versions"] == 4
+    first, last = (dumps[k]["memory"]["category_max"]["versions"] / TINY_STAGE_WEIGHT_BYTES[k] for k in (0, 3))
+    assert first / last == dumps[0]["copies"] / dumps[3]["copies"] == 4
+    row = json.loads((tmp_path / "out" / "metrics.json").read_text())[-1]
+    for s, d in enumerate(dumps):
+        assert row[f"peak_memory_bytes_stage{s}"] == d["memory"]["peak_bytes"] == sum(d["memory"]["breakdown"].values())
+        assert row[f"peak_versions_bytes_stage{s}"] == d["memory"]["breakdown"]["versions"]
