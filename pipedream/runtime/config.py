@@ -79,6 +79,9 @@ class TrainConfig:
             ``pipedream train`` to score with the model's own metric (BLEU, ...) after training.
         progress: show a tqdm bar on one rank.
         debug_dump: write per-rank traces, first gradients and final weights (tests).
+        measure_memory: count each stage's bytes (weights, weight versions, gradients, optimizer state,
+            in-flight buffers, saved activations; :mod:`pipedream.runtime.memory`) after every training
+            action and log the per-stage peak, bytes, per epoch.
         model_factory: builds the model instead of the registry (tests); not settable from the CLI.
     """
 
@@ -141,6 +144,9 @@ class TrainConfig:
                                      "--threshold-metric that is the model's metric")
     progress: bool = _opt(True, "a per-minibatch progress bar on one rank")
     debug_dump: bool = _opt(False, "write per-rank traces, first gradients and final weights (tests)")
+    measure_memory: bool = _opt(True, "count each stage's bytes (weights, versions, gradients, optimizer state, "
+                                      "buffers, saved activations) after every training action; log the "
+                                      "per-stage peak (peak_memory_bytes_stage<s>) per epoch")
     model_factory: Callable[[], nn.Sequential] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

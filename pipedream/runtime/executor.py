@@ -30,7 +30,8 @@ starts, so no receive is ever queued in front of a send its peer is waiting for.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,7 @@ from torch.func import functional_call
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.runtime.buckets import BucketReducer, GradBuckets
 from pipedream.runtime.comm import P2P, Outgoing, PendingRecv
+from pipedream.runtime.memory import MemoryMeter, SavedTensors, tensors_in
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
@@ -157,6 +159,9 @@ class StageExecutor:
         before_step: called before each optimizer step with the global index of the minibatch it
             completes (``minibatch_offset`` + its index): sets the learning rate, clips gradients.
         bucket_bytes: gradient bucket cap, bytes (:class:`~pipedream.runtime.buckets.GradBuckets`).
+        measure_memory: after every action of a training pass, count the bytes the stage holds
+            (:mod:`pipedream.runtime.memory`) into :attr:`memory` (None when False); the saved activations
+            are recorded with ``saved_tensors_hooks`` around each forward.
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
@@ -166,7 +171,7 @@ class StageExecutor:
                  criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
                  count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct,
                  before_step: Callable[[int], None] | None = None,
-                 bucket_bytes: float = DDP_BUCKET_CAP_BYTES) -> None:
+                 bucket_bytes: float = DDP_BUCKET_CAP_BYTES, measure_memory: bool = False) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
@@ -184,6 +189,8 @@ class StageExecutor:
         self.reducer = (BucketReducer(self.buckets, stage_group, timeout_s, p2p.bandwidth_Bps,
                                       self._bucket_event if trace else None) if stage_group is not None else None)
         self._reducing = (0, 0)  # (minibatch, microbatch) of the backward that launched the buckets
+        self.memory = MemoryMeter(p2p.device) if measure_memory else None
+        self.saved = SavedTensors()  # activations saved for backward, per in-flight unit (measure_memory)
 
     # ---------------------------------------------------------------- one pass over an action list
     def run(self, actions: list[Action], schedule: Schedule, data: StageData, microbatch_size: int,
@@ -215,6 +222,8 @@ class StageExecutor:
                 getattr(self, f"_do_{a.kind.value.lower()}")(a)
             if self.copies_trace is not None:
                 self.copies_trace.append(self._weight_copies())
+            if phase == 0 and self.memory is not None:
+                self.memory.count(*self._memory_now())
         self.p2p.drain()
         if phase == 0:
             self.stats_history.append(self.stats.losses)
@@ -293,11 +302,14 @@ class StageExecutor:
             v = self.versions.version_for(self.minibatch_offset + m, unit.get("carried"), self.updates_per_version)
             params = self.versions.acquire(v)
             unit["version"], unit["params"] = v, params
-            out = functional_call(self.module, params, unit["input"])
+            saving = self.saved.hooks(a.key) if self.memory is not None else nullcontext()
+            with saving:
+                out = functional_call(self.module, params, unit["input"])
             if self.is_last:
                 assert self.data.labels is not None
                 labels = self.data.labels(m, j).to(self.p2p.device)
-                loss = self.criterion(out, labels)
+                with saving:
+                    loss = self.criterion(out, labels)
                 value = float(loss.detach())
                 self.stats.loss_sum += value * labels.shape[0]
                 self.stats.loss_count += labels.shape[0]
@@ -363,6 +375,7 @@ class StageExecutor:
             used = self.versions.version_of(params) if self.versions.names else unit["version"]
             self.trace.append(("B", self.stage, a.minibatch, a.microbatch or 0, used))
         self.versions.release(unit["version"])
+        self.saved.drop(a.key)
         if self.is_first:
             del self.units[a.key]
         t1 = time.perf_counter()
@@ -370,6 +383,21 @@ class StageExecutor:
         self._comm_event("B_end", a.key, -1, t1)
         if self.on_backward is not None:
             self.on_backward(*a.key)
+
+    def _memory_now(self) -> tuple[list[tuple[str, Iterable[torch.Tensor]]], int]:
+        """What the stage holds now, by category (:mod:`pipedream.runtime.memory`), and the copies of its
+        weights (:meth:`_weight_copies`, the master included)."""
+        master = list(self.versions.master)
+        stored = [self.versions.params_of(v) for v in self.versions.alive()]
+        copies = self._weight_copies()
+        units = [{k: x for k, x in u.items() if k != "params"} for u in self.units.values()]
+        posted = [[p.header, *p.tensors] for p in self.pending.values()]
+        return [("weights", master + list(self.module.buffers())),
+                ("versions", tensors_in(stored)),
+                ("gradients", [b.buffer for b in self.buckets.buckets] + [p.grad for p in master if p.grad is not None]),
+                ("optimizer", tensors_in(list(self.optimizer.state.values()))),
+                ("buffers", tensors_in([units, posted])),
+                ("activations", self.saved.tensors())], copies
 
     def _do_allreduce(self, a: Action) -> None:
         if self.reducer is None:

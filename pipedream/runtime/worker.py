@@ -32,6 +32,7 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
+from pipedream.runtime.memory import CATEGORIES
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.task import load_task
@@ -180,7 +181,8 @@ def train(cfg: TrainConfig) -> None:
                              stage_group=groups[s], timeout_s=cfg.comm_timeout_s, trace=cfg.debug_dump,
                              criterion=task.criterion, count_correct=task.count_correct,
                              before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb, factor=lr_factor),
-                             on_backward=on_backward, bucket_bytes=cfg.bucket_bytes)
+                             on_backward=on_backward, bucket_bytes=cfg.bucket_bytes,
+                             measure_memory=cfg.measure_memory)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume:
@@ -198,6 +200,8 @@ def train(cfg: TrainConfig) -> None:
             bar.reset(total=backwards)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
         module.train()
+        if executor.memory is not None:
+            executor.memory.reset()
         for k, (m0, sched) in enumerate(segments):
             if resumed and m0 < start_mb:
                 if bar is not None:
@@ -214,6 +218,7 @@ def train(cfg: TrainConfig) -> None:
                                 versions, log.rows, sums)
         loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.comm_timeout_s, "end-of-epoch loss reduction")
         epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint writes excluded
+        memory = _memory_row(executor, rank, world, stage_ranks, cfg.comm_timeout_s)
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
         ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
@@ -224,7 +229,7 @@ def train(cfg: TrainConfig) -> None:
                "samples_per_s": samples / epoch_time,
                "wall_time_s": time.time() - wall0, "train_samples": samples,
                "bytes_sent_rank0": float(p2p.bytes_sent), "throttle_s_rank0": p2p.throttle_s,
-               "max_weight_versions": float(versions.max_alive)}
+               "max_weight_versions": float(versions.max_alive), **memory}
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
@@ -241,6 +246,33 @@ def train(cfg: TrainConfig) -> None:
     if cfg.debug_dump:
         _dump(out_dir, rank, s, executor, versions, p2p)
     D.barrier(cfg.comm_timeout_s, "end of training")
+
+
+def _memory_row(ex: StageExecutor, rank: int, world: int, stage_ranks: list[list[int]],
+                timeout_s: float) -> dict[str, float]:
+    """Every stage's peak memory of the epoch's training, bytes, for rank 0's metrics row (empty without
+    ``measure_memory``): ``peak_memory_bytes_stage<s>``, the categories at that peak as
+    ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory.CATEGORIES`), and on CUDA
+    ``cuda_max_allocated_bytes_stage<s>``; a replicated stage reports its largest replica. Collective:
+    every rank calls it."""
+    if ex.memory is None:
+        return {}
+    rec = ex.memory.record()
+    values = [float(rec["peak_bytes"])] + [float(rec["breakdown"][c]) for c in CATEGORIES]
+    values.append(float(rec["cuda_max_allocated_bytes"] or 0))
+    n = len(values)
+    slots = [0.0] * (n * world)  # this rank's values in its slot, summed over ranks: a gather
+    slots[rank * n:(rank + 1) * n] = values
+    slots = D.allreduce_sum(slots, timeout_s, "per-stage memory gather")
+    row: dict[str, float] = {}
+    for s, ranks in enumerate(stage_ranks):
+        r = max(ranks, key=lambda q: slots[q * n])
+        got = slots[r * n:(r + 1) * n]
+        row[f"peak_memory_bytes_stage{s}"] = got[0]
+        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, got[1:-1], strict=True)})
+        if rec["cuda_max_allocated_bytes"] is not None:
+            row[f"cuda_max_allocated_bytes_stage{s}"] = max(slots[q * n + n - 1] for q in ranks)
+    return row
 
 
 def _fault(rank: int) -> int | None:
@@ -262,10 +294,12 @@ def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-u
 
 def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions, p2p: P2P) -> None:
     """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses,
-    the weight copies held after each action,
-    the communication operations in issue order (:attr:`P2P.log`) and whether they were batched, the
+    the weight copies held after each action (``copies``, the master included), the communication
+    operations in issue order (:attr:`P2P.log`) and whether they were batched, the
     backward and bucket-allreduce timestamps (:attr:`StageExecutor.comm_trace`), the parameter names of
-    each gradient bucket and the storage addresses of the buckets' buffers and of the master gradients."""
+    each gradient bucket and the storage addresses of the buckets' buffers and of the master gradients,
+    the last epoch's memory peaks (:meth:`pipedream.runtime.memory.MemoryMeter.record`, None without
+    ``measure_memory``)."""
     path = out_dir / "debug" / f"rank{rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"stage": stage, "trace": ex.trace, "first_grads": ex.first_grads,
@@ -275,6 +309,7 @@ def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: Wei
                 "bucket_ptrs": [b.buffer.untyped_storage().data_ptr() for b in ex.buckets.buckets],
                 "grad_ptrs": {n: p.grad.untyped_storage().data_ptr() for n, p in zip(versions.names, versions.master,
                                                                                      strict=True) if p.grad is not None},
+                "memory": ex.memory.record() if ex.memory is not None else None,
                 "params": {n: p.detach().cpu() for n, p in zip(versions.names, versions.master, strict=True)}},
                path)
 

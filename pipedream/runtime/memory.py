@@ -1,0 +1,148 @@
+"""A stage's memory on any device, counted as the bytes of the storages its tensors hold.
+
+After an action of the training pass the executor hands :meth:`MemoryMeter.count` the tensors the stage
+holds, by category, in this order:
+
+* ``weights``: the master parameters and the module's buffers (e.g. BatchNorm's running statistics);
+* ``versions``: every stored weight version (:meth:`~pipedream.runtime.versions.WeightVersions.alive`);
+  a version whose tensors alias the master weights adds nothing;
+* ``gradients``: the gradient buckets' flat buffers (the master ``.grad`` are views into them);
+* ``optimizer``: the optimizer's state tensors (SGD's momentum, Adam's ``exp_avg``/``exp_avg_sq``/``step``);
+* ``buffers``: the tensors of in-flight (micro)batches (the received or loaded input, the output waiting
+  for its backward, the received and the computed gradients) and the posted receives' buffers;
+* ``activations``: the tensors autograd saved for backward (:class:`SavedTensors`).
+
+Every storage is counted once (keyed by ``untyped_storage().data_ptr()``, ``nbytes()`` bytes), in the
+first category that holds it: a saved tensor that is also a weight version or an input counts there,
+not again as an activation. The whole storage is counted even when a tensor views part of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+CATEGORIES = ("weights", "versions", "gradients", "optimizer", "buffers", "activations")
+
+
+def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``obj``: a tensor, or tuples, lists and dict values of them (anything else: none)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            yield from tensors_in(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from tensors_in(x)
+
+
+def bytes_by_category(groups: Iterable[tuple[str, Iterable[torch.Tensor]]]) -> dict[str, int]:
+    """Bytes held per category, each storage counted once, in the first group (in order) that holds it.
+
+    Args:
+        groups: ``(category, tensors)`` pairs; a category may appear more than once.
+    Returns:
+        bytes per category (every category of ``groups``, 0 where all its storages were counted before).
+    """
+    seen: set[tuple[str, int]] = set()
+    out: dict[str, int] = {}
+    for category, tensors in groups:
+        out.setdefault(category, 0)
+        for t in tensors:
+            storage = t.untyped_storage()
+            key = (str(storage.device), storage.data_ptr())
+            if storage.nbytes() == 0 or key in seen:
+                continue
+            seen.add(key)
+            out[category] += storage.nbytes()
+    return out
+
+
+class SavedTensors:
+    """The tensors autograd saves for backward during a forward, per in-flight unit (``torch.autograd.graph
+    .saved_tensors_hooks``: pack records the tensor and returns it unchanged, unpack returns it)."""
+
+    def __init__(self) -> None:
+        self.by_unit: dict[Hashable, list[torch.Tensor]] = {}
+
+    def hooks(self, key: Hashable) -> AbstractContextManager[None]:
+        """Context of the forward of unit ``key``: what it saves is recorded under ``key``."""
+        saved = self.by_unit.setdefault(key, [])
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t)
+            return t
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def drop(self, key: Hashable) -> None:
+        """Unit ``key``'s backward ran (autograd freed its saved tensors): stop holding them."""
+        self.by_unit.pop(key, None)
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every recorded tensor of every unit."""
+        for ts in self.by_unit.values():
+            yield from ts
+
+
+@dataclass
+class MemoryMeter:
+    """Peak bytes of one stage over a training pass (reset at each epoch start).
+
+    Attributes:
+        peak_bytes: the largest total of :meth:`count`, bytes.
+        breakdown: bytes per category at that peak (first time reached).
+        category_max: the largest bytes of each category on its own, bytes.
+        max_copies: most copies of the weights held at once (distinct storages, the master included).
+        cuda_max_allocated_bytes: ``torch.cuda.max_memory_allocated`` since :meth:`reset` (CUDA only, else None).
+        counts: how many times :meth:`count` ran.
+    """
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    peak_bytes: int = 0
+    breakdown: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    category_max: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
+    max_copies: int = 0
+    cuda_max_allocated_bytes: int | None = None
+    counts: int = 0
+
+    def reset(self) -> None:
+        """Forget the peaks (and reset CUDA's peak statistics on a CUDA device)."""
+        self.peak_bytes, self.max_copies, self.counts = 0, 0, 0
+        self.breakdown = dict.fromkeys(CATEGORIES, 0)
+        self.category_max = dict.fromkeys(CATEGORIES, 0)
+        self.cuda_max_allocated_bytes = None
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def count(self, groups: Iterable[tuple[str, Iterable[torch.Tensor]]], copies: int = 0) -> dict[str, int]:
+        """Count the stage's bytes now (:func:`bytes_by_category`) and update the peaks; returns the counts.
+
+        Args:
+            groups: ``(category, tensors)`` in the order of :data:`CATEGORIES`.
+            copies: copies of the weights held now (the master included).
+        """
+        now = bytes_by_category(groups)
+        total = sum(now.values())
+        self.counts += 1
+        if total > self.peak_bytes:
+            self.peak_bytes = total
+            self.breakdown = {c: now.get(c, 0) for c in CATEGORIES}
+        for c in CATEGORIES:
+            self.category_max[c] = max(self.category_max[c], now.get(c, 0))
+        self.max_copies = max(self.max_copies, copies)
+        if self.device.type == "cuda":
+            self.cuda_max_allocated_bytes = torch.cuda.max_memory_allocated(self.device)
+        return now
+
+    def record(self) -> dict[str, Any]:
+        """The peaks as plain numbers (bytes): ``peak_bytes``, ``breakdown``, ``category_max``, ``max_copies``,
+        ``cuda_max_allocated_bytes`` (None off CUDA), ``counts``."""
+        return {"peak_bytes": self.peak_bytes, "breakdown": dict(self.breakdown),
+                "category_max": dict(self.category_max), "max_copies": self.max_copies,
+                "cuda_max_allocated_bytes": self.cuda_max_allocated_bytes, "counts": self.counts}

@@ -1,0 +1,120 @@
+"""Counting a stage's bytes (pipedream.runtime.memory) against byte counts worked out from tensor shapes.
+
+fp32 is 4 bytes an element, int64 8. The expected numbers below are written out from the layer sizes,
+never obtained from the counting code itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from pipedream import schedules
+from pipedream.runtime.comm import P2P
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.executor import StageData, StageExecutor
+from pipedream.runtime.memory import MemoryMeter, SavedTensors, bytes_by_category
+from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.stage import build_stages, straight_plan
+from pipedream.runtime.versions import Policy, WeightVersions
+
+IN, HID, OUT, B = 6, 5, 3, 4  # layer sizes and microbatch size of the single-stage model
+
+
+def test_a_linear_forward_saves_its_input() -> None:
+    lin = nn.Linear(IN, OUT)
+    x = torch.randn(B, IN)
+    saved = SavedTensors()
+    with saved.hooks("u"):
+        lin(x)
+    counted = bytes_by_category([("weights", [lin.weight, lin.bias]), ("activations", saved.tensors())])
+    assert counted == {"weights": 4 * (IN * OUT + OUT), "activations": 4 * B * IN}
+    saved.drop("u")
+    assert list(saved.tensors()) == []
+
+
+def test_each_storage_is_counted_once_in_its_first_category() -> None:
+    w = torch.zeros(10)
+    view = w[2:5]  # a view holds the whole storage: 40 bytes, already counted as weights
+    other = torch.zeros(3, dtype=torch.int64)
+    counted = bytes_by_category([("weights", [w]), ("activations", [view, other, other])])
+    assert counted == {"weights": 40, "activations": 24}
+
+
+def _single_stage(optimizer: str, minibatches: int = 2) -> StageExecutor:
+    """Linear(IN, HID), Linear(HID, OUT) as one stage, loss mean(out^2), trained on ``minibatches``
+    minibatches of B random samples with the memory counted after every action."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(IN, HID), nn.Linear(HID, OUT))
+    stages = build_stages(model, straight_plan("t", 2, [2]), torch.randn(1, IN))
+    module = stages.modules[0]
+    versions = WeightVersions(module, Policy.STASH)
+    cfg = TrainConfig(model="t", optimizer=optimizer, momentum=0.9, lr=0.1)
+    opt = make_optimizer(cfg, versions.master)
+    ex = StageExecutor(0, 1, module, versions, opt, P2P(10.0, torch.device("cpu")), None, stages.boundaries[0],
+                       criterion=lambda out, y: (out ** 2).mean(), measure_memory=True)
+    data = StageData(inputs=lambda m, j: torch.randn(B, IN), labels=lambda m, j: torch.zeros(B, dtype=torch.int64))
+    sched = schedules.build("1f1b", [[0]], minibatches)
+    ex.run(sched.order[0], sched, data, B)
+    return ex
+
+
+W = 4 * (IN * HID + HID + HID * OUT + OUT)  # bytes of the weights
+
+
+@pytest.mark.parametrize("optimizer, state_bytes", [("sgd", W), ("adam", 2 * W + 4 * 4)])  # Adam: 2 moments + 4 steps
+def test_single_stage_peak_by_hand(optimizer: str, state_bytes: int) -> None:
+    """F0 B0 STEP F1 B1 STEP: the peak is after F1, with the optimizer state the first step created.
+
+    weights and the gradient bucket: W each, and no stored version beyond the live weights (the
+    newest version aliases them; nothing is in flight at a step, so nothing is copied); buffers: the input (B x IN)
+    and the scaled loss (one float); activations: what the forward saved beyond its input and weights:
+    the first layer's output (B x HID, saved by the second matmul) and the model output (B x OUT, saved
+    by the square)."""
+    ex = _single_stage(optimizer)
+    mem = ex.memory
+    assert mem is not None
+    assert mem.breakdown == {"weights": W, "versions": 0, "gradients": W, "optimizer": state_bytes,
+                             "buffers": 4 * B * IN + 4, "activations": 4 * B * (HID + OUT)}
+    assert mem.peak_bytes == 2 * W + state_bytes + 4 * B * (IN + HID + OUT) + 4
+    assert mem.max_copies == 1
+    assert mem.counts == 6  # one count after every action
+    assert ex.saved.by_unit == {}  # every backward dropped its unit's saved tensors
+
+
+def test_meter_reset_forgets_the_peak() -> None:
+    mem = MemoryMeter()
+    mem.count([("weights", [torch.zeros(4)])], copies=2)
+    assert (mem.peak_bytes, mem.max_copies) == (16, 2)
+    mem.reset()
+    assert mem.record()["peak_bytes"] == 0 and mem.record()["cuda_max_allocated_bytes"] is None
+
+
+# tiny_model on 4 stages (tests.test_runtime_pipeline.LAYERS), fp32 weight bytes per stage from the layer shapes:
+# conv 3->4 3x3 | linear 256->16 | linear 16->16 | linear 16->10
+TINY_STAGE_WEIGHT_BYTES = [4 * (4 * 3 * 3 * 3 + 4), 4 * (256 * 16 + 16), 4 * (16 * 16 + 16), 4 * (16 * 10 + 10)]
+
+
+@pytest.mark.slow
+def test_1f1b_stages_hold_their_stashed_versions_beside_the_live_weights(tmp_path: Path) -> None:
+    """1F1B with weight stashing on 4 stages: stage s holds 4 - s copies of its weights, the live ones
+    among them (copy on write), so its stored versions beyond the live weights take 3 - s times its
+    weight bytes: 3, 2, 1 and 0 copies."""
+    from tests.test_runtime_pipeline import run
+
+    dumps = run(tmp_path, 4, max_minibatches=8)
+    assert [max(d["copies"]) for d in dumps] == [4, 3, 2, 1] and dumps[0]["max_versions"] == 4
+    for s, d in enumerate(dumps):
+        mem = d["memory"]
+        assert mem["breakdown"]["weights"] == TINY_STAGE_WEIGHT_BYTES[s]
+        assert mem["category_max"]["versions"] == (3 - s) * TINY_STAGE_WEIGHT_BYTES[s]
+        assert mem["max_copies"] == 4 - s
+        assert mem["breakdown"]["optimizer"] == 0  # momentum 0: SGD keeps no state
+    row = json.loads((tmp_path / "out" / "metrics.json").read_text())[-1]
+    for s, d in enumerate(dumps):
+        assert row[f"peak_memory_bytes_stage{s}"] == d["memory"]["peak_bytes"] == sum(d["memory"]["breakdown"].values())
+        assert row[f"peak_versions_bytes_stage{s}"] == d["memory"]["breakdown"]["versions"]
