@@ -1,4 +1,4 @@
-"""Counting a stage's bytes (pipedream.runtime.memory) against byte counts worked out from tensor shapes.
+"""Counting a stage's bytes (pipedream.runtime.memory_meter) against byte counts worked out from tensor shapes.
 
 fp32 is 4 bytes an element, int64 8. The expected numbers below are written out from the layer sizes,
 never obtained from the counting code itself.
@@ -17,7 +17,7 @@ from pipedream import schedules
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.executor import StageData, StageExecutor
-from pipedream.runtime.memory import MemoryMeter, SavedTensors, bytes_by_category
+from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, bytes_by_category
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions

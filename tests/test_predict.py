@@ -24,6 +24,7 @@ from pipedream.sim.predict import (
     epoch_shape,
     host_scale,
     predict_epoch,
+    predict_memory,
     step_rate,
 )
 from pipedream.topology import Cluster
@@ -151,3 +152,20 @@ def test_no_sharing_on_gpus_and_per_host_sharing() -> None:
     args = ([["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32))
     assert predict_epoch(g, *args, cores=None).epoch_s == pytest.approx(12.0)
     assert predict_epoch(g, *args, cores=1, hosts=2).epoch_s == pytest.approx(12.0)
+
+
+def test_predicted_memory_of_a_run_by_hand() -> None:
+    """chain(4) profiled at 8 samples, 800 activation bytes and 100 parameter bytes per layer, split 2 | 2
+    layers (node0..2 | node3..4). At the run's batch 16 each layer stashes 1600 bytes."""
+    g = chain(4, 1e-3, 2e-3, act_bytes=800.0, param_bytes=100.0)
+    nodes = [["node0", "node1", "node2"], ["node3", "node4"]]
+    # 1F1B, SGD momentum: stage 0 holds NOAM = 2 minibatches, 2 weight copies; stage 1 one, and receives 1600 bytes
+    got = predict_memory(TrainConfig(model="alexnet", batch_size=16, momentum=0.9), "pipedream", g, nodes, [1, 1],
+                         EpochShape("1f1b", 16, 1, 8, 128))
+    assert [m["total"] for m in got] == [2 * 200 + 200 + 200 + 2 * 3200, 200 + 200 + 200 + 3200 + 1600]
+    # GPipe, 4 microbatches of 4 samples (400 bytes a layer), Adam: one copy, two moments, 4 in flight
+    got = predict_memory(TrainConfig(model="alexnet", batch_size=16, schedule="gpipe", microbatches=4, optimizer="adam"),
+                         "pipedream", g,
+                         nodes, [1, 1], EpochShape("gpipe", 4, 4, 8, 128))
+    assert got[1] == {"weights": 200, "gradients": 200, "optimizer": 400, "activations": 4 * 800, "buffers": 4 * 400,
+                      "total": 200 + 200 + 400 + 3200 + 1600}

@@ -61,3 +61,21 @@ def test_csv_plot_and_report_section(tmp_path: Path) -> None:
     assert "2 of 3 runs within ±15% of their prediction; median |ratio − 1| 10.0%" in page
     assert page.count("fig-prediction_check") == 1  # in its own section, not again among the other plots
     assert "id='prediction-check'" not in html_report(table, [], results)
+
+
+def test_memory_check_rows_by_hand(tmp_path: Path) -> None:
+    from pipedream.table1.memory_check import COLUMNS as MEM_COLUMNS
+    from pipedream.table1.memory_check import write_memory_check
+
+    d = tmp_path / "runs" / "vgg16" / "pipedream"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"predicted_memory_bytes_stage0": 1000.0, "measured_memory_bytes_stage0": 1100.0,
+                                            "predicted_memory_bytes_stage1": 400.0, "measured_memory_bytes_stage1": 300.0}))
+    d = tmp_path / "runs" / "vgg16" / "dp"  # DDP counts no memory: predicted only, no row
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"predicted_memory_bytes_stage0": 5000.0}))
+    df = write_memory_check(tmp_path, ["vgg16"])
+    assert list(df.columns) == MEM_COLUMNS
+    assert df.values.tolist() == [["vgg16", "pipedream", 0, 1100.0, 1000.0, pytest.approx(1.1)],
+                                  ["vgg16", "pipedream", 1, 300.0, 400.0, pytest.approx(0.75)]]
+    assert pd.read_csv(tmp_path / "memory_check.csv").shape == (2, 6)

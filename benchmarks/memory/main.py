@@ -3,7 +3,7 @@
 Each schedule is one short training run of the PipeDream worker on ``--workers`` gloo processes on the
 CPU (:func:`pipedream.runtime.launch.spawn_local`, the even straight split of the model's layers, the
 model's synthetic data), with ``measure_memory`` on: after every training action each stage counts the
-bytes of the storages it holds (:mod:`pipedream.runtime.memory`: weights, weight versions, gradient
+bytes of the storages it holds (:mod:`pipedream.runtime.memory_meter`: weights, weight versions, gradient
 buckets, optimizer state, in-flight buffers, activations saved for backward), and the run logs every
 stage's peak. Schedules:
 

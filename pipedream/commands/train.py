@@ -339,6 +339,12 @@ def run(args: argparse.Namespace) -> int:
              "launch_to_finish_s": total_s}
     if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks")
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["mean_epoch_time_s"] / predicted)
+    for k, need in enumerate(prediction.get("memory_bytes") or []):  # the check of the memory model
+        final[f"predicted_memory_bytes_stage{k}"] = need["total"]
+        measured = max((e.get(f"peak_memory_bytes_stage{k}", 0.0) for e in epochs), default=0.0)
+        if measured:
+            final[f"measured_memory_bytes_stage{k}"] = measured
+            final[f"memory_ratio_stage{k}"] = measured / need["total"]
     final_tags = {}
     if args.threshold is not None and args.data == "synthetic":  # accuracy on random labels: no target to reach
         final_tags["time_to_accuracy"] = "synthetic data"

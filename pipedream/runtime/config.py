@@ -80,7 +80,7 @@ class TrainConfig:
         progress: show a tqdm bar on one rank.
         debug_dump: write per-rank traces, first gradients and final weights (tests).
         measure_memory: count each stage's bytes (weights, weight versions, gradients, optimizer state,
-            in-flight buffers, saved activations; :mod:`pipedream.runtime.memory`) after every training
+            in-flight buffers, saved activations; :mod:`pipedream.runtime.memory_meter`) after every training
             action and log the per-stage peak, bytes, per epoch.
         model_factory: builds the model instead of the registry (tests); not settable from the CLI.
     """

@@ -44,7 +44,7 @@ from torch.func import functional_call
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.runtime.buckets import BucketReducer, GradBuckets
 from pipedream.runtime.comm import P2P, Outgoing, PendingRecv
-from pipedream.runtime.memory import MemoryMeter, SavedTensors, tensors_in
+from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, tensors_in
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
@@ -160,7 +160,7 @@ class StageExecutor:
             completes (``minibatch_offset`` + its index): sets the learning rate, clips gradients.
         bucket_bytes: gradient bucket cap, bytes (:class:`~pipedream.runtime.buckets.GradBuckets`).
         measure_memory: after every action of a training pass, count the bytes the stage holds
-            (:mod:`pipedream.runtime.memory`) into :attr:`memory` (None when False); the saved activations
+            (:mod:`pipedream.runtime.memory_meter`) into :attr:`memory` (None when False); the saved activations
             are recorded with ``saved_tensors_hooks`` around each forward.
     """
 
@@ -385,7 +385,7 @@ class StageExecutor:
             self.on_backward(*a.key)
 
     def _memory_now(self) -> tuple[list[tuple[str, Iterable[torch.Tensor]]], int]:
-        """What the stage holds now, by category (:mod:`pipedream.runtime.memory`), and the copies of its
+        """What the stage holds now, by category (:mod:`pipedream.runtime.memory_meter`), and the copies of its
         weights (:meth:`_weight_copies`, the master included)."""
         master = list(self.versions.master)
         stored = [self.versions.params_of(v) for v in self.versions.alive()]

@@ -32,7 +32,7 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
-from pipedream.runtime.memory import CATEGORIES
+from pipedream.runtime.memory_meter import CATEGORIES
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.task import load_task
@@ -252,7 +252,7 @@ def _memory_row(ex: StageExecutor, rank: int, world: int, stage_ranks: list[list
                 timeout_s: float) -> dict[str, float]:
     """Every stage's peak memory of the epoch's training, bytes, for rank 0's metrics row (empty without
     ``measure_memory``): ``peak_memory_bytes_stage<s>``, the categories at that peak as
-    ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory.CATEGORIES`), and on CUDA
+    ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory_meter.CATEGORIES`), and on CUDA
     ``cuda_max_allocated_bytes_stage<s>``; a replicated stage reports its largest replica. Collective:
     every rank calls it."""
     if ex.memory is None:
@@ -298,7 +298,7 @@ def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: Wei
     operations in issue order (:attr:`P2P.log`) and whether they were batched, the
     backward and bucket-allreduce timestamps (:attr:`StageExecutor.comm_trace`), the parameter names of
     each gradient bucket and the storage addresses of the buckets' buffers and of the master gradients,
-    the last epoch's memory peaks (:meth:`pipedream.runtime.memory.MemoryMeter.record`, None without
+    the last epoch's memory peaks (:meth:`pipedream.runtime.memory_meter.MemoryMeter.record`, None without
     ``measure_memory``)."""
     path = out_dir / "debug" / f"rank{rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipedream import memory
 from pipedream.baselines import ddp
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.errors import PipeDreamError
@@ -114,6 +115,8 @@ class Prediction:
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
         sim: the simulator's result at the settled factor.
+        memory: per stage, the bytes one replica holds at its peak by kind and in total
+            (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
 
     epoch_s: float
@@ -127,6 +130,7 @@ class Prediction:
     cluster: Cluster
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
+    memory: list[dict[str, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
@@ -134,7 +138,7 @@ class Prediction:
                 "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
                 "cores": self.cores,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
-                "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}}
+                "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory}
 
 
 def host_scale(busy_ranks: float, threads: int, cores: int) -> float:
@@ -303,9 +307,26 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     else:
         plan.validate()
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
-    return predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
+    pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(profile, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None)
+    pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
+    return pred
+
+
+def predict_memory(cfg: TrainConfig, mode: str, graph: LayerGraph, stage_nodes: list[list[str]], replicas: list[int],
+                   shape: EpochShape) -> list[dict[str, float]]:
+    """Per stage, the bytes one replica of the run holds at its peak (:func:`pipedream.memory.plan_memory`
+    on the profile scaled to the run's (micro)batch, the run's schedule, optimizer and momentum), as dicts
+    of the kinds and ``total``. DP is one stage on every worker, one minibatch in flight."""
+    scaled = graph.scaled(shape.batch_size)
+    if mode == "dp":
+        schedule = "dp"
+    else:
+        schedule = "vertical" if cfg.schedule == "1f1b" and cfg.weight_sync == "vertical" else cfg.schedule
+    need = memory.plan_memory(scaled, stage_nodes, replicas, schedule=schedule, microbatches=shape.microbatches,
+                              warmup=cfg.warmup, optimizer=cfg.optimizer, momentum=cfg.momentum)
+    return [m.as_dict() for m in need]
 
 
 def training_samples(cfg: TrainConfig) -> int:

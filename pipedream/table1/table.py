@@ -162,7 +162,7 @@ def _attach_to_runs(model_runs: Path, files: list[Path]) -> None:
 
 
 def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.DataFrame:
-    """Write ``table1.csv``, ``table1.md``, ``prediction_check.csv``, ``report.html`` and the plots; returns
+    """Write ``table1.csv``, ``table1.md``, ``prediction_check.csv``, ``memory_check.csv``, ``report.html`` and the plots; returns
     the table.
 
     Args:
@@ -172,6 +172,7 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     from pipedream.table1 import plots
     from pipedream.table1.html import html_report
     from pipedream.table1.measured import mlflow_runs
+    from pipedream.table1.memory_check import write_memory_check
     from pipedream.table1.prediction import write_prediction_check
     from pipedream.table1.provenance import collect
 
@@ -185,6 +186,7 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
         _attach_to_runs(results / "runs" / model, [png])
     plots.speedup_bars(df, results / "plots" / "table1_speedups.png")
     check = write_prediction_check(results, list(cfg["models"]))
+    write_memory_check(results, list(cfg["models"]))
     atomic_write_text(results / "table1.csv", df.to_csv(index=False))
     atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes(cfg)))
     page = html_report(df, notes(cfg), results, provenance=collect(cfg, config_path),

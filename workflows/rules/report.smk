@@ -41,7 +41,7 @@ rule predicted:
 
 rule report:
     """Table 1 (paper, predicted, measured), the prediction check (every run's measured against predicted epoch
-    time), the plots and report.html."""
+    time), the memory check (every stage's measured against predicted peak bytes), the plots and report.html."""
     input:
         speedups=expand(f"{RESULTS}/speedup/{{model}}.json", model=MODELS),
         runs=expand(f"{RESULTS}/runs/{{model}}/{{mode}}/run.json", model=MODELS, mode=MODES),
@@ -55,6 +55,7 @@ rule report:
         bars=f"{RESULTS}/plots/table1_speedups.png",
         check=f"{RESULTS}/prediction_check.csv",
         check_plot=f"{RESULTS}/plots/prediction_check.png",
+        memory_check=f"{RESULTS}/memory_check.csv",
     log:
         f"{RESULTS}/logs/report.log",
     params:
