@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import PROFILES, REPO
 
 
 def _run(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -207,3 +207,15 @@ def test_train_refuses_an_unknown_model_before_starting_workers(tmp_path: Path) 
     _assert_clean_error(proc, "error: unknown model 'nosuchnet'; known models: alexnet, awd_lm, gnmt16, gnmt8, "
                               "resnet50, s2vt, vgg16 (or package.module:function for your own)")
     assert "torch.distributed" not in proc.stdout and not (tmp_path / "results").exists()
+
+
+def test_a_device_smaller_than_the_weights_gets_no_plan(tmp_path: Path) -> None:
+    """AlexNet's 244 MB of weights, its gradients and momentum cannot fit a 1-byte device: the plan is refused
+    with the stage and its bytes, and nothing is written."""
+    out = tmp_path / "plan.json"
+    proc = _run("plan", "--profile", str(PROFILES / "alexnet" / "graph.txt"), "--cluster", "4:1.25e9@1",
+                "--profiled-batch", "128", "--out", str(out))
+    # the smallest candidates keep the classifier in one stage: fc6 + fc7 + fc8 = 58,631,144 parameters,
+    # 4 bytes each, times weights + gradients + momentum = 703,573,728 bytes
+    _assert_clean_error(proc, "holds 704 MB of weights, gradients and optimizer state")
+    assert not out.exists()

@@ -19,7 +19,10 @@ models the gap decides the plan (the solver's VGG-16 plan for cluster A, 9-3-2-1
    data parallelism of ResNet-50 at 128 images per GPU, which the paper trained on 16 GB V100s, at 19.5 GB.
    So the limit is the device memory or what data parallelism of the whole model needs on one device,
    whichever is larger: a stage is never rejected for needing what the profile's own batch needs in data
-   parallelism, and the 29 GB first stage of VGG-16's 9-3-2-1-1 (release warm-up; 19.6 GB with ours) is;
+   parallelism, and the 29 GB first stage of VGG-16's 9-3-2-1-1 (release warm-up; 19.6 GB with ours) is.
+   The bytes that do not depend on the profile's activations (weight copies, gradients, optimizer state)
+   are exact, and for them the device memory is a hard limit: no candidate fits a device smaller than
+   that, and planning stops with one line naming the stage and its bytes;
 3. each remaining candidate is simulated with the event simulator exactly as ``pipedream simulate`` would
    simulate the written plan (:func:`pipedream.sim.simulate_plan`, schedule 1F1B-RR,
    :data:`pipedream.sim.DEFAULT_ALLREDUCE`, the runtime's default warm-up, overlapped allreduce, an
@@ -223,18 +226,29 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
         g = copy.copy(graph)
         g.minibatch_size = minibatch_size
     opts = simulation_options()
-    limit = max(cluster.device_memory_bytes, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
-    cands = []
+    device = cluster.device_memory_bytes
+    limit = max(device, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
+    cands, state = [], []
     for source, plan in candidates(g, cluster, solver_plans, model=model, minibatch_size=minibatch_size, straight=straight):
-        reps = [s.replicas for s in plan.stages]
-        mem = runtime_memory_bytes(g, [s.nodes for s in plan.stages], reps)
-        fits = not memory_limit or max(mem) <= limit
-        cands.append(Candidate(plan, source, mem, fits, bound_s=compute_bound_s(g, plan, opts["dataset_size"])))
+        need = memory.plan_memory(g, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
+        # weights, gradients and optimizer state are exact: a hard limit at the device's memory
+        exact = [m.weights + m.gradients + m.optimizer for m in need]
+        fits = not memory_limit or (max(m.total for m in need) <= limit and max(exact) <= device)
+        cands.append(Candidate(plan, source, [m.total for m in need], fits,
+                               bound_s=compute_bound_s(g, plan, opts["dataset_size"])))
+        state.append(exact)
     fitting = sorted((c for c in cands if c.fits), key=lambda c: c.bound_s)
     if not fitting:
-        least = min(cands, key=lambda c: max(c.memory_bytes))
-        raise PipeDreamError(f"no plan fits {limit / 1e9:.3g} GB per device: the smallest candidate, "
-                             f"{least.plan.config}, needs {max(least.memory_bytes) / 1e9:.3g} GB on one device; use a "
+        over = all(max(e) > device for e in state)  # then name the candidate whose exact bytes are smallest
+        k = min(range(len(cands)), key=lambda i: max(state[i]) if over else max(cands[i].memory_bytes))
+        least, worst = cands[k], max(range(len(state[k])), key=lambda s: state[k][s])
+        if over:
+            raise PipeDreamError(
+                f"no plan fits {memory.format_bytes(device)} per device of {cluster.name}: even in the smallest "
+                f"candidate, {least.plan.config}, stage {worst} holds {memory.format_bytes(state[k][worst])} of weights, "
+                "gradients and optimizer state; use a cluster with more memory or more workers")
+        raise PipeDreamError(f"no plan fits {memory.format_bytes(limit)} per device: the smallest candidate, "
+                             f"{least.plan.config}, needs {memory.format_bytes(max(least.memory_bytes))} on one device; use a "
                              "cluster with more memory or more workers, a smaller minibatch, or drop the memory limit")
     fastest = math.inf
     for c in fitting:
