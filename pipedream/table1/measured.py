@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,16 @@ from pipedream.plan import Plan
 
 MODES = ("pipedream", "dp")
 PERCENT_METRICS = ("top1", "token_accuracy")
+
+
+def finished_runs(results: Path, models: list[str]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """``(model, mode, run.json contents)`` of every finished run (``<results>/runs/<model>/<mode>/run.json``)
+    of ``models``, models in order, each in :data:`MODES` order."""
+    for model in models:
+        for mode in MODES:
+            marker = results / "runs" / model / mode / "run.json"
+            if marker.is_file():
+                yield model, mode, json.loads(marker.read_text())
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:

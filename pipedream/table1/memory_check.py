@@ -10,14 +10,13 @@ the run) to ``run.json``. ``results/memory_check.csv`` has one row per stage of 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
 from pipedream.io import atomic_write_text
-from pipedream.table1.measured import MODES
+from pipedream.table1.measured import finished_runs
 
 COLUMNS = ["model", "mode", "stage", "measured_bytes", "predicted_bytes", "ratio"]
 CSV_NAME = "memory_check.csv"
@@ -28,21 +27,16 @@ def memory_rows(results: Path, models: list[str]) -> pd.DataFrame:
     """One row per stage with a measured and a predicted peak, for every finished run
     (``<results>/runs/<model>/<mode>/run.json``) of ``models``, in order. Columns: :data:`COLUMNS` (bytes)."""
     rows = []
-    for model in models:
-        for mode in MODES:
-            marker = results / "runs" / model / mode / "run.json"
-            if not marker.is_file():
-                continue
-            run = json.loads(marker.read_text())
-            stage = 0
-            while f"predicted_memory_bytes_stage{stage}" in run:
-                predicted = float(run[f"predicted_memory_bytes_stage{stage}"])
-                measured = run.get(f"measured_memory_bytes_stage{stage}")
-                if measured is not None:
-                    rows.append({"model": model, "mode": mode, "stage": stage, "measured_bytes": float(measured),
-                                 "predicted_bytes": predicted,
-                                 "ratio": float(measured) / predicted if predicted > 0 else math.nan})
-                stage += 1
+    for model, mode, run in finished_runs(results, models):
+        stage = 0
+        while f"predicted_memory_bytes_stage{stage}" in run:
+            predicted = float(run[f"predicted_memory_bytes_stage{stage}"])
+            measured = run.get(f"measured_memory_bytes_stage{stage}")
+            if measured is not None:
+                rows.append({"model": model, "mode": mode, "stage": stage, "measured_bytes": float(measured),
+                             "predicted_bytes": predicted,
+                             "ratio": float(measured) / predicted if predicted > 0 else math.nan})
+            stage += 1
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

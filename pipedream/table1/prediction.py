@@ -9,7 +9,6 @@ runs lie within :data:`BAND` of their prediction.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from pipedream.io import atomic_write_text
-from pipedream.table1.measured import MODES
+from pipedream.table1.measured import finished_runs
 from pipedream.table1.plots import predicted_vs_measured
 
 BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
@@ -37,17 +36,12 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
     and ratio. Columns: :data:`COLUMNS` (seconds; ratio = measured / predicted).
     """
     rows = []
-    for model in models:
-        for mode in MODES:
-            marker = results / "runs" / model / mode / "run.json"
-            if not marker.is_file():
-                continue
-            run = json.loads(marker.read_text())
-            measured = _number(run.get("mean_epoch_time_s"))
-            predicted = _number(run.get("predicted_epoch_time_s"))
-            ratio = measured / predicted if predicted > 0 else math.nan
-            rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
-                         "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio})
+    for model, mode, run in finished_runs(results, models):
+        measured = _number(run.get("mean_epoch_time_s"))
+        predicted = _number(run.get("predicted_epoch_time_s"))
+        ratio = measured / predicted if predicted > 0 else math.nan
+        rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
+                     "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
