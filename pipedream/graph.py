@@ -13,6 +13,7 @@ In memory, times are seconds (``fwd_s``, ``bwd_s``) and sizes bytes.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,11 +71,15 @@ class LayerGraph:
         nodes: node id -> :class:`Node`, in file order.
         edges: ``(src_id, dst_id)`` pairs, in file order.
         minibatch_size: samples in the profiled minibatch (not stored in graph.txt; 0 if unknown).
+        saved: per node, what autograd saves for its backward (our profiler's ``graph.json``; empty for the
+            release's profiles): bytes of saved storages other than its parameters, inputs and outputs
+            (per minibatch), whether it saves an input, whether it saves an output.
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
     edges: list[tuple[str, str]] = field(default_factory=list)
     minibatch_size: int = 0
+    saved: dict[str, tuple[float, bool, bool]] = field(default_factory=dict)
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""
@@ -156,6 +161,7 @@ class LayerGraph:
             out.add_node(Node(n.node_id, n.desc, n.fwd_s * f, n.bwd_s * f, tuple(a * f for a in n.activation_bytes),
                               n.param_bytes, n.stage_id))
         out.edges = list(self.edges)
+        out.saved = {k: (own * f, saves_in, saves_out) for k, (own, saves_in, saves_out) in self.saved.items()}
         return out
 
     # ----------------------------------------------------------------------------------- I/O
@@ -174,7 +180,13 @@ class LayerGraph:
         path = Path(path)
         text = read_text(path, "profile", "the graph.txt file inside it", "a graph.txt profile",
                          "; run `pipedream profile` first or check the path")
-        return cls.parse(text, source=str(path), minibatch_size=minibatch_size)
+        graph = cls.parse(text, source=str(path), minibatch_size=minibatch_size)
+        beside = path.with_name("graph.json")  # our profiler's: what each node saves for its backward
+        if beside.is_file():
+            for n in json.loads(beside.read_text()).get("nodes", []):
+                if "saved_bytes" in n and n.get("id") in graph.nodes:
+                    graph.saved[n["id"]] = (float(n["saved_bytes"]), bool(n["saves_input"]), bool(n["saves_output"]))
+        return graph
 
     @classmethod
     def parse(cls, text: str, source: str = "<string>", minibatch_size: int = 0) -> LayerGraph:

@@ -131,16 +131,44 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
         PipeDreamError: an unknown schedule or optimizer.
     """
     where = {n: s for s, nodes in enumerate(stages) for n in nodes}
+    consumers: dict[str, list[str]] = {}
+    for a, b in graph.edges:
+        consumers.setdefault(a, []).append(b)
     out = []
     for s, nodes in enumerate(stages):
         params = sum(graph.nodes[n].param_bytes for n in nodes)
-        acts = sum(graph.nodes[n].output_bytes for n in nodes if not graph.nodes[n].is_input)
-        received = {a for a, b in graph.edges if where.get(b) == s and where.get(a, s) != s}
-        inputs = sum(graph.nodes[a].output_bytes for a in received)
+        acts, inputs = _activation_and_buffer_bytes(graph, s, nodes, where, consumers, last=s == len(stages) - 1)
         n = in_flight(schedule, replicas, s, microbatches, warmup)
         out.append(stage_memory(params, acts, inputs, schedule=schedule, in_flight_count=n, optimizer=optimizer,
                                 momentum=momentum))
     return out
+
+
+def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str], where: dict[str, int],
+                                 consumers: dict[str, list[str]], last: bool) -> tuple[float, float]:
+    """``(A, I)`` of stage ``s`` per (micro)batch, bytes.
+
+    ``I``: what the runtime keeps per in-flight (micro)batch outside autograd: the received input (or the
+    data, on a stage with the model's inputs) and, on a stage that sends, its output (kept for the backward).
+    ``A``: with our profiler's record of what each layer saves (``graph.saved``), those bytes plus the
+    output of every layer of the stage that it or a consumer in the stage saves (sent outputs are in ``I``;
+    the model's final output is saved by the loss); without it (the release's profiles), every layer's output.
+    """
+    inside = set(nodes)
+    received = {a for a, b in graph.edges if where.get(b) == s and where.get(a, s) != s}
+    data = [n for n in nodes if graph.nodes[n].is_input]
+    sent = {n for n in nodes if any(where.get(c, s) != s for c in consumers.get(n, []))} if not last else set()
+    buffers = sum(graph.nodes[a].output_bytes for a in (*received, *data, *sent))
+    layers = [n for n in nodes if not graph.nodes[n].is_input]
+    if not all(n in graph.saved for n in layers):
+        return sum(graph.nodes[n].output_bytes for n in layers), buffers - sum(graph.nodes[n].output_bytes for n in sent)
+    acts = 0.0
+    for n in layers:
+        own, _, saves_output = graph.saved[n]
+        held = saves_output or not consumers.get(n) or any(
+            c in inside and graph.saved.get(c, (0.0, False, False))[1] for c in consumers.get(n, []))
+        acts += own + (graph.nodes[n].output_bytes if held and n not in sent else 0.0)
+    return acts, buffers
 
 
 def stashing_total(param_bytes, activation_bytes, input_bytes, in_flight_count, states: int = 1):  # type: ignore[no-untyped-def]

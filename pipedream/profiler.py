@@ -175,6 +175,7 @@ def profile_module(
         suffix = str(k) if len(placeholders) > 1 else ""
         graph.add_node(Node(ids[ph], f"Input{suffix}", 0.0, 0.0, (float(x.numel() * x.element_size()),), 0.0))
     ops = [n for n in gm.graph.nodes if n.op in OPS]
+    params = {p.untyped_storage().data_ptr() for p in (*gm.parameters(), *gm.buffers())}  # held as weights
     for node in _progress(ops, f"profile {name}"):
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
         run = _runner(gm, node)
@@ -185,6 +186,7 @@ def profile_module(
         bwd_s = _backward_time(run, args, kwargs, settings)
         acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
         graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
+        graph.saved[ids[node]] = _saved(run, args, kwargs, params)
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
     return graph
@@ -200,6 +202,26 @@ def _runner(gm: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:
         return lambda self, *a, **k: getattr(self, method)(*a, **k)
     attr = getattr(gm, str(node.target))
     return lambda: attr
+
+
+def _saved(run: Callable[..., Any], args: Any, kwargs: Any, params: set[int]) -> tuple[float, bool, bool]:
+    """What autograd saves for the backward of one node's forward, counted by storage, each once:
+    ``(bytes of saved storages other than the node's parameters, inputs and outputs, whether it saves an
+    input, whether it saves an output)``; the first scales with the batch like activation bytes. Module
+    buffers (running statistics) count as parameters: the stage holds them anyway."""
+    a, k = _fresh(args), _fresh(kwargs)
+    inputs = {t.untyped_storage().data_ptr() for t in _tensors((a, k))}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run(*a, **k)
+    outs = {t.untyped_storage().data_ptr() for t in _tensors(out)}
+    own = sum(b for ptr, b in saved.items() if ptr not in inputs | outs | params)
+    return float(own), any(ptr in inputs for ptr in saved), any(ptr in outs for ptr in saved)
 
 
 def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: ProfileSettings) -> float:
@@ -269,7 +291,8 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
-         "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes}
+         "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes,
+         **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}
         for n in graph.nodes.values()
     ]
     atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges, **meta})

@@ -36,15 +36,35 @@ def test_in_flight_equals_the_most_forwards_awaiting_a_backward_in_the_action_li
         assert memory.in_flight(name, replicas, s, micro) == peak, (name, replicas, s)
 
 
-def test_plan_memory_of_a_chain_by_hand() -> None:
+def _chain() -> LayerGraph:
     g = LayerGraph()
     g.add_node(Node("in", "Input", 0.0, 0.0, (7.0,), 0.0))
     for i, (p, a) in enumerate([(100.0, 10.0), (50.0, 20.0), (30.0, 40.0)]):
         g.add_node(Node(f"l{i}", "Linear", 1e-3, 1e-3, (a,), p))
         g.add_edge("in" if i == 0 else f"l{i - 1}", f"l{i}")
-    # 2 stages [in, l0, l1] and [l2], 1F1B: NOAM 2 on stage 0, 1 on stage 1; stage 1 receives l1's 20 bytes
-    assert runtime_memory_bytes(g, [["in", "l0", "l1"], ["l2"]], [1, 1]) == [2 * (150 + 30) + 2 * 150,
-                                                                          1 * (30 + 40 + 20) + 2 * 30]
+    return g
+
+
+def test_plan_memory_of_a_chain_by_hand() -> None:
+    """Without a record of saved tensors (the release's profiles) every layer's output is an activation."""
+    # 2 stages [in, l0, l1] and [l2], 1F1B: NOAM 2 on stage 0, holding the 7-byte data per minibatch; stage 1
+    # holds 1 and receives l1's 20 bytes
+    assert runtime_memory_bytes(_chain(), [["in", "l0", "l1"], ["l2"]], [1, 1]) == [2 * (150 + 30 + 7) + 2 * 150,
+                                                                                 1 * (30 + 40 + 20) + 2 * 30]
+
+
+def test_plan_memory_with_saved_tensors_by_hand() -> None:
+    """l0 saves 5 bytes of its own and its output (10), l1 saves 3 and its input, l2 its input."""
+    g = _chain()
+    g.saved = {"l0": (5.0, False, True), "l1": (3.0, True, False), "l2": (0.0, True, False)}
+    got = memory.plan_memory(g, [["in", "l0", "l1"], ["l2"]], [1, 1])
+    # stage 0: A = (5 + 10) + 3 (l1's output is sent: a buffer), I = 7 (data) + 20 (sent output)
+    assert (got[0].activations, got[0].buffers, got[0].total) == (2 * 18, 2 * 27, 2 * 150 + 150 + 150 + 2 * 45)
+    # stage 1: the final output (40) is saved by the loss, I = 20 received
+    assert (got[1].activations, got[1].buffers, got[1].total) == (40, 20, 30 + 30 + 30 + 40 + 20)
+    g.minibatch_size = 1
+    double = memory.plan_memory(g.scaled(2), [["in", "l0", "l1"], ["l2"]], [1, 1])  # saved bytes scale with the batch
+    assert (double[1].activations, double[1].buffers) == (80, 40)
 
 
 def test_unknown_schedule_or_optimizer_is_named() -> None:

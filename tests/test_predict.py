@@ -159,10 +159,11 @@ def test_predicted_memory_of_a_run_by_hand() -> None:
     layers (node0..2 | node3..4). At the run's batch 16 each layer stashes 1600 bytes."""
     g = chain(4, 1e-3, 2e-3, act_bytes=800.0, param_bytes=100.0)
     nodes = [["node0", "node1", "node2"], ["node3", "node4"]]
-    # 1F1B, SGD momentum: stage 0 holds NOAM = 2 minibatches, 2 weight copies; stage 1 one, and receives 1600 bytes
+    # 1F1B, SGD momentum: stage 0 holds NOAM = 2 minibatches (each with its 1600-byte data), 2 weight copies;
+    # stage 1 holds one, and receives 1600 bytes
     got = predict_memory(TrainConfig(model="alexnet", batch_size=16, momentum=0.9), "pipedream", g, nodes, [1, 1],
                          EpochShape("1f1b", 16, 1, 8, 128))
-    assert [m["total"] for m in got] == [2 * 200 + 200 + 200 + 2 * 3200, 200 + 200 + 200 + 3200 + 1600]
+    assert [m["total"] for m in got] == [2 * 200 + 200 + 200 + 2 * (3200 + 1600), 200 + 200 + 200 + 3200 + 1600]
     # GPipe, 4 microbatches of 4 samples (400 bytes a layer), Adam: one copy, two moments, 4 in flight
     got = predict_memory(TrainConfig(model="alexnet", batch_size=16, schedule="gpipe", microbatches=4, optimizer="adam"),
                          "pipedream", g,

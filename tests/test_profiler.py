@@ -83,3 +83,12 @@ def test_a_layer_time_is_the_median_of_its_timed_calls(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
     assert profiler._timed(call, profiler.ProfileSettings(warmup=2, iters=5)) == 1.0
+
+
+def test_what_each_layer_saves_for_its_backward() -> None:
+    """Linear saves its input (and its weight: a parameter), ReLU its output, BatchNorm1d its input plus
+    the batch mean and inverse std (2 features x 4 bytes each); nothing else is saved."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    g = profile_module(model, torch.randn(5, 4), ProfileSettings(warmup=0, iters=1))
+    assert g.saved == {"node1": (0.0, True, False), "node2": (0.0, False, True), "node3": (0.0, True, False),
+                       "node4": (16.0, True, False)}
