@@ -71,6 +71,7 @@ def test_straight_two_stage_pipeline_on_one_core_by_hand() -> None:
     assert one.concurrency == pytest.approx([11 / 6, 11 / 6])
     assert one.compute_scale == pytest.approx([11 / 6, 11 / 6], rel=SCALE_RTOL)
     assert one.epoch_s == pytest.approx(21 * 11 / 6, rel=SCALE_RTOL)
+    assert one.compute_s == pytest.approx([6 * 3 * 11 / 6] * 2, rel=SCALE_RTOL)  # 6 x (F + B) at the factor
     two = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2)
     assert two.compute_scale == [1.0, 1.0] and two.epoch_s == pytest.approx(21.0)
 
@@ -83,6 +84,7 @@ def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:
                          cores=1)
     assert pred.concurrency == pytest.approx([2.0])
     assert pred.epoch_s == pytest.approx(24.0)
+    assert pred.compute_s == pytest.approx([2 * 6 * 2])  # each rank: 2 minibatches of 6 s at factor 2
 
 
 def test_the_host_factor_settles_at_a_fixed_point_with_slow_links() -> None:

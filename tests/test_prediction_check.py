@@ -79,3 +79,16 @@ def test_memory_check_rows_by_hand(tmp_path: Path) -> None:
     assert df.values.tolist() == [["vgg16", "pipedream", 0, 1100.0, 1000.0, pytest.approx(1.1)],
                                   ["vgg16", "pipedream", 1, 300.0, 400.0, pytest.approx(0.75)]]
     assert pd.read_csv(tmp_path / "memory_check.csv").shape == (2, 6)
+
+
+def test_compute_check_rows_by_hand(tmp_path: Path) -> None:
+    from pipedream.table1.prediction import COMPUTE_COLUMNS, compute_rows
+
+    d = tmp_path / "runs" / "gnmt8" / "pipedream"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"measured_compute_s_stage0": 3.0, "predicted_compute_s_stage0": 2.0,
+                                            "wait_s_stage0": 0.5, "measured_compute_s_stage1": 1.0,
+                                            "predicted_compute_s_stage1": 1.25, "wait_s_stage1": 2.0}))
+    df = compute_rows(tmp_path, ["gnmt8"])
+    assert list(df.columns) == COMPUTE_COLUMNS
+    assert df.values.tolist() == [["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5], ["gnmt8", "pipedream", 1, 1.0, 1.25, 0.8, 2.0]]

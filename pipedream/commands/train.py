@@ -339,6 +339,12 @@ def run(args: argparse.Namespace) -> int:
              "launch_to_finish_s": total_s}
     if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks")
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["mean_epoch_time_s"] / predicted)
+    for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
+        measured = [e[f"compute_s_stage{k}"] for e in epochs if f"compute_s_stage{k}" in e]
+        final[f"predicted_compute_s_stage{k}"] = busy
+        if measured:
+            final[f"measured_compute_s_stage{k}"] = sum(measured) / len(measured)
+            final[f"wait_s_stage{k}"] = sum(e[f"wait_s_stage{k}"] for e in epochs if f"wait_s_stage{k}" in e) / len(measured)
     for k, need in enumerate(prediction.get("memory_bytes") or []):  # the check of the memory model
         final[f"predicted_memory_bytes_stage{k}"] = need["total"]
         measured = max((e.get(f"peak_memory_bytes_stage{k}", 0.0) for e in epochs), default=0.0)

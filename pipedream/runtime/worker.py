@@ -195,6 +195,7 @@ def train(cfg: TrainConfig) -> None:
         resumed = epoch == start_epoch and start_mb > 0
         # this rank's running sums of the epoch: loss, loss count, samples, training seconds
         sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
+        busy = [0.0, 0.0]  # this rank's compute and wait seconds of the epoch's training (not checkpointed)
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         if bar is not None:
             bar.reset(total=backwards)
@@ -213,12 +214,14 @@ def train(cfg: TrainConfig) -> None:
                                  minibatch_offset=epoch * nb + m0)
             sums = [a + b for a, b in zip(sums, [stats.loss_sum, stats.loss_count, stats.samples, 0.0], strict=True)]
             sums[3] += time.time() - t0
+            busy = [busy[0] + stats.compute_s, busy[1] + stats.wait_s]
             if cfg.checkpoint_every and k + 1 < len(segments):
                 ckpt.save_stage(out_dir, (epoch, segments[k + 1][0]), s, rank, stage_ranks, module, optimizer,
                                 versions, log.rows, sums)
         loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.comm_timeout_s, "end-of-epoch loss reduction")
         epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint writes excluded
         memory = _memory_row(executor, rank, world, stage_ranks, cfg.comm_timeout_s)
+        memory.update(_busy_row(busy, rank, world, stage_ranks, cfg.comm_timeout_s))
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
         ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
@@ -272,6 +275,21 @@ def _memory_row(ex: StageExecutor, rank: int, world: int, stage_ranks: list[list
         row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, got[1:-1], strict=True)})
         if rec["cuda_max_allocated_bytes"] is not None:
             row[f"cuda_max_allocated_bytes_stage{s}"] = max(slots[q * n + n - 1] for q in ranks)
+    return row
+
+
+def _busy_row(busy: list[float], rank: int, world: int, stage_ranks: list[list[int]],
+              timeout_s: float) -> dict[str, float]:
+    """Every stage's training compute and wait seconds of the epoch (mean over its replicas), for rank 0's
+    metrics row: ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`) and
+    ``wait_s_stage<s>`` (blocked on receives and allreduces). Collective: every rank calls it."""
+    slots = [0.0] * (2 * world)  # this rank's two values in its slot, summed over ranks: a gather
+    slots[2 * rank:2 * rank + 2] = busy
+    slots = D.allreduce_sum(slots, timeout_s, "per-stage compute and wait gather")
+    row: dict[str, float] = {}
+    for s, ranks in enumerate(stage_ranks):
+        row[f"compute_s_stage{s}"] = sum(slots[2 * q] for q in ranks) / len(ranks)
+        row[f"wait_s_stage{s}"] = sum(slots[2 * q + 1] for q in ranks) / len(ranks)
     return row
 
 

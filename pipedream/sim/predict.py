@@ -115,6 +115,9 @@ class Prediction:
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
         sim: the simulator's result at the settled factor.
+        compute_s: per stage, the seconds of compute one of its ranks spends in the epoch: the forward and
+            backward of each (micro)batch it takes (the epoch's, dealt round robin over the stage's ranks) at
+            the settled factor; what the runtime logs as ``compute_s_stage<s>``.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
@@ -131,6 +134,7 @@ class Prediction:
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
+    compute_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
@@ -138,7 +142,8 @@ class Prediction:
                 "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
                 "cores": self.cores,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
-                "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory}
+                "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
+                "compute_s": self.compute_s}
 
 
 def host_scale(busy_ranks: float, threads: int, cores: int) -> float:
@@ -263,7 +268,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         if all(abs(n - f) <= SCALE_RTOL * f for n, f in zip(new, scale, strict=True)) or iterations >= MAX_ITERATIONS:
             break
         scale = new if iterations < UNDAMPED_ITERATIONS else [(f + n) / 2 for f, n in zip(scale, new, strict=True)]
-    return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc,
+    units = res.epoch_minibatches * shape.microbatches  # (micro)batches of the epoch, dealt round robin
+    compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
+    return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
                       busy_ranks=sum(res.utilisation), iterations=iterations,
                       cores=cores, threads=threads, shape=shape, cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,

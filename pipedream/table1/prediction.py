@@ -22,6 +22,8 @@ from pipedream.table1.plots import predicted_vs_measured
 BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
 COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio"]
 CSV_NAME = "prediction_check.csv"
+COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s"]
+COMPUTE_CSV_NAME = "compute_check.csv"
 PLOT_NAME = "prediction_check.png"
 
 
@@ -45,6 +47,25 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
+def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
+    """Where an epoch's time goes, per stage of every finished PipeDream run: the compute seconds one of its
+    ranks measured (``measured_compute_s_stage<s>``, mean over epochs and replicas) beside the prediction's
+    (``predicted_compute_s_stage<s>``), and the seconds it waited on receives and allreduces. DDP runs log
+    no per-stage times. Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured / predicted compute)."""
+    rows = []
+    for model, mode, run in finished_runs(results, models):
+        stage = 0
+        while f"measured_compute_s_stage{stage}" in run:
+            measured = float(run[f"measured_compute_s_stage{stage}"])
+            predicted = _number(run.get(f"predicted_compute_s_stage{stage}"))
+            rows.append({"model": model, "mode": mode, "stage": stage, "measured_compute_s": measured,
+                         "predicted_compute_s": predicted,
+                         "ratio": measured / predicted if predicted > 0 else math.nan,
+                         "wait_s": _number(run.get(f"wait_s_stage{stage}"))})
+            stage += 1
+    return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
+
+
 def summary(df: pd.DataFrame, band: float = BAND) -> dict[str, float | int]:
     """``runs`` (with a ratio), ``within`` (``|ratio - 1| <= band``), ``median_abs_error`` (median of
     ``|ratio - 1|``, NaN without runs) and ``worst_abs_error``."""
@@ -55,10 +76,11 @@ def summary(df: pd.DataFrame, band: float = BAND) -> dict[str, float | int]:
 
 
 def write_prediction_check(results: Path, models: list[str], plot: bool = True) -> pd.DataFrame:
-    """Write ``<results>/prediction_check.csv`` and (``plot``) ``<results>/plots/prediction_check.png``;
-    returns the rows."""
+    """Write ``<results>/prediction_check.csv``, ``<results>/compute_check.csv`` (:func:`compute_rows`) and
+    (``plot``) ``<results>/plots/prediction_check.png``; returns the prediction check's rows."""
     df = prediction_rows(results, models)
     atomic_write_text(results / CSV_NAME, df.to_csv(index=False))
+    atomic_write_text(results / COMPUTE_CSV_NAME, compute_rows(results, models).to_csv(index=False))
     if plot:
         predicted_vs_measured(df, results / "plots" / PLOT_NAME, BAND)
     return df

@@ -56,6 +56,7 @@ rule report:
         check=f"{RESULTS}/prediction_check.csv",
         check_plot=f"{RESULTS}/plots/prediction_check.png",
         memory_check=f"{RESULTS}/memory_check.csv",
+        compute_check=f"{RESULTS}/compute_check.csv",
     log:
         f"{RESULTS}/logs/report.log",
     params:
