@@ -13,7 +13,6 @@ In memory, times are seconds (``fwd_s``, ``bwd_s``) and sizes bytes.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,14 +167,15 @@ class LayerGraph:
 
     @classmethod
     def read(cls, path: str | Path, minibatch_size: int = 0) -> LayerGraph:
-        """Read a graph.txt file.
+        """Read a graph.txt file (and what each layer saves for its backward from the ``graph.json`` our
+        profiler writes beside it, when there is one: :attr:`saved`).
 
         Args:
             path: the file.
             minibatch_size: samples in the profiled minibatch, if known.
         Raises:
             PipeDreamError: on a missing file, a malformed line (names the line number), a duplicate
-                node, an edge to an unknown node, or a cycle.
+                node, an edge to an unknown node, a cycle, or a ``graph.json`` that is not a JSON object.
         """
         path = Path(path)
         text = read_text(path, "profile", "the graph.txt file inside it", "a graph.txt profile",
@@ -183,7 +183,8 @@ class LayerGraph:
         graph = cls.parse(text, source=str(path), minibatch_size=minibatch_size)
         beside = path.with_name("graph.json")  # our profiler's: what each node saves for its backward
         if beside.is_file():
-            for n in json.loads(beside.read_text()).get("nodes", []):
+            doc = read_json_object(beside, "profile", "a graph.json file", "run `pipedream profile` again")
+            for n in doc.get("nodes", []):
                 if "saved_bytes" in n and n.get("id") in graph.nodes:
                     graph.saved[n["id"]] = (float(n["saved_bytes"]), bool(n["saves_input"]), bool(n["saves_output"]))
         return graph

@@ -106,7 +106,8 @@ def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float
     Args:
         param_bytes: the stage's parameters, bytes (``P``).
         activation_bytes: what its forward stashes for one (micro)batch, bytes (``A``).
-        input_bytes: one received input, bytes (``I``; 0 on the input stage, whose input is its data).
+        input_bytes: what the runtime keeps per (micro)batch outside autograd, bytes (``I``: the received
+            input or the data, and the output it sent; see :func:`plan_memory`).
         schedule: one of :data:`SCHEDULES`.
         in_flight_count: (micro)batches held at the peak (:func:`in_flight`).
         optimizer, momentum: the optimizer (:func:`optimizer_states`).
@@ -123,9 +124,8 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
                 momentum: float = 0.9) -> list[StageMemory]:
     """:func:`stage_memory` of one replica of each stage of a plan, from a profile.
 
-    ``A`` is the profile's output bytes of the stage's layers (inputs excluded) and ``I`` the output bytes
-    of the layers of other stages that feed it, both per (micro)batch: ``graph`` must be at the
-    (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage.
+    ``A`` and ``I`` per (micro)batch as :func:`_activation_and_buffer_bytes` defines them: ``graph`` must be
+    at the (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage.
 
     Raises:
         PipeDreamError: an unknown schedule or optimizer.
@@ -157,18 +157,18 @@ def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str]
     inside = set(nodes)
     received = {a for a, b in graph.edges if where.get(b) == s and where.get(a, s) != s}
     data = [n for n in nodes if graph.nodes[n].is_input]
-    sent = {n for n in nodes if any(where.get(c, s) != s for c in consumers.get(n, []))} if not last else set()
-    buffers = sum(graph.nodes[a].output_bytes for a in (*received, *data, *sent))
+    kept = sum(graph.nodes[a].output_bytes for a in (*received, *data))
     layers = [n for n in nodes if not graph.nodes[n].is_input]
     if not all(n in graph.saved for n in layers):
-        return sum(graph.nodes[n].output_bytes for n in layers), buffers - sum(graph.nodes[n].output_bytes for n in sent)
+        return sum(graph.nodes[n].output_bytes for n in layers), kept
+    sent = set() if last else {n for n in nodes if any(where.get(c, s) != s for c in consumers.get(n, []))}
     acts = 0.0
     for n in layers:
         own, _, saves_output = graph.saved[n]
-        held = saves_output or not consumers.get(n) or any(
-            c in inside and graph.saved.get(c, (0.0, False, False))[1] for c in consumers.get(n, []))
+        inside_consumers = [c for c in consumers.get(n, []) if c in inside]
+        held = saves_output or not consumers.get(n) or any(graph.saved[c][1] for c in inside_consumers)
         acts += own + (graph.nodes[n].output_bytes if held and n not in sent else 0.0)
-    return acts, buffers
+    return acts, kept + sum(graph.nodes[n].output_bytes for n in sent)
 
 
 def stashing_total(param_bytes, activation_bytes, input_bytes, in_flight_count, states: int = 1):  # type: ignore[no-untyped-def]

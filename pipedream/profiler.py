@@ -220,7 +220,8 @@ def _saved(run: Callable[..., Any], args: Any, kwargs: Any, params: set[int]) ->
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run(*a, **k)
     outs = {t.untyped_storage().data_ptr() for t in _tensors(out)}
-    own = sum(b for ptr, b in saved.items() if ptr not in inputs | outs | params)
+    others = inputs | outs | params
+    own = sum(b for ptr, b in saved.items() if ptr not in others)
     return float(own), any(ptr in inputs for ptr in saved), any(ptr in outs for ptr in saved)
 
 

@@ -228,7 +228,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     opts = simulation_options()
     device = cluster.device_memory_bytes
     limit = max(device, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
-    cands, state = [], []
+    cands, exact_bytes = [], []  # per candidate, per stage: weights, gradients, optimizer state
     for source, plan in candidates(g, cluster, solver_plans, model=model, minibatch_size=minibatch_size, straight=straight):
         need = memory.plan_memory(g, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
         # weights, gradients and optimizer state are exact: a hard limit at the device's memory
@@ -236,16 +236,16 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
         fits = not memory_limit or (max(m.total for m in need) <= limit and max(exact) <= device)
         cands.append(Candidate(plan, source, [m.total for m in need], fits,
                                bound_s=compute_bound_s(g, plan, opts["dataset_size"])))
-        state.append(exact)
+        exact_bytes.append(exact)
     fitting = sorted((c for c in cands if c.fits), key=lambda c: c.bound_s)
     if not fitting:
-        over = all(max(e) > device for e in state)  # then name the candidate whose exact bytes are smallest
-        k = min(range(len(cands)), key=lambda i: max(state[i]) if over else max(cands[i].memory_bytes))
-        least, worst = cands[k], max(range(len(state[k])), key=lambda s: state[k][s])
+        over = all(max(e) > device for e in exact_bytes)  # then name the candidate whose exact bytes are smallest
+        k = min(range(len(cands)), key=lambda i: max(exact_bytes[i]) if over else max(cands[i].memory_bytes))
+        least, worst = cands[k], max(range(len(exact_bytes[k])), key=lambda s: exact_bytes[k][s])
         if over:
             raise PipeDreamError(
                 f"no plan fits {memory.format_bytes(device)} per device of {cluster.name}: even in the smallest "
-                f"candidate, {least.plan.config}, stage {worst} holds {memory.format_bytes(state[k][worst])} of weights, "
+                f"candidate, {least.plan.config}, stage {worst} holds {memory.format_bytes(exact_bytes[k][worst])} of weights, "
                 "gradients and optimizer state; use a cluster with more memory or more workers")
         raise PipeDreamError(f"no plan fits {memory.format_bytes(limit)} per device: the smallest candidate, "
                              f"{least.plan.config}, needs {memory.format_bytes(max(least.memory_bytes))} on one device; use a "

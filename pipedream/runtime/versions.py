@@ -154,13 +154,6 @@ class WeightVersions:
         self._store[after] = self._aliases()
         self.max_alive = max(self.max_alive, len(self._store))
 
-    def commit(self) -> int:
-        """Record a step already made in place on the master weights (tests); returns the new version.
-        Only correct when no stored version still needed the old values: wrap real steps in :meth:`stepping`."""
-        with self.stepping():
-            pass
-        return self.latest
-
     def _kept(self, latest: int) -> set[int]:
         """Stored versions that survive when ``latest`` is the newest version."""
         kept = {v for v in self._store if v == latest or v >= self._floor or self._users[v] > 0}

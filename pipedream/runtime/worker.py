@@ -220,8 +220,7 @@ def train(cfg: TrainConfig) -> None:
                                 versions, log.rows, sums)
         loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.comm_timeout_s, "end-of-epoch loss reduction")
         epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint writes excluded
-        memory = _memory_row(executor, rank, world, stage_ranks, cfg.comm_timeout_s)
-        memory.update(_busy_row(busy, rank, world, stage_ranks, cfg.comm_timeout_s))
+        per_stage = _stage_row(executor, busy, rank, world, stage_ranks, cfg.comm_timeout_s)
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
         ev = executor.run(eval_sched.order[rank], eval_sched, StageData(val.inputs, val.labels), micro, phase=1)
@@ -232,7 +231,7 @@ def train(cfg: TrainConfig) -> None:
                "samples_per_s": samples / epoch_time,
                "wall_time_s": time.time() - wall0, "train_samples": samples,
                "bytes_sent_rank0": float(p2p.bytes_sent), "throttle_s_rank0": p2p.throttle_s,
-               "max_weight_versions": float(versions.max_alive), **memory}
+               "max_weight_versions": float(versions.max_alive), **per_stage}
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
@@ -251,45 +250,38 @@ def train(cfg: TrainConfig) -> None:
     D.barrier(cfg.comm_timeout_s, "end of training")
 
 
-def _memory_row(ex: StageExecutor, rank: int, world: int, stage_ranks: list[list[int]],
-                timeout_s: float) -> dict[str, float]:
-    """Every stage's peak memory of the epoch's training, bytes, for rank 0's metrics row (empty without
-    ``measure_memory``): ``peak_memory_bytes_stage<s>``, the categories at that peak as
-    ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory_meter.CATEGORIES`), and on CUDA
-    ``cuda_max_allocated_bytes_stage<s>``; a replicated stage reports its largest replica. Collective:
-    every rank calls it."""
-    if ex.memory is None:
-        return {}
-    rec = ex.memory.record()
-    values = [float(rec["peak_bytes"])] + [float(rec["breakdown"][c]) for c in CATEGORIES]
-    values.append(float(rec["cuda_max_allocated_bytes"] or 0))
+def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stage_ranks: list[list[int]],
+               timeout_s: float) -> dict[str, float]:
+    """Every stage's figures of the epoch's training for rank 0's metrics row, gathered in one collective
+    (every rank calls it):
+
+    * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`) and
+      ``wait_s_stage<s>`` (blocked on receives and allreduces), seconds, mean over the stage's replicas;
+    * with ``measure_memory``: ``peak_memory_bytes_stage<s>``, the categories at that peak as
+      ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory_meter.CATEGORIES`) and on CUDA
+      ``cuda_max_allocated_bytes_stage<s>``, bytes, of the stage's largest replica.
+    """
+    rec = ex.memory.record() if ex.memory is not None else None
+    values = list(busy)
+    if rec is not None:
+        values += [float(rec["peak_bytes"]), *(float(rec["breakdown"][c]) for c in CATEGORIES),
+                   float(rec["cuda_max_allocated_bytes"] or 0)]
     n = len(values)
     slots = [0.0] * (n * world)  # this rank's values in its slot, summed over ranks: a gather
     slots[rank * n:(rank + 1) * n] = values
-    slots = D.allreduce_sum(slots, timeout_s, "per-stage memory gather")
+    flat = D.allreduce_sum(slots, timeout_s, "per-stage time and memory gather")
+    got = [flat[q * n:(q + 1) * n] for q in range(world)]
     row: dict[str, float] = {}
     for s, ranks in enumerate(stage_ranks):
-        r = max(ranks, key=lambda q: slots[q * n])
-        got = slots[r * n:(r + 1) * n]
-        row[f"peak_memory_bytes_stage{s}"] = got[0]
-        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, got[1:-1], strict=True)})
+        row[f"compute_s_stage{s}"] = sum(got[q][0] for q in ranks) / len(ranks)
+        row[f"wait_s_stage{s}"] = sum(got[q][1] for q in ranks) / len(ranks)
+        if rec is None:
+            continue
+        peak = got[max(ranks, key=lambda q: got[q][2])]
+        row[f"peak_memory_bytes_stage{s}"] = peak[2]
+        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, peak[3:-1], strict=True)})
         if rec["cuda_max_allocated_bytes"] is not None:
-            row[f"cuda_max_allocated_bytes_stage{s}"] = max(slots[q * n + n - 1] for q in ranks)
-    return row
-
-
-def _busy_row(busy: list[float], rank: int, world: int, stage_ranks: list[list[int]],
-              timeout_s: float) -> dict[str, float]:
-    """Every stage's training compute and wait seconds of the epoch (mean over its replicas), for rank 0's
-    metrics row: ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`) and
-    ``wait_s_stage<s>`` (blocked on receives and allreduces). Collective: every rank calls it."""
-    slots = [0.0] * (2 * world)  # this rank's two values in its slot, summed over ranks: a gather
-    slots[2 * rank:2 * rank + 2] = busy
-    slots = D.allreduce_sum(slots, timeout_s, "per-stage compute and wait gather")
-    row: dict[str, float] = {}
-    for s, ranks in enumerate(stage_ranks):
-        row[f"compute_s_stage{s}"] = sum(slots[2 * q] for q in ranks) / len(ranks)
-        row[f"wait_s_stage{s}"] = sum(slots[2 * q + 1] for q in ranks) / len(ranks)
+            row[f"cuda_max_allocated_bytes_stage{s}"] = max(got[q][-1] for q in ranks)
     return row
 
 
