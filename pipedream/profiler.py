@@ -9,7 +9,14 @@ Each node is then timed in isolation on its recorded inputs:
   processes of a shared machine, which inflate a mean: on the reduced ResNet-50 on 2 busy cores, three
   profiles with the mean of 5 planned straight, 3-1, 3-1; with the median of 10, 3-1 each time);
 - backward: ``torch.autograd.backward`` of the node's outputs with random output gradients, timed
-  the same way (the graph is rebuilt by an untimed forward before each timed backward);
+  the same way (the graph is rebuilt by an untimed forward before each timed backward). As in training,
+  only what depends on a parameter gets a gradient: a layer fed by the model's input does not compute
+  the gradient of that input (for the reduced AlexNet's and S2VT's first layers that backward-data pass
+  doubled the profiled time of the first stage);
+- the loss: with ``loss`` given, its forward and backward on the model's output are timed the same way and
+  added to the node that produces the output, since the runtime's last stage computes the loss in its
+  forward and starts its backward from it (over GNMT's and AWD-LM's vocabularies the log-softmax is a
+  large part of the last stage);
 - activation bytes: bytes of each output tensor for the whole minibatch;
 - parameter bytes: bytes of the node's own parameters (4 per fp32 parameter).
 
@@ -28,6 +35,7 @@ Node ids follow the original format: ``node0`` is the input and operation nodes 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -73,9 +81,10 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _fresh(value: Any) -> Any:
-    """A copy of ``value`` whose floating-point tensors are new graph leaves that require grad."""
+    """A copy of ``value`` whose tensors that require grad are new graph leaves that require grad (the
+    rest, such as the model's input, stay as they are)."""
     if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
+        if value.requires_grad:
             return value.detach().requires_grad_(True).clone()  # clone: in-place layers act on a non-leaf
         return value
     if isinstance(value, tuple):
@@ -137,6 +146,7 @@ def profile_module(
     settings: ProfileSettings | None = None,
     name: str = "model",
     granularity: str = "layer",
+    loss: Callable[[Any], torch.Tensor] | None = None,
 ) -> LayerGraph:
     """Profile ``model`` on ``example_input`` (a whole minibatch) and return its layer graph.
 
@@ -149,6 +159,8 @@ def profile_module(
             stages and the runtime's slices are made of; a ResNet block or a GNMT layer stays whole);
             ``"op"``: torch.fx's default, every leaf ``torch.nn`` module and function is a node, so a
             block's skip connection shows as a branch in the DAG.
+        loss: ``loss(output) -> scalar`` (the criterion bound to the minibatch's targets), or None; its
+            forward and backward seconds (:func:`profile_loss`) are added to the node producing the output.
     Returns:
         A :class:`LayerGraph` with ``minibatch_size`` set to the first input's batch dimension; node
         times in seconds per minibatch, activations and parameters in bytes.
@@ -176,11 +188,18 @@ def profile_module(
         graph.add_node(Node(ids[ph], f"Input{suffix}", 0.0, 0.0, (float(x.numel() * x.element_size()),), 0.0))
     ops = [n for n in gm.graph.nodes if n.op in OPS]
     params = {p.untyped_storage().data_ptr() for p in (*gm.parameters(), *gm.buffers())}  # held as weights
+    trained = {id(p) for p in gm.parameters() if p.requires_grad}
+    needs_grad: set[fx.Node] = set()  # nodes whose output depends on a parameter: the runtime differentiates it
     for node in _progress(ops, f"profile {name}"):
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
         run = _runner(gm, node)
         with torch.no_grad():
             out = run(*args, **kwargs)
+        if _owns_parameter(gm, node, trained) or any(src in needs_grad for src in node.all_input_nodes):
+            needs_grad.add(node)
+            for t in _tensors(out):
+                if t.is_floating_point() and t.is_leaf and not t.requires_grad:
+                    t.requires_grad_(True)  # a leaf, made under no_grad: marks what _fresh differentiates
         values[node] = out
         fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings) if node.op != "get_attr" else 0.0
         bwd_s = _backward_time(run, args, kwargs, settings)
@@ -189,7 +208,32 @@ def profile_module(
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
+    if loss is not None:
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        sinks = [n for n in ops if n in output.all_input_nodes]
+        if sinks:
+            fwd_s, bwd_s = profile_loss(fx.node.map_arg(output.args[0], lambda a: values[a]), loss, settings)
+            sink = graph.nodes[ids[sinks[-1]]]
+            graph.nodes[sink.node_id] = dataclasses.replace(sink, fwd_s=sink.fwd_s + fwd_s, bwd_s=sink.bwd_s + bwd_s)
     return graph
+
+
+def profile_loss(output: Any, loss: Callable[[Any], torch.Tensor], settings: ProfileSettings) -> tuple[float, float]:
+    """Forward and backward seconds of ``loss(output)`` on a model's ``output`` (one profiled minibatch),
+    timed as a node is: ``(forward_s, backward_s)``; the backward from the scalar loss to the output."""
+    fresh = _fresh(output)
+    with torch.no_grad():
+        forward_s = _timed(lambda: loss(fresh), settings)
+    return forward_s, _backward_time(loss, (output,), {}, settings)
+
+
+def _owns_parameter(gm: fx.GraphModule, node: fx.Node, trained: set[int]) -> bool:
+    """Whether ``node`` uses a parameter that trains (a module's or a ``get_attr``'s)."""
+    if node.op == "call_module":
+        return any(id(p) in trained for p in gm.get_submodule(str(node.target)).parameters())
+    if node.op == "get_attr":
+        return id(getattr(gm, str(node.target), None)) in trained
+    return False
 
 
 def _runner(gm: fx.GraphModule, node: fx.Node) -> Callable[..., Any]:

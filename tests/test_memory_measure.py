@@ -17,7 +17,7 @@ from pipedream import schedules
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.executor import StageData, StageExecutor
-from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, bytes_by_category
+from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, StageTally, bytes_by_category
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
@@ -84,6 +84,29 @@ def test_single_stage_peak_by_hand(optimizer: str, state_bytes: int) -> None:
     assert mem.max_copies == 1
     assert mem.counts == 6  # one count after every action
     assert ex.saved.by_unit == {}  # every backward dropped its unit's saved tensors
+
+
+def test_the_tally_counts_what_a_full_count_counts_and_recounts_only_what_was_touched() -> None:
+    w, v = torch.zeros(10), torch.zeros(5)  # fixed part: 40 bytes of weights, 20 of a stored version
+    a_in, a_saved, b_in, posted = torch.zeros(3), [w, torch.zeros(7)], torch.zeros(2), [torch.zeros(4)]
+
+    def fixed():  # noqa: ANN202
+        return [("weights", [w]), ("versions", [v]), ("gradients", []), ("optimizer", [])]
+
+    units = {"a": lambda: [("buffers", [a_in]), ("activations", a_saved)],  # unit a saved the weight, counted there
+             "b": lambda: [("buffers", [b_in]), ("activations", [])]}
+    tally = StageTally()
+    expected = {**dict.fromkeys(CATEGORIES, 0), "weights": 40, "versions": 20, "buffers": 12 + 8 + 16, "activations": 28}
+    assert tally.now(fixed, units, posted) == expected
+    assert bytes_by_category([*fixed(), ("buffers", [a_in, b_in, *posted]), ("activations", a_saved)]) == expected
+    a_saved.clear()  # unit a's backward freed its activations
+    assert tally.now(fixed, units, posted)["activations"] == 28  # not touched: its count stands
+    tally.touch("a")
+    assert tally.now(fixed, units, posted)["activations"] == 0
+    w = torch.zeros(20)  # a step moved the weights to a larger storage: fixed() sees it, counted after invalidate
+    del units["b"]  # unit b left (its SEND_B popped it)
+    tally.invalidate()
+    assert tally.now(fixed, units, posted) == {**expected, "weights": 80, "buffers": 12 + 16, "activations": 0}
 
 
 def test_meter_reset_forgets_the_peak() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -92,3 +94,47 @@ def test_what_each_layer_saves_for_its_backward() -> None:
     g = profile_module(model, torch.randn(5, 4), ProfileSettings(warmup=0, iters=1))
     assert g.saved == {"node1": (0.0, True, False), "node2": (0.0, False, True), "node3": (0.0, True, False),
                        "node4": (16.0, True, False)}
+
+
+class _Probe(nn.Module):
+    """A linear layer that records, at every call, whether its input requires grad."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+        self.seen: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x.requires_grad)
+        return self.fc(x)
+
+
+def test_backward_differentiates_only_what_depends_on_a_parameter() -> None:
+    first, second = _Probe(4), _Probe(4)
+    g = profile_module(nn.Sequential(nn.ReLU(), first, second), torch.randn(8, 4), FAST)
+    assert g.nodes["node1"].bwd_s == 0.0  # the ReLU on the data: nothing of it needs a gradient in training
+    assert first.seen and not any(first.seen)  # the model's input never gets a gradient, as in the runtime
+    assert second.seen and all(second.seen)  # a stage boundary's input does
+
+
+class _SlowSum(torch.autograd.Function):
+    """``x.sum()`` that sleeps 10 ms in its forward and 20 ms in its backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.shape = x.shape
+        time.sleep(0.01)
+        return x.sum()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        time.sleep(0.02)
+        return grad.expand(ctx.shape)
+
+
+def test_the_loss_is_timed_into_the_node_that_produces_the_output() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    g = profile_module(model, torch.randn(8, 4), FAST, loss=_SlowSum.apply)
+    last = g.nodes["node3"]
+    assert last.fwd_s >= 0.01 and last.bwd_s >= 0.02  # the loss's sleeps: 10 ms forward, 20 ms backward
+    assert all(n.fwd_s < 0.005 and n.bwd_s < 0.005 for n in list(g.nodes.values())[:3])  # microseconds each

@@ -22,6 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU threads to time with (torch.set_num_threads); default 1, what every `pipedream train` "
                         "worker runs with (OMP_NUM_THREADS=1), so the profile times what the workers compute at")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
+    p.add_argument("--data", choices=["real", "synthetic"], default=None,
+                   help="what the profiled minibatch is: real: the first minibatch a run trains on (epoch 1's "
+                        "order from --seed) of the model's data set, so padding and sequence lengths are the "
+                        "run's; synthetic: random samples of its shapes (pipedream.data.synthetic). Default: real "
+                        "for --preset reduced, synthetic for full (the shipped data sets are reduced-size)")
     p.add_argument("--granularity", default="layer", choices=["layer", "op"],
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
                         "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
@@ -33,22 +38,33 @@ def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
     import torch
 
+    from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
-    from pipedream.models import build_model, example_input, get_spec
+    from pipedream.models import get_spec
     from pipedream.profiler import ProfileSettings, optimizer_step_rates, profile_module, write_profile
+    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.task import load_task
 
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:
         raise PipeDreamError("--profiled-batch, --iters and --threads must be >= 1 and --warmup >= 0")
     torch.set_num_threads(args.threads)
-    model = build_model(args.model, args.preset, args.seed)
-    x = example_input(args.model, args.profiled_batch, args.preset, args.seed)
+    data = args.data or ("real" if args.preset == "reduced" else "synthetic")
+    task = load_task(TrainConfig(model=args.model, preset=args.preset, seed=args.seed, data=data,
+                                 batch_size=args.profiled_batch))
+    if len(task.train) < args.profiled_batch:
+        raise PipeDreamError(f"{args.model}'s {data} training set has {len(task.train)} samples, fewer than "
+                             f"--profiled-batch {args.profiled_batch}; give a smaller --profiled-batch")
+    x, y = task.train.batch(minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0])
+    x = x.to(args.device) if isinstance(x, torch.Tensor) else tuple(t.to(args.device) for t in x)
+    y = y.to(args.device)
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
-    graph = profile_module(model, x, settings, name=args.model, granularity=args.granularity)
-    rates = optimizer_step_rates(model, x, settings)
+    graph = profile_module(task.model, x, settings, name=args.model, granularity=args.granularity,
+                           loss=lambda out: task.criterion(out, y))
+    rates = optimizer_step_rates(task.model, x, settings)
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
-            "iters": args.iters, "granularity": args.granularity, "threads": args.threads,
-            "optimizer_step_s_per_param_byte": rates}
+            "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
+            "loss": "in the output node", "optimizer_step_s_per_param_byte": rates}
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "

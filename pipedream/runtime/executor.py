@@ -44,7 +44,7 @@ from torch.func import functional_call
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.runtime.buckets import BucketReducer, GradBuckets
 from pipedream.runtime.comm import P2P, Outgoing, PendingRecv
-from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, tensors_in
+from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, StageTally, tensors_in
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
@@ -191,6 +191,7 @@ class StageExecutor:
         self._reducing = (0, 0)  # (minibatch, microbatch) of the backward that launched the buckets
         self.memory = MemoryMeter(p2p.device) if measure_memory else None
         self.saved = SavedTensors()  # activations saved for backward, per in-flight unit (measure_memory)
+        self._tally = StageTally()
 
     # ---------------------------------------------------------------- one pass over an action list
     def run(self, actions: list[Action], schedule: Schedule, data: StageData, microbatch_size: int,
@@ -212,6 +213,7 @@ class StageExecutor:
         self.scale = 1.0 / schedule.num_microbatches
         self.updates_per_version = schedule.reduce_divisor(self.stage)  # minibatches one STEP applies
         self.overlapped = overlapped_backwards(actions)
+        self._tally.invalidate()  # a checkpoint load or an evaluation pass may have changed what the stage holds
         plan = issue_plan(actions, self.p2p.batched)
         for i, a in enumerate(actions):
             if plan[i]:
@@ -223,7 +225,7 @@ class StageExecutor:
             if self.copies_trace is not None:
                 self.copies_trace.append(self._weight_copies())
             if phase == 0 and self.memory is not None:
-                self.memory.count(*self._memory_now())
+                self._count_memory(a)
         self.p2p.drain()
         if phase == 0:
             self.stats_history.append(self.stats.losses)
@@ -384,20 +386,28 @@ class StageExecutor:
         if self.on_backward is not None:
             self.on_backward(*a.key)
 
-    def _memory_now(self) -> tuple[list[tuple[str, Iterable[torch.Tensor]]], int]:
-        """What the stage holds now, by category (:mod:`pipedream.runtime.memory_meter`), and the copies of its
-        weights (:meth:`_weight_copies`, the master included)."""
+    def _count_memory(self, a: Action) -> None:
+        """Count what the stage holds after action ``a`` into :attr:`memory` (categories of
+        :mod:`pipedream.runtime.memory_meter`), with the copies of its weights (:meth:`_weight_copies`)."""
+        self._tally.touch(a.key)
         master = list(self.versions.master)
-        stored = [self.versions.params_of(v) for v in self.versions.alive()]
-        copies = self._weight_copies()
-        units = [{k: x for k, x in u.items() if k != "params"} for u in self.units.values()]
-        posted = [[p.header, *p.tensors] for p in self.pending.values()]
-        return [("weights", master + list(self.module.buffers())),
-                ("versions", tensors_in(stored)),
-                ("gradients", [b.buffer for b in self.buckets.buckets] + [p.grad for p in master if p.grad is not None]),
-                ("optimizer", tensors_in(list(self.optimizer.state.values()))),
-                ("buffers", tensors_in([units, posted])),
-                ("activations", self.saved.tensors())], copies
+        # what changes the fixed part: a step makes a version (and may move the master), a backward may release one
+        signature = (tuple(self.versions.alive()), master[0].untyped_storage().data_ptr() if master else 0,
+                     len(self.optimizer.state))
+
+        def fixed() -> list[tuple[str, Iterable[torch.Tensor]]]:
+            return [("weights", master + list(self.module.buffers())),
+                    ("versions", tensors_in([self.versions.params_of(v) for v in self.versions.alive()])),
+                    ("gradients", [b.buffer for b in self.buckets.buckets] + [p.grad for p in master if p.grad is not None]),
+                    ("optimizer", tensors_in(list(self.optimizer.state.values())))]
+
+        def unit(key: tuple[int, int], u: dict[str, Any]) -> Callable[[], list[tuple[str, Iterable[torch.Tensor]]]]:
+            return lambda: [("buffers", tensors_in([x for k, x in u.items() if k != "params"])),
+                            ("activations", self.saved.tensors_of(key))]
+
+        posted = tensors_in([[p.header, *p.tensors] for p in self.pending.values()])
+        now = self._tally.now(fixed, {k: unit(k, u) for k, u in self.units.items()}, posted, signature)
+        self.memory.add(now, self._weight_copies())  # type: ignore[union-attr]
 
     def _do_allreduce(self, a: Action) -> None:
         if self.reducer is None:
