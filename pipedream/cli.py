@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
 
 import pipedream.commands
@@ -55,9 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGINT/SIGTERM where a command turns them into Interrupted
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"error: interrupted by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
 
 
 if __name__ == "__main__":

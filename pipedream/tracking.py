@@ -87,8 +87,10 @@ class LiveRun:
     the UI's wall-time axis is real time), metrics scored per epoch after training at the same steps and
     times (:meth:`log_scores`), final metrics, artifacts and the status at the end.
 
-    A rerun of the same target (same experiment and run name: the ``run_key`` tag) deletes the earlier
-    run first, so no duplicate is left.
+    A rerun of the same target (same experiment and run name: the ``run_key`` tag) retires the earlier
+    runs only when it ends: a FINISHED run deletes every earlier run of its key, so no duplicate is left; a
+    FAILED or KILLED one deletes only earlier runs that did not finish, so a crashed rerun never replaces
+    the FINISHED run a report links to.
 
     Args:
         experiment: MLflow experiment name (one per Table 1 row, e.g. ``"vgg16/cpu4"``).
@@ -106,14 +108,14 @@ class LiveRun:
         self.experiment_id = _experiment_id(experiment)
         run_key = f"{experiment}|{run_name}"
         self.client = mlflow.MlflowClient()
-        for old in self.client.search_runs([self.experiment_id], filter_string=f"tags.run_key = '{run_key}'"):
-            self.client.delete_run(old.info.run_id)
+        self.run_key = run_key
         self.tags = {"run_key": run_key, "git_commit": git_commit(), **(tags or {})}
         self.start_ms = int(1000 * (time.time() if start_time_s is None else start_time_s))
         run = self.client.create_run(self.experiment_id, start_time=self.start_ms, run_name=run_name, tags=self.tags)
         self.run_id: str = run.info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
         self.logged = 0  # epochs logged so far
+        self.ended = False  # whether finish() has ended the run
 
     def log_epochs(self, epochs: list[dict[str, float]]) -> None:
         """Log the epochs of ``epochs`` (all of the run so far, in order) that are not logged yet."""
@@ -143,7 +145,8 @@ class LiveRun:
     def finish(self, final_metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                artifacts: Iterable[Path] = (), status: str = "FINISHED") -> None:
         """Log final metrics (step 0, now), extra tags and artifacts (missing files skipped), then end
-        the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``)."""
+        the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``), then retire the earlier runs of the
+        same target (see the class docstring)."""
         from mlflow.entities import Metric, RunTag
 
         now = int(1000 * time.time())
@@ -153,6 +156,10 @@ class LiveRun:
             if Path(path).is_file():
                 self.client.log_artifact(self.run_id, str(path))
         self.client.set_terminated(self.run_id, status=status)
+        self.ended = True
+        for old in self.client.search_runs([self.experiment_id], filter_string=f"tags.run_key = '{self.run_key}'"):
+            if old.info.run_id != self.run_id and (status == "FINISHED" or old.info.status != "FINISHED"):
+                self.client.delete_run(old.info.run_id)
 
 
 def log_training_run(

@@ -158,6 +158,13 @@ def bad_files(tmp_path: Path) -> Path:
     (tmp_path / "folder").mkdir()
     proc = _run("plan", "--profile", RELEASE_VGG16, "--cluster", "A_4x4", "--out", str(tmp_path / "p16.json"))
     assert proc.returncode == 0, proc.stderr
+    plan = json.loads((tmp_path / "p16.json").read_text())
+    holey = json.loads(json.dumps(plan))
+    holey["stages"][-1]["nodes"].pop()  # the last layer in no stage
+    (tmp_path / "holey.json").write_text(json.dumps(holey))
+    plan["stages"].insert(1, {"nodes": [], "replicas": 1, "ranks": [plan["workers"]]})
+    plan["workers"] += 1
+    (tmp_path / "empty-stage.json").write_text(json.dumps(plan))
     return tmp_path
 
 
@@ -193,6 +200,13 @@ def bad_files(tmp_path: Path) -> Path:
      "error: plan p16.json is for model 'vgg16', not --model 'alexnet'"),
     (["train", "--mode", "dp", "--workers", "-2"], "error: --workers, --nnodes and --timeout-s must be positive"),
     (["train", "--mode", "dp", "--train-subset", "-5"], "error: --train-subset must not be negative (got -5)"),
+    (["train", "--mode", "dp", "--checkpoint-every", "3"], "error: --mode dp does not checkpoint: --checkpoint, "
+     "--checkpoint-every and --resume are PipeDream options; leave them out of a data-parallel run"),
+    (["train", "--mode", "dp", "--resume"], "error: --mode dp does not checkpoint"),
+    (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "holey.json", "--workers", "16"],
+     "in no stage; re-plan from a profile of this model at this granularity"),
+    (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "empty-stage.json", "--workers", "16"],
+     "error: plan stage 1 has no layers; give it layers or remove the stage"),
     (["train", "--mode", "dp", "--model", "nosuch.module:make"],
      "error: cannot import model function 'nosuch.module:make': No module named 'nosuch'"),
 ])

@@ -107,7 +107,8 @@ def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
 
 
 def test_killed_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path: Path) -> None:
-    """Checkpoints every 3 minibatches; rank 1 dies in minibatch 7 of epoch 1; the resumed run ends bitwise equal."""
+    """Checkpoints every 3 minibatches; rank 1 dies in minibatch 7 of epoch 1; its newest checkpoint is then
+    truncated; the resumed run falls back to the one before and ends bitwise equal."""
     data = write_data(tmp_path / "data")
 
     def cfg(out: str, resume: bool = False) -> TrainConfig:
@@ -122,7 +123,21 @@ def test_killed_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path: Pat
         spawn_local(cfg("resumed"), 2, env={FAULT_ENV: "1:7"})
     assert time.monotonic() - t0 < 60
     assert sorted(p.name for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == ["e0-m3", "e0-m6"]
+    newest = tmp_path / "resumed" / "checkpoints" / "e0-m6" / "rank1.pt"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated: resume falls back to e0-m3 on every rank
     spawn_local(cfg("resumed", resume=True), 2)
     rows, straight = _same_weights_and_metrics(tmp_path / "resumed", tmp_path / "straight")
     assert [r["train_loss"] for r in rows] == [r["train_loss"] for r in straight]
     assert [r["train_samples"] for r in rows] == [64, 64]
+
+
+def test_resume_with_no_readable_checkpoint_names_the_file(tmp_path: Path) -> None:
+    data = write_data(tmp_path / "data")
+    cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), epochs=1, out_dir=str(tmp_path / "r"),
+                      batch_size=8, max_minibatches=4, checkpoint=True, progress=False, comm_timeout_s=30)
+    spawn_local(cfg, 2)
+    ckpt = tmp_path / "r" / "checkpoints" / "e1-m0" / "rank1.pt"
+    ckpt.write_bytes(b"not a checkpoint")
+    cfg.resume, cfg.epochs = True, 2
+    with pytest.raises(PipeDreamError, match=f"rank 1 failed: checkpoint {ckpt} cannot be read"):
+        spawn_local(cfg, 2)

@@ -52,3 +52,17 @@ def test_default_store_is_the_checkouts_whatever_the_directory(tmp_path: Path, m
     assert artifact_root() == REPO / "results" / "mlartifacts"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/runs.db")
     assert tracking_uri() == f"sqlite:///{tmp_path}/runs.db" and artifact_root() == tmp_path / "mlartifacts"
+
+
+def test_a_failed_rerun_keeps_the_finished_run(mlflow_store: Path) -> None:
+    from pipedream.tracking import LiveRun
+
+    done = log_training_run("exp", "pipedream", {"seed": 0}, [{"val_accuracy": 0.5}])
+    for status in ("FAILED", "KILLED"):
+        LiveRun("exp", "pipedream", {"seed": 1}).finish(status=status)
+    client = _mlflow().MlflowClient()
+    statuses = sorted(client.get_run(r["run_id"]).info.status for r in load_runs("exp"))
+    assert statuses == ["FINISHED", "KILLED"]  # the older failure retired by the newer one, the success kept
+    assert done in {r["run_id"] for r in load_runs("exp")}
+    again = log_training_run("exp", "pipedream", {"seed": 2}, [{"val_accuracy": 0.6}])
+    assert [r["run_id"] for r in load_runs("exp")] == [again]  # retired only now that a new run FINISHED

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -41,6 +42,7 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.buckets import EmulatedLink
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
 
 
@@ -115,7 +117,8 @@ def train(cfg: TrainConfig) -> None:
     if cfg.progress and rank == 0:
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True)
+        bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True, file=sys.stdout)  # as the workers' bars
+    fault = D.fault(rank)
     log = D.MetricsLog(cfg.run_dir("dp"))
     wall0 = time.time()
     first_loss: float | None = None
@@ -142,6 +145,8 @@ def train(cfg: TrainConfig) -> None:
             count += y.shape[0]
             if bar is not None:
                 bar.update(1)
+            if fault is not None and epoch * steps + i >= fault[0]:
+                os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
         loss_total, n = D.allreduce_sum([loss_sum, count], cfg.comm_timeout_s, "end-of-epoch loss reduction")
         epoch_time = time.time() - t0
         model.eval()
@@ -185,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     add_arguments(parser)
     cfg = from_args(parser.parse_args(argv))
     rank = int(os.environ.get("RANK", "0"))
+    die_with_parent()
 
     def _run() -> None:
         D.init(cfg.comm_timeout_s)

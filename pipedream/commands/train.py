@@ -31,8 +31,6 @@ import argparse
 import json
 import math
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -108,48 +106,73 @@ def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
 
 
 def launch(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
-    """Run the torchrun command, streaming its output; raise PipeDreamError on failure or timeout."""
-    from pipedream.runtime.launch import first_error
+    """Run the torchrun command; the workers' stdout (progress) goes to the terminal and ``out_dir/train.log``,
+    everything else (warnings, tracebacks, torchrun's report) to ``train.log`` only.
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1"}
+    Whatever ends the run (a worker's failure, the timeout, SIGINT/SIGTERM turned into
+    :class:`~pipedream.runtime.supervise.Interrupted`), every process it started is SIGKILLed and gone, and
+    the log is closed, before this returns or raises (:mod:`pipedream.runtime.supervise`).
+
+    Raises:
+        PipeDreamError: one line (at most :data:`ERROR_CHARS` with ``error: ``) naming the rank that failed
+            first and its signal or exit status, or the timeout.
+        KeyboardInterrupt: after the cleanup.
+    """
+    from pipedream.runtime import supervise as S
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1",
+           S.LAUNCHER_PID_ENV: str(os.getpid())}
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "train.log"
+    rc = None
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-        pump = threading.Thread(target=_pump, args=(proc.stdout, [sys.stderr.buffer, log]), daemon=True)
-        pump.start()
+        # its own session (a terminal's Ctrl-C reaches only this process, which ends the job); dies with us
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+                                preexec_fn=S.pdeathsig_kill)
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, [sys.stderr.buffer, log]), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, [log]), daemon=True)]
+        for t in pumps:
+            t.start()
+        watch = S.Watch(proc.pid)
         try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise PipeDreamError(f"training did not finish within --timeout-s {timeout_s:.0f} s; "
-                                 f"see {log_path}") from None
-        except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGTERM)
-            raise
+            rc = S.supervise(watch, proc.poll, time.monotonic() + timeout_s)
         finally:
-            pump.join(timeout=5)
-    if rc != 0:
-        reasons = [r for r in (_root_cause(log_path), first_error(out_dir)) if r]
-        reason = "; ".join(reasons) or f"torchrun exited with status {rc}"
-        raise PipeDreamError(f"training failed: {reason} (full log: {log_path})")
+            if rc is None:  # a failure torchrun is slow to end, the timeout, or an interrupt
+                watch.kill_all()
+                proc.wait()
+            for t in pumps:
+                t.join(timeout=5)
+    if rc == 0:
+        return
+    if rc is None and not watch.failures_seen:
+        raise PipeDreamError(_clip(f"training did not finish within --timeout-s {timeout_s:g} s", f"log: {log_path}"))
+    first = watch.first_failure(S.torchrun_summary(log_path.read_text(errors="replace")))
+    if first is None or (rc is not None and rc < 0):  # torchrun itself killed (its workers die with it)
+        how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with status {rc}"
+        raise PipeDreamError(_clip(f"training failed: torchrun {how}", f"log: {log_path}"))
+    reason = _worker_reason(out_dir, first.rank) if first.status not in (None, S.PEER_FAILED) else ""
+    raise PipeDreamError(_clip(f"training failed: rank {first.rank} {first.how()}", f"log: {log_path}", reason))
 
 
-def _root_cause(log_path: Path) -> str | None:
-    """torchrun's 'Root Cause' summary of the first failed worker as 'rank R exited with ...'."""
-    text = log_path.read_text(errors="replace")
-    if "Root Cause" not in text:
-        return None
-    tail = text[text.rindex("Root Cause"):]
-    rank = re.search(r"rank\s*:\s*(\d+)", tail)
-    code = re.search(r"exitcode\s*:\s*(-?\d+)", tail)
-    if rank is None or code is None:
-        return None
-    c = int(code.group(1))
-    how = f"signal {signal.Signals(-c).name}" if c < 0 and -c in signal.valid_signals() else f"status {c}"
-    return f"worker rank {rank.group(1)} exited with {how}"
+ERROR_CHARS = 200  # the longest error line `pipedream train` prints, "error: " included
+
+
+def _clip(what: str, where: str, reason: str = "") -> str:
+    """``what[: reason]; where`` in at most ERROR_CHARS - len("error: ") characters, shortening the reason."""
+    room = ERROR_CHARS - len("error: ") - len(what) - len(where) - 2
+    if reason and room > 10:
+        reason = reason if len(reason) + 2 <= room else reason[:room - 5] + "..."
+        what = f"{what}: {reason}"
+    return f"{what}; {where}"[:ERROR_CHARS - len("error: ")]
+
+
+def _worker_reason(out_dir: Path, rank: int) -> str:
+    """The one-line reason rank ``rank`` wrote when it failed (``errors/rank<r>.txt``), without its prefix."""
+    try:
+        text = (out_dir / "errors" / f"rank{rank}.txt").read_text().strip()
+    except OSError:
+        return ""
+    return text.split(" ", 1)[-1].removeprefix(f"rank {rank} failed: ")
 
 
 def _watch(live, metrics_path: Path, stop: threading.Event, every_s: float = 2.0) -> None:  # type: ignore[no-untyped-def]
@@ -230,6 +253,22 @@ def _score_epochs(out_dir: Path, args: argparse.Namespace, cfg, epochs: list[dic
     return name
 
 
+def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
+    """Refuse, before any worker starts, a plan whose stages do not cover the model's graph exactly once in
+    graph order (a layer in no stage or in two, a node the model does not have): the checks the workers would
+    make after seconds of start-up (:func:`pipedream.runtime.split.assign`).
+
+    Raises:
+        PipeDreamError: naming the node and the fix.
+    """
+    from pipedream.models import build_model
+    from pipedream.runtime import split
+    from pipedream.runtime.stage import granularity_of
+
+    model = build_model(cfg.model, cfg.preset, cfg.seed)
+    split.assign(split.trace(model, granularity_of(plan)), [s.nodes for s in plan.stages])
+
+
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
     """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
     a failure to predict is reported in one line, never raised (the run goes on)."""
@@ -262,6 +301,9 @@ def run(args: argparse.Namespace) -> int:
     plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it
     if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0:
         raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive")
+    if args.mode == "dp" and (args.checkpoint or args.checkpoint_every is not None or args.resume):
+        raise PipeDreamError("--mode dp does not checkpoint: --checkpoint, --checkpoint-every and --resume are "
+                             "PipeDream options; leave them out of a data-parallel run")
     from pipedream.models import get_spec
 
     # an unknown model or a user's function that does not import: one line, before any worker
@@ -273,29 +315,43 @@ def run(args: argparse.Namespace) -> int:
                              f"pass --workers {plan.workers} or plan for a cluster of {args.workers} workers")
     if plan is not None and ":" not in args.model and plan.model != args.model:
         raise PipeDreamError(f"plan {plan_file} is for model {plan.model!r}, not --model {args.model!r}")
-    out_dir = cfg.run_dir(args.mode)
+    if plan is not None:
+        _check_plan_covers_model(plan, cfg)
+    from pipedream import rundir
+
+    final_dir = cfg.run_dir(args.mode)  # replaced by this run's folder only if it succeeds
+    if args.node_rank == 0:
+        out_dir, note = rundir.prepare(final_dir, args.resume)
+        if note:
+            print(note, file=sys.stderr)
+    else:  # node 0 prepares the shared folder
+        out_dir = rundir.staging(final_dir)
     args.out_dir = cfg.out_dir = str(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in ("run.json", "prediction.json", *(() if args.resume else ("metrics.json",))):
-        (out_dir / stale).unlink(missing_ok=True)
-    shutil.rmtree(out_dir / "errors", ignore_errors=True)
-    if not args.resume:
-        shutil.rmtree(out_dir / "checkpoints", ignore_errors=True)
-        shutil.rmtree(out_dir / "epochs", ignore_errors=True)
     if args.mode == "dp":
         config = str(args.workers)
     else:
         config = plan.config if plan is not None else "straight"
     cluster = plan.cluster if plan is not None else f"cpu{args.workers}"
-    metrics_path = out_dir / "metrics.json"
     entry = WORKER_MODULE if args.mode == "pipedream" else DP_MODULE
     cmd = torchrun_command(entry, cfg, args.workers, args.nnodes, args.rdzv_endpoint, run_id=args.model)
     if args.node_rank != 0:
         launch(cmd, out_dir, args.timeout_s)
         print(f"node {args.node_rank}: workers finished; node 0 logs the run")
         return 0
+    from pipedream.runtime.supervise import signals_raise
+
+    with signals_raise():  # SIGINT/SIGTERM: the workers are stopped, the MLflow run ends KILLED
+        return _train_and_log(args, cfg, plan, plan_file, cmd, out_dir, final_dir, config, cluster)
+
+
+def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, cmd: list[str], out_dir: Path,  # type: ignore[no-untyped-def]
+                   final_dir: Path, config: str, cluster: str) -> int:
+    """Node 0's part of :func:`run`: predict, launch while logging to MLflow, score, write ``run.json`` and put
+    ``out_dir`` (the staging folder) in place of ``final_dir``; any failure ends the MLflow run FAILED (KILLED
+    for an interrupt) with ``train.log`` attached."""
     from pipedream.tracking import LiveRun
 
+    metrics_path = out_dir / "metrics.json"
     params, tags = _params_and_tags(args, cfg, config, cluster)
     prediction, why_not = _predict(args, cfg, plan)
     predicted = prediction.get("predicted_epoch_time_s")
@@ -313,26 +369,33 @@ def run(args: argparse.Namespace) -> int:
     watcher.start()
     try:
         launch(cmd, out_dir, args.timeout_s)
-    except BaseException:
         stop.set()
         watcher.join(timeout=30)
-        live.finish(status="FAILED", artifacts=[out_dir / "train.log"])
+        return _finish(args, cfg, live, t0, prediction, why_not, plan_file, out_dir, final_dir, config, cluster)
+    except BaseException as e:
+        stop.set()
+        watcher.join(timeout=30)
+        if not live.ended:
+            live.finish(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
+                        artifacts=[out_dir / "train.log"])
         raise
-    stop.set()
-    watcher.join(timeout=30)
+
+
+def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, why_not: str | None,  # type: ignore[no-untyped-def,type-arg]
+            plan_file: Path | None, out_dir: Path, final_dir: Path, config: str, cluster: str) -> int:
+    """After the workers succeeded: score, log the final metrics, write ``run.json``, commit ``out_dir``."""
+    from pipedream import rundir
+
+    metrics_path = out_dir / "metrics.json"
+    predicted = prediction.get("predicted_epoch_time_s")
     total_s = time.time() - t0
     if not metrics_path.is_file():
-        live.finish(status="FAILED", artifacts=[out_dir / "train.log"])
         raise PipeDreamError(f"workers finished but wrote no {metrics_path}; see {out_dir / 'train.log'}")
     epochs = json.loads(metrics_path.read_text())
     live.log_epochs(epochs)
     scored = None  # the model's metric, scored on every epoch's model now that training is over
     if cfg.score_epochs:
-        try:
-            scored = _score_epochs(out_dir, args, cfg, epochs)
-        except BaseException:
-            live.finish(status="FAILED", artifacts=[out_dir / "train.log"])
-            raise
+        scored = _score_epochs(out_dir, args, cfg, epochs)
         live.log_scores(scored, epochs)
     final = {"final_val_accuracy": epochs[-1]["val_accuracy"], "final_train_loss": epochs[-1]["train_loss"],
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
@@ -381,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
                                               "mode": args.mode, "config": config, "cluster": cluster,
                                               "epochs": len(epochs), **final, **final_tags,
                                               **({} if why_not is None else {"prediction_error": why_not})})
+    rundir.commit(out_dir, final_dir)
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
           f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {live.run_id}")
     return 0

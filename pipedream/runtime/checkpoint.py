@@ -5,7 +5,9 @@ end of every epoch ``(e, 0)`` and, with ``--checkpoint-every N``, after every N 
 an epoch, where the pipeline is flushed (the epoch's schedule runs as segments of N minibatches).
 Every rank writes ``<out_dir>/checkpoints/e<epochs>-m<minibatches>/rank<r>.pt`` with its stage's
 weights, optimizer state, stored weight versions, RNG state, the metrics rows so far and its partial
-sums of the epoch in progress; after a barrier rank 0 writes ``COMPLETE`` in that folder. The
+sums of the epoch in progress (through a temporary file and a rename); after a barrier rank 0 writes
+``COMPLETE`` in that folder (atomically): a folder without it is never resumed from. A complete checkpoint
+that a rank cannot read is skipped for the previous one (:func:`load_stage`). The
 data-loader position is the position itself (each epoch's sample order is fixed by the seed and the
 epoch), so a resumed run continues exactly where the interrupted run would have. Files are read with
 ``torch.load(weights_only=True)``.
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from pipedream.errors import PipeDreamError
+from pipedream.io import atomic_write_text
 from pipedream.runtime import distributed as D
 from pipedream.runtime.versions import WeightVersions
 
@@ -55,25 +58,52 @@ def save_stage(out_dir: Path, position: tuple[int, int], stage: int, rank: int, 
     tmp.replace(d / f"rank{rank}.pt")
     D.barrier(600.0, f"checkpoint at epoch {position[0]} + {position[1]} minibatches")
     if rank == 0:
-        (d / MARKER).write_text(f"{position[0]} {position[1]}\n")
+        atomic_write_text(d / MARKER, f"{position[0]} {position[1]}\n")
+
+
+def complete_positions(out_dir: Path) -> list[tuple[int, int]]:
+    """Every position with a complete checkpoint (its ``COMPLETE`` marker written), newest first."""
+    root = out_dir / "checkpoints"
+    done = [(int(m[1]), int(m[2])) for p in root.glob("e*-m*") if (m := _NAME.match(p.name)) and (p / MARKER).is_file()]
+    return sorted(done, reverse=True)
 
 
 def load_stage(out_dir: Path, stage: int, rank: int, stage_ranks: list[list[int]], module: nn.Module,
                optimizer: torch.optim.Optimizer, versions: WeightVersions
                ) -> tuple[tuple[int, int], list[dict[str, float]], list[float]]:
-    """Restore this rank from the newest complete checkpoint.
+    """Restore this rank from the newest complete checkpoint that every rank can read (every rank calls it).
+
+    A checkpoint some rank cannot read (truncated, corrupt) is skipped for the next older complete one, by
+    all ranks alike; the rank that cannot read it prints a ``warning:`` naming the file.
 
     Returns:
         (position, metrics rows, partial sums of the epoch in progress); ``((0, 0), [], [])`` when
         there is no checkpoint.
     Raises:
-        PipeDreamError: the checkpoint was written for another plan.
+        PipeDreamError: the checkpoint was written for another plan, or none of the complete checkpoints can
+            be read (naming this rank's unreadable file; :class:`~pipedream.runtime.distributed.PeerFailed` on
+            the ranks that could read theirs).
     """
-    position = latest_complete(out_dir)
-    if position == (0, 0):
-        return position, [], []
-    path = _dir(out_dir, position) / f"rank{rank}.pt"
-    state = torch.load(path, weights_only=True)
+    unreadable: list[str] = []
+    for position in complete_positions(out_dir):
+        path = _dir(out_dir, position) / f"rank{rank}.pt"
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file: try the previous checkpoint
+            why = (str(e).splitlines() or [""])[0] or type(e).__name__
+            unreadable.append(f"checkpoint {path} cannot be read ({why})")
+            print(f"warning: {unreadable[-1]}; --resume falls back to the previous complete checkpoint", flush=True)
+            state = None
+        (bad,) = D.allreduce_sum([float(state is None)], 600.0, f"checkpoint check at epoch {position[0]}")
+        if bad == 0 and state is not None:
+            break
+    else:
+        if unreadable:
+            raise PipeDreamError(f"{unreadable[0]} and no older complete checkpoint exists; remove "
+                                 f"{out_dir / 'checkpoints'} to start from scratch")
+        if complete_positions(out_dir):
+            raise D.PeerFailed("another rank cannot read its checkpoints")
+        return (0, 0), [], []
     if state["stage"] != stage or state["stage_ranks"] != stage_ranks:
         raise PipeDreamError(f"checkpoint {path} is for stage {state['stage']} of {state['stage_ranks']}, not stage "
                              f"{stage} of {stage_ranks}; resume with the same plan or start a fresh --out-dir")

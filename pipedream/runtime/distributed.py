@@ -2,13 +2,15 @@
 
 Workers are started by torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` in the
 environment) or by :func:`pipedream.runtime.launch.spawn_local`. Every blocking call has a timeout;
-a worker that fails writes one line to ``<out_dir>/errors/rank<r>.txt`` and exits non-zero, so the
-launcher can say which rank failed and why.
+a worker that fails writes one line to ``<out_dir>/errors/rank<r>.txt`` and exits non-zero (1 for its own
+error, :data:`~pipedream.runtime.supervise.PEER_FAILED` when a peer stopped answering), so the launcher can
+say which rank failed first and why.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -21,7 +23,10 @@ import torch.distributed as dist
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_json, atomic_write_text
-from pipedream.runtime.comm import wait_or_raise
+from pipedream.runtime.comm import CommTimeout, wait_or_raise
+from pipedream.runtime.supervise import PEER_FAILED
+
+FAULT_ENV = "PIPEDREAM_FAULT_KILL"
 
 
 def uses_cuda() -> bool:
@@ -88,8 +93,28 @@ class MetricsLog:
         atomic_write_json(self.path, self.rows)
 
 
+def fault(rank: int) -> tuple[int, signal.Signals] | None:
+    """``$PIPEDREAM_FAULT_KILL = "rank:minibatch[:SIGNAL]"`` (tests): ``(minibatch, signal)`` if it is for this
+    rank, which then sends itself the signal (default SIGKILL; ``STOP`` freezes it) after that minibatch."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return None
+    r, m, *sig = spec.split(":")
+    return (int(m), signal.Signals[f"SIG{sig[0] if sig else 'KILL'}"]) if int(r) == rank else None
+
+
+class PeerFailed(PipeDreamError):
+    """This rank gives up because another one failed (the other one says why)."""
+
+
+def peer_failed(e: BaseException) -> bool:
+    """Whether ``e`` means another rank failed (a timeout or a broken connection), not this one."""
+    return isinstance(e, CommTimeout | PeerFailed | dist.DistError) or "Connection closed by peer" in str(e)
+
+
 def run_guarded(main: Callable[[], None], out_dir: Path, rank: int) -> None:
-    """Run ``main``; on any error write a one-line reason to ``out_dir/errors/rank<r>.txt`` and exit 1.
+    """Run ``main``; on any error write a one-line reason to ``out_dir/errors/rank<r>.txt`` and exit 1, or
+    :data:`~pipedream.runtime.supervise.PEER_FAILED` when the error says another rank failed (:func:`peer_failed`).
 
     The process exits with ``os._exit`` (status 1 on an error, else 0 after destroying the process groups) so
     that neither a broken process group nor the interpreter's teardown can hang or abort the shutdown.
@@ -110,7 +135,7 @@ def run_guarded(main: Callable[[], None], out_dir: Path, rank: int) -> None:
             pass
         print(f"error: {line}", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(1)
+        os._exit(PEER_FAILED if peer_failed(e) else 1)
     if dist.is_initialized():
         dist.destroy_process_group()
     # Skip the interpreter's finalization: gloo's worker threads may still hold finished work whose

@@ -67,7 +67,9 @@ def free_port() -> int:
 def _child(index: int, fn: Callable[[TrainConfig], None], cfg: TrainConfig, world: int, port: int,
            env: dict[str, str]) -> None:
     from pipedream.runtime import distributed as D
+    from pipedream.runtime.supervise import die_with_parent
 
+    die_with_parent()  # with the fork server, which dies with the caller's process
     os.environ.update(env)
     os.environ.update({"RANK": str(index), "WORLD_SIZE": str(world), "LOCAL_RANK": str(index),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
@@ -101,25 +103,26 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
                 for proc in ctx.processes:
                     proc.kill()
                 raise PipeDreamError(f"local run did not finish within {timeout_s:.0f} s")
-    except mp.ProcessExitedException as e:
-        raise PipeDreamError(first_error(cfg.run_dir("pipedream")) or f"a worker failed: {e}") from None
-    except mp.ProcessRaisedException as e:
-        raise PipeDreamError(first_error(cfg.run_dir("pipedream")) or f"a worker raised: {e}") from None
+    except (mp.ProcessExitedException, mp.ProcessRaisedException):
+        raise PipeDreamError(_blame(ctx.processes, cfg.run_dir("pipedream"))) from None
+
+
+def _blame(processes: list, out_dir: Path) -> str:  # type: ignore[type-arg]
+    """The rank that failed first among ``processes`` (ended; index = rank), by their exit codes
+    (:meth:`pipedream.runtime.supervise.End.blame_order`), with its own reason where it wrote one."""
+    from pipedream.runtime.supervise import End
+
+    ends = [End(r, 0.0, *((None, -p.exitcode) if (p.exitcode or 0) < 0 else (p.exitcode, None)))
+            for r, p in enumerate(processes)]
+    first = min((e for e in ends if e.failed), key=lambda e: (e.blame_order(), e.rank), default=None)
+    if first is None:
+        return "a worker failed"
+    reason = (out_dir / "errors" / f"rank{first.rank}.txt")
+    text = reason.read_text().strip().split(" ", 1)[-1] if first.status == 1 and reason.is_file() else ""
+    return text or f"rank {first.rank} {first.how()}"
 
 
 def start_method() -> str:
     """Ask the fork server to preload :data:`PRELOAD` (takes effect when it starts); returns the method."""
     mp.get_context(START_METHOD).set_forkserver_preload(PRELOAD)
     return START_METHOD
-
-
-def first_error(out_dir: Path) -> str | None:
-    """The earliest one-line failure reason a worker wrote under ``out_dir/errors``, if any."""
-    lines = []
-    for p in sorted((out_dir / "errors").glob("rank*.txt")):
-        stamp, _, text = p.read_text().strip().partition(" ")
-        try:
-            lines.append((float(stamp), text))
-        except ValueError:
-            lines.append((float("inf"), p.read_text().strip()))
-    return min(lines)[1] if lines else None

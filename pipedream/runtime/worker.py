@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +35,11 @@ from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.memory_meter import CATEGORIES
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
+from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
-FAULT_ENV = "PIPEDREAM_FAULT_KILL"
+FAULT_ENV = D.FAULT_ENV
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 
 
@@ -166,14 +167,14 @@ def train(cfg: TrainConfig) -> None:
     is_reporter = rank == stage_ranks[-1][0]
     backwards = sum(1 for _, sched in segments for a in sched.order[rank] if a.kind == schedules.Kind.B)
     bar = _progress(cfg, is_reporter, backwards)
-    fault = _fault(rank)
+    fault = D.fault(rank)
     offset = 0  # first minibatch of the segment being run, within its epoch
 
     def on_backward(m: int, j: int) -> None:
         if bar is not None:
             bar.update(1)
-        if fault is not None and offset + m >= fault:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection for tests: die without a word
+        if fault is not None and offset + m >= fault[0]:
+            os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
 
     lr_factor = lr.stage_lr_factor(cfg, replicas, s)
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
@@ -285,21 +286,13 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
     return row
 
 
-def _fault(rank: int) -> int | None:
-    """``$PIPEDREAM_FAULT_KILL = "rank:minibatch"``: that rank kills itself after that backward (tests)."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return None
-    r, m = (int(x) for x in spec.split(":"))
-    return m if r == rank else None
-
-
 def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-untyped-def]
     if not (cfg.progress and enabled):
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="mb", mininterval=2.0, dynamic_ncols=True, leave=True)
+    # stdout: `pipedream train` shows the workers' stdout and keeps their stderr for train.log
+    return tqdm(total=total, unit="mb", mininterval=2.0, dynamic_ncols=True, leave=True, file=sys.stdout)
 
 
 def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions, p2p: P2P) -> None:
@@ -331,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = from_args(parser.parse_args(argv))
     out_dir = cfg.run_dir("pipedream")
     rank = int(os.environ.get("RANK", "0"))
+    die_with_parent()
 
     def _run() -> None:
         D.init(cfg.comm_timeout_s)
