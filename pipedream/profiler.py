@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import multiprocessing as mp
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -281,6 +282,58 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
     if not outs:
         return 0.0
     return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare)
+
+
+def host_contention(step: Callable[[], Any], processes: int, seconds: float = 2.0) -> float:
+    """How much slower one training step runs when ``processes`` copies of it run at once, one per core:
+    the median step time of the copies running together over that of one copy alone (>= 1 up to noise).
+
+    The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a core
+    of its own; processor sharing (:func:`pipedream.sim.predict.host_scale`) does not see that. On the 2-core
+    CI machine, two copies of the reduced models' step: ResNet-50 1.05, GNMT-8 1.21. Each copy is a forked
+    child (Linux) that runs ``step`` for ``seconds`` after all have started; the caller should run it
+    single-threaded (``torch.set_num_threads(1)``), as the workers do.
+
+    Args:
+        step: one forward, loss and backward of the profiled minibatch.
+        processes: copies at once (the host's cores); below 2 there is nothing to measure: 1.0.
+        seconds: how long each copy steps, s.
+    """
+    if processes < 2:
+        return 1.0
+    step()  # warm up this process (the copies inherit its allocator state)
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    ready = ctx.Barrier(processes + 1)
+    alone = _median_step_s(step, seconds)
+    children = [ctx.Process(target=_step_child, args=(step, seconds, ready, results), daemon=True)
+                for _ in range(processes)]
+    for c in children:
+        c.start()
+    try:
+        ready.wait(timeout=60)
+        together = [results.get(timeout=seconds + 60) for _ in children]
+    finally:
+        for c in children:
+            c.join(timeout=5)
+            if c.is_alive():
+                c.kill()
+    return statistics.median(together) / alone
+
+
+def _median_step_s(step: Callable[[], Any], seconds: float) -> float:
+    times: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _step_child(step: Callable[[], Any], seconds: float, ready: Any, results: Any) -> None:
+    ready.wait(timeout=60)
+    results.put(_median_step_s(step, seconds))
 
 
 # The optimizers the rate is timed for, built as the runtime builds them (pipedream.runtime.optim.make_optimizer)

@@ -46,6 +46,14 @@ def test_host_scale_is_runnable_threads_over_cores_and_never_below_one() -> None
     assert host_scale(1, 1, 2) == 1.0  # one rank on two cores runs at full speed, no faster
 
 
+def test_host_scale_adds_the_measured_contention_as_the_cores_fill() -> None:
+    assert host_scale(1, 1, 2, contention=1.2) == 1.0  # one thread computing: nothing to contend with
+    assert host_scale(1.5, 1, 2, contention=1.2) == pytest.approx(1.1)  # half-way to both cores busy
+    assert host_scale(4, 1, 2, contention=1.2) == pytest.approx(2.4)  # both busy, each shared by two ranks
+    assert host_scale(3, 1, 5, contention=1.4) == pytest.approx(1.2)  # 2 of the 4 steps from 1 to 5 threads
+    assert host_scale(8, 1, 1, contention=1.4) == 8.0  # one core: no copies on other cores
+
+
 def test_compute_concurrency_by_hand() -> None:
     assert compute_concurrency([(0, 2), (1, 3)]) == pytest.approx(6 / 4)  # n = 1, 2, 1 over 1 s each
     assert compute_concurrency([(0, 1)] * 4) == pytest.approx(4)  # lockstep: every unit of compute sees 4

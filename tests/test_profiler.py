@@ -10,7 +10,7 @@ from torch import nn
 
 from pipedream.graph import LayerGraph, read_meta
 from pipedream.models import build_model, example_input, layer_node_id
-from pipedream.profiler import ProfileSettings, profile_module, write_profile
+from pipedream.profiler import ProfileSettings, host_contention, profile_module, write_profile
 
 FAST = ProfileSettings(warmup=0, iters=1)
 
@@ -138,3 +138,9 @@ def test_the_loss_is_timed_into_the_node_that_produces_the_output() -> None:
     last = g.nodes["node3"]
     assert last.fwd_s >= 0.01 and last.bwd_s >= 0.02  # the loss's sleeps: 10 ms forward, 20 ms backward
     assert all(n.fwd_s < 0.005 and n.bwd_s < 0.005 for n in list(g.nodes.values())[:3])  # microseconds each
+
+
+def test_host_contention_of_a_step_that_only_sleeps_is_one() -> None:
+    # two forked copies sleeping 5 ms a step contend for nothing: the ratio of their medians is 1 (up to jitter)
+    assert 0.8 < host_contention(lambda: time.sleep(0.005), 2, seconds=0.3) < 1.3
+    assert host_contention(lambda: None, 1) == 1.0  # one core: nothing to measure

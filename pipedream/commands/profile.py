@@ -4,6 +4,7 @@ parameter bytes) and write graph.txt in the original PipeDream format, plus grap
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 HELP = "profile a model per layer and write graph.txt"
@@ -31,6 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
                         "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
                         "train accept both: the runtime cuts the model with torch.fx at the plan's nodes")
+    p.add_argument("--host-seconds", type=float, default=2.0,
+                   help="CPU, one thread: time one training step alone and with one copy per core at once for this "
+                        "many seconds each; their ratio (meta.json host.contention: shared memory bandwidth and "
+                        "caches) slows the predicted compute of runs on this host. 0: skip (contention 1)")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
@@ -41,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.models import get_spec
-    from pipedream.profiler import ProfileSettings, optimizer_step_rates, profile_module, write_profile
+    from pipedream.profiler import ProfileSettings, host_contention, optimizer_step_rates, profile_module, write_profile
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.task import load_task
 
@@ -62,9 +67,18 @@ def run(args: argparse.Namespace) -> int:
     graph = profile_module(task.model, x, settings, name=args.model, granularity=args.granularity,
                            loss=lambda out: task.criterion(out, y))
     rates = optimizer_step_rates(task.model, x, settings)
+    cores = os.cpu_count() or 1
+    contention = 1.0
+    if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
+        def step() -> None:
+            task.criterion(task.model(x), y).backward()
+
+        contention = host_contention(step, cores, args.host_seconds)
+        print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
-            "loss": "in the output node", "optimizer_step_s_per_param_byte": rates}
+            "loss": "in the output node", "optimizer_step_s_per_param_byte": rates,
+            "host": {"cores": cores, "contention": contention}}
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "

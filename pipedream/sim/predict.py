@@ -30,7 +30,8 @@ core. So the slowdown depends on how many ranks compute at once, which depends o
 simulator times every action at a fixed speed, so the model scales the compute times of stage ``s`` (forward,
 backward, optimizer step) by a factor ``f_s``:
 
-    ``f_s = max(1, C_s * threads / cores)``,  ``C_s = integral of k_s(t) n(t) dt / integral of k_s(t) dt``,
+    ``f_s = host_scale(C_s)`` (``max(1, C_s * threads / cores)`` times the contention below),
+    ``C_s = integral of k_s(t) n(t) dt / integral of k_s(t) dt``,
 
 where ``n(t)`` is the number of ranks computing at time ``t`` in the simulated run (forward, backward and
 step spans) and ``k_s(t)`` the number of stage ``s``'s ranks among them. ``C_s`` is the concurrency an
@@ -43,6 +44,14 @@ computes in bursts. The factors are solved by fixed-point iteration from
 ``f_0 = max(1, workers * threads / cores)`` (every rank runnable at once, the upper bound): simulate, measure
 every ``C_s``, recompute the ``f_s``, until none changes by more than :data:`SCALE_RTOL` (averaging
 successive iterates after :data:`UNDAMPED_ITERATIONS` in case they oscillate).
+
+Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
+slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
+median step of the model with one single-threaded copy per core at once over that of one copy alone
+(``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`; on the 2-core CI machine 1.05
+for ResNet-50, 1.21 for GNMT-8). :func:`host_scale` multiplies the sharing factor by it, taken linearly from
+1 with one thread computing to its full value with every core busy; a profile taken on a host with another
+core count has none (1.0).
 
 Assumptions: one factor per stage for the whole epoch (the compute-weighted mean; in reality a span computing
 alone runs at full speed and one among ``n`` at ``cores / n``); a blocked rank uses no core (the launcher, MLflow
@@ -110,7 +119,8 @@ class Prediction:
             sees it, per stage.
         busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once, time-averaged (steady state).
         iterations: simulations run to settle the factor.
-        cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed.
+        cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
+            contention: the host's measured slowdown with every core computing (:func:`host_scale`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
@@ -131,6 +141,7 @@ class Prediction:
     threads: int
     shape: EpochShape
     cluster: Cluster
+    contention: float = 1.0
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
@@ -140,22 +151,29 @@ class Prediction:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "compute_scale": self.compute_scale,
                 "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
-                "cores": self.cores,
+                "cores": self.cores, "contention": self.contention,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
                 "compute_s": self.compute_s}
 
 
-def host_scale(busy_ranks: float, threads: int, cores: int) -> float:
-    """Processor-sharing slowdown of compute: ``max(1, busy_ranks * threads / cores)``.
+def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0) -> float:
+    """Slowdown of compute on a shared host: processor sharing times contention,
+    ``max(1, n / cores) * (1 + (contention - 1) * clip((n - 1) / (cores - 1), 0, 1))`` with ``n = busy_ranks
+    * threads`` threads computing at once.
 
-    ``busy_ranks`` ranks computing at once with ``threads`` threads each share ``cores`` cores; each thread
-    gets ``cores / (busy_ranks * threads)`` of a core when that is below 1 (a fair-share scheduler such as
-    Linux CFS). Raises PipeDreamError for non-positive ``threads`` or ``cores``.
+    The first factor: ``n`` threads share ``cores`` cores, each gets ``cores / n`` of a core when that is
+    below 1 (a fair-share scheduler such as Linux CFS). The second: threads on different cores still share
+    memory bandwidth and caches; ``contention`` is the measured slowdown of one step with a copy on every core
+    (the profile's ``host.contention``, :func:`pipedream.profiler.host_contention`), taken linearly from 1
+    with one thread computing to its full value with every core busy. Raises PipeDreamError for non-positive
+    ``threads`` or ``cores``.
     """
     if threads < 1 or cores < 1:
         raise PipeDreamError(f"threads per worker and host cores must be positive, got {threads} and {cores}")
-    return max(1.0, busy_ranks * threads / cores)
+    n = busy_ranks * threads
+    shared = min(1.0, max(0.0, (n - 1) / (cores - 1))) if cores > 1 else 0.0
+    return max(1.0, n / cores) * (1 + (contention - 1) * shared)
 
 
 def compute_concurrency(spans: list[tuple[float, float]], mine: list[bool] | None = None) -> float:
@@ -220,7 +238,8 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
 def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
-                  bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None) -> Prediction:
+                  bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
+                  contention: float = 1.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -237,6 +256,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             host, s/byte (None: no step time, a profile without the rate).
         bucket_bytes: the run's gradient bucket cap, bytes (``cfg.bucket_bytes``).
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
+        contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -250,7 +270,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         raise PipeDreamError(f"hosts must be positive, got {hosts}")
 
     def sharing(ranks: float) -> float:
-        return 1.0 if cores is None else host_scale(ranks / hosts, threads, cores)
+        return 1.0 if cores is None else host_scale(ranks / hosts, threads, cores, contention)
 
     workers = sum(len(rs) for rs in stage_ranks)
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
@@ -272,7 +292,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
     return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
                       busy_ranks=sum(res.utilisation), iterations=iterations,
-                      cores=cores, threads=threads, shape=shape, cluster=cluster,
+                      cores=cores, threads=threads, contention=contention, shape=shape, cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
                                   "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
 
@@ -283,6 +303,16 @@ def step_rate(profile: Path, optimizer: str) -> float | None:
     rates = read_meta(profile).get("optimizer_step_s_per_param_byte") or {}
     value = rates.get(optimizer) if isinstance(rates, dict) else None
     return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def host_contention(profile: Path, cores: int | None) -> float:
+    """The profile's measured contention (``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`)
+    if it was measured on a host of ``cores`` cores (taken as this host), else 1.0."""
+    host = read_meta(profile).get("host")
+    if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
+        return 1.0
+    value = host.get("contention")
+    return float(value) if isinstance(value, int | float) and value > 0 else 1.0
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
@@ -316,7 +346,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(profile, cfg.optimizer),
-                         bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None)
+                         bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
+                         contention=host_contention(profile, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 

@@ -14,7 +14,9 @@ rule profile:
         device=config["profile"]["device"],
     conda:
         "../../environment.yml"
-    threads: 1
+    # alone on the host: the layers' times, and the contention of one step per core (meta.json host), are the
+    # host's own, not shared with another job
+    threads: workflow.cores
     shell:
         "{params.pd} profile --model {wildcards.model} --preset {params.preset} --profiled-batch {params.batch} "
         "--warmup {params.warmup} --iters {params.iters} --device {params.device} "
