@@ -307,12 +307,13 @@ def step_rate(profile: Path, optimizer: str) -> float | None:
 
 def host_contention(profile: Path, cores: int | None) -> float:
     """The profile's measured contention (``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`)
-    if it was measured on a host of ``cores`` cores (taken as this host), else 1.0."""
+    if it was measured on a host of ``cores`` cores (taken as this host), else 1.0; at least 1.0 (a measurement
+    below 1 is noise: copies on other cores cannot speed a step up)."""
     host = read_meta(profile).get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         return 1.0
     value = host.get("contention")
-    return float(value) if isinstance(value, int | float) and value > 0 else 1.0
+    return max(1.0, float(value)) if isinstance(value, int | float) else 1.0
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
