@@ -74,3 +74,21 @@ def test_installed_dataset_has_the_real_sizes() -> None:
     assert val.images.shape == (10000, 28, 28)
     assert sorted(set(val.labels.tolist())) == list(range(10))
     assert torch.bincount(val.labels).tolist() == [1000] * 10
+
+
+def test_a_last_stage_takes_targets_without_collating_inputs_and_one_stage_collates_once() -> None:
+    from pipedream.data.base import SampleSet
+    from pipedream.runtime.worker import Batches
+
+    calls = []
+
+    def collate(samples):  # noqa: ANN001, ANN202 - counts the (expensive) full collations
+        calls.append(len(samples))
+        return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples])
+
+    xs, ys = torch.arange(8.0).reshape(8, 1), torch.arange(8) % 3
+    data = SampleSet(list(zip(xs, ys, strict=True)), collate, {}, lambda s: torch.stack([y for _, y in s]))
+    b = Batches(data, [torch.tensor([7, 1, 4, 2])], micro=2)
+    assert b.labels(0, 1).tolist() == [4 % 3, 2 % 3] and calls == []  # the last stage: no input collated
+    assert b.inputs(0, 0).flatten().tolist() == [7.0, 1.0] and b.labels(0, 0).tolist() == [1, 1]
+    assert calls == [2]  # a one-stage rank: input and targets from one collation

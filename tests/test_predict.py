@@ -84,6 +84,18 @@ def test_straight_two_stage_pipeline_on_one_core_by_hand() -> None:
     assert two.compute_scale == [1.0, 1.0] and two.epoch_s == pytest.approx(21.0)
 
 
+def test_loading_the_data_is_the_first_stages_forward_work() -> None:
+    """The pipeline above on 2 cores (no sharing) with 0.5 s to load a profiled minibatch of ``chain``'s
+    size: stage 0's F becomes 1 + 0.5 x 8 / minibatch_size s, so its 6 minibatches compute that much more."""
+    g = chain(2, 1.0, 2.0)
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    plain = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2)
+    loaded = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
+                           data_s=0.5)
+    extra = 0.5 * 8 / g.minibatch_size
+    assert loaded.compute_s == pytest.approx([plain.compute_s[0] + 6 * extra, plain.compute_s[1]])
+
+
 def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:
     """2 DP workers, no weights, 4 minibatches of F + B = 2 x (1 + 2) = 6 s: both ranks compute at once all the
     time (C = 2), so on 1 core f = 2 and the epoch is 2 minibatches x 6 s x 2 = 24 s = all 4 x 6 s of work."""

@@ -46,7 +46,14 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.models import get_spec
-    from pipedream.profiler import ProfileSettings, host_contention, optimizer_step_rates, profile_module, write_profile
+    from pipedream.profiler import (
+        ProfileSettings,
+        data_load_s,
+        host_contention,
+        optimizer_step_rates,
+        profile_module,
+        write_profile,
+    )
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.task import load_task
 
@@ -60,13 +67,15 @@ def run(args: argparse.Namespace) -> int:
     if len(task.train) < args.profiled_batch:
         raise PipeDreamError(f"{args.model}'s {data} training set has {len(task.train)} samples, fewer than "
                              f"--profiled-batch {args.profiled_batch}; give a smaller --profiled-batch")
-    x, y = task.train.batch(minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0])
+    rows = minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0]
+    x, y = task.train.batch(rows)
     x = x.to(args.device) if isinstance(x, torch.Tensor) else tuple(t.to(args.device) for t in x)
     y = y.to(args.device)
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile_module(task.model, x, settings, name=args.model, granularity=args.granularity,
                            loss=lambda out: task.criterion(out, y))
     rates = optimizer_step_rates(task.model, x, settings)
+    data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
     contention = 1.0
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
@@ -77,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
-            "loss": "in the output node", "optimizer_step_s_per_param_byte": rates,
+            "loss": "in the output node", "data_s": data_s, "optimizer_step_s_per_param_byte": rates,
             "host": {"cores": cores, "contention": contention}}
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()

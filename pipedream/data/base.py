@@ -36,11 +36,14 @@ class SampleSet:
         samples: indexable samples; ``samples[i]`` is one ``(input, target)`` pair.
         collate: list of samples -> ``(input batch, target batch)`` tensors.
         info: free-form facts shown in logs (vocabulary sizes, source paths, ...).
+        collate_targets: list of samples -> the target batch alone, where that is cheaper than
+            :attr:`collate` (a pipeline's last stage needs only the targets); None: ``collate(...)[1]``.
     """
 
     samples: Sequence[Sample]
     collate: Callable[[list[Sample]], Batch]
     info: dict[str, Any]
+    collate_targets: Callable[[list[Sample]], torch.Tensor] | None = None
 
     @classmethod
     def from_tensors(cls, inputs: torch.Tensor, targets: torch.Tensor, info: dict[str, Any] | None = None) -> SampleSet:
@@ -62,6 +65,12 @@ class SampleSet:
     def batch(self, indices: Sequence[int] | torch.Tensor) -> Batch:
         """The collated minibatch of the samples at ``indices``."""
         return self.collate([self.samples[int(i)] for i in indices])
+
+    def targets(self, indices: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """The target batch of the samples at ``indices`` (``batch(indices)[1]``, cheaper where it can be)."""
+        if self.collate_targets is None:
+            return self.batch(indices)[1]
+        return self.collate_targets([self.samples[int(i)] for i in indices])
 
 
 def _stack(samples: list[Sample]) -> Batch:

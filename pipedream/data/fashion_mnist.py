@@ -169,6 +169,10 @@ class FashionMNISTSet:
         idx = torch.as_tensor(indices, dtype=torch.long)
         return to_input(self.split.images[idx]), self.split.labels[idx]
 
+    def targets(self, indices: torch.Tensor) -> torch.Tensor:
+        """The labels of ``indices`` alone (``batch(indices)[1]`` without converting the images)."""
+        return self.split.labels[torch.as_tensor(indices, dtype=torch.long)]
+
 
 def datasets(root: Path | None = None, train_subset: int | None = None, val_subset: int | None = None,
              seed: int = 0) -> tuple[FashionMNISTSet, FashionMNISTSet]:

@@ -69,8 +69,13 @@ def fashion_mnist_datasets(size: int, train_subset: int | None, val_subset: int 
     train, val = fashion_mnist.load(root, train_subset, val_subset, seed)
     collate = _fmnist_collate(size)
     info = {"source": str(root or fashion_mnist.default_root()), "classes": fashion_mnist.NUM_CLASSES}
-    return (SampleSet(_Indexed(train.images, train.labels), collate, dict(info)),
-            SampleSet(_Indexed(val.images, val.labels), collate, dict(info)))
+    return (SampleSet(_Indexed(train.images, train.labels), collate, dict(info), _stack_targets),
+            SampleSet(_Indexed(val.images, val.labels), collate, dict(info), _stack_targets))
+
+
+def _stack_targets(samples: list[Sample]) -> torch.Tensor:
+    """The labels alone (no image conversion or resize: 2.3 ms a minibatch of 32 at 64x64 on one core)."""
+    return torch.stack([s[1] for s in samples])
 
 
 class _Folder(Sequence[Sample]):

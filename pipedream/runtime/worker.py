@@ -45,20 +45,32 @@ BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receiv
 
 @dataclass
 class Batches:
-    """Minibatch ``m``, microbatch ``j`` of one epoch as model input and target (same on every rank)."""
+    """Minibatch ``m``, microbatch ``j`` of one epoch as model input and target (same on every rank).
 
-    data: Any  # len() and batch(indices) -> (input, target)
+    A rank that needs both (a one-stage pipeline) collates each (micro)batch once; a last stage needs only
+    the targets and takes them with the data set's ``targets(indices)`` where it has one.
+    """
+
+    data: Any  # len() and batch(indices) -> (input, target); optionally targets(indices) -> target
     indices: list[torch.Tensor]
     micro: int  # samples per microbatch
+    _last: tuple[tuple[int, int], Any] | None = None  # the last (micro)batch collated: ((m, j), (input, target))
 
     def rows(self, m: int, j: int) -> torch.Tensor:
         return self.indices[m][j * self.micro:(j + 1) * self.micro]
 
+    def _batch(self, m: int, j: int) -> Any:
+        if self._last is None or self._last[0] != (m, j):
+            self._last = ((m, j), self.data.batch(self.rows(m, j)))
+        return self._last[1]
+
     def inputs(self, m: int, j: int) -> torch.Tensor:
-        return self.data.batch(self.rows(m, j))[0]
+        return self._batch(m, j)[0]
 
     def labels(self, m: int, j: int) -> torch.Tensor:
-        return self.data.batch(self.rows(m, j))[1]
+        if (self._last is None or self._last[0] != (m, j)) and hasattr(self.data, "targets"):
+            return self.data.targets(self.rows(m, j))
+        return self._batch(m, j)[1]
 
 
 def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int) -> Plan:

@@ -15,6 +15,8 @@ What is modelled, term by term:
 * allreduce: a ring over the stage's replicas in gradient buckets of ``cfg.bucket_bytes``
   (:func:`pipedream.costmodel.bucket_layers`), each launched when its last gradient is ready, overlapping the
   backward, in both modes (DDP in ``dp``, :mod:`pipedream.runtime.buckets` in ``pipedream``);
+* loading the data: the first stage's forward (every DP worker's) includes the profile's seconds to collate
+  one minibatch (``meta.json`` ``data_s``), scaled to the action's samples;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
   times the host-sharing factor;
@@ -58,7 +60,7 @@ alone runs at full speed and one among ``n`` at ``cores / n``); a blocked rank u
 logging, gloo's own threads and other processes on the host use none either); compute of an action scales
 linearly with its samples; the profile was taken with the workers' thread count (``meta.json`` ``threads``,
 :mod:`pipedream.commands.profile`); the runtime's own per-action costs (Python, gloo messages, weight
-stashing, loading the minibatch) are not in the profile; mid-epoch checkpoints (``--checkpoint-every``) and
+stashing) are not in the profile; mid-epoch checkpoints (``--checkpoint-every``) and
 the end-of-epoch loss reduction are not modelled. An exact model needs processor sharing inside the
 simulator's event loop (each compute action's progress rate ``min(1, cores / (n(t) threads))``).
 """
@@ -239,7 +241,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
-                  contention: float = 1.0) -> Prediction:
+                  contention: float = 1.0, data_s: float = 0.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -257,11 +259,15 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         bucket_bytes: the run's gradient bucket cap, bytes (``cfg.bucket_bytes``).
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
         contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
+        data_s: seconds to load one profiled minibatch (``meta.json`` ``data_s``); the first stage's forward
+            (every DP worker's) pays it scaled to its samples.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
                        step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None)
+    if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
+        base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:
@@ -303,6 +309,13 @@ def step_rate(profile: Path, optimizer: str) -> float | None:
     rates = read_meta(profile).get("optimizer_step_s_per_param_byte") or {}
     value = rates.get(optimizer) if isinstance(rates, dict) else None
     return float(value) if isinstance(value, int | float) and value > 0 else None
+
+
+def data_load_s(profile: Path) -> float:
+    """The profile's seconds to load one profiled minibatch (``meta.json`` ``data_s``,
+    :func:`pipedream.profiler.data_load_s`); 0.0 if absent (the release's profiles)."""
+    value = read_meta(profile).get("data_s")
+    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
 def host_contention(profile: Path, cores: int | None) -> float:
@@ -348,7 +361,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(profile, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         contention=host_contention(profile, cores))
+                         contention=host_contention(profile, cores), data_s=data_load_s(profile))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 
