@@ -292,28 +292,37 @@ def data_load_s(load: Callable[[], Any], settings: ProfileSettings) -> float:
     return _timed(load, ProfileSettings(**{**vars(settings), "device": "cpu"}))
 
 
-def host_contention(step: Callable[[], Any], processes: int, seconds: float = 2.0) -> float:
+def host_contention(step: Callable[[], Any], processes: int, seconds: float = 2.0, rounds: int = 3) -> float:
     """How much slower one training step runs when ``processes`` copies of it run at once, one per core:
     the median step time of the copies running together over that of one copy alone (>= 1 up to noise).
 
     The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a core
-    of its own; processor sharing (:func:`pipedream.sim.predict.host_scale`) does not see that. On the 2-core
-    CI machine, two copies of the reduced models' step: ResNet-50 1.05, GNMT-8 1.21. Each copy is a forked
-    child (Linux) that runs ``step`` for ``seconds`` after all have started; the caller should run it
-    single-threaded (``torch.set_num_threads(1)``), as the workers do.
+    of its own; processor sharing (:func:`pipedream.sim.predict.host_scale`) does not see that. Alone and
+    together alternate ``rounds`` times (``seconds / rounds`` each) and the median of the rounds' ratios is
+    kept, so a burst of other work on the host moves one round, not the result (on the 2-core CI machine the
+    reduced models measure 0.98-1.05; a single 2 s window once gave S2VT 1.28). Each copy is a forked child
+    (Linux) that steps after all have started; the caller should run it single-threaded
+    (``torch.set_num_threads(1)``), as the workers do.
 
     Args:
         step: one forward, loss and backward of the profiled minibatch.
         processes: copies at once (the host's cores); below 2 there is nothing to measure: 1.0.
-        seconds: how long each copy steps, s.
+        seconds: how long the copies step in all, s (and as long alone).
+        rounds: alternations of alone and together.
     """
     if processes < 2:
         return 1.0
     step()  # warm up this process (the copies inherit its allocator state)
+    window = seconds / rounds
+    ratios = [_together_s(step, processes, window) / _median_step_s(step, window) for _ in range(rounds)]
+    return statistics.median(ratios)
+
+
+def _together_s(step: Callable[[], Any], processes: int, seconds: float) -> float:
+    """Median over ``processes`` forked copies of their median step time while all step at once."""
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     ready = ctx.Barrier(processes + 1)
-    alone = _median_step_s(step, seconds)
     children = [ctx.Process(target=_step_child, args=(step, seconds, ready, results), daemon=True)
                 for _ in range(processes)]
     for c in children:
@@ -326,7 +335,7 @@ def host_contention(step: Callable[[], Any], processes: int, seconds: float = 2.
             c.join(timeout=5)
             if c.is_alive():
                 c.kill()
-    return statistics.median(together) / alone
+    return statistics.median(together)
 
 
 def _median_step_s(step: Callable[[], Any], seconds: float) -> float:
