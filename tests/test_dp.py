@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,16 @@ def test_linear_scaling_warms_up_from_the_base_lr() -> None:
     assert [lr_at(cfg, p, scale=4) for p in (0.0, 1.0, 2.0, 3.0)] == pytest.approx([0.1, 0.25, 0.4, 0.4])
     step = TrainConfig(lr=0.1, epochs=90, lr_policy="step", lr_step_epochs=30)
     assert [lr_at(step, p) for p in (0, 29.9, 30, 61)] == pytest.approx([0.1, 0.1, 0.01, 0.001])
+
+
+def test_a_dp_worker_counts_one_copy_of_weights_gradients_and_momentum(tmp_path: Path) -> None:
+    """The tiny model has 4 * (3*3*3*4 + 4 + 256*16 + 16 + 16*16 + 16 + 16*10 + 10) = 18664 bytes of weights; its
+    gradients are views into DDP's buckets (one copy), SGD's momentum another; a worker's minibatch is 8 images
+    of 3x32x32 fp32 and 8 int64 labels."""
+    _run(tmp_path, measure_memory=True)
+    row = json.loads((tmp_path / "out" / "metrics.json").read_text())[-1]
+    w = 4 * (3 * 3 * 3 * 4 + 4 + 256 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10)
+    got = {c: row[f"peak_{c}_bytes_stage0"] for c in ("weights", "versions", "gradients", "optimizer", "buffers")}
+    assert got == {"weights": w, "versions": 0, "gradients": w, "optimizer": w, "buffers": 8 * 3 * 32 * 32 * 4 + 8 * 8}
+    assert row["peak_activations_bytes_stage0"] > 0
+    assert row["peak_memory_bytes_stage0"] == sum(got.values()) + row["peak_activations_bytes_stage0"]

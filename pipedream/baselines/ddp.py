@@ -29,6 +29,7 @@ import argparse
 import os
 import sys
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
 from pipedream.runtime.buckets import EmulatedLink
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, tensors_in
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
@@ -100,8 +102,10 @@ def train(cfg: TrainConfig) -> None:
     model = task.model.to(device)
     # bucket_cap_mb=None is DDP's default (25 MiB, first bucket 1 MiB); an explicit cap applies to every bucket
     cap_mb = None if cfg.bucket_bytes == DDP_BUCKET_CAP_BYTES else cfg.bucket_bytes / 2**20
+    # gradient_as_bucket_view: the gradients are views into DDP's buckets, so a worker holds one copy of them
+    # (the memory model's), not the gradients and a bucket copy of them
     ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index],
-                                  bucket_cap_mb=cap_mb)
+                                  bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
     if cfg.emulate_bandwidth_Bps:
         ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
     optimizer = make_optimizer(cfg, list(model.parameters()))
@@ -119,6 +123,8 @@ def train(cfg: TrainConfig) -> None:
 
         bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True, file=sys.stdout)  # as the workers' bars
     fault = D.fault(rank)
+    meter = MemoryMeter(device) if cfg.measure_memory else None
+    saved = SavedTensors()
     log = D.MetricsLog(cfg.run_dir("dp"))
     wall0 = time.time()
     first_loss: float | None = None
@@ -130,15 +136,23 @@ def train(cfg: TrainConfig) -> None:
             bar.reset(total=steps)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
         model.train()
+        if meter is not None:
+            meter.reset()
         loss_sum, count = 0.0, 0
         mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
         for i, rows in enumerate(mine):
             x, y = (t.to(device) for t in train_split.batch(rows))
-            loss = task.criterion(ddp(x), y)
+            with saved.hooks(i) if meter is not None else nullcontext():
+                loss = task.criterion(ddp(x), y)
+            if meter is not None:  # the peak: every activation saved, and the gradients and state kept
+                meter.count(held(model, optimizer, [x, y], saved.tensors_of(i)), copies=1)
             optimizer.zero_grad(set_to_none=False)
             loss.backward()
+            saved.drop(i)
             lr.before_step(cfg, optimizer, list(model.parameters()), epoch + i / steps, scale)
             optimizer.step()
+            if meter is not None:
+                meter.count(held(model, optimizer, [x, y], []), copies=1)
             value = float(loss.detach())
             first_loss = value if first_loss is None else first_loss
             loss_sum += value * y.shape[0]
@@ -166,6 +180,10 @@ def train(cfg: TrainConfig) -> None:
         row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_total / max(n, 1),
                "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1), "samples_per_s": n / epoch_time,
                "wall_time_s": time.time() - wall0, "train_samples": n}
+        if meter is not None:  # rank 0's count (every worker holds the same); as a pipeline's one stage
+            rec = meter.record()
+            row["peak_memory_bytes_stage0"] = float(rec["peak_bytes"])
+            row.update({f"peak_{c}_bytes_stage0": float(rec["breakdown"][c]) for c in CATEGORIES})
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
@@ -182,6 +200,17 @@ def train(cfg: TrainConfig) -> None:
         torch.save({"first_loss": first_loss,
                     "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
     D.barrier(cfg.comm_timeout_s, "end of training")
+
+
+def held(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[torch.Tensor],
+         activations: list[torch.Tensor]) -> list[tuple[str, list[torch.Tensor]]]:
+    """What a DP worker holds, by category (:mod:`pipedream.runtime.memory_meter`): its weights and buffers,
+    the gradients (views into DDP's buckets), the optimizer's state, the minibatch, the saved activations."""
+    params = list(model.parameters())
+    return [("weights", params + list(model.buffers())), ("versions", []),
+            ("gradients", [p.grad for p in params if p.grad is not None]),
+            ("optimizer", list(tensors_in(list(optimizer.state.values())))),
+            ("buffers", batch), ("activations", activations)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,8 +4,8 @@
 storages the stage holds, :mod:`pipedream.runtime.memory_meter`, largest replica) and
 ``predicted_memory_bytes_stage<s>`` (:func:`pipedream.sim.predict.predict_memory`, from the profile before
 the run) to ``run.json``. ``results/memory_check.csv`` has one row per stage of every run that has both:
-``model, mode, stage, measured_bytes, predicted_bytes, ratio`` (ratio = measured / predicted). DP runs
-(torch's DDP) do not count their memory, so they have no rows.
+``model, mode, stage, measured_bytes, predicted_bytes, ratio`` (ratio = measured / predicted). A DP run is
+one stage (stage 0) on every worker, counted by :mod:`pipedream.baselines.ddp` on rank 0.
 """
 
 from __future__ import annotations
