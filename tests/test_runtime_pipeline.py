@@ -401,3 +401,17 @@ def test_replicated_1f1b_equals_a_one_process_replay(tmp_path: Path, replicas: l
         assert d["params"].keys() == expected[rank].keys()
         for n, w in expected[rank].items():
             torch.testing.assert_close(d["params"][n], w, rtol=1e-5, atol=1e-6)
+
+
+def test_four_stage_1f1b_equals_a_one_process_replay(tmp_path: Path) -> None:
+    """Eight minibatches of 1F1B with weight stashing on 4 stages, where the input stage holds 4 versions
+    at once (copy on write, :class:`pipedream.runtime.versions.WeightVersions`): the final weights are the
+    replay's."""
+    lr, stages = 0.1, [range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
+    dumps = run(tmp_path, 4, factory=stash_model, plan=straight_plan("t", 6, [2, 2, 1, 1]), max_minibatches=8, lr=lr)
+    sched = schedules.build("1f1b", schedules.consecutive_ranks([1, 1, 1, 1]), 8)
+    expected = _replay(sched, build(stash_model), stages, reference_batches(tmp_path / "data", 8, 0, 0), lr, True)
+    for rank, d in enumerate(dumps):
+        assert d["params"].keys() == expected[rank].keys()
+        for n, w in expected[rank].items():
+            torch.testing.assert_close(d["params"][n], w, rtol=1e-5, atol=1e-6)
