@@ -74,6 +74,19 @@ def test_bleu_threshold_must_be_the_models_metric(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+def test_a_model_whose_dp_state_exceeds_the_device_is_refused(tmp_path: Path) -> None:
+    """The reduced VGG-16's weights, gradients and SGD momentum (3 x its parameters) do not fit a 1 MB device."""
+    import yaml
+
+    text = (REPO / "experiments" / "ci.yaml").read_text()
+    cluster = yaml.safe_load(text)["cluster"]
+    (tmp_path / "clusters.yaml").write_text(f"clusters:\n  {cluster}:\n    levels: [{{workers: 4, bandwidth_Bps: 1.25e+8}}]\n"
+                                            "    device_memory_bytes: 1.0e+6\n")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + f"\nclusters_file: {tmp_path / 'clusters.yaml'}\n")
+    _assert_clean_error(_run("check", "--config", str(bad)), "vgg16 (reduced) holds")
+
+
 def test_every_training_key_of_the_schema_is_a_train_flag() -> None:
     """The workflow turns each models.<m>.train key into a `pipedream train` flag: none may be ignored."""
     from dataclasses import fields

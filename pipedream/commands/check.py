@@ -1,6 +1,7 @@
 """Check an experiment config before any work starts: YAML syntax, the schema, known models and
-cluster, workers that match the cluster, thresholds on metrics the models have, and data each model
-can train on. `make run` calls this first,
+cluster, workers that match the cluster, thresholds on metrics the models have, models whose weights,
+gradients and optimizer state fit a device (the DP baseline holds them all on each worker), and data each
+model can train on. `make run` calls this first,
 so a mistake costs one clear line (exit status 2) instead of a half-run workflow."""
 
 from __future__ import annotations
@@ -54,6 +55,35 @@ def data_problem(name: str, spec: Any, preset: str, data: str) -> tuple[str, boo
     return None
 
 
+def dp_memory_problem(name: str, model_cfg: dict[str, Any], cluster: Any) -> str | None:
+    """Why the DP baseline of model ``name`` cannot train on ``cluster``'s devices, or None if it can.
+
+    Every DP worker holds the whole model: its weights, gradients and optimizer state, the exact part of the
+    memory model (:func:`pipedream.memory.stage_memory`, the run's optimizer and momentum from
+    ``model_cfg["train"]``), counted from the model built on the meta device (no memory, no time). Table 1
+    trains DP beside PipeDream, so a model whose state alone exceeds ``cluster.device_memory_bytes`` is
+    refused before any profile is taken.
+    """
+    import torch
+
+    from pipedream import memory
+    from pipedream.models import build_model
+
+    preset = model_cfg["preset"]
+    train = model_cfg.get("train") or {}
+    optimizer, momentum = train.get("optimizer", "sgd"), float(train.get("momentum", 0.9))
+    with torch.device("meta"):
+        model = build_model(name, preset, 0)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    need = memory.stage_memory(param_bytes, 0, 0, schedule="dp", in_flight_count=1, optimizer=optimizer,
+                               momentum=momentum).total
+    if need <= cluster.device_memory_bytes:
+        return None
+    return (f"{name} ({preset}) holds {memory.format_bytes(need)} of weights, gradients and {optimizer} state on "
+            f"every DP worker, more than a device of cluster {cluster.name!r} has "
+            f"({memory.format_bytes(cluster.device_memory_bytes)}); use a cluster with more device memory")
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate; raises PipeDreamError on the first problem, prints a summary and returns 0 otherwise."""
     from pipedream.errors import PipeDreamError
@@ -81,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
         if metric in SCORED_METRICS and metric != spec.metric:
             raise PipeDreamError(f"{args.config}: models.{name}.threshold.metric: {name} is scored with "
                                  f"{spec.metric!r}, not {metric!r}; use {spec.metric!r} or token_accuracy")
+    for name in specs:
+        problem = dp_memory_problem(name, cfg["models"][name], cluster)
+        if problem is not None:
+            raise PipeDreamError(f"{args.config}: {problem}")
     for name, spec in specs.items():
         problem = data_problem(name, spec, cfg["models"][name]["preset"], model_data(cfg, name))
         if problem is None:

@@ -129,15 +129,17 @@ def _zombie_status(pid: int) -> tuple[int | None, int | None] | None:
     return (None, code & 0x7F) if code & 0x7F else ((code >> 8) & 0xFF, None)
 
 
-POLL_S = 0.2  # between polls of torchrun and its workers: a dead worker stays a zombie for up to torchrun's 0.5 s
+POLL_S = 0.05  # between polls of torchrun and its workers: a dead worker is a zombie for at most torchrun's 0.5 s,
+# and a frozen one must be seen stopped before torchrun reacts to the others' ends
 FIND_S = 1.0  # between searches for new workers (psutil reads every process's /proc/<pid>/stat to find children)
 
 
 class Watch:
     """The workers of one torchrun ``agent`` and how each ended; call :meth:`poll` every :data:`POLL_S`.
 
-    Polling costs the launcher about 1% of a core; it shares the host's cores with the workers it watches (at
-    the first version's 50 ms it took a quarter of one).
+    A poll reads two ``/proc`` files per worker; the search for new workers (every process's ``/proc`` entry)
+    runs at most every :data:`FIND_S`: the launcher shares the host's cores with the workers it watches, and
+    searching at every poll took a quarter of one.
     """
 
     def __init__(self, agent_pid: int) -> None:
