@@ -300,7 +300,7 @@ def host_contention(step: Callable[[], Any], processes: int, seconds: float = 2.
     of its own; processor sharing (:func:`pipedream.sim.predict.host_scale`) does not see that. Alone and
     together alternate ``rounds`` times (``seconds / rounds`` each) and the median of the rounds' ratios is
     kept, so a burst of other work on the host moves one round, not the result (on the 2-core CI machine the
-    reduced models measure 0.98-1.05; a single 2 s window once gave S2VT 1.28). Each copy is a forked child
+    seven reduced models measure 0.97-1.10; a single 2 s window once gave S2VT 1.28). Each copy is a forked child
     (Linux) that steps after all have started; the caller should run it single-threaded
     (``torch.set_num_threads(1)``), as the workers do.
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipedream.commands.train import _predict
-from pipedream.graph import LayerGraph, Node
+from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
 from pipedream.profiler import optimizer_step_rates
 from pipedream.runtime.config import TrainConfig
@@ -141,9 +141,9 @@ def test_emulated_links_replace_every_level() -> None:
 def test_step_rate_reads_the_profiles_meta(tmp_path: Path) -> None:
     (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8,
                                                     "optimizer_step_s_per_param_byte": {"sgd": 2e-10, "adam": 1e-9}}))
-    assert step_rate(tmp_path / "graph.txt", "adam") == 1e-9
+    assert step_rate(read_meta(tmp_path / "graph.txt"), "adam") == 1e-9
     (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8}))
-    assert step_rate(tmp_path / "graph.txt", "sgd") is None
+    assert step_rate(read_meta(tmp_path / "graph.txt"), "sgd") is None
 
 
 def test_optimizer_step_rates_leave_the_model_alone() -> None:

@@ -1,7 +1,8 @@
 """A stage's memory on any device, counted as the bytes of the storages its tensors hold.
 
-After an action of the training pass the executor hands :meth:`MemoryMeter.count` the tensors the stage
-holds, by category, in this order:
+After every action of the training pass the executor counts the tensors the stage holds (with
+:class:`StageTally`, which recounts only what the action changed) into a :class:`MemoryMeter`, by category,
+in this order:
 
 * ``weights``: the master parameters and the module's buffers (e.g. BatchNorm's running statistics);
 * ``versions``: every stored weight version (:meth:`~pipedream.runtime.versions.WeightVersions.alive`);
@@ -174,8 +175,9 @@ class StageTally:
     (micro)batch's buffers and saved activations only after :meth:`touch` of its key, leaving out storages the
     fixed part holds. The counts equal
     :func:`bytes_by_category` over the same tensors in :data:`CATEGORIES` order as long as no storage is
-    shared by two in-flight units (each unit's tensors are its own minibatch's). On ResNet-50 (reduced) the
-    full count after every action had cost a quarter of the epoch.
+    shared by two in-flight units (each unit's tensors are its own minibatch's). On a 2-stage reduced ResNet-50
+    on 2 cores the full count after every action made the epoch 2.27 s against 1.79 s without counting; with
+    the tally it is 1.92-1.97 s.
     """
 
     def __init__(self) -> None:

@@ -50,8 +50,8 @@ successive iterates after :data:`UNDAMPED_ITERATIONS` in case they oscillate).
 Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
 slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
 median step of the model with one single-threaded copy per core at once over that of one copy alone
-(``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`; on the 2-core CI machine 1.05
-for ResNet-50, 1.21 for GNMT-8). :func:`host_scale` multiplies the sharing factor by it, taken linearly from
+(``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`; 0.97-1.10 for the seven
+reduced models on the 2-core CI machine). :func:`host_scale` multiplies the sharing factor by it, taken linearly from
 1 with one thread computing to its full value with every core busy; a profile taken on a host with another
 core count has none (1.0).
 
@@ -303,26 +303,27 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                   "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
 
 
-def step_rate(profile: Path, optimizer: str) -> float | None:
-    """The profile's measured optimizer-step seconds per parameter byte for ``optimizer`` (``meta.json``
-    ``optimizer_step_s_per_param_byte``, :func:`pipedream.profiler.optimizer_step_rates`); None if absent."""
-    rates = read_meta(profile).get("optimizer_step_s_per_param_byte") or {}
+def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
+    """The profile's measured optimizer-step seconds per parameter byte for ``optimizer`` (``meta``: its
+    ``meta.json``, ``optimizer_step_s_per_param_byte``, :func:`pipedream.profiler.optimizer_step_rates`); None
+    if absent."""
+    rates = meta.get("optimizer_step_s_per_param_byte") or {}
     value = rates.get(optimizer) if isinstance(rates, dict) else None
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
-def data_load_s(profile: Path) -> float:
-    """The profile's seconds to load one profiled minibatch (``meta.json`` ``data_s``,
+def profiled_data_s(meta: dict[str, Any]) -> float:
+    """The profile's seconds to load one profiled minibatch (``meta``: its ``meta.json``, ``data_s``,
     :func:`pipedream.profiler.data_load_s`); 0.0 if absent (the release's profiles)."""
-    value = read_meta(profile).get("data_s")
+    value = meta.get("data_s")
     return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
-def host_contention(profile: Path, cores: int | None) -> float:
-    """The profile's measured contention (``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`)
-    if it was measured on a host of ``cores`` cores (taken as this host), else 1.0; at least 1.0 (a measurement
-    below 1 is noise: copies on other cores cannot speed a step up)."""
-    host = read_meta(profile).get("host")
+def profiled_contention(meta: dict[str, Any], cores: int | None) -> float:
+    """The profile's measured contention (``meta``: its ``meta.json``, ``host.contention``,
+    :func:`pipedream.profiler.host_contention`) if it was measured on a host of ``cores`` cores (taken as this
+    host), else 1.0; at least 1.0 (a measurement below 1 is noise: copies on other cores cannot speed a step up)."""
+    host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         return 1.0
     value = host.get("contention")
@@ -358,10 +359,11 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     else:
         plan.validate()
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
+    meta = read_meta(profile)
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
-                         optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(profile, cfg.optimizer),
+                         optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         contention=host_contention(profile, cores), data_s=data_load_s(profile))
+                         contention=profiled_contention(meta, cores), data_s=profiled_data_s(meta))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 
