@@ -25,6 +25,7 @@ from pipedream.sim.predict import (
     host_scale,
     predict_epoch,
     predict_memory,
+    profiled_composition,
     step_rate,
 )
 from pipedream.topology import Cluster
@@ -94,6 +95,22 @@ def test_loading_the_data_is_the_first_stages_forward_work() -> None:
                            data_s=0.5)
     extra = 0.5 * 8 / g.minibatch_size
     assert loaded.compute_s == pytest.approx([plain.compute_s[0] + 6 * extra, plain.compute_s[1]])
+
+
+def test_composition_scales_the_layers_not_the_step_nor_the_data() -> None:
+    """The pipeline above on 2 cores with a whole step 1.25x the layers' sum (``chain(2, 1, 2)``: 6 s at 8
+    samples, so ``whole_step_s`` 7.5 s): every F and B is 1.25x, so the free-link epoch of 21 s becomes 26.25 s
+    and each stage computes 6 x 3 x 1.25 s; the 0.5 s of data loading is not scaled."""
+    g = chain(2, 1.0, 2.0)
+    assert profiled_composition({"whole_step_s": 7.5}, g) == pytest.approx(1.25)
+    assert profiled_composition({}, g) == 1.0
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    run = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
+                        composition=1.25, data_s=0.5)
+    assert run.compute_s == pytest.approx([6 * (3 * 1.25 + 0.5), 6 * 3 * 1.25])
+    bare = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
+                         composition=1.25)
+    assert bare.epoch_s == pytest.approx(21 * 1.25)
 
 
 def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:

@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         host_contention,
         optimizer_step_rates,
         profile_module,
+        whole_step_s,
         write_profile,
     )
     from pipedream.runtime.config import TrainConfig
@@ -77,19 +78,24 @@ def run(args: argparse.Namespace) -> int:
     rates = optimizer_step_rates(task.model, x, settings)
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
+
+    def step() -> None:
+        task.criterion(task.model(x), y).backward()
+
+    step_s = whole_step_s(step, settings)
+    t = graph.totals()
+    print(f"{args.model}: a whole training step takes {step_s * 1e3:.1f} ms, "
+          f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
     contention = 1.0
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        def step() -> None:
-            task.criterion(task.model(x), y).backward()
-
         contention = host_contention(step, cores, args.host_seconds)
         print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
-            "loss": "in the output node", "data_s": data_s, "optimizer_step_s_per_param_byte": rates,
+            "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
+            "optimizer_step_s_per_param_byte": rates,
             "host": {"cores": cores, "contention": contention}}
     write_profile(graph, args.out_dir, meta)
-    t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
           f"per minibatch of {args.profiled_batch}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
     return 0

@@ -9,7 +9,9 @@ it is checked against.
 What is modelled, term by term:
 
 * compute: the profile's per-layer forward and backward seconds, scaled linearly to the samples of an
-  action (:func:`pipedream.sim.costs.stage_costs`), times the host-sharing factor below;
+  action (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a whole training
+  step over the layers' sum, ``meta.json`` ``whole_step_s``, :func:`profiled_composition`: the layers were
+  timed one at a time with warm caches) and the host-sharing factor below;
 * links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
   every transfer and allreduce to that bandwidth, :mod:`pipedream.runtime.comm`); otherwise the cluster's;
 * allreduce: a ring over the stage's replicas in gradient buckets of ``cfg.bucket_bytes``
@@ -123,6 +125,7 @@ class Prediction:
         iterations: simulations run to settle the factor.
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`).
+        composition: the factor on the layers' times (:func:`profiled_composition`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
@@ -144,6 +147,7 @@ class Prediction:
     shape: EpochShape
     cluster: Cluster
     contention: float = 1.0
+    composition: float = 1.0
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
@@ -153,7 +157,7 @@ class Prediction:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "compute_scale": self.compute_scale,
                 "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
-                "cores": self.cores, "contention": self.contention,
+                "cores": self.cores, "contention": self.contention, "composition": self.composition,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
                 "compute_s": self.compute_s}
@@ -241,7 +245,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
-                  contention: float = 1.0, data_s: float = 0.0) -> Prediction:
+                  contention: float = 1.0, data_s: float = 0.0, composition: float = 1.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -261,11 +265,16 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
         data_s: seconds to load one profiled minibatch (``meta.json`` ``data_s``); the first stage's forward
             (every DP worker's) pays it scaled to its samples.
+        composition: factor on every layer's forward and backward time: a whole step over the layers' sum
+            (:func:`profiled_composition`); 1: the layers' times as profiled.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
                        step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None)
+    if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
+        base = [dataclasses.replace(c, fwd_s=c.fwd_s * composition, bwd_s=c.bwd_s * composition,
+                                    buckets=[(t * composition, b) for t, b in c.buckets]) for c in base]
     if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
         base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
@@ -298,7 +307,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
     return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
                       busy_ranks=sum(res.utilisation), iterations=iterations,
-                      cores=cores, threads=threads, contention=contention, shape=shape, cluster=cluster,
+                      cores=cores, threads=threads, contention=contention, composition=composition, shape=shape,
+                      cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
                                   "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
 
@@ -317,6 +327,16 @@ def profiled_data_s(meta: dict[str, Any]) -> float:
     :func:`pipedream.profiler.data_load_s`); 0.0 if absent (the release's profiles)."""
     value = meta.get("data_s")
     return float(value) if isinstance(value, int | float) and value > 0 else 0.0
+
+
+def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
+    """A whole training step's time over the sum of the profile's layer times (forward and backward, at the
+    profiled minibatch): ``meta.json`` ``whole_step_s`` (:func:`pipedream.profiler.whole_step_s`) over
+    ``graph``'s totals; 1.0 if absent (the release's profiles) or the layers sum to nothing."""
+    value = meta.get("whole_step_s")
+    t = graph.totals()
+    layers = t["fwd_s"] + t["bwd_s"]
+    return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
 
 
 def profiled_contention(meta: dict[str, Any], cores: int | None) -> float:
@@ -363,7 +383,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         contention=profiled_contention(meta, cores), data_s=profiled_data_s(meta))
+                         contention=profiled_contention(meta, cores), data_s=profiled_data_s(meta),
+                         composition=profiled_composition(meta, graph))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 
