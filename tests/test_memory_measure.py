@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from pipedream import schedules
-from pipedream.schedules import Kind
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.executor import StageData, StageExecutor, memory_window
@@ -22,6 +21,7 @@ from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
+from pipedream.schedules import Kind
 
 IN, HID, OUT, B = 6, 5, 3, 4  # layer sizes and microbatch size of the single-stage model
 
