@@ -294,7 +294,8 @@ def data_load_s(load: Callable[[], Any], settings: ProfileSettings) -> float:
 
 def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
     """Median seconds of one whole training step, ``step()`` (forward, loss and backward of the profiled
-    minibatch through the model in one call; ``meta.json`` ``whole_step_s``).
+    minibatch through the model in one call, as a worker runs a stage: :mod:`pipedream.commands.profile` calls
+    the model with ``torch.func.functional_call`` on a weight version; ``meta.json`` ``whole_step_s``).
 
     The layer-by-layer profile times each layer over and over with its weights and activations warm in the
     caches; a step through the whole model, as a stage runs it, finds them evicted by the other layers. On one

@@ -27,27 +27,15 @@ What is modelled, term by term:
 
 The host (processor sharing). Workers run ``threads`` threads each (``pipedream train`` sets
 ``OMP_NUM_THREADS``) on a host of ``cores`` cores. When more threads want a core than there are cores, the
-operating system shares the cores among them fairly (Linux CFS), and each computes ``runnable threads /
-cores`` times slower than the profile (taken with the workers' thread count on an otherwise idle core). A
-rank blocked in a receive or an allreduce (gloo waits in a blocking call; the link throttle sleeps) uses no
-core. So the slowdown depends on how many ranks compute at once, which depends on the slowdown. The
-simulator times every action at a fixed speed, so the model scales the compute times of stage ``s`` (forward,
-backward, optimizer step) by a factor ``f_s``:
-
-    ``f_s = host_scale(C_s)`` (``max(1, C_s * threads / cores)`` times the contention below),
-    ``C_s = integral of k_s(t) n(t) dt / integral of k_s(t) dt``,
-
-where ``n(t)`` is the number of ranks computing at time ``t`` in the simulated run (forward, backward and
-step spans) and ``k_s(t)`` the number of stage ``s``'s ranks among them. ``C_s`` is the concurrency an
-average unit of stage ``s``'s compute sees: a compute-weighted mean of ``n``, not the time average
-``sum_r(u_r)`` of the ranks' utilisations (:attr:`SimResult.utilisation`), which underestimates the sharing
-whenever compute bunches up: data parallelism in lockstep computes on all ``W`` ranks at once and then waits
-for the allreduce on all, so ``C = W`` while ``sum(u)`` may be 1. Per stage, because a pipeline's
-bottleneck stage computes nearly all the time, alongside whatever else computes, while a faster stage
-computes in bursts. The factors are solved by fixed-point iteration from
-``f_0 = max(1, workers * threads / cores)`` (every rank runnable at once, the upper bound): simulate, measure
-every ``C_s``, recompute the ``f_s``, until none changes by more than :data:`SCALE_RTOL` (averaging
-successive iterates after :data:`UNDAMPED_ITERATIONS` in case they oscillate).
+operating system shares the cores among them fairly (Linux CFS): each of ``n`` computing ranks gets ``cores /
+(n threads)`` of a core. A rank blocked in a receive or an allreduce (gloo waits in a blocking call; the link
+throttle sleeps) uses no core. The simulator models exactly that (:mod:`pipedream.sim.cores`): every forward,
+backward and optimizer step is an amount of work, and the ``n`` ranks computing at once on a host each
+progress at ``1 / host_scale(n)`` of full speed, re-timed whenever one starts or ends; ranks are spread over
+``hosts`` hosts in blocks, as torchrun numbers them. What the prediction reports per stage: ``f_s`` (wall
+seconds of the stage's forwards and backwards per second of their work) and ``C_s`` (the compute-weighted
+number of ranks computing at once, ``integral k_s(t) n(t) dt / integral k_s(t) dt`` with ``n(t)`` the ranks
+computing at ``t`` and ``k_s(t)`` those of stage ``s``).
 
 Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
 slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
@@ -57,19 +45,18 @@ reduced models on the 2-core CI machine). :func:`host_scale` multiplies the shar
 1 with one thread computing to its full value with every core busy; a profile taken on a host with another
 core count has none (1.0).
 
-Assumptions: one factor per stage for the whole epoch (the compute-weighted mean; in reality a span computing
-alone runs at full speed and one among ``n`` at ``cores / n``); a blocked rank uses no core (the launcher, MLflow
-logging, gloo's own threads and other processes on the host use none either); compute of an action scales
-linearly with its samples; the profile was taken with the workers' thread count (``meta.json`` ``threads``,
-:mod:`pipedream.commands.profile`); the runtime's own per-action costs (Python, gloo messages, weight
-stashing) are not in the profile; mid-epoch checkpoints (``--checkpoint-every``) and
-the end-of-epoch loss reduction are not modelled. An exact model needs processor sharing inside the
-simulator's event loop (each compute action's progress rate ``min(1, cores / (n(t) threads))``).
+Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
+uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
+either); compute of an action scales linearly with its samples; the profile was taken with the workers' thread
+count (``meta.json`` ``threads``, :mod:`pipedream.commands.profile`); the runtime's own per-action costs
+(Python, gloo messages, weight stashing) are not in the profile; mid-epoch checkpoints
+(``--checkpoint-every``) and the end-of-epoch loss reduction are not modelled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,13 +71,9 @@ from pipedream.plan import Plan
 from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
-from pipedream.sim.costs import StageCost, stage_costs
+from pipedream.sim.costs import stage_costs
 from pipedream.sim.simulate import SimResult, simulate_stages
 from pipedream.topology import Cluster, get_cluster
-
-MAX_ITERATIONS = 50
-UNDAMPED_ITERATIONS = 10
-SCALE_RTOL = 1e-3  # relative change of the host-sharing factor that counts as settled
 
 
 @dataclass
@@ -118,21 +101,20 @@ class Prediction:
 
     Attributes:
         epoch_s: predicted epoch time, s.
-        compute_scale: the settled host-sharing factors ``f_s`` (one per stage) the compute times were multiplied by.
-        concurrency: ``C_s`` at those factors: ranks computing at once, as an average unit of the stage's compute
-            sees it, per stage.
-        busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once, time-averaged (steady state).
-        iterations: simulations run to settle the factor.
+        compute_scale: per stage, ``f_s``: wall seconds of its forwards and backwards per second of their work
+            in the simulated run (1: no sharing).
+        concurrency: per stage, ``C_s``: ranks computing at once, as an average unit of the stage's compute sees it.
+        busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged (steady state).
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`).
         composition: the factor on the layers' times (:func:`profiled_composition`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
-        sim: the simulator's result at the settled factor.
+        sim: the simulated run (its trace kept).
         compute_s: per stage, the seconds of compute one of its ranks spends in the epoch: the forward and
             backward of each (micro)batch it takes (the epoch's, dealt round robin over the stage's ranks) at
-            the settled factor; what the runtime logs as ``compute_s_stage<s>``.
+            its ``f_s``; what the runtime logs as ``compute_s_stage<s>``.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
@@ -141,7 +123,6 @@ class Prediction:
     compute_scale: list[float]
     concurrency: list[float]
     busy_ranks: float
-    iterations: int
     cores: int | None
     threads: int
     shape: EpochShape
@@ -156,7 +137,7 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "compute_scale": self.compute_scale,
-                "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
+                "concurrency": self.concurrency, "busy_ranks": self.busy_ranks,
                 "cores": self.cores, "contention": self.contention, "composition": self.composition,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
@@ -200,14 +181,6 @@ def compute_concurrency(spans: list[tuple[float, float]], mine: list[bool] | Non
         cross_moment += k * n * (t - last)
         n, k, last = n + step, k + own, t
     return cross_moment / first_moment if first_moment > 0 else 0.0
-
-
-def scaled_costs(costs: list[StageCost], factors: list[float]) -> list[StageCost]:
-    """Stage costs with every compute time of stage ``s`` (forward, backward, the buckets' ready times in the
-    backward, the optimizer step) multiplied by ``factors[s]``; bytes unchanged."""
-    return [dataclasses.replace(c, fwd_s=c.fwd_s * f, bwd_s=c.bwd_s * f, step_s=c.step_s * f,
-                                buckets=[(t * f, b) for t, b in c.buckets])
-            for c, f in zip(costs, factors, strict=True)]
 
 
 def emulated_cluster(cluster: Cluster, bandwidth_Bps: float | None) -> Cluster:
@@ -284,29 +257,28 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     if hosts < 1:
         raise PipeDreamError(f"hosts must be positive, got {hosts}")
 
-    def sharing(ranks: float) -> float:
-        return 1.0 if cores is None else host_scale(ranks / hosts, threads, cores, contention)
-
     workers = sum(len(rs) for rs in stage_ranks)
+    per_host = math.ceil(workers / hosts)  # torchrun numbers ranks host by host
+
+    def slowdown(n: int) -> float:
+        return host_scale(n, threads, cores, contention)  # type: ignore[arg-type]
+
+    res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=base, keep_trace=True,
+                          sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host, **kwargs)
+    assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
-    scale = [sharing(workers)] * len(stage_ranks)  # every rank runnable: the upper bound
-    iterations = 0
-    while True:
-        iterations += 1
-        res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=scaled_costs(base, scale),
-                              keep_trace=True, **kwargs)
-        assert res.trace is not None  # keep_trace
-        spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
-        bounds = [(sp.start, sp.end) for sp in spans]
-        conc = [compute_concurrency(bounds, [stage_of[sp.rank] == s for sp in spans]) for s in range(len(stage_ranks))]
-        new = [sharing(c) for c in conc]
-        if all(abs(n - f) <= SCALE_RTOL * f for n, f in zip(new, scale, strict=True)) or iterations >= MAX_ITERATIONS:
-            break
-        scale = new if iterations < UNDAMPED_ITERATIONS else [(f + n) / 2 for f, n in zip(scale, new, strict=True)]
+    spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
+    bounds = [(sp.start, sp.end) for sp in spans]
+    conc = [compute_concurrency(bounds, [stage_of[sp.rank] == s for sp in spans]) for s in range(len(stage_ranks))]
+    scale = []  # per stage: wall seconds of its forwards and backwards per second of their work
+    for rs in stage_ranks:
+        mine = [sp for r in rs for sp in res.trace.compute[r]]
+        work = sum(sp.work_s for sp in mine)
+        scale.append(sum(sp.end - sp.start for sp in mine) / work if work > 0 else 1.0)
     units = res.epoch_minibatches * shape.microbatches  # (micro)batches of the epoch, dealt round robin
     compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
     return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
-                      busy_ranks=sum(res.utilisation), iterations=iterations,
+                      busy_ranks=sum(res.utilisation),
                       cores=cores, threads=threads, contention=contention, composition=composition, shape=shape,
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
