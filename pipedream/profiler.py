@@ -413,7 +413,11 @@ def _step_rate(net: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: str,
             if p.grad is None or not outs:
                 p.grad = torch.randn_like(p)
 
-    return _timed(lambda _: opt.step(), timing, prepare=forward_backward) / sum(p.numel() * p.element_size() for p in params)
+    def step(_: None) -> None:  # what a worker's STEP does besides copy on write: update, then zero the gradients
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    return _timed(step, timing, prepare=forward_backward) / sum(p.numel() * p.element_size() for p in params)
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:

@@ -21,7 +21,8 @@ What is modelled, term by term:
   one minibatch (``meta.json`` ``data_s``), scaled to the action's samples;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
-  times the host-sharing factor;
+  with the copy of the weights first where the schedule stashes versions
+  (:func:`pipedream.memory.copies_on_write`), shared like any compute;
 * the epoch: exactly the minibatches the run trains (:func:`pipedream.runtime.worker.minibatches_per_epoch`,
   :func:`pipedream.baselines.ddp.minibatches_per_epoch`), filled and drained once, as the workers do.
 
@@ -71,6 +72,7 @@ from pipedream.plan import Plan
 from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
+from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.simulate import SimResult, simulate_stages
 from pipedream.topology import Cluster, get_cluster
@@ -243,8 +245,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
+    copies = memory.copies_on_write(shape.schedule, [len(rs) for rs in stage_ranks], shape.microbatches,
+                                    warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None)
+                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies)
     if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
         base = [dataclasses.replace(c, fwd_s=c.fwd_s * composition, bwd_s=c.bwd_s * composition,
                                     buckets=[(t * composition, b) for t, b in c.buckets]) for c in base]

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipedream import costmodel, schedules
+from pipedream import costmodel, memory, schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
@@ -212,8 +212,10 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     kind = SCHEDULES[schedule]
     m = microbatches if kind in ("gpipe", "2bw") else 1
     if costs is None:
+        replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]
         costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                            step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps)
+                            step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps,
+                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup))
     unit, n0 = _unit(kind, stage_ranks, m)
 
     def sim(n: int, record: bool = False) -> Trace:
