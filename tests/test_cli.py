@@ -216,6 +216,8 @@ def bad_files(tmp_path: Path) -> Path:
     (["train", "--mode", "dp", "--checkpoint-every", "3"], "error: --mode dp does not checkpoint: --checkpoint, "
      "--checkpoint-every and --resume are PipeDream options; leave them out of a data-parallel run"),
     (["train", "--mode", "dp", "--resume"], "error: --mode dp does not checkpoint"),
+    (["train", "--mode", "dp", "--recompute"], "error: --recompute is a PipeDream option (each stage's forward is "
+     "recomputed in its backward); the data-parallel baseline does not recompute: leave it out of --mode dp"),
     (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "holey.json", "--workers", "16"],
      "in no stage; re-plan from a profile of this model at this granularity"),
     (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "empty-stage.json", "--workers", "16"],

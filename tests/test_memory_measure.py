@@ -157,3 +157,36 @@ def test_memory_window_ends_after_the_kth_minibatchs_last_backward() -> None:
     last_b_of_0 = max(i for i, a in enumerate(gp) if a.kind == Kind.B and a.minibatch == 0)
     assert memory_window(gp, 1) == last_b_of_0 + 1
     assert [a.minibatch for a in gp[:last_b_of_0 + 1] if a.kind == Kind.B] == [0, 0]
+
+
+@pytest.mark.slow
+def test_recomputation_keeps_one_microbatchs_activations_as_the_memory_model_says(tmp_path: Path) -> None:
+    """PipeDream-Flush, 3 stages of :func:`tests.tiny.deep_model`, 4 microbatches of 2: stage s holds 3 - s of them.
+    Without recomputation stage 0 saves, per microbatch, the copied flatten's output (2 x 3072 floats, for the
+    linear's weight gradient); with it, only the microbatch being recomputed is saved, with its tanh output made
+    again (2 x 32: the original was sent on and stays among the buffers). Stage 1: the tanh output (2 x 32) of
+    2 microbatches, then of 1; the last stage holds one either way. Measured and modelled
+    (:func:`pipedream.memory.plan_memory` on the profile) agree, but for the loss's own saved targets (2 int64) and
+    4-byte total weight; the inputs held (``buffers``) do not change."""
+    from pipedream import memory
+    from pipedream.profiler import ProfileSettings, profile_module
+    from tests.test_runtime_pipeline import run
+    from tests.tiny import deep_model
+
+    plan = straight_plan("t", 8, [3, 3, 2])
+    graph = profile_module(deep_model(), torch.randn(2, 3, 32, 32), ProfileSettings(warmup=0, iters=1))
+    measured, modelled, buffers = {}, {}, {}
+    for recompute in (False, True):
+        dumps = run(tmp_path / str(recompute), 3, factory=deep_model, plan=plan, schedule="pipedream_flush",
+                    microbatches=4, max_minibatches=2, recompute=recompute)
+        measured[recompute] = [d["memory"]["category_max"]["activations"] for d in dumps]
+        modelled[recompute] = [m.activations for m in memory.plan_memory(
+            graph, [s.nodes for s in plan.stages], [1, 1, 1], schedule="pipedream_flush", microbatches=4,
+            recompute=recompute)]
+        buffers[recompute] = [d["memory"]["category_max"]["buffers"] for d in dumps]
+    assert buffers[True] == buffers[False]  # every in-flight microbatch's inputs are kept either way
+    assert measured[False] == [3 * 4 * 2 * 3072, 2 * 4 * 2 * 32, 4 * 2 * (32 + 10) + 2 * 8 + 4]
+    assert measured[True] == [4 * 2 * (3072 + 32), 4 * 2 * 32, 4 * 2 * (32 + 10) + 2 * 8 + 4]
+    for recompute in (False, True):
+        assert modelled[recompute][:2] == measured[recompute][:2]
+        assert modelled[recompute][2] == measured[recompute][2] - 2 * 8 - 4
