@@ -169,6 +169,7 @@ CASES = [  # (profile, minibatch, stage sizes, stage ranks, cluster levels, sche
     ("gnmt", 64, [12, 12, 12, 12], [[0], [1], [2], [3]], [(2, 25 * GB), (2, 3.125 * GB)], "gpipe", 4),
     ("resnet50", 128, [60, 60, 57], [[0, 1], [2], [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "1f1b", 1),
     ("alexnet", 256, [15, 7], [[0], [1]], [(2, 1.25 * GB)], "2bw", 4),
+    ("resnet50", 128, [60, 60, 57], [[0, 1], [2], [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "pipedream_flush", 4),
 ]
 
 
