@@ -13,9 +13,9 @@ in this order:
 * ``buffers``: the tensors of in-flight (micro)batches (the received or loaded input, the output waiting
   for its backward, the received and the computed gradients) and the posted receives' buffers;
 * ``activations``: the tensors autograd saved for backward (:class:`SavedTensors`). With activation
-  recomputation a forward saves only the stage's inputs (``buffers``), and the backward of a unit is counted
-  once more in its middle, right after the recomputation, when that unit's recomputed activations are all
-  alive (:meth:`SavedTensors.recomputing`).
+  recomputation a forward saves only the stage's inputs (``buffers``), and a unit's backward is counted once
+  more before it releases the unit, with every activation its recomputation saved (recorded by
+  :meth:`SavedTensors.recomputing` and held until then): what is alive when the recomputation ends.
 
 Every storage is counted once (keyed by ``untyped_storage().data_ptr()``, ``nbytes()`` bytes), in the
 first category that holds it: a saved tensor that is also a weight version or an input counts there,
