@@ -4,12 +4,17 @@ runtime's memory check all call :func:`stage_memory`).
 A replica of a stage with ``P`` parameter bytes that holds ``n`` (micro)batches in flight at its peak holds
 
 * weights: ``c * P``, ``c`` the weight copies of its schedule (:func:`weight_copies`): 1 for a flush
-  schedule (GPipe, data parallelism), 2 for PipeDream-2BW (PipeDream-2BW §3.1, "at most 2" versions),
+  schedule (GPipe, PipeDream-Flush, data parallelism), 2 for PipeDream-2BW (PipeDream-2BW §3.1, "at most 2"
+  versions),
   and one per version an in-flight minibatch still needs under weight stashing, the newest being the
   live weights, so ``n`` (PipeDream §3.3: the input stage stashes NOAM versions);
 * gradients: ``P`` (one buffer the backward accumulates into);
 * optimizer state: ``k * P``, ``k`` = 1 for SGD with momentum, 0 without, 2 for Adam (its two moments);
-* activations: ``n * A``, ``A`` the activation bytes its forward stashes for one (micro)batch;
+* activations: ``n * A``, ``A`` the activation bytes its forward stashes for one (micro)batch; with
+  activation recomputation only ``A'``, the activations of the one (micro)batch being recomputed in its
+  backward (``A`` plus its sent output, saved again by the recomputation; :func:`plan_memory`), since the
+  forward keeps only the stage's inputs (Chen et al. 2016; PipeDream-2BW, as transcribed, counts
+  ``|A_total(b)| / d + d |A_input(b)|`` per stage of a ``d``-stage pipeline);
 * receive buffers: ``n * I``, ``I`` the bytes of one received input (the previous stage's output),
   held until the backward that consumes it.
 
@@ -24,10 +29,10 @@ from dataclasses import asdict, dataclass
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.schedules import DEFAULT_WARMUP, WARMUPS
+from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, warmup_count
 
 OPTIMIZER_STATES = {"sgd": 1, "adam": 2}  # state tensors of the weights' size per optimizer (SGD: momentum)
-SCHEDULES = ("1f1b", "vertical", "gpipe", "2bw", "dp")
+SCHEDULES = ("1f1b", "vertical", "gpipe", "2bw", "pipedream_flush", "dp")
 
 
 @dataclass(frozen=True)
@@ -67,7 +72,9 @@ def in_flight(schedule: str, replicas: Sequence[int], stage: int, microbatches: 
 
     1F1B (stashing or vertical sync): its warm-up count (:data:`pipedream.schedules.WARMUPS`, NOAM on the
     input stage, §3.2); GPipe: every microbatch the replica runs (``ceil(m / r)``, all forwards before
-    any backward); 2BW: 1F1B over microbatches, ``min(m, warm-up)``; data parallelism: 1.
+    any backward); 2BW: 1F1B over microbatches, ``min(m, warm-up)``; PipeDream-Flush: 1F1B over each
+    minibatch's microbatches, ``min(ceil(m / r), warmup_count)`` (``min(m, d - s)`` on stage ``s`` of a straight
+    pipeline of depth ``d``, :func:`pipedream.schedules.pipedream_flush`); data parallelism: 1.
 
     Raises:
         PipeDreamError: an unknown schedule.
@@ -78,19 +85,21 @@ def in_flight(schedule: str, replicas: Sequence[int], stage: int, microbatches: 
         return math.ceil(microbatches / replicas[stage])
     if schedule == "2bw":
         return min(math.ceil(microbatches / replicas[stage]), WARMUPS[warmup](replicas, stage))
+    if schedule == "pipedream_flush":
+        return min(math.ceil(microbatches / replicas[stage]), warmup_count(replicas, stage))
     if schedule == "dp":
         return 1
     raise PipeDreamError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
 
 
 def weight_copies(schedule: str, in_flight_count: int) -> int:
-    """Copies of a stage's weights its schedule holds (module docstring): flush and DP 1, 2BW 2, weight
-    stashing and vertical sync one per in-flight minibatch's version (at most ``in_flight_count``).
+    """Copies of a stage's weights its schedule holds (module docstring): GPipe, PipeDream-Flush and DP 1, 2BW
+    2, weight stashing and vertical sync one per in-flight minibatch's version (at most ``in_flight_count``).
 
     Raises:
         PipeDreamError: an unknown schedule.
     """
-    if schedule in ("gpipe", "dp"):
+    if schedule in ("gpipe", "pipedream_flush", "dp"):
         return 1
     if schedule == "2bw":
         return 2
@@ -113,32 +122,37 @@ def copies_on_write(schedule: str, replicas: Sequence[int], microbatches: int = 
 
 
 def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float, *, schedule: str,
-                 in_flight_count: int, optimizer: str = "sgd", momentum: float = 0.9) -> StageMemory:
+                 in_flight_count: int, optimizer: str = "sgd", momentum: float = 0.9,
+                 recompute: bool = False) -> StageMemory:
     """Bytes one replica of a stage holds at its peak.
 
     Args:
         param_bytes: the stage's parameters, bytes (``P``).
-        activation_bytes: what its forward stashes for one (micro)batch, bytes (``A``).
+        activation_bytes: what its forward stashes for one (micro)batch, bytes (``A``); with ``recompute``
+            what the recomputation of one saves (``A'``).
         input_bytes: what the runtime keeps per (micro)batch outside autograd, bytes (``I``: the received
             input or the data, and the output it sent; see :func:`plan_memory`).
         schedule: one of :data:`SCHEDULES`.
         in_flight_count: (micro)batches held at the peak (:func:`in_flight`).
         optimizer, momentum: the optimizer (:func:`optimizer_states`).
+        recompute: activation recomputation: the activations of one (micro)batch, not of ``in_flight_count``.
     Raises:
         PipeDreamError: an unknown schedule or optimizer.
     """
     return StageMemory(weights=weight_copies(schedule, in_flight_count) * param_bytes, gradients=param_bytes,
                        optimizer=optimizer_states(optimizer, momentum) * param_bytes,
-                       activations=in_flight_count * activation_bytes, buffers=in_flight_count * input_bytes)
+                       activations=(1 if recompute else in_flight_count) * activation_bytes,
+                       buffers=in_flight_count * input_bytes)
 
 
 def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Sequence[int], *,
                 schedule: str = "1f1b", microbatches: int = 1, warmup: str = DEFAULT_WARMUP, optimizer: str = "sgd",
-                momentum: float = 0.9) -> list[StageMemory]:
+                momentum: float = 0.9, recompute: bool = False) -> list[StageMemory]:
     """:func:`stage_memory` of one replica of each stage of a plan, from a profile.
 
-    ``A`` and ``I`` per (micro)batch as :func:`_activation_and_buffer_bytes` defines them: ``graph`` must be
-    at the (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage.
+    ``A``, ``A'`` and ``I`` per (micro)batch as :func:`_activation_and_buffer_bytes` defines them: ``graph`` must
+    be at the (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage;
+    ``recompute``: activation recomputation (:func:`stage_memory`).
 
     Raises:
         PipeDreamError: an unknown schedule or optimizer.
@@ -150,22 +164,25 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
     out = []
     for s, nodes in enumerate(stages):
         params = sum(graph.nodes[n].param_bytes for n in nodes)
-        acts, inputs = _activation_and_buffer_bytes(graph, s, nodes, where, consumers, last=s == len(stages) - 1)
+        acts, recomputed, inputs = _activation_and_buffer_bytes(graph, s, nodes, where, consumers,
+                                                                last=s == len(stages) - 1)
         n = in_flight(schedule, replicas, s, microbatches, warmup)
-        out.append(stage_memory(params, acts, inputs, schedule=schedule, in_flight_count=n, optimizer=optimizer,
-                                momentum=momentum))
+        out.append(stage_memory(params, recomputed if recompute else acts, inputs, schedule=schedule,
+                                in_flight_count=n, optimizer=optimizer, momentum=momentum, recompute=recompute))
     return out
 
 
 def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str], where: dict[str, int],
-                                 consumers: dict[str, list[str]], last: bool) -> tuple[float, float]:
-    """``(A, I)`` of stage ``s`` per (micro)batch, bytes.
+                                 consumers: dict[str, list[str]], last: bool) -> tuple[float, float, float]:
+    """``(A, A', I)`` of stage ``s`` per (micro)batch, bytes.
 
     ``I``: what the runtime keeps per in-flight (micro)batch outside autograd: the received input (or the
     data, on a stage with the model's inputs) and, on a stage that sends, its output (kept for the backward).
     ``A``: with our profiler's record of what each layer saves (``graph.saved``), those bytes plus the
     output of every layer of the stage that it or a consumer in the stage saves (sent outputs are in ``I``;
     the model's final output is saved by the loss); without it (the release's profiles), every layer's output.
+    ``A'``: what a recomputation of the stage's forward saves (``torch.utils.checkpoint``): ``A`` plus the sent
+    outputs a layer of the stage saves (the recomputation makes them again; the originals stay in ``I``).
     """
     inside = set(nodes)
     received = {a for a, b in graph.edges if where.get(b) == s and where.get(a, s) != s}
@@ -173,15 +190,17 @@ def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str]
     kept = sum(graph.nodes[a].output_bytes for a in (*received, *data))
     layers = [n for n in nodes if not graph.nodes[n].is_input]
     if not all(n in graph.saved for n in layers):
-        return sum(graph.nodes[n].output_bytes for n in layers), kept
+        every = sum(graph.nodes[n].output_bytes for n in layers)
+        return every, every, kept
     sent = set() if last else {n for n in nodes if any(where.get(c, s) != s for c in consumers.get(n, []))}
-    acts = 0.0
+    acts = resaved = 0.0
     for n in layers:
         own, _, saves_output = graph.saved[n]
         inside_consumers = [c for c in consumers.get(n, []) if c in inside]
         held = saves_output or not consumers.get(n) or any(graph.saved[c][1] for c in inside_consumers)
         acts += own + (graph.nodes[n].output_bytes if held and n not in sent else 0.0)
-    return acts, kept + sum(graph.nodes[n].output_bytes for n in sent)
+        resaved += graph.nodes[n].output_bytes if held and n in sent else 0.0
+    return acts, acts + resaved, kept + sum(graph.nodes[n].output_bytes for n in sent)
 
 
 def stashing_total(param_bytes, activation_bytes, input_bytes, in_flight_count, states: int = 1):  # type: ignore[no-untyped-def]

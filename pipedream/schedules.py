@@ -1,4 +1,4 @@
-"""Schedules as data: per-rank action lists for PipeDream 1F1B-RR, GPipe, PipeDream-2BW and DP.
+"""Schedules as data: per-rank action lists for PipeDream 1F1B-RR, GPipe, PipeDream-2BW, PipeDream-Flush and DP.
 
 A schedule is a plain table ``order: dict[rank, list[Action]]``. The runtime executes a rank's list in
 order, the simulator times the same lists, and the plots draw them (one source of truth). The design
@@ -15,7 +15,7 @@ Semantics every consumer relies on:
   matching send has happened.
 * Replicas of a stage take turns (:attr:`Schedule.round_robin`). In 1F1B-RR and DP they take whole
   minibatches: minibatch ``m`` of stage ``s`` runs on rank ``stage_ranks[s][m % replicas(s)]`` (§3.2).
-  In GPipe and 2BW they take the microbatches of every minibatch: microbatch ``j`` runs on
+  In GPipe, 2BW and PipeDream-Flush they take the microbatches of every minibatch: microbatch ``j`` runs on
   ``stage_ranks[s][j % replicas(s)]``, so ``num_microbatches`` is a multiple of every stage's replicas.
   Either way the same replica does a unit's forward and backward.
 * ``ALLREDUCE(s, m)`` combines the stage's gradients over its replicas into the gradient of one update;
@@ -26,7 +26,7 @@ Semantics every consumer relies on:
   they are *summed*, so the update is exactly the unreplicated one (:meth:`Schedule.reduce_divisor`).
 * ``STEP(s, m)`` applies the (combined, coalesced) gradients: one optimizer step, one new weight version.
 
-Text form: ``f"{stage}{kind}{minibatch}"`` plus ``".{microbatch}"`` for GPipe and 2BW, e.g. ``"1F3"``,
+Text form: ``f"{stage}{kind}{minibatch}"`` plus ``".{microbatch}"`` for GPipe, 2BW and PipeDream-Flush, e.g. ``"1F3"``,
 ``"0SEND_F2.1"``, ``"2STEP4"``.
 """
 
@@ -93,13 +93,14 @@ class Schedule:
     """Per-rank action lists plus what is needed to interpret them.
 
     Attributes:
-        name: ``"1f1b"``, ``"gpipe"``, ``"2bw"`` or ``"dp"``.
+        name: ``"1f1b"``, ``"gpipe"``, ``"2bw"``, ``"pipedream_flush"`` or ``"dp"``.
         stage_ranks: global ranks of each stage's replicas, stages in pipeline order.
         num_minibatches: minibatches (weight updates of a straight pipeline) in the schedule.
         num_microbatches: microbatches per minibatch (1 for 1F1B and DP).
         order: rank -> its actions in execution order.
         round_robin: what a stage's replicas take turns over: ``"minibatch"`` (1F1B-RR, DP) or
-            ``"microbatch"`` (GPipe, 2BW; the microbatches of every minibatch), see the module docstring.
+            ``"microbatch"`` (GPipe, 2BW, PipeDream-Flush; the microbatches of every minibatch), see the module
+            docstring.
     """
 
     name: str
@@ -344,18 +345,53 @@ def two_bw(stage_ranks: list[list[int]], num_minibatches: int, num_microbatches:
         r = len(ranks)
         for i, rank in enumerate(ranks):
             stream = [(m, j) for m in range(num_minibatches) for j in range(i, num_microbatches, r)]
-            w = min(warmup_count(replicas, s), len(stream))
-            acts: list[Action] = []
-            for m, j in stream[:w]:
-                acts += _forward(s, last, m, j)
-            for k, (m, j) in enumerate(stream):
-                acts += _backward(s, last, m, j)
-                if j + r >= num_microbatches:  # this replica's last microbatch of minibatch m
-                    acts += _update(s, m, r > 1)
-                if k + w < len(stream):
-                    acts += _forward(s, last, *stream[k + w])
-            order[rank] = acts
+            order[rank] = _microbatch_1f1b(s, last, stream, warmup_count(replicas, s), r, num_microbatches)
     return Schedule("2bw", stage_ranks, num_minibatches, num_microbatches, order, "microbatch")
+
+
+def pipedream_flush(stage_ranks: list[list[int]], num_minibatches: int, num_microbatches: int) -> Schedule:
+    """PipeDream-Flush (PipeDream-2BW paper, ICML 2021): 1F1B over the microbatches of each minibatch, then a flush.
+
+    Per minibatch, each replica of stage ``s`` runs 1F1B over its microbatches: :func:`warmup_count` forwards
+    before its first backward (``d - s`` on a straight pipeline of ``d`` stages: a warm-up of ``d - 1 - s``
+    forwards, then one forward and one backward in turn, then the cool-down backwards). Gradients accumulate
+    over the minibatch; after its last backward the replica sums them with the other replicas of its stage
+    (``ALLREDUCE``, microbatch round robin as in :func:`gpipe`) and steps. So every microbatch of minibatch
+    ``t`` runs on the same weights and there is one weight version, no stashing:
+    ``W(t + 1) = W(t) - lr * grad f(W(t))``, GPipe's update, with at most ``d - s`` microbatches' activations in
+    flight on stage ``s`` instead of all ``m``. Unlike 2BW, any number of microbatches works.
+
+    Raises:
+        PipeDreamError: empty stages, or ``num_microbatches`` not a multiple of some stage's replicas.
+    """
+    _check(stage_ranks, num_minibatches, "PipeDream-Flush", num_microbatches)
+    replicas = [len(rs) for rs in stage_ranks]
+    last = len(stage_ranks) - 1
+    order: dict[int, list[Action]] = {}
+    for s, ranks in enumerate(stage_ranks):
+        r = len(ranks)
+        for i, rank in enumerate(ranks):
+            order[rank] = [a for m in range(num_minibatches) for a in _microbatch_1f1b(
+                s, last, [(m, j) for j in range(i, num_microbatches, r)], warmup_count(replicas, s), r, num_microbatches)]
+    return Schedule("pipedream_flush", stage_ranks, num_minibatches, num_microbatches, order, "microbatch")
+
+
+def _microbatch_1f1b(s: int, last: int, stream: list[tuple[int, int]], warmup: int, r: int,
+                     num_microbatches: int) -> list[Action]:
+    """1F1B over ``stream``, one replica's ``(minibatch, microbatch)`` units of stage ``s`` (of ``r`` replicas) in
+    order: ``min(warmup, len(stream))`` forwards, then a backward and the next forward in turn, then the
+    remaining backwards; after the replica's last microbatch of a minibatch, the update (:func:`_update`)."""
+    w = min(warmup, len(stream))
+    acts: list[Action] = []
+    for m, j in stream[:w]:
+        acts += _forward(s, last, m, j)
+    for k, (m, j) in enumerate(stream):
+        acts += _backward(s, last, m, j)
+        if j + r >= num_microbatches:  # this replica's last microbatch of minibatch m
+            acts += _update(s, m, r > 1)
+        if k + w < len(stream):
+            acts += _forward(s, last, *stream[k + w])
+    return acts
 
 
 def forward_only(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule:
@@ -394,11 +430,13 @@ def build(name: str, stage_ranks: Sequence[Sequence[int]], num_minibatches: int,
         return gpipe(ranks, num_minibatches, num_microbatches)
     if name == "2bw":
         return two_bw(ranks, num_minibatches, num_microbatches)
+    if name == "pipedream_flush":
+        return pipedream_flush(ranks, num_minibatches, num_microbatches)
     if name == "dp":  # one stage on all the ranks, in the order given
         sched = one_f_one_b([[r for rs in ranks for r in rs]], num_minibatches)
         sched.name = "dp"
         return sched
-    raise PipeDreamError(f"unknown schedule {name!r}; use 1f1b, gpipe, 2bw or dp")
+    raise PipeDreamError(f"unknown schedule {name!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
 
 
 def dry_run(schedule: Schedule, backward_cost: int = 1) -> dict[int, list[int]]:

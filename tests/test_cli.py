@@ -153,6 +153,22 @@ def test_simulate_takes_1f1b_and_the_old_name(tmp_path: Path) -> None:
     assert outs[0] == outs[1]
 
 
+def test_simulate_pipedream_flush_with_recomputation(tmp_path: Path) -> None:
+    """`pipedream simulate --schedule pipedream_flush`: the epoch grows with --recompute (one more forward in every
+    backward), the DP baseline it is compared with does not."""
+    outs = {}
+    for extra in ([], ["--recompute"]):
+        out = tmp_path / f"flush{len(extra)}.json"
+        proc = _run("simulate", "--profile", RELEASE_VGG16, "--cluster", "A_1x4", "--schedule", "pipedream_flush",
+                    "--microbatches", "8", *extra, "--json", str(out), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith("pipedream_flush on ")
+        outs[bool(extra)] = json.loads(out.read_text())
+    assert outs[True]["epoch_time_s"] > outs[False]["epoch_time_s"]
+    assert outs[True]["dp_epoch_time_s"] == outs[False]["dp_epoch_time_s"]
+    assert outs[True]["microbatches"] == 8 and outs[True]["schedule"] == "pipedream_flush"
+
+
 def test_every_option_has_help() -> None:
     from pipedream.cli import build_parser
 
@@ -216,6 +232,8 @@ def bad_files(tmp_path: Path) -> Path:
     (["train", "--mode", "dp", "--checkpoint-every", "3"], "error: --mode dp does not checkpoint: --checkpoint, "
      "--checkpoint-every and --resume are PipeDream options; leave them out of a data-parallel run"),
     (["train", "--mode", "dp", "--resume"], "error: --mode dp does not checkpoint"),
+    (["train", "--mode", "dp", "--recompute"], "error: --recompute is a PipeDream option (each stage's forward is "
+     "recomputed in its backward); the data-parallel baseline does not recompute: leave it out of --mode dp"),
     (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "holey.json", "--workers", "16"],
      "in no stage; re-plan from a profile of this model at this granularity"),
     (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "empty-stage.json", "--workers", "16"],

@@ -7,6 +7,7 @@ never obtained from the counting code itself.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,10 @@ def test_each_storage_is_counted_once_in_its_first_category() -> None:
     assert counted == {"weights": 40, "activations": 24}
 
 
-def _single_stage(optimizer: str, minibatches: int = 2) -> StageExecutor:
+def _single_stage(optimizer: str, minibatches: int = 2, recompute: bool = False) -> StageExecutor:
     """Linear(IN, HID), Linear(HID, OUT) as one stage, loss mean(out^2), trained on ``minibatches``
-    minibatches of B random samples with the memory counted after every action."""
+    minibatches of B random samples with the memory counted after every action (``recompute``: the forward
+    under torch.utils.checkpoint)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(IN, HID), nn.Linear(HID, OUT))
     stages = build_stages(model, straight_plan("t", 2, [2]), torch.randn(1, IN))
@@ -57,7 +59,7 @@ def _single_stage(optimizer: str, minibatches: int = 2) -> StageExecutor:
     cfg = TrainConfig(model="t", optimizer=optimizer, momentum=0.9, lr=0.1)
     opt = make_optimizer(cfg, versions.master)
     ex = StageExecutor(0, 1, module, versions, opt, P2P(10.0, torch.device("cpu")), None, stages.boundaries[0],
-                       criterion=lambda out, y: (out ** 2).mean(), measure_memory=True)
+                       criterion=lambda out, y: (out ** 2).mean(), measure_memory=True, recompute=recompute)
     data = StageData(inputs=lambda m, j: torch.randn(B, IN), labels=lambda m, j: torch.zeros(B, dtype=torch.int64))
     sched = schedules.build("1f1b", [[0]], minibatches)
     ex.run(sched.order[0], sched, data, B)
@@ -85,6 +87,22 @@ def test_single_stage_peak_by_hand(optimizer: str, state_bytes: int) -> None:
     assert mem.max_copies == 1
     assert mem.counts == 6  # one count after every action
     assert ex.saved.by_unit == {}  # every backward dropped its unit's saved tensors
+
+
+def test_single_stage_recomputation_by_hand() -> None:
+    """With recomputation the forward saves only its input (a buffer); the loss, outside the checkpoint, saves
+    the output (B x OUT). Each backward is counted once more, when the recomputed first-layer output (B x HID) is
+    alive, its unit's loss already consumed: the peak has the activations of the peak without recomputation,
+    reached in the backward, and 2 counts more. No warning is raised."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ex = _single_stage("sgd", recompute=True)
+    mem = ex.memory
+    assert mem is not None
+    assert mem.breakdown == {"weights": W, "versions": 0, "gradients": W, "optimizer": W,
+                             "buffers": 4 * B * IN, "activations": 4 * B * (HID + OUT)}
+    assert mem.counts == 6 + 2
+    assert ex.saved.by_unit == {}
 
 
 def test_the_tally_counts_what_a_full_count_counts_and_recounts_only_what_was_touched() -> None:
@@ -157,3 +175,36 @@ def test_memory_window_ends_after_the_kth_minibatchs_last_backward() -> None:
     last_b_of_0 = max(i for i, a in enumerate(gp) if a.kind == Kind.B and a.minibatch == 0)
     assert memory_window(gp, 1) == last_b_of_0 + 1
     assert [a.minibatch for a in gp[:last_b_of_0 + 1] if a.kind == Kind.B] == [0, 0]
+
+
+@pytest.mark.slow
+def test_recomputation_keeps_one_microbatchs_activations_as_the_memory_model_says(tmp_path: Path) -> None:
+    """PipeDream-Flush, 3 stages of :func:`tests.tiny.deep_model`, 4 microbatches of 2: stage s holds 3 - s of them.
+    Without recomputation stage 0 saves, per microbatch, the copied flatten's output (2 x 3072 floats, for the
+    linear's weight gradient); with it, only the microbatch being recomputed is saved, with its tanh output made
+    again (2 x 32: the original was sent on and stays among the buffers). Stage 1: the tanh output (2 x 32) of
+    2 microbatches, then of 1; the last stage holds one either way. Measured and modelled
+    (:func:`pipedream.memory.plan_memory` on the profile) agree, but for the loss's own saved targets (2 int64) and
+    4-byte total weight; the inputs held (``buffers``) do not change."""
+    from pipedream import memory
+    from pipedream.profiler import ProfileSettings, profile_module
+    from tests.test_runtime_pipeline import run
+    from tests.tiny import deep_model
+
+    plan = straight_plan("t", 8, [3, 3, 2])
+    graph = profile_module(deep_model(), torch.randn(2, 3, 32, 32), ProfileSettings(warmup=0, iters=1))
+    measured, modelled, buffers = {}, {}, {}
+    for recompute in (False, True):
+        dumps = run(tmp_path / str(recompute), 3, factory=deep_model, plan=plan, schedule="pipedream_flush",
+                    microbatches=4, max_minibatches=2, recompute=recompute)
+        measured[recompute] = [d["memory"]["category_max"]["activations"] for d in dumps]
+        modelled[recompute] = [m.activations for m in memory.plan_memory(
+            graph, [s.nodes for s in plan.stages], [1, 1, 1], schedule="pipedream_flush", microbatches=4,
+            recompute=recompute)]
+        buffers[recompute] = [d["memory"]["category_max"]["buffers"] for d in dumps]
+    assert buffers[True] == buffers[False]  # every in-flight microbatch's inputs are kept either way
+    assert measured[False] == [3 * 4 * 2 * 3072, 2 * 4 * 2 * 32, 4 * 2 * (32 + 10) + 2 * 8 + 4]
+    assert measured[True] == [4 * 2 * (3072 + 32), 4 * 2 * 32, 4 * 2 * (32 + 10) + 2 * 8 + 4]
+    for recompute in (False, True):
+        assert modelled[recompute][:2] == measured[recompute][:2]
+        assert modelled[recompute][2] == measured[recompute][2] - 2 * 8 - 4

@@ -20,11 +20,29 @@ def test_stage_memory_by_hand() -> None:
     assert memory.stage_memory(100, 10, 5, schedule="dp", in_flight_count=1, optimizer="adam").total == 100 + 100 + 200 + 10 + 5
     assert memory.stage_memory(100, 0, 0, schedule="1f1b", in_flight_count=1, momentum=0.0).total == 200
     assert memory.stashing_total(100, 10, 5, 4) == 660
+    # PipeDream-Flush: one weight copy; recomputation keeps the inputs of all 4 but the activations of one
+    flush = memory.stage_memory(100, 10, 5, schedule="pipedream_flush", in_flight_count=4)
+    assert (flush.weights, flush.activations, flush.buffers) == (100, 40, 20)
+    again = memory.stage_memory(100, 12, 5, schedule="pipedream_flush", in_flight_count=4, recompute=True)
+    assert (again.weights, again.activations, again.buffers) == (100, 12, 20)
+
+
+def test_pipedream_flush_holds_at_most_depth_minus_stage_microbatches() -> None:
+    """Counted by hand: stage s of a d-stage pipeline holds min(m, d - s) microbatches; a replica of a
+    replicated stage min(its share of the m, its 1F1B warm-up)."""
+    assert [memory.in_flight("pipedream_flush", [1, 1, 1], s, 4) for s in range(3)] == [3, 2, 1]
+    assert [memory.in_flight("pipedream_flush", [1, 1, 1], s, 2) for s in range(3)] == [2, 2, 1]
+    assert [memory.in_flight("pipedream_flush", [1, 1, 1, 1], s, 8) for s in range(4)] == [4, 3, 2, 1]
+    assert [memory.in_flight("pipedream_flush", [2, 1], s, 4) for s in range(2)] == [2, 1]  # 0.0, 0.2 on replica 0
+    assert [memory.in_flight("gpipe", [1, 1, 1], s, 4) for s in range(3)] == [4, 4, 4]  # GPipe holds all m
+    assert memory.weight_copies("pipedream_flush", 3) == 1
 
 
 @pytest.mark.parametrize("name,replicas,micro", [("1f1b", [1, 1, 1, 1], 1), ("1f1b", [2, 1, 1], 1),
                                                  ("gpipe", [1, 1, 1], 4), ("gpipe", [2, 1], 4), ("2bw", [1, 1, 1], 4),
-                                                 ("2bw", [2, 1], 4)])
+                                                 ("2bw", [2, 1], 4), ("pipedream_flush", [1, 1, 1], 4),
+                                                 ("pipedream_flush", [1, 1, 1, 1], 2), ("pipedream_flush", [2, 1], 4),
+                                                 ("pipedream_flush", [1, 2, 1], 6)])
 def test_in_flight_equals_the_most_forwards_awaiting_a_backward_in_the_action_lists(name: str, replicas: list[int],
                                                                                      micro: int) -> None:
     sched = schedules.build(name, schedules.consecutive_ranks(replicas), 8, micro)
@@ -65,6 +83,21 @@ def test_plan_memory_with_saved_tensors_by_hand() -> None:
     g.minibatch_size = 1
     double = memory.plan_memory(g.scaled(2), [["in", "l0", "l1"], ["l2"]], [1, 1])  # saved bytes scale with the batch
     assert (double[1].activations, double[1].buffers) == (80, 40)
+
+
+def test_plan_memory_with_recomputation_by_hand() -> None:
+    """Recomputation keeps one microbatch's activations, A' = A plus the sent outputs the stage saves (made
+    again by the recomputation), beside every in-flight microbatch's inputs."""
+    g = _chain()
+    g.saved = {"l0": (5.0, False, True), "l1": (3.0, True, True), "l2": (0.0, True, False)}
+    stages = [["in", "l0", "l1"], ["l2"]]
+    plain = memory.plan_memory(g, stages, [1, 1], schedule="pipedream_flush", microbatches=4)
+    again = memory.plan_memory(g, stages, [1, 1], schedule="pipedream_flush", microbatches=4, recompute=True)
+    # stage 0 holds min(4, 2) = 2 microbatches: A = (5 + 10) + 3 = 18 each; l1's sent output (20) it saves too
+    assert (plain[0].activations, again[0].activations) == (2 * 18, 18 + 20)
+    assert plain[0].buffers == again[0].buffers == 2 * (7 + 20) and plain[0].weights == 150
+    # stage 1 holds one: A = the final output (40), saved by the loss, recomputed or not
+    assert (plain[1].activations, again[1].activations) == (40, 40)
 
 
 def test_unknown_schedule_or_optimizer_is_named() -> None:

@@ -140,6 +140,8 @@ def test_epoch_shape_is_what_the_workers_train() -> None:
     assert epoch_shape(_cfg(), "pipedream", 2048, 4, [3, 1]) == EpochShape("1f1b", 32, 1, 63, 2016)
     assert epoch_shape(_cfg(schedule="gpipe", microbatches=4), "pipedream", 2048, 4, [3, 1]) == \
         EpochShape("gpipe", 8, 4, 64, 2048)
+    assert epoch_shape(_cfg(schedule="pipedream_flush", microbatches=4, recompute=True), "pipedream", 2048, 4, [3, 1]) == \
+        EpochShape("pipedream_flush", 8, 4, 64, 2048, recompute=True)
     # DP: per_worker, each worker a minibatch of 32 (64, a multiple of 4); global: 32 / 4 = 8 samples per worker
     assert epoch_shape(_cfg(), "dp", 2050, 4, [4]) == EpochShape("dp", 32, 1, 64, 2048)
     assert epoch_shape(_cfg(dp_batch="global"), "dp", 2048, 4, [4]) == EpochShape("dp", 8, 1, 64, 2048)
@@ -206,3 +208,11 @@ def test_predicted_memory_of_a_run_by_hand() -> None:
                          nodes, [1, 1], EpochShape("gpipe", 4, 4, 8, 128))
     assert got[1] == {"weights": 200, "gradients": 200, "optimizer": 400, "activations": 4 * 800, "buffers": 4 * 400,
                       "total": 200 + 200 + 400 + 3200 + 1600}
+    # PipeDream-Flush with recomputation, SGD without momentum: stage 0 holds min(4, 2) microbatches' inputs
+    # (the 400-byte data), and the activations of one (2 x 400: without a record of saved tensors, every
+    # layer's output)
+    got = predict_memory(TrainConfig(model="alexnet", batch_size=16, schedule="pipedream_flush", microbatches=4,
+                                     momentum=0.0, recompute=True), "pipedream", g, nodes, [1, 1],
+                         EpochShape("pipedream_flush", 4, 4, 8, 128, recompute=True))
+    assert got[0] == {"weights": 200, "gradients": 200, "optimizer": 0, "activations": 800, "buffers": 2 * 400,
+                      "total": 200 + 200 + 800 + 800}

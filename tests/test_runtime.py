@@ -119,6 +119,10 @@ def test_2bw_keeps_two_versions_and_uses_the_previous_one() -> None:
 def test_config_round_trips_through_the_command_line() -> None:
     cfg = TrainConfig(model="vgg16", schedule="2bw", microbatches=4, batch_size=32, train_subset=100,
                       emulate_bandwidth_Bps=1e9, checkpoint=True, progress=False)
+    flush = TrainConfig(model="vgg16", schedule="pipedream_flush", microbatches=4, recompute=True)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert from_args(parser.parse_args(flush.to_args())) == flush
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     back = from_args(parser.parse_args(cfg.to_args()))
@@ -139,6 +143,7 @@ def test_the_release_per_stage_learning_rate_applies_to_1f1b_sgd_by_default() ->
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"schedule": "pipe"}, "--schedule"), ({"batch_size": 30, "microbatches": 4, "schedule": "gpipe"}, "multiple"),
+    ({"batch_size": 30, "microbatches": 4, "schedule": "pipedream_flush"}, "multiple"),
     ({"microbatches": 2}, "1F1B"), ({"emulate_bandwidth_Bps": -1.0}, "bandwidth"), ({"stage_lr": "adam"}, "--stage-lr"),
 ])
 def test_bad_config_is_explained(kwargs: dict, match: str) -> None:

@@ -165,7 +165,8 @@ def _logs(sched: Schedule, batched: bool) -> dict[int, Log]:
 SCHEDULES = [("1f1b", [1, 1], 6, 1), ("1f1b", [1, 1, 1], 8, 1), ("1f1b", [1, 1, 1, 1], 8, 1),
              ("1f1b", [2, 1], 8, 1), ("1f1b", [1, 2], 8, 1), ("1f1b", [1, 2, 1], 8, 1), ("1f1b", [3, 1], 6, 1),
              ("gpipe", [1, 1, 1, 1], 3, 4), ("gpipe", [2, 1], 2, 4), ("2bw", [1, 1], 4, 2), ("2bw", [2, 1], 3, 4),
-             ("2bw", [1, 1, 1, 1], 4, 4)]
+             ("2bw", [1, 1, 1, 1], 4, 4), ("pipedream_flush", [1, 1, 1], 3, 4), ("pipedream_flush", [2, 1], 2, 4),
+             ("pipedream_flush", [1, 1, 1, 1], 2, 2)]
 
 
 @pytest.mark.parametrize("name,replicas,minibatches,micro", SCHEDULES)

@@ -17,7 +17,17 @@ from pipedream import schedules
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch import spawn_local
 from pipedream.runtime.stage import straight_plan
-from tests.tiny import build, linear_model, reference_batches, stage_params, stash_model, tiny_model, tuple_model, write_data
+from tests.tiny import (
+    bn_model,
+    build,
+    linear_model,
+    reference_batches,
+    stage_params,
+    stash_model,
+    tiny_model,
+    tuple_model,
+    write_data,
+)
 
 pytestmark = pytest.mark.slow
 LAYERS = [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]  # the even split of tiny_model on 4 stages
@@ -144,26 +154,35 @@ def test_vertical_sync_on_replicated_stages_carries_update_counts(tmp_path: Path
 
 
 def reference(batches, steps: int, optimizer: str = "sgd", lr: float = 0.1, momentum: float = 0.0,  # type: ignore[no-untyped-def]
-              wd: float = 0.0, factory=tiny_model):
-    """The model after ``steps`` single-process steps on ``batches``, and the gradients of the first step."""
+              wd: float = 0.0, factory=tiny_model, microbatches: int = 1):
+    """The model after ``steps`` single-process steps on ``batches``, and the gradients of the first step; with
+    ``microbatches`` each step's gradient is the sum over the minibatch's consecutive microbatches of their mean
+    loss / ``microbatches`` (the same as the whole minibatch's unless a layer, e.g. BatchNorm, mixes samples)."""
     model = build(factory)
     opt = (torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd) if optimizer == "adam"
            else torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd))
     first = None
     for x, y in batches[:steps]:
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        for xj, yj in zip(x.chunk(microbatches), y.chunk(microbatches), strict=True):
+            (F.cross_entropy(model(xj), yj) / microbatches).backward()
         if first is None:
             first = {n: p.grad.clone() for n, p in model.named_parameters()}
         opt.step()
     return model, first
 
 
-@pytest.mark.parametrize("optimizer,lr", [("sgd", 0.1), ("adam", 0.01)])
-def test_gpipe_equals_synchronous_training(tmp_path: Path, optimizer: str, lr: float) -> None:
+@pytest.mark.parametrize("schedule,optimizer,lr", [("gpipe", "sgd", 0.1), ("gpipe", "adam", 0.01),
+                                                   ("pipedream_flush", "sgd", 0.1), ("pipedream_flush", "adam", 0.01)])
+def test_gpipe_equals_synchronous_training(tmp_path: Path, schedule: str, optimizer: str, lr: float) -> None:
+    """GPipe and PipeDream-Flush: W(t + 1) = W(t) - lr * grad f(W(t)), synchronous training on the whole
+    minibatch, with one weight version (every microbatch of minibatch t on version t, one copy of the weights)."""
     # with a throttled link (50 MB/s): slower, never different
-    dumps = run(tmp_path, 4, schedule="gpipe", microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4,
+    dumps = run(tmp_path, 4, schedule=schedule, microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4,
                 optimizer=optimizer, lr=lr, emulate_bandwidth_Bps=5e7)
+    for d in dumps:
+        assert {(m, v) for _, _, m, _, v in d["trace"]} == {(0, 0), (1, 1), (2, 2)}
+        assert max(d["copies"]) == 1 and d["max_versions"] == 1
     model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
     for s, d in enumerate(dumps):
         for n, p in stage_params(model, LAYERS[s]).items():
@@ -173,12 +192,14 @@ def test_gpipe_equals_synchronous_training(tmp_path: Path, optimizer: str, lr: f
             torch.testing.assert_close(d["first_grads"][n], g, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("replicas,optimizer,lr", [([2, 1], "sgd", 0.1), ([1, 2], "adam", 0.01)])
-def test_gpipe_on_replicated_stages_equals_synchronous_training(tmp_path: Path, replicas: list[int],
+@pytest.mark.parametrize("schedule,replicas,optimizer,lr", [("gpipe", [2, 1], "sgd", 0.1), ("gpipe", [1, 2], "adam", 0.01),
+                                                            ("pipedream_flush", [2, 1], "adam", 0.01)])
+def test_gpipe_on_replicated_stages_equals_synchronous_training(tmp_path: Path, schedule: str, replicas: list[int],
                                                                 optimizer: str, lr: float) -> None:
-    """Replicas take a minibatch's microbatches round robin and sum gradients at the flush: still SGD."""
+    """Replicas take a minibatch's microbatches round robin and sum gradients at the flush: still SGD (GPipe and
+    PipeDream-Flush)."""
     plan = straight_plan("t", 8, [4, 4], replicas=replicas)
-    dumps = run(tmp_path, 3, plan=plan, schedule="gpipe",
+    dumps = run(tmp_path, 3, plan=plan, schedule=schedule,
                 microbatches=4, max_minibatches=3, momentum=0.9, weight_decay=5e-4, optimizer=optimizer, lr=lr)
     model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, optimizer, lr, 0.9, 5e-4)
     halves = [range(0, 4), range(4, 8)]
@@ -403,15 +424,37 @@ def test_replicated_1f1b_equals_a_one_process_replay(tmp_path: Path, replicas: l
             torch.testing.assert_close(d["params"][n], w, rtol=1e-5, atol=1e-6)
 
 
-def test_four_stage_1f1b_equals_a_one_process_replay(tmp_path: Path) -> None:
+@pytest.mark.parametrize("recompute", [False, True])
+def test_four_stage_1f1b_equals_a_one_process_replay(tmp_path: Path, recompute: bool) -> None:
     """Eight minibatches of 1F1B with weight stashing on 4 stages, where the input stage holds 4 versions
     at once (copy on write, :class:`pipedream.runtime.versions.WeightVersions`): the final weights are the
-    replay's."""
+    replay's; also when every backward recomputes its forward (on the stashed version it used)."""
     lr, stages = 0.1, [range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
-    dumps = run(tmp_path, 4, factory=stash_model, plan=straight_plan("t", 6, [2, 2, 1, 1]), max_minibatches=8, lr=lr)
+    dumps = run(tmp_path, 4, factory=stash_model, plan=straight_plan("t", 6, [2, 2, 1, 1]), max_minibatches=8, lr=lr,
+                recompute=recompute)
     sched = schedules.build("1f1b", schedules.consecutive_ranks([1, 1, 1, 1]), 8)
     expected = _replay(sched, build(stash_model), stages, reference_batches(tmp_path / "data", 8, 0, 0), lr, True)
     for rank, d in enumerate(dumps):
         assert d["params"].keys() == expected[rank].keys()
         for n, w in expected[rank].items():
             torch.testing.assert_close(d["params"][n], w, rtol=1e-5, atol=1e-6)
+
+
+def test_recomputation_equals_the_one_process_reference(tmp_path: Path) -> None:
+    """PipeDream-Flush on 3 stages with every forward recomputed in its backward (torch.utils.checkpoint): the
+    gradients and weights are those of one process stepping on the sum over 4 microbatches, and so are
+    BatchNorm's running statistics, which the recomputation leaves alone (one update per microbatch)."""
+    layers = [range(0, 3), range(3, 5), range(5, 7)]  # conv, BatchNorm, ReLU | Flatten, Linear | Tanh, Linear
+    dumps = run(tmp_path, 3, factory=bn_model, plan=straight_plan("t", 7, [3, 2, 2]), schedule="pipedream_flush",
+                microbatches=4, max_minibatches=3, momentum=0.9, recompute=True)
+    model, first = reference(reference_batches(tmp_path / "data", 8, 0, 0), 3, momentum=0.9, factory=bn_model,
+                             microbatches=4)
+    for s, d in enumerate(dumps):
+        for n, p in stage_params(model, layers[s]).items():
+            torch.testing.assert_close(d["first_grads"][n], first[n], rtol=1e-5, atol=1e-7)
+            torch.testing.assert_close(d["params"][n], p.detach(), rtol=1e-5, atol=1e-6)
+    buffers = dict(model.named_buffers())
+    assert dumps[0]["buffers"].keys() == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    assert int(dumps[0]["buffers"]["1.num_batches_tracked"]) == 3 * 4  # once per microbatch, not twice
+    for n, b in dumps[0]["buffers"].items():
+        torch.testing.assert_close(b, buffers[n], rtol=1e-5, atol=1e-6)

@@ -69,6 +69,42 @@ def test_2bw_coalesces_and_steps_once_per_minibatch() -> None:
         S.build("2bw", S.consecutive_ranks([1, 1, 1]), 2, 2)
 
 
+def test_pipedream_flush_three_stages_four_microbatches() -> None:
+    """Written out by hand: stage s runs 1F1B over the 4 microbatches with 3 - 1 - s warm-up forwards (3 - s
+    before its first backward), then alternates, cools down, and steps once per minibatch."""
+    s = S.build("pipedream_flush", S.consecutive_ranks([1, 1, 1]), 1, 4)
+    assert texts(s, 0) == ("0F0.0 0SEND_F0.0 0F0.1 0SEND_F0.1 0F0.2 0SEND_F0.2 0RECV_B0.0 0B0.0 0F0.3 0SEND_F0.3 "
+                           "0RECV_B0.1 0B0.1 0RECV_B0.2 0B0.2 0RECV_B0.3 0B0.3 0STEP0")
+    assert texts(s, 1) == ("1RECV_F0.0 1F0.0 1SEND_F0.0 1RECV_F0.1 1F0.1 1SEND_F0.1 1RECV_B0.0 1B0.0 1SEND_B0.0 "
+                           "1RECV_F0.2 1F0.2 1SEND_F0.2 1RECV_B0.1 1B0.1 1SEND_B0.1 1RECV_F0.3 1F0.3 1SEND_F0.3 "
+                           "1RECV_B0.2 1B0.2 1SEND_B0.2 1RECV_B0.3 1B0.3 1SEND_B0.3 1STEP0")
+    assert texts(s, 2) == ("2RECV_F0.0 2F0.0 2B0.0 2SEND_B0.0 2RECV_F0.1 2F0.1 2B0.1 2SEND_B0.1 "
+                           "2RECV_F0.2 2F0.2 2B0.2 2SEND_B0.2 2RECV_F0.3 2F0.3 2B0.3 2SEND_B0.3 2STEP0")
+    # the next minibatch starts only after the flush: the same pattern again, after this minibatch's STEP
+    two = S.build("pipedream_flush", S.consecutive_ranks([1, 1, 1]), 2, 4)
+    for rank in range(3):
+        first = [str(a) for a in two.order[rank]][: len(s.order[rank])]
+        assert " ".join(first) == texts(s, rank)
+        assert texts(two, rank).split()[len(first):] == [t.replace("0.", "1.").replace("STEP0", "STEP1")
+                                                          for t in texts(s, rank).split()]
+    assert two.round_robin == "microbatch" and two.name == "pipedream_flush"
+    # one minibatch, forwards 1 and backwards 2 time units: (m + d - 1)(f + b) = 6 x 3, as GPipe's flush
+    assert _makespan(s, 2) == 18
+
+
+def test_pipedream_flush_replicated_stage_takes_microbatches_round_robin() -> None:
+    s = S.build("pipedream_flush", S.consecutive_ranks([2, 1]), 1, 4)
+    core = (Kind.F, Kind.B, Kind.ALLREDUCE, Kind.STEP)
+    # NOAM = ceil(3 / 2) = 2 forwards before the first backward; the allreduce follows the last backward
+    assert texts(s, 0, core) == "0F0.0 0F0.2 0B0.0 0B0.2 0ALLREDUCE0 0STEP0"
+    assert texts(s, 1, core) == "0F0.1 0F0.3 0B0.1 0B0.3 0ALLREDUCE0 0STEP0"
+    assert texts(s, 2, core) == "1F0.0 1B0.0 1F0.1 1B0.1 1F0.2 1B0.2 1F0.3 1B0.3 1STEP0"
+    assert s.reduce_divisor(0) == 1  # a sum of the microbatches' gradients, as GPipe's
+    # fewer microbatches than stages work (2BW refuses them): the warm-up is cut to what the minibatch has
+    short = S.build("pipedream_flush", S.consecutive_ranks([1, 1, 1, 1]), 2, 2)
+    assert texts(short, 0, core) == "0F0.0 0F0.1 0B0.0 0B0.1 0STEP0 0F1.0 0F1.1 0B1.0 0B1.1 0STEP1"
+
+
 def test_gpipe_replicated_stage_takes_microbatches_round_robin() -> None:
     s = S.build("gpipe", S.consecutive_ranks([2, 1]), 2, 2)
     assert texts(s, 0) == ("0F0.0 0SEND_F0.0 0RECV_B0.0 0B0.0 0ALLREDUCE0 0STEP0 "
@@ -133,7 +169,8 @@ def test_data_parallel_is_one_replicated_stage() -> None:
     ("1f1b", [1, 1, 1, 1], 8, 1), ("1f1b", [2, 1], 6, 1), ("1f1b", [3, 1], 6, 1), ("1f1b", [1, 2, 1], 8, 1),
     ("1f1b", [2, 2], 4, 1), ("1f1b", [1, 3], 9, 1), ("gpipe", [1, 1, 1], 3, 4), ("2bw", [1, 1, 1, 1], 3, 4),
     ("gpipe", [2, 1], 3, 4), ("gpipe", [1, 3, 2], 2, 6), ("2bw", [2, 1], 3, 4), ("2bw", [1, 3], 3, 6),
-    ("dp", [4], 8, 1),
+    ("pipedream_flush", [1, 1, 1], 3, 4), ("pipedream_flush", [1, 1, 1, 1], 3, 2), ("pipedream_flush", [2, 1], 3, 4),
+    ("pipedream_flush", [1, 3, 2], 2, 6), ("pipedream_flush", [2, 3], 2, 6), ("dp", [4], 8, 1),
 ])
 def test_every_schedule_runs_without_deadlock_and_balances(name: str, replicas: list[int], n: int, m: int) -> None:
     s = S.build(name, S.consecutive_ranks(replicas), n, m)
@@ -163,6 +200,8 @@ def test_bad_counts_are_explained() -> None:
         S.build("gpipe", S.consecutive_ranks([2, 1]), 2, 3)  # replicas take turns over the microbatches
     with pytest.raises(PipeDreamError, match="multiple of 3"):
         S.build("2bw", S.consecutive_ranks([1, 3]), 2, 8)
+    with pytest.raises(PipeDreamError, match="PipeDream-Flush schedule: 3 microbatches .* multiple of 2"):
+        S.build("pipedream_flush", S.consecutive_ranks([1, 2]), 2, 3)
     with pytest.raises(PipeDreamError, match="unknown schedule"):
         S.build("zero-bubble", S.consecutive_ranks([1]), 1)
 

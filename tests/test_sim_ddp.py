@@ -79,15 +79,15 @@ def test_one_big_bucket_pays_the_latency_once() -> None:
     assert res.time_per_minibatch_s * 4 == pytest.approx(0.090 + AR_2MIB + ar_10mib + STEP_S, rel=1e-12)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "2bw"])
+@pytest.mark.parametrize("schedule", ["gpipe", "2bw", "pipedream_flush"])
 def test_gpipe_and_2bw_overlap_only_the_last_backward_before_the_allreduce(schedule: str) -> None:
     """One stage on 2 replicas, 4 microbatches of 8 samples: each replica runs 2 microbatches (GPipe: F F B B;
-    2BW: F B F B), then ALLREDUCE and STEP. The earlier backward only accumulates gradients; the buckets
+    2BW and PipeDream-Flush: F B F B), then ALLREDUCE and STEP. The earlier backward only accumulates gradients; the buckets
     are ready during the last one, which runs 0.110 .. 0.180 in both schedules: [n3, n2] at 0.140, [n1, n0] at
     0.180."""
     costs = stage_costs(graph(), [["n0", "n1", "n2", "n3"]], BATCH, bucket_bytes=6 * MiB, step_s_per_param_byte=1e-9)
     tr = run_minibatches(schedule, [[0, 1]], costs, CLUSTER, 1, 4, record=True)
-    # the last backward starts at 0.020 + 0.020 + 0.070 (GPipe) or 0.020 + 0.070 + 0.020 (2BW) = 0.110; its
+    # the last backward starts at 0.020 + 0.020 + 0.070 (GPipe) or 0.020 + 0.070 + 0.020 (2BW, PipeDream-Flush) = 0.110; its
     # layers end at 0.120 (n3), 0.140 (n2), 0.170 (n1), 0.180 (n0). Ring over 2 ranks: 2 * 1 ms + S / 0.5e9.
     ar_6mib = 2e-3 + 6291456 / 0.5e9  # 0.014582912 s
     spans = [(0.140, 0.140 + ar_6mib), (0.180, 0.180 + ar_6mib)]

@@ -69,6 +69,32 @@ def test_pipedream_1f1b_steady_state_has_no_bubble(p: int) -> None:
     assert bw.steady_bubble_fraction == pytest.approx(0.0, abs=1e-12)
 
 
+@pytest.mark.parametrize("p,m", [(3, 4), (4, 2), (2, 8)])
+def test_pipedream_flush_epoch_by_hand(p: int, m: int) -> None:
+    """Every minibatch fills and drains the pipeline, as GPipe's: (m + p - 1)(f + b) each, so 10 minibatches
+    take 10 (m + p - 1)(f + b). Recomputation runs every forward again in its backward: b becomes b + f, with
+    b = 2f the 2BW paper's 4/3 more compute."""
+    f, b = 0.002, 0.004
+    g = chain(p, fwd_s=f, bwd_s=b)
+    nodes, ranks = one_per_stage(p)
+    res = simulate_stages(g, nodes, ranks, flat(p), schedule="pipedream_flush", microbatches=m, dataset_size=10 * 8 * m)
+    assert res.epoch_minibatches == 10 and res.samples_per_minibatch == 8 * m
+    assert res.epoch_time_s == pytest.approx(10 * (m + p - 1) * (f + b), rel=1e-12)
+    assert res.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-12)
+    again = simulate_stages(g, nodes, ranks, flat(p), schedule="pipedream_flush", microbatches=m,
+                            dataset_size=10 * 8 * m, recompute=True)
+    assert again.epoch_time_s == pytest.approx(10 * (m + p - 1) * (f + b + f), rel=1e-12)
+    assert again.epoch_time_s / res.epoch_time_s == pytest.approx(4 / 3, rel=1e-12)
+
+
+def test_recomputation_costs_a_forward_in_every_backward() -> None:
+    """By hand: forward 1 s, backward 2 s, the stage's one gradient bucket ready at the end of the backward."""
+    from pipedream.sim.costs import recomputed
+
+    (c,) = recomputed(uniform_costs(1, 1.0, 2.0, param_bytes=100.0, step_s=0.5))
+    assert (c.fwd_s, c.bwd_s, c.buckets, c.step_s, c.param_bytes) == (1.0, 3.0, [(3.0, 100.0)], 0.5, 100.0)
+
+
 def test_activation_transfer_delays_the_next_stage_by_bytes_over_bandwidth() -> None:
     """Two stages, 0.5 GB activations on a 1 GB/s link: F1 starts 0.5 s after F0 ends."""
     g = chain(2, fwd_s=1.0, bwd_s=2.0, act_bytes=0.5 * GB, batch=8)
@@ -144,6 +170,7 @@ CASES = [  # (profile, minibatch, stage sizes, stage ranks, cluster levels, sche
     ("gnmt", 64, [12, 12, 12, 12], [[0], [1], [2], [3]], [(2, 25 * GB), (2, 3.125 * GB)], "gpipe", 4),
     ("resnet50", 128, [60, 60, 57], [[0, 1], [2], [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "1f1b", 1),
     ("alexnet", 256, [15, 7], [[0], [1]], [(2, 1.25 * GB)], "2bw", 4),
+    ("resnet50", 128, [60, 60, 57], [[0, 1], [2], [3]], [(2, 15.75 * GB), (2, 1.25 * GB)], "pipedream_flush", 4),
 ]
 
 

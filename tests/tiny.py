@@ -25,6 +25,28 @@ def tiny_dropout_model() -> nn.Sequential:
                          nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 10))
 
 
+def bn_model() -> nn.Sequential:
+    """7 layers with BatchNorm (its running statistics are buffers the forward updates): conv, batchnorm, relu,
+    flatten, linear, tanh, linear -> 10 logits."""
+    return nn.Sequential(nn.Conv2d(3, 4, 3, stride=4), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(256, 16),
+                         nn.Tanh(), nn.Linear(16, 10))
+
+
+class Flat(nn.Module):
+    """Flatten into fresh storage (a copy, not a view of the input)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flatten(1).clone()
+
+
+def deep_model() -> nn.Sequential:
+    """8 layers, a copying flatten, then linear 3072->32 and tanh (stage 0 of a [3, 3, 2] split), linear 32->32,
+    tanh, linear 32->32 (stage 1), tanh, linear 32->10 (stage 2). No layer's output is a view of another
+    tensor, so the memory model's activation bytes per microbatch are what autograd saves."""
+    return nn.Sequential(Flat(), nn.Linear(3 * 32 * 32, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 32),
+                         nn.Tanh(), nn.Linear(32, 10))
+
+
 def linear_model() -> nn.Sequential:
     """A two-layer linear model (no nonlinearity): the 2BW update rule is checked on it."""
     return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 8), nn.Linear(8, 10))

@@ -11,6 +11,8 @@ stage's peak. Schedules:
 * 1f1b-stash: 1F1B with weight stashing;
 * 1f1b-vertical: 1F1B with weight stashing and vertical sync;
 * 2bw: PipeDream-2BW, ``--microbatches`` per minibatch;
+* pipedream_flush: PipeDream-Flush, 1F1B over each minibatch's ``--microbatches``, then a flush;
+* flush-recompute: the same with activation recomputation (``--recompute``);
 * dp: the whole model as one stage on one worker (what each data-parallel replica holds).
 
 Printed per stage: peak bytes / the stage's weight bytes, and in parentheses the copies of the weights
@@ -35,6 +37,8 @@ RUNS = {  # name: (TrainConfig fields, one worker?)
     "1f1b-stash": ({"schedule": "1f1b", "weight_sync": "stash"}, False),
     "1f1b-vertical": ({"schedule": "1f1b", "weight_sync": "vertical"}, False),
     "2bw": ({"schedule": "2bw"}, False),
+    "pipedream_flush": ({"schedule": "pipedream_flush"}, False),
+    "flush-recompute": ({"schedule": "pipedream_flush", "recompute": True}, False),
     "dp": ({"schedule": "1f1b"}, True),
 }
 
@@ -44,7 +48,7 @@ def measure(args: argparse.Namespace, name: str, out: Path) -> list[dict[str, fl
     the peak (of the run's last epoch)."""
     fields, single = RUNS[name]
     workers = 1 if single else args.workers
-    micro = args.microbatches if fields["schedule"] in ("gpipe", "2bw") else 1
+    micro = args.microbatches if fields["schedule"] in ("gpipe", "2bw", "pipedream_flush") else 1
     cfg = TrainConfig(model=args.model, preset="reduced", data="synthetic", epochs=1, batch_size=args.batch_size,
                       microbatches=micro, max_minibatches=args.minibatches,
                       train_subset=args.batch_size * args.minibatches, val_subset=args.batch_size,
@@ -62,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="vgg16", help="registered model, at the reduced preset (default vgg16)")
     parser.add_argument("--workers", type=int, default=4, help="pipeline stages (one worker each; default 4)")
     parser.add_argument("--batch-size", type=int, default=16, help="samples per minibatch (default 16)")
-    parser.add_argument("--microbatches", type=int, default=4, help="microbatches per minibatch of gpipe and 2bw")
+    parser.add_argument("--microbatches", type=int, default=4,
+                        help="microbatches per minibatch of gpipe, 2bw and pipedream_flush")
     parser.add_argument("--minibatches", type=int, default=8, help="minibatches trained per run (default 8)")
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"), help="sgd (momentum 0.9) or adam")
     parser.add_argument("--schedules", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")

@@ -5,6 +5,7 @@ Examples::
     pipedream simulate --profile experiments/data/profiles/vgg16/graph.txt --cluster A_4x4 --batch-size 64
     pipedream simulate --profile PROFILE --plan results/plans/vgg16/A_4x4.json --schedule dp --json out.json
     pipedream simulate --profile PROFILE --cluster '8x8:25e9,12.5e9' --schedule gpipe --microbatches 8
+    pipedream simulate --profile PROFILE --cluster A_4x4 --schedule pipedream_flush --microbatches 8 --recompute
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from pathlib import Path
 
 from pipedream.paths import CLUSTERS
 
-HELP = "simulate PipeDream / GPipe / 2BW / DP on a modelled cluster: epoch time, bubble, bytes, DP stalls"
-SCHEDULE_CHOICES = ("1f1b", "gpipe", "2bw", "dp")
+HELP = ("simulate PipeDream / GPipe / 2BW / PipeDream-Flush / DP on a modelled cluster: epoch time, bubble, bytes, "
+        "DP stalls")
+SCHEDULE_CHOICES = ("1f1b", "gpipe", "2bw", "pipedream_flush", "dp")
 
 
 def _schedule(name: str) -> str:
@@ -36,8 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clusters", default=CLUSTERS,
                    help="clusters YAML file (a relative path not found here is looked up in the checkout)")
     p.add_argument("--schedule", default="1f1b", type=_schedule, choices=SCHEDULE_CHOICES,
-                   help="schedule to time: 1f1b (PipeDream 1F1B-RR), gpipe, 2bw (PipeDream-2BW) or dp")
-    p.add_argument("--microbatches", type=int, default=4, help="microbatches per minibatch (gpipe, 2bw)")
+                   help="schedule to time: 1f1b (PipeDream 1F1B-RR), gpipe, 2bw (PipeDream-2BW), pipedream_flush "
+                        "(1F1B over each minibatch's microbatches, then a flush) or dp")
+    p.add_argument("--microbatches", type=int, default=4,
+                   help="microbatches per minibatch (gpipe, 2bw, pipedream_flush)")
+    p.add_argument("--recompute", action="store_true",
+                   help="activation recomputation: every backward runs its forward again (compute x 4/3 when a "
+                        "backward costs two forwards, PipeDream-2BW's figure)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="samples per minibatch of the pipeline (and of each DP worker), as in `pipedream train`; "
                         "the profile is scaled to it (default: the profiled minibatch)")
@@ -76,9 +83,10 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_pipeline(graph, cluster, model=path.parent.name, minibatch_size=graph.minibatch_size)
         source = "planner"
     opts = {"dataset_size": args.dataset_size, "overlap": not args.no_overlap, "allreduce": args.allreduce,
-            "microbatches": args.microbatches}
+            "microbatches": args.microbatches, "recompute": args.recompute}
     res = simulate_plan(graph, plan, cluster, schedule=args.schedule, **opts)
-    dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **opts)
+    # the baseline DP run never recomputes
+    dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **{**opts, "recompute": False})
     out = {"profile": str(path), "plan": source, "plan_config": plan.config, "cluster": cluster.describe(),
            **res.to_dict(), "dp_epoch_time_s": dp.epoch_time_s, "speedup_over_dp": dp.epoch_time_s / res.epoch_time_s,
            "dp_comm_stall_fraction": dp.comm_stall_fraction}

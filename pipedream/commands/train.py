@@ -203,7 +203,7 @@ def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -
         from pipedream.runtime.lr import stage_lr_applies
 
         params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync,
-                      compat=args.compat,
+                      compat=args.compat, recompute=args.recompute,
                       stage_lr="x replicas(s) / replicas(0)" if stage_lr_applies(cfg) else "uniform")
     else:  # the DP semantics in force (pipedream.baselines.ddp)
         per_worker = args.dp_batch == "per_worker"
@@ -310,6 +310,9 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "dp" and (args.checkpoint or args.checkpoint_every is not None or args.resume):
         raise PipeDreamError("--mode dp does not checkpoint: --checkpoint, --checkpoint-every and --resume are "
                              "PipeDream options; leave them out of a data-parallel run")
+    if args.mode == "dp" and args.recompute:
+        raise PipeDreamError("--recompute is a PipeDream option (each stage's forward is recomputed in its "
+                             "backward); the data-parallel baseline does not recompute: leave it out of --mode dp")
     from pipedream.models import get_spec
 
     # an unknown model or a user's function that does not import: one line, before any worker

@@ -21,7 +21,7 @@ from pipedream.errors import PipeDreamError
 if TYPE_CHECKING:
     from torch import nn
 
-SCHEDULES = ("1f1b", "gpipe", "2bw")
+SCHEDULES = ("1f1b", "gpipe", "2bw", "pipedream_flush")
 WEIGHT_SYNC = ("stash", "vertical")
 OPTIMIZERS = ("sgd", "adam")
 LR_POLICIES = ("constant", "polynomial", "step")
@@ -43,9 +43,14 @@ class TrainConfig:
     Attributes:
         model, preset: registry model and preset (:func:`pipedream.models.build_model`).
         plan: plan JSON path (PipeDream mode); None splits the layers evenly into a straight pipeline.
-        schedule: ``1f1b`` (PipeDream 1F1B-RR), ``gpipe`` or ``2bw``.
-        microbatches: microbatches per minibatch (GPipe, 2BW); the batch size must be a multiple, and so
-            must this of every stage's replicas (replicas take turns over a minibatch's microbatches).
+        schedule: ``1f1b`` (PipeDream 1F1B-RR), ``gpipe``, ``2bw`` or ``pipedream_flush`` (1F1B over each
+            minibatch's microbatches, then a flush: :func:`pipedream.schedules.pipedream_flush`).
+        microbatches: microbatches per minibatch (GPipe, 2BW, PipeDream-Flush); the batch size must be a
+            multiple, and so must this of every stage's replicas (replicas take turns over a minibatch's
+            microbatches).
+        recompute: activation recomputation (pipedream mode): every stage's forward runs under
+            ``torch.utils.checkpoint`` (non-reentrant), which keeps only the stage's inputs and recomputes the
+            forward inside the backward (:class:`pipedream.runtime.executor.StageExecutor`).
         weight_sync: ``stash`` (weight stashing) or ``vertical`` (vertical sync) for 1F1B (§3.3), on
             unreplicated and replicated stages alike.
         compat: 1F1B with the release runtime's warm-up counts (:func:`pipedream.schedules.warmup_count`)
@@ -91,8 +96,13 @@ class TrainConfig:
     preset: str = _opt("reduced", "model size: reduced (CPU) or full (the paper's)", PRESETS)
     plan: str | None = _opt(None, "plan JSON from `pipedream plan` (pipedream mode; default: an even split of the "
                                   "layers into a straight pipeline)")
-    schedule: str = _opt("1f1b", "pipedream mode: 1F1B-RR with weight stashing, GPipe, or PipeDream-2BW", SCHEDULES)
-    microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw)")
+    schedule: str = _opt("1f1b", "pipedream mode: 1F1B-RR with weight stashing, GPipe, PipeDream-2BW, or "
+                                 "PipeDream-Flush (1F1B over each minibatch's microbatches, then a flush: one "
+                                 "weight version)", SCHEDULES)
+    microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw, pipedream_flush)")
+    recompute: bool = _opt(False, "pipedream mode: recompute each stage's forward in its backward "
+                                  "(torch.utils.checkpoint, non-reentrant): a stage keeps only its inputs per "
+                                  "microbatch in flight, at the cost of one more forward per backward")
     weight_sync: str = _opt("stash", "1f1b: weight stashing alone or with vertical sync (§3.3)", WEIGHT_SYNC)
     compat: bool = _opt(False, "1f1b: the release runtime's warm-up counts, ceil(downstream workers / replicas), "
                                "instead of counts consistent for replicated stages, and its per-stage learning "
@@ -189,7 +199,8 @@ class TrainConfig:
             raise PipeDreamError(f"--batch-size {self.batch_size} is not a multiple of --microbatches "
                                  f"{self.microbatches}")
         if self.schedule == "1f1b" and self.microbatches != 1:
-            raise PipeDreamError("--microbatches applies to --schedule gpipe or 2bw; 1F1B uses whole minibatches")
+            raise PipeDreamError("--microbatches applies to --schedule gpipe, 2bw or pipedream_flush; 1F1B uses "
+                                 "whole minibatches")
         for name in ("train_subset", "val_subset"):
             value = getattr(self, name)
             if value is not None and value < 0:

@@ -4,8 +4,11 @@ Per action kind (§3.2, §3.3):
 
 * ``RECV_F``/``RECV_B``: wait for the activation/gradient, posted earlier (:func:`issue_plan`).
 * ``F``: run the stage on the weight version chosen by the :class:`~pipedream.runtime.versions.Policy`
-  (``torch.func.functional_call`` on that version's tensors); the last stage adds the cross-entropy
-  loss, divided by the microbatches per minibatch so coalesced gradients are minibatch means. The
+  (``torch.func.functional_call`` on that version's tensors); with ``recompute``, under
+  ``torch.utils.checkpoint`` (non-reentrant), which keeps only the stage's inputs and runs the forward again
+  on the same version when the backward first needs a saved tensor (:meth:`StageExecutor._recomputable`).
+  The last stage adds the cross-entropy loss (outside the checkpoint), divided by the microbatches per
+  minibatch so coalesced gradients are minibatch means. The
   activation sent on carries the update count of vertical sync (§3.3): the input stage sends how many
   minibatches' updates its weights contain (version x minibatches per step), later stages pass it on.
 * ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added
@@ -40,6 +43,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
+from torch.utils.checkpoint import checkpoint
 
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.runtime.buckets import BucketReducer, GradBuckets
@@ -98,7 +102,7 @@ def memory_window(actions: list[Action], minibatches: int) -> int:
     when it runs fewer).
 
     A schedule is periodic once its warm-up is over (1F1B: at most ``stages`` minibatches in flight, §3.2;
-    GPipe and 2BW: each minibatch's microbatches run alike), so the peak of a training pass is reached
+    GPipe, 2BW and PipeDream-Flush: each minibatch's microbatches run alike), so the peak of a training pass is reached
     within its first few minibatches, and counting after every action of a long epoch only costs time: a
     count is a Python walk over every tensor the stage holds (GNMT-8 with a count after every action ran
     20-30% slower on 2 cores). Every forward inside the window records its saved tensors, and no count
@@ -181,9 +185,12 @@ class StageExecutor:
         bucket_bytes: gradient bucket cap, bytes (:class:`~pipedream.runtime.buckets.GradBuckets`).
         measure_memory: after every action of a training pass, count the bytes the stage holds
             (:mod:`pipedream.runtime.memory_meter`) into :attr:`memory` (None when False); the saved activations
-            are recorded with ``saved_tensors_hooks`` around each forward.
+            are recorded with ``saved_tensors_hooks`` around each forward. With ``recompute`` a backward is also
+            counted before it releases its unit: the recomputed activations, recorded during the recomputation
+            and held until then, are all alive, as they are when the recomputation ends.
         memory_minibatches: count only over the first this many minibatches of each training pass
             (:func:`memory_window`); None: after every action.
+        recompute: activation recomputation: each forward runs under ``torch.utils.checkpoint``.
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
@@ -194,7 +201,7 @@ class StageExecutor:
                  count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct,
                  before_step: Callable[[int], None] | None = None,
                  bucket_bytes: float = DDP_BUCKET_CAP_BYTES, measure_memory: bool = False,
-                 memory_minibatches: int | None = None) -> None:
+                 memory_minibatches: int | None = None, recompute: bool = False) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
@@ -202,6 +209,7 @@ class StageExecutor:
         self.stage_group, self.timeout_s = stage_group, timeout_s
         self.on_backward = on_backward
         self.criterion, self.count_correct, self.before_step = criterion, count_correct, before_step
+        self.recompute = recompute
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
         self.comm_trace: list[tuple[str, int, int, int, int, float]] | None = [] if trace else None
         self.copies_trace: list[int] | None = [] if trace else None  # weight copies held after each action
@@ -334,7 +342,10 @@ class StageExecutor:
             unit["version"], unit["params"] = v, params
             saving = self.saved.hooks(a.key) if self._counting else nullcontext()
             with saving:
-                out = functional_call(self.module, params, unit["input"])
+                if self.recompute:
+                    out = checkpoint(self._recomputable(a.key, params), *unit["input"], use_reentrant=False)
+                else:
+                    out = functional_call(self.module, params, unit["input"])
             if self.is_last:
                 assert self.data.labels is not None
                 labels = self.data.labels(m, j).to(self.p2p.device)
@@ -350,6 +361,25 @@ class StageExecutor:
             if self.trace is not None:
                 self.trace.append(("F", self.stage, m, j, v))
         self.stats.compute_s += time.perf_counter() - t0
+
+    def _recomputable(self, key: tuple[int, int], params: dict[str, torch.Tensor]) -> Callable[..., Any]:
+        """The stage's forward on ``params`` for ``torch.utils.checkpoint``. Its first call is the forward; a later
+        one is the recomputation inside the backward, on the same weight version (the closure's ``params``),
+        which updates throwaway copies of the module's buffers, so that BatchNorm's running statistics move once
+        per (micro)batch as without recomputation, and, when the meter counts this backward, records what it saves
+        under ``key`` (:meth:`~pipedream.runtime.memory_meter.SavedTensors.recomputing`)."""
+        calls = 0
+
+        def stage(*inputs: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                return functional_call(self.module, params, inputs)
+            buffers = {n: b.clone() for n, b in self.module.named_buffers()}
+            with self.saved.recomputing(key) if self._counting else nullcontext():
+                return functional_call(self.module, {**params, **buffers}, inputs)
+
+        return stage
 
     def _forward_eval(self, a: Action, unit: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -395,6 +425,8 @@ class StageExecutor:
         finally:
             if hooked:
                 self.reducer.after_backward(handles)  # type: ignore[union-attr]
+        if self.recompute and self._counting:
+            self._count_memory(a)  # with this unit's recomputed activations (held by self.saved until the drop)
         for n, g in zip(names, grads, strict=False):
             if g is not None and not hooked:
                 self.master[n].grad.add_(g)  # type: ignore[union-attr]

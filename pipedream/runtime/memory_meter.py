@@ -12,7 +12,10 @@ in this order:
 * ``optimizer``: the optimizer's state tensors (SGD's momentum, Adam's ``exp_avg``/``exp_avg_sq``/``step``);
 * ``buffers``: the tensors of in-flight (micro)batches (the received or loaded input, the output waiting
   for its backward, the received and the computed gradients) and the posted receives' buffers;
-* ``activations``: the tensors autograd saved for backward (:class:`SavedTensors`).
+* ``activations``: the tensors autograd saved for backward (:class:`SavedTensors`). With activation
+  recomputation a forward saves only the stage's inputs (``buffers``), and a unit's backward is counted once
+  more before it releases the unit, with every activation its recomputation saved (recorded by
+  :meth:`SavedTensors.recomputing` and held until then): what is alive when the recomputation ends.
 
 Every storage is counted once (keyed by ``untyped_storage().data_ptr()``, ``nbytes()`` bytes), in the
 first category that holds it: a saved tensor that is also a weight version or an input counts there,
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +92,24 @@ class SavedTensors:
             return t
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+    def recomputing(self, key: Hashable) -> AbstractContextManager[None]:
+        """Context of the recomputation of unit ``key``'s forward inside its backward (``torch.utils.checkpoint``,
+        non-reentrant): what it saves is recorded under ``key`` too, and handed on to the hook on top of the
+        stack, the checkpoint's own, which keeps it for the backward. The checkpoint's hook is found with
+        ``torch._C._autograd._top_saved_tensors_default_hooks`` (a private function of torch, as
+        ``torch.utils.checkpoint`` itself uses it); without one, nothing is recorded."""
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if top is None:
+            return nullcontext()
+        inner_pack, inner_unpack = top
+        saved = self.by_unit.setdefault(key, [])
+
+        def pack(t: torch.Tensor) -> Any:
+            saved.append(t.detach())
+            return inner_pack(t)
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, inner_unpack)
 
     def drop(self, key: Hashable) -> None:
         """Unit ``key``'s backward ran (autograd freed its saved tensors): stop holding them."""

@@ -22,8 +22,9 @@ Which version a forward uses is a :class:`Policy`:
   every stage's backward of those minibatches, and each replica steps right after its backward.
 * ``2bw`` (PipeDream-2BW): minibatch ``t`` uses version ``max(t - 1, 0)`` on every stage, so at most
   two versions are alive and ``W(t + 1) = W(t) - lr * grad(W(t - 1))``.
-* ``flush`` (GPipe): the newest version; the pipeline is flushed before every step, so all
-  microbatches of a minibatch see the same weights.
+* ``flush`` (GPipe, PipeDream-Flush): the newest version; the pipeline is flushed before every step, so
+  all microbatches of a minibatch see the same weights, one version is alive, and
+  ``W(t + 1) = W(t) - lr * grad(W(t))``.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class WeightVersions:
     something still needs it, and it costs one copy of the weights: copy on write at the optimizer step
     (:meth:`stepping`) moves the master parameters to fresh storage only when a minibatch in flight (or,
     by the policy, a future forward) still needs the version about to change. Copies held (distinct
-    storages, master included): flush 1; 2BW 2; weight stashing one per version still needed, e.g. NOAM
+    storages, master included): flush (GPipe, PipeDream-Flush) 1; 2BW 2; weight stashing one per version still needed, e.g. NOAM
     on the input stage of 1F1B and 1 on its output stage (PipeDream §3.3; PipeDream-2BW §3.1).
 
     Args:

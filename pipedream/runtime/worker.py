@@ -98,13 +98,13 @@ def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int) -> Plan:
 
 
 def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
-    """Weight-version policy for the schedule (§3.3; 2BW; GPipe's flush).
+    """Weight-version policy for the schedule (§3.3; 2BW; the flush of GPipe and PipeDream-Flush).
 
     Every policy runs on replicated stages (``replicas``, one count per stage, no longer restricts it):
     vertical sync carries update counts rather than version numbers (:mod:`pipedream.runtime.versions`),
     and the replicas of a GPipe or 2BW stage share each minibatch's microbatches.
     """
-    if cfg.schedule == "gpipe":
+    if cfg.schedule in ("gpipe", "pipedream_flush"):
         return Policy.FLUSH
     if cfg.schedule == "2bw":
         return Policy.TWO_BW
@@ -113,7 +113,8 @@ def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
 
 def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int]) -> int:
     """Full minibatches of one epoch: with 1F1B-RR a multiple of every stage's replica count (round robin
-    over minibatches, §3.2); GPipe and 2BW share each minibatch's microbatches among replicas instead."""
+    over minibatches, §3.2); GPipe, 2BW and PipeDream-Flush share each minibatch's microbatches among replicas
+    instead."""
     n = num_samples // cfg.batch_size
     if cfg.max_minibatches is not None:
         n = min(n, cfg.max_minibatches)
@@ -126,7 +127,7 @@ def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, replicas: list[int
 
 
 def minibatch_step(cfg: TrainConfig, replicas: list[int]) -> int:
-    """Minibatches of one round: 1F1B-RR hands whole minibatches to replicas in turn (§3.2), GPipe/2BW microbatches."""
+    """Minibatches of one round: 1F1B-RR hands whole minibatches to replicas in turn (§3.2), the others microbatches."""
     return math.lcm(*replicas) if cfg.schedule == "1f1b" else 1
 
 
@@ -199,7 +200,8 @@ def train(cfg: TrainConfig) -> None:
                              before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb, factor=lr_factor),
                              on_backward=on_backward, bucket_bytes=cfg.bucket_bytes,
                              measure_memory=cfg.measure_memory,
-                             memory_minibatches=MEMORY_MINIBATCHES_PER_STAGE * len(plan.stages) + 2)
+                             memory_minibatches=MEMORY_MINIBATCHES_PER_STAGE * len(plan.stages) + 2,
+                             recompute=cfg.recompute)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume:
@@ -318,7 +320,7 @@ def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: Wei
     backward and bucket-allreduce timestamps (:attr:`StageExecutor.comm_trace`), the parameter names of
     each gradient bucket and the storage addresses of the buckets' buffers and of the master gradients,
     the last epoch's memory peaks (:meth:`pipedream.runtime.memory_meter.MemoryMeter.record`, None without
-    ``measure_memory``)."""
+    ``measure_memory``), the final weights (``params``) and module buffers (``buffers``)."""
     path = out_dir / "debug" / f"rank{rank}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"stage": stage, "trace": ex.trace, "first_grads": ex.first_grads,
@@ -329,7 +331,8 @@ def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: Wei
                 "grad_ptrs": {n: p.grad.untyped_storage().data_ptr() for n, p in zip(versions.names, versions.master,
                                                                                      strict=True) if p.grad is not None},
                 "memory": ex.memory.record() if ex.memory is not None else None,
-                "params": {n: p.detach().cpu() for n, p in zip(versions.names, versions.master, strict=True)}},
+                "params": {n: p.detach().cpu() for n, p in zip(versions.names, versions.master, strict=True)},
+                "buffers": {n: b.detach().cpu() for n, b in ex.module.named_buffers()}},
                path)
 
 

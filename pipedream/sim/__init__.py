@@ -1,4 +1,4 @@
-"""The cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
+"""The cluster simulator: time PipeDream, GPipe, 2BW, PipeDream-Flush and data parallelism on a modelled cluster.
 
 Public API (from :mod:`.simulate`): :func:`simulate_plan`, :func:`simulate_dp`, :func:`simulate_stages`,
 :func:`run_minibatches`, :class:`SimResult`. Its parts: links with per-level bandwidth, latency and

@@ -17,7 +17,7 @@ bucket is one allreduce. The optimizer step over the stage's parameters takes
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -185,6 +185,20 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
         costs[s].send_fwd_bytes = fwd
         costs[s + 1].send_bwd_bytes = bwd
     return costs
+
+
+def recomputed(costs: list[StageCost]) -> list[StageCost]:
+    """Stage costs under activation recomputation: every backward first runs its stage's forward again (the
+    runtime's ``torch.utils.checkpoint`` recomputes it when the backward first needs a saved tensor), so
+    ``bwd_s`` becomes ``bwd_s + fwd_s`` and each gradient bucket is ready ``fwd_s`` later; forwards, bytes
+    and the optimizer step are unchanged.
+
+    With a backward twice its forward this is PipeDream-2BW's figure (Narayanan et al., ICML 2021, as
+    transcribed: recomputation costs about 1/3 more compute, its planner's ``c_extra = 4/3``):
+    ``(f + 2f + f) / (f + 2f) = 4/3``; here the profile's own forward and backward times give the ratio.
+    """
+    return [replace(c, bwd_s=c.bwd_s + c.fwd_s, buckets=[(t + c.fwd_s, b) for t, b in c.buckets])
+            for c in costs]
 
 
 def uniform_costs(stages: int, fwd_s: float, bwd_s: float, boundary_bytes: float = 0.0,

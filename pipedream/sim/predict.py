@@ -11,7 +11,8 @@ What is modelled, term by term:
 * compute: the profile's per-layer forward and backward seconds, scaled linearly to the samples of an
   action (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a whole training
   step over the layers' sum, ``meta.json`` ``whole_step_s``, :func:`profiled_composition`: the layers were
-  timed one at a time with warm caches) and the host-sharing factor below;
+  timed one at a time with warm caches) and the host-sharing factor below; with ``--recompute`` every
+  backward also runs its stage's forward again (:func:`pipedream.sim.costs.recomputed`);
 * links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
   every transfer and allreduce to that bandwidth, :mod:`pipedream.runtime.comm`); otherwise the cluster's;
 * allreduce: a ring over the stage's replicas in gradient buckets of ``cfg.bucket_bytes``
@@ -73,8 +74,8 @@ from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
-from pipedream.sim.costs import stage_costs
-from pipedream.sim.simulate import SimResult, simulate_stages
+from pipedream.sim.costs import recomputed, stage_costs
+from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -83,11 +84,12 @@ class EpochShape:
     """What one epoch of a run is, in the simulator's terms.
 
     Attributes:
-        schedule: the simulator's schedule: ``1f1b``, ``gpipe``, ``2bw`` or ``dp``.
+        schedule: the simulator's schedule: ``1f1b``, ``gpipe``, ``2bw``, ``pipedream_flush`` or ``dp``.
         batch_size: samples one forward/backward action processes on one worker.
-        microbatches: microbatches per minibatch (GPipe, 2BW; else 1).
+        microbatches: microbatches per minibatch (GPipe, 2BW, PipeDream-Flush; else 1).
         minibatches: the run's minibatches per epoch (``cfg.batch_size`` samples each).
         dataset_size: samples the epoch trains, ``minibatches * cfg.batch_size``.
+        recompute: the stages recompute their forwards in their backwards (``cfg.recompute``, PipeDream only).
     """
 
     schedule: str
@@ -95,6 +97,7 @@ class EpochShape:
     microbatches: int
     minibatches: int
     dataset_size: int
+    recompute: bool = False
 
 
 @dataclass
@@ -197,7 +200,7 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
     """The epoch the run's workers train, from the same functions the workers call.
 
     PipeDream: :func:`pipedream.runtime.worker.minibatches_per_epoch` minibatches of ``cfg.batch_size``
-    (GPipe and 2BW: ``cfg.microbatches`` microbatches of ``batch_size / microbatches`` each). DP
+    (GPipe, 2BW and PipeDream-Flush: ``cfg.microbatches`` microbatches of ``batch_size / microbatches`` each). DP
     (:func:`pipedream.baselines.ddp.minibatches_per_epoch`): ``per_worker``, each worker takes whole
     minibatches of ``cfg.batch_size`` in turn; ``global``, every minibatch is split over the workers, so the
     simulator's round robin deals ``workers`` shares of ``batch_size / workers`` per minibatch.
@@ -212,8 +215,8 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
     if mode != "pipedream":
         raise PipeDreamError(f"unknown mode {mode!r}; use pipedream or dp")
     nb = worker.minibatches_per_epoch(cfg, num_samples, replicas)
-    m = cfg.microbatches if cfg.schedule in ("gpipe", "2bw") else 1
-    return EpochShape(cfg.schedule, cfg.batch_size // m, m, nb, nb * cfg.batch_size)
+    m = cfg.microbatches if cfg.schedule in MICROBATCHED else 1
+    return EpochShape(cfg.schedule, cfg.batch_size // m, m, nb, nb * cfg.batch_size, cfg.recompute)
 
 
 def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
@@ -252,6 +255,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
         base = [dataclasses.replace(c, fwd_s=c.fwd_s * composition, bwd_s=c.bwd_s * composition,
                                     buckets=[(t * composition, b) for t, b in c.buckets]) for c in base]
+    if shape.recompute:  # after the composition (a forward as a step runs it), before the data: not loaded again
+        base = recomputed(base)
     if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
         base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
@@ -369,14 +374,16 @@ def predict_memory(cfg: TrainConfig, mode: str, graph: LayerGraph, stage_nodes: 
                    shape: EpochShape) -> list[dict[str, float]]:
     """Per stage, the bytes one replica of the run holds at its peak (:func:`pipedream.memory.plan_memory`
     on the profile scaled to the run's (micro)batch, the run's schedule, optimizer and momentum), as dicts
-    of the kinds and ``total``. DP is one stage on every worker, one minibatch in flight."""
+    of the kinds and ``total``; ``shape.recompute`` counts one (micro)batch's activations, the one being
+    recomputed. DP is one stage on every worker, one minibatch in flight."""
     scaled = graph.scaled(shape.batch_size)
     if mode == "dp":
         schedule = "dp"
     else:
         schedule = "vertical" if cfg.schedule == "1f1b" and cfg.weight_sync == "vertical" else cfg.schedule
     need = memory.plan_memory(scaled, stage_nodes, replicas, schedule=schedule, microbatches=shape.microbatches,
-                              warmup=cfg.warmup, optimizer=cfg.optimizer, momentum=cfg.momentum)
+                              warmup=cfg.warmup, optimizer=cfg.optimizer, momentum=cfg.momentum,
+                              recompute=shape.recompute)
     return [m.as_dict() for m in need]
 
 

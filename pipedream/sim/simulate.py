@@ -1,4 +1,4 @@
-"""Cluster simulator: time PipeDream, GPipe, 2BW and data parallelism on a modelled cluster.
+"""Cluster simulator: time PipeDream, GPipe, 2BW, PipeDream-Flush and data parallelism on a modelled cluster.
 
 The simulator times the per-rank action lists of :mod:`pipedream.schedules` (the lists the runtime
 executes) with compute from a layer-graph profile, DDP gradient buckets and the optimizer step
@@ -34,13 +34,15 @@ from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim.cores import Cores
-from pipedream.sim.costs import StageCost, stage_costs
+from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
 
 # command-line name -> pipedream.schedules name ("pipedream" is the old name of 1f1b, still accepted)
-SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "dp": "dp"}
+SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "pipedream_flush": "pipedream_flush",
+             "dp": "dp"}
+MICROBATCHED = ("gpipe", "2bw", "pipedream_flush")  # schedules whose minibatches are split into microbatches
 # The allreduce `pipedream simulate`, the planner's re-ranking and the predicted Table 1 assume unless told:
 # a flat ring through all ranks, as NCCL 2.4 (PyTorch 1.1, the paper's DDP) ran it (see
 # pipedream.table1.predicted); "hierarchical" is the alternative.
@@ -55,11 +57,11 @@ class SimResult:
     """What one simulation predicts (times in seconds, sizes in bytes).
 
     Attributes:
-        schedule: ``1f1b``, ``gpipe``, ``2bw`` or ``dp``.
+        schedule: ``1f1b``, ``gpipe``, ``2bw``, ``pipedream_flush`` or ``dp``.
         config: replica counts in the paper's form (``"15-1"``, ``"16"``, ``"straight"``).
         workers: ranks that run the schedule.
         batch_size: samples one forward/backward action processes (per worker).
-        microbatches: microbatches per minibatch (GPipe, 2BW; else 1).
+        microbatches: microbatches per minibatch (GPipe, 2BW, PipeDream-Flush; else 1).
         samples_per_minibatch: samples in one schedule minibatch (``batch_size * microbatches``).
         time_per_minibatch_s: steady-state period per schedule minibatch.
         time_per_sample_s: steady-state time per sample.
@@ -124,7 +126,7 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
     (``consistent``, the runtime's default, or ``release``)."""
     name = SCHEDULES.get(kind)
     if name is None:
-        raise PipeDreamError(f"unknown schedule {kind!r}; use 1f1b, gpipe, 2bw or dp")
+        raise PipeDreamError(f"unknown schedule {kind!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
     return schedules.build(name, stage_ranks, minibatches, microbatches, warmup)
 
 
@@ -144,7 +146,7 @@ def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCo
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
     """(multiple every run length must be, a first run length covering the warm-up a few times)."""
     depth = len(stage_ranks)
-    if SCHEDULES[kind] in ("gpipe", "2bw"):
+    if SCHEDULES[kind] in MICROBATCHED:
         return 1, max(2, math.ceil((2 * depth + 2) / microbatches))
     unit = math.lcm(*(len(rs) for rs in stage_ranks))
     return unit, unit * max(2, math.ceil((2 * depth + 2) / unit))
@@ -165,7 +167,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     step_s_per_param_byte: float | None = None,
                     memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
                     sharing: Callable[[int], float] | None = None,
-                    host_of: Callable[[int], int] | None = None) -> SimResult:
+                    host_of: Callable[[int], int] | None = None, recompute: bool = False) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -173,9 +175,9 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         stage_nodes: node ids per stage, pipeline order (for ``dp`` pass one stage with all nodes).
         stage_ranks: ranks per stage (replicas), e.g. ``[s.ranks for s in plan.stages]``.
         cluster: the topology.
-        schedule: ``pipedream`` (1F1B-RR), ``gpipe``, ``2bw`` or ``dp``.
+        schedule: ``pipedream`` (1F1B-RR), ``gpipe``, ``2bw``, ``pipedream_flush`` or ``dp``.
         batch_size: samples per forward/backward action on a worker (default: the profiled minibatch).
-        microbatches: microbatches per minibatch for GPipe and 2BW.
+        microbatches: microbatches per minibatch for GPipe, 2BW and PipeDream-Flush.
         dataset_size: samples in an epoch.
         overlap: wait-free backpropagation for allreduces.
         allreduce: ``ring`` (:data:`DEFAULT_ALLREDUCE`) or ``hierarchical``.
@@ -199,23 +201,27 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
             :mod:`pipedream.sim.cores`; :func:`pipedream.sim.predict.host_scale`); None: none.
         host_of: a rank's host (default: one host).
+        recompute: activation recomputation: every backward also runs its forward again
+            (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
     """
     if schedule not in SCHEDULES:
-        raise PipeDreamError(f"unknown schedule {schedule!r}; use 1f1b, gpipe, 2bw or dp")
+        raise PipeDreamError(f"unknown schedule {schedule!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
     if len(stage_nodes) != len(stage_ranks):
         raise PipeDreamError(f"{len(stage_nodes)} stage node lists but {len(stage_ranks)} rank lists")
     if dataset_size < 1 or microbatches < 1:
         raise PipeDreamError(f"dataset size and microbatches must be positive (got {dataset_size}, {microbatches})")
     batch = batch_size or graph.minibatch_size
     kind = SCHEDULES[schedule]
-    m = microbatches if kind in ("gpipe", "2bw") else 1
+    m = microbatches if kind in MICROBATCHED else 1
     if costs is None:
         replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]
         costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
                             step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps,
                             copies_on_write=memory.copies_on_write(kind, replicas, m, warmup))
+    if recompute:
+        costs = recomputed(costs)
     unit, n0 = _unit(kind, stage_ranks, m)
 
     def sim(n: int, record: bool = False) -> Trace:

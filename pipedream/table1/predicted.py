@@ -407,7 +407,7 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
 
 def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
                     microbatches: int = 4) -> None:
-    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW and DP."""
+    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW, PipeDream-Flush and DP."""
     from pipedream.table1.plots import gantt
 
     cluster = get_cluster(cluster_name, clusters_path)
@@ -419,7 +419,8 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
     ranks = replica_ranks(reps, cluster)
     panels = []
     for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
-                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"), ("dp", "data parallelism")):
+                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"),
+                         ("pipedream_flush", f"PipeDream-Flush, {microbatches} microbatches"), ("dp", "data parallelism")):
         nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
         rk = [list(range(cluster.workers))] if sched == "dp" else ranks
         res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
