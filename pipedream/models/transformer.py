@@ -14,12 +14,12 @@ Parameters: a block has ``12 h^2 + 13 h`` (QKV ``3h^2 + 3h``, output projection 
 ``8h^2 + 5h``, two LayerNorms ``4h``); the embedding ``(V + s) h``; the head ``h V + 2h``. The paper's totals
 count the vocabulary matrix once (tied): :func:`tied_parameters`.
 
-Presets. ``reduced``: a tiny model that trains on CPU in seconds on Penn Treebank tokens
-(:mod:`pipedream.data.language_model`, 10k words; windows of 32 tokens). ``full``: the paper's configurations,
-for planning, paper-scale prediction and synthetic-data runs (never built at full size in tests: use the
-``meta`` device). Only the totals (1.3, 2.2, 3.8-3.9 billion) come from the paper (taken from a transcription
-of its text); the layer counts and widths below are ours, chosen so that ``12 L h^2`` plus the embeddings
-matches those totals with a sequence of 512 and GPT-2's vocabulary of 50,257:
+Presets. ``reduced``: a tiny model (8 blocks of width 128, 4 heads) that trains on CPU in seconds on Penn
+Treebank tokens (:mod:`pipedream.data.language_model`; its 2,000 most frequent words, :data:`PTB_VOCAB`; windows
+of 32 tokens). ``full``: the paper's configurations, for planning, paper-scale prediction and synthetic-data runs
+(never built at full size in tests: use the ``meta`` device). Only the totals (1.3, 2.2, 3.8-3.9 billion) come
+from the paper (taken from a transcription of its text); the layer counts and widths below are ours, chosen so
+that ``12 L h^2`` plus the embeddings matches those totals with a sequence of 512 and GPT-2's vocabulary of 50,257:
 ``gpt`` 24 x 2048 (1.31 B tied, GPT-3 XL's shape), ``gpt_2.2b`` 32 x 2304 (2.16 B), ``gpt_3.8b`` 48 x 2560
 (3.91 B). BERT's ``full`` is BERT-Large's shape (24 x 1024, 16 heads, sequence 512, vocabulary 30,522).
 
@@ -43,7 +43,11 @@ from pipedream.data.synthetic import SyntheticSpec, sequence_spec
 from pipedream.models import ModelSpec, register
 
 IGNORE = -100  # target id of a position the masked-LM loss skips (F.cross_entropy's default ignore_index)
-PTB_VOCAB = 10_000  # Penn Treebank words, <unk> and <eos> included (pipedream.data.language_model)
+# Words of the reduced models' Penn Treebank vocabulary, <unk> and <eos> included (the most frequent ones; the rest
+# become <unk>, pipedream.data.language_model.build_vocab): 2,000 rather than PTB's 10,000 keeps the head's
+# vocabulary projection (2 h V FLOPs a token) near one block's (24 h^2) at width 128, so the last stage of a
+# reduced pipeline is not five times the others
+PTB_VOCAB = 2_000
 GPT2_VOCAB = 50_257  # GPT-2's byte-pair vocabulary
 BERT_VOCAB = 30_522  # BERT's WordPiece vocabulary
 MASK_FRACTION = 0.15  # BERT's share of masked positions
