@@ -112,3 +112,63 @@ def test_profile_of_the_reduced_gpt_has_its_blocks() -> None:
     assert (blocks.start, blocks.stop) == (2, 10)
     assert stage_nodes(blocks, 4) == [["node0", "node1", "node2", "node3"], ["node4", "node5"], ["node6", "node7"],
                                       ["node8", "node9", "node10"]]
+
+
+def gpt_without_dropout():  # type: ignore[no-untyped-def]
+    """The reduced GPT without dropout on its PTB data, as a user model (``tests.test_transformer:gpt_without_dropout``):
+    deterministic, so a pipeline's weights can be compared with a one-process replay."""
+    from dataclasses import replace
+
+    from pipedream.models import ModelSpec
+    from pipedream.models import transformer as T
+
+    cfg = replace(config_of("gpt", "reduced"), dropout=0.0)
+    return ModelSpec(name="gpt0", task="language_model", build=lambda p: T.build_transformer(cfg),
+                     input_shape=lambda p: (cfg.seq,), dataset="penn_treebank", criterion=T.lm_loss,
+                     make_datasets=lambda p, tr, va, seed: T._lm_data(cfg, tr, va, seed),
+                     example=lambda p, b, s: T._example(cfg, b, s))
+
+
+@pytest.mark.slow
+def test_2bw_pipeline_of_the_gpt_equals_its_update_rule_with_adam(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """4 stages, 4 microbatches of 8, Adam, two epochs of 8 minibatches: the runtime's final weights are those of
+    W(t+1) = W(t) - lr * Adam(grad f_t(W(t-1))) computed in one process (so 2BW's slower start against DP in
+    results/table_2bw is the update rule's, not the runtime's)."""
+    from pipedream.data.base import minibatches
+    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.launch import spawn_local
+    from pipedream.runtime.stage import straight_plan
+
+    name = "tests.test_transformer:gpt_without_dropout"
+    straight_plan(name, 10, [4, 2, 2, 2]).save(tmp_path / "plan.json")
+    cfg = TrainConfig(model=name, out_dir=str(tmp_path / "out"), progress=False, debug_dump=True, comm_timeout_s=60,
+                      plan=str(tmp_path / "plan.json"), schedule="2bw", microbatches=4, epochs=2, batch_size=32,
+                      lr=3e-4, optimizer="adam", weight_decay=0.0, train_subset=512, val_subset=64, max_minibatches=8,
+                      measure_memory=False)
+    spawn_local(cfg, 4, timeout_s=300)
+    final = {k: v for r in range(4) for k, v in
+             torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False)["params"].items()}
+    spec = get_spec(name)
+    train, _ = spec.make_datasets("reduced", 512, 64, 0)  # type: ignore[misc]
+    model = build_model(name, "reduced", 0)
+    opt = torch.optim.Adam(model.parameters(), 3e-4)
+    previous = None
+    for epoch in range(2):
+        for i, (x, y) in minibatches(train, 32, 0, epoch):
+            if i == 8:
+                break
+            current = [p.detach().clone() for p in model.parameters()]
+            with torch.no_grad():  # the gradient at the previous version W(t - 1) ...
+                for p, old in zip(model.parameters(), previous or current, strict=True):
+                    p.copy_(old)
+            opt.zero_grad()
+            spec.criterion(model(x), y).backward()
+            with torch.no_grad():  # ... applied to the current weights W(t)
+                for p, now in zip(model.parameters(), current, strict=True):
+                    p.copy_(now)
+            opt.step()
+            previous = current
+    reference = dict(model.named_parameters())
+    assert final.keys() == reference.keys()
+    for n, w in final.items():
+        torch.testing.assert_close(w, reference[n].detach(), rtol=1e-4, atol=2e-5)

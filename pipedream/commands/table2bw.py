@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_measured:
         model = tb["model"]
         batch = cfg["models"][model]["train"]["batch_size"]  # B = b M: M microbatches of b in all pipelines
-        rows, curve = table.measured_rows(results / "runs_2bw" / model, model, batch, tb["depth"],
+        rows, curve = table.measured_rows(results / "runs_2bw" / model, model, batch, cfg["workers"], tb["depth"],
                                           batch // tb["microbatch"])
     if not args.no_predicted:
         pred = tb.get("predicted", {})

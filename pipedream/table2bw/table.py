@@ -5,10 +5,12 @@ Two scopes, one row per (model, batch, schedule):
 * ``predicted``: the paper's GPT models costed from FLOP counts (:mod:`.paper`) on its cluster (8 x 8 V100,
   ``B_8x8``) at the paper's batch sizes; for each schedule the 2BW planner's search picks that schedule's best
   configuration under the device memory (:mod:`pipedream.planner.twobw`), and the event simulator times it
-  (``samples_per_s``; the cost model's own number beside it). PipeDream-Flush only where this checkout has it.
+  (``samples_per_s``; the planner's cost model in ``predicted_samples_per_s``; ``peak_memory_bytes_max_stage`` from
+  the memory model). PipeDream-Flush only where this checkout has it.
 * ``measured``: the reduced GPT trained on 4 CPU processes by ``make run-2bw`` (``experiments/2bw.yaml``), each
   schedule's ``run.json`` and ``metrics.json``: training samples per second over all epochs, the largest stage's
-  measured peak bytes, the final validation perplexity.
+  measured peak bytes and the final validation perplexity; beside them the run's own prediction
+  (:func:`pipedream.sim.predict.predict_run`: the simulator with the host's cores shared, and the memory model).
 
 ``weight_copies`` is what the memory model says the schedule's largest stage holds (2BW 2, flush schedules and
 DP 1, 1F1B with weight stashing one per in-flight minibatch on its input stage). The validation losses per
@@ -30,9 +32,9 @@ from pipedream.planner import twobw
 from pipedream.table2bw.paper import PAPER_DEPTH, PAPER_PERPLEXITY, PAPER_SPEEDUP
 from pipedream.topology import Cluster
 
-COLUMNS = ["scope", "model", "batch_size", "schedule", "config", "samples_per_s", "cost_model_samples_per_s",
-           "twobw_speedup", "peak_memory_bytes_max_stage", "weight_copies", "final_val_perplexity", "paper_depth",
-           "paper_twobw_speedup"]
+COLUMNS = ["scope", "model", "batch_size", "schedule", "config", "samples_per_s", "predicted_samples_per_s",
+           "twobw_speedup", "peak_memory_bytes_max_stage", "predicted_memory_bytes_max_stage", "weight_copies",
+           "final_val_perplexity", "paper_depth", "paper_twobw_speedup"]
 PREDICTED_MODELS = {"GPT-2.2B": "gpt_2.2b", "GPT-3.8B": "gpt_3.8b"}
 MEASURED_SCHEDULES = ("2bw", "gpipe", "pipedream_flush", "1f1b", "dp")
 
@@ -73,7 +75,7 @@ def predicted_rows(cluster: Cluster, batches: Sequence[int], models: dict[str, s
                     continue
                 res = twobw.simulate_candidate(graph, cluster, c, settings, dataset_batches)
                 group.append({**row, "config": config_text(c), "samples_per_s": 1 / res.time_per_sample_s,
-                              "cost_model_samples_per_s": c.samples_per_s,
+                              "predicted_samples_per_s": c.samples_per_s,
                               "peak_memory_bytes_max_stage": max(c.memory_bytes),
                               "weight_copies": copies(schedule, [c.width] * c.depth, c.width * c.microbatches)})
             rows += _with_speedups(group)
@@ -94,24 +96,33 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]] | Non
     return json.loads(run.read_text()), json.loads(metrics.read_text())
 
 
-def measured_rows(runs_dir: Path, model: str, batch_size: int, depth: int,
+def measured_rows(runs_dir: Path, model: str, batch_size: int, workers: int, depth: int,
                   microbatches: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``measured`` rows from ``runs_dir/<schedule>/`` (a straight pipeline of ``depth`` stages, ``batch_size``
-    samples per update in ``microbatches`` microbatches for 2BW, GPipe and PipeDream-Flush) and the per-epoch
-    validation losses of every run."""
+    """The ``measured`` rows from ``runs_dir/<schedule>/`` (``workers / depth`` pipelines of ``depth`` stages,
+    ``batch_size`` samples per update, in ``microbatches`` microbatches for 2BW, GPipe and PipeDream-Flush; DP on
+    every worker) and the per-epoch validation losses of every run."""
     rows, curve = [], []
+    width = workers // depth
     for schedule in MEASURED_SCHEDULES:
         found = read_run(runs_dir / schedule)
         if found is None:
             continue
         run, epochs = found
         peaks = [v for k, v in run.items() if k.startswith("measured_memory_bytes_stage")]
-        micro = microbatches if schedule in ("2bw", "gpipe", "pipedream_flush") else 1
-        replicas = [depth] if schedule == "dp" else [1] * depth
+        needs = [v for k, v in run.items() if k.startswith("predicted_memory_bytes_stage")]
+        flushed = schedule in ("2bw", "gpipe", "pipedream_flush")
+        micro = microbatches if flushed else 1
+        replicas = [workers] if schedule == "dp" else [width] * depth
+        config = (f"dp x{workers}, {batch_size // workers} each" if schedule == "dp"
+                  else f"w={width} d={depth} b={batch_size // micro if flushed else batch_size // width}")
+        samples = sum(e["train_samples"] for e in epochs)
+        seconds = sum(e["epoch_time_s"] for e in epochs)
+        ratio = run.get("prediction_ratio")  # measured / predicted epoch time
         rows.append({"scope": "measured", "model": f"{model} (reduced)", "batch_size": batch_size,
-                     "schedule": schedule, "config": run.get("config", ""),
-                     "samples_per_s": sum(e["train_samples"] for e in epochs) / sum(e["epoch_time_s"] for e in epochs),
+                     "schedule": schedule, "config": config, "samples_per_s": samples / seconds,
+                     "predicted_samples_per_s": samples / seconds * ratio if ratio else math.nan,
                      "peak_memory_bytes_max_stage": max(peaks) if peaks else math.nan,
+                     "predicted_memory_bytes_max_stage": max(needs) if needs else math.nan,
                      "weight_copies": copies(schedule, replicas, micro),
                      "final_val_perplexity": math.exp(epochs[-1]["val_loss"]), "paper_depth": "",
                      "paper_twobw_speedup": PAPER_SPEEDUP.get(schedule, "")})
@@ -126,7 +137,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
         if isinstance(v, float):
             if math.isnan(v):
                 return ""
-            return f"{v / 1e9:.2f} GB" if k.startswith("peak_memory") else f"{v:.3g}"
+            return memory.format_bytes(v) if "memory_bytes" in k else f"{v:.3g}"
         return "" if v is None else str(v)
 
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
@@ -137,8 +148,9 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
               f"{PAPER_PERPLEXITY['2bw']} (2BW).",
               "Predicted rows: FLOP-costed layers on a V100 at an ASSUMED 30% of 125 TFLOP/s "
               "(pipedream/table2bw/paper.py); each schedule at its own best configuration of the 2BW planner's search "
-              "under 16 GB; samples_per_s from the event simulator, cost_model_samples_per_s from the planner. "
-              "Measured rows: the reduced GPT on 4 CPU processes (experiments/2bw.yaml)."]
+              "under 16 GB; samples_per_s from the event simulator, predicted_samples_per_s from the planner's cost "
+              "model. Measured rows: the reduced GPT on 4 CPU processes (experiments/2bw.yaml), 1 Gbps links; "
+              "predicted_* is each run's own prediction (simulator with the 2 cores shared, memory model)."]
     return "\n".join(lines) + "\n"
 
 
