@@ -163,8 +163,10 @@ def test_plan_runs_in_the_simulator_and_the_cli(tmp_path) -> None:  # type: igno
     assert ex["schedule"] == "2bw" and ex["width"] * ex["depth"] == 4 == plan.workers
     assert all(s.replicas == ex["width"] for s in plan.stages) and len(plan.stages) == ex["depth"]
     assert ex["microbatches"] * ex["microbatch"] == 32
-    # the simulator agrees with the cost model within 15% on this balanced-enough profile
+    # the simulator agrees with the cost model within 15% on this balanced-enough profile, and the plan is the
+    # fastest simulated of the cost model's three best shapes
     assert ex["simulated_samples_per_s"] == pytest.approx(ex["predicted_samples_per_s"], rel=0.15)
+    assert ex["reranked"] == 3 and {"width", "depth", "microbatch", "recompute"} <= set(ex["cost_model_choice"])
     bad = subprocess.run([*cmd[:-2], "--out", str(tmp_path / "no.json"), "--cluster", "4:1e9@1e3"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "no configuration fits" in bad.stderr

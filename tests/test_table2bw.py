@@ -49,7 +49,7 @@ def test_measured_rows_and_files(tmp_path: Path) -> None:
 def test_predicted_rows_at_paper_scale() -> None:
     from pipedream.topology import get_cluster
 
-    rows = table.predicted_rows(get_cluster("B_8x8"), [512], {"GPT-2.2B": "gpt_2.2b"}, dataset_batches=4)
+    rows = table.predicted_rows(get_cluster("B_8x8"), [512], {"GPT-2.2B": "gpt_2.2b"}, dataset_batches=4, rerank=1)
     by = {r["schedule"]: r for r in rows}
     assert {"2bw", "gpipe"} <= set(by) and all(r["scope"] == "predicted" for r in rows)
     assert by["2bw"]["weight_copies"] == 2 and by["gpipe"]["weight_copies"] == 1

@@ -7,8 +7,9 @@ the default mode fixes its known problems (listed in pipedream/planner/__init__.
 
 --planner 2bw is PipeDream-2BW's planner instead (pipedream/planner/twobw.py): for a model of repeated blocks
 it searches w parallel pipelines of depth d, the microbatch and activation recomputation for the highest
-throughput at batch --batch-size under the device memory, writes a plan for --schedule 2bw with replicas = w,
-and prints its throughput from the cost model and from the simulator. --flops MODEL plans MODEL's full preset
+throughput at batch --batch-size under the device memory (the paper's cost model), simulates its --rerank best
+shapes and keeps the fastest simulated, writes a plan for --schedule 2bw with replicas = w, and prints its throughput
+from the cost model and from the simulator. --flops MODEL plans MODEL's full preset
 from FLOP counts (pipedream/table2bw/paper.py) instead of a profile, e.g.
 
     pipedream plan --planner 2bw --flops gpt_2.2b --cluster B_8x8 --batch-size 512 --out gpt_2.2b.json
@@ -59,7 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--microbatch", type=int, nargs="+", help="only these microbatch sizes")
     g.add_argument("--recompute", choices=("search", "on", "off"), default="search",
                    help="activation recomputation: try both, or only on or off")
-    g.add_argument("--no-simulate", action="store_true", help="skip the simulator's check of the chosen plan")
+    g.add_argument("--rerank", type=int, default=3,
+                   help="simulate the cost model's best configuration of each of its K best shapes (w, d) and keep the "
+                        "fastest simulated (0: the cost model's best, not simulated)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -143,7 +146,7 @@ def _run_2bw(args: argparse.Namespace) -> int:
                         max_microbatch=args.max_microbatch, depths=args.depth, microbatch_sizes=args.microbatch,
                         recompute=None if args.recompute == "search" else [args.recompute == "on"],
                         step_s_per_param_byte=step_rate)
-    plan = plan_2bw(graph, cluster, settings, model=model, simulate=not args.no_simulate)
+    plan = plan_2bw(graph, cluster, settings, model=model, rerank=args.rerank)
     if args.flops:
         plan.extra["flops_model"] = args.flops
     plan.save(args.out)

@@ -323,21 +323,46 @@ def best(candidates: Sequence[Candidate], cluster: Cluster) -> Candidate:
                          "use a larger cluster or a smaller model")
 
 
-def plan_2bw(graph: LayerGraph, cluster: Cluster, settings: Settings, *, model: str, simulate: bool = True,
-             dataset_batches: int = 20) -> Plan:
-    """The best configuration as a :class:`~pipedream.plan.Plan` (stages of contiguous blocks, ``replicas = w``,
-    ranks by :func:`pipeline_ranks`), its throughput re-checked with the event simulator.
+def choose(graph: LayerGraph, cluster: Cluster, settings: Settings, rerank: int = 3,
+           dataset_batches: int = 20) -> tuple[Candidate, Any, list[Candidate]]:
+    """The configuration to run: the cost model's best fitting configuration of each of its ``rerank`` best shapes
+    ``(w, d)`` simulated by the event simulator (:func:`simulate_candidate`) and the fastest simulated kept (the
+    first of equals: the cost model's order); with ``rerank`` 0 the cost model's best (:func:`best`), unsimulated.
+    Re-ranking is what ``pipedream plan``'s default mode does too: the cost model has no contention (the allreduces
+    of the stages that share a server's network port, when ``w`` exceeds a server, queue there), the simulator does.
 
-    ``plan.extra`` holds ``schedule``, ``microbatches`` (per minibatch of the runtime: ``w m``, what
-    ``pipedream train --microbatches`` takes), ``batch_size``, the chosen ``width``/``depth``/``microbatch``/
-    ``recompute``, ``predicted_samples_per_s`` (the cost model), ``simulated_samples_per_s`` (the simulator, over
-    ``dataset_batches`` batches; with ``simulate``) and the ten best ``candidates``.
-
+    Returns:
+        ``(chosen, its SimResult or None, every candidate of the search)``.
     Raises:
         PipeDreamError: as :func:`search` and :func:`best`.
     """
     cands = search(graph, cluster, settings)
-    c = best(cands, cluster)
+    first = best(cands, cluster)
+    if rerank < 1:
+        return first, None, cands
+    shapes: dict[tuple[int, int], Candidate] = {}
+    for c in cands:
+        if c.fits and len(shapes) < rerank:
+            shapes.setdefault((c.width, c.depth), c)
+    timed = [(c, simulate_candidate(graph, cluster, c, settings, dataset_batches)) for c in shapes.values()]
+    chosen, res = max(timed, key=lambda cr: -cr[1].time_per_sample_s)
+    return chosen, res, cands
+
+
+def plan_2bw(graph: LayerGraph, cluster: Cluster, settings: Settings, *, model: str, rerank: int = 3,
+             dataset_batches: int = 20) -> Plan:
+    """The chosen configuration (:func:`choose`) as a :class:`~pipedream.plan.Plan` (stages of contiguous blocks,
+    ``replicas = w``, ranks by :func:`pipeline_ranks`).
+
+    ``plan.extra`` holds ``schedule``, ``microbatches`` (per minibatch of the runtime: ``w m``, what
+    ``pipedream train --microbatches`` takes), ``batch_size``, the chosen ``width``/``depth``/``microbatch``/
+    ``recompute``, ``predicted_samples_per_s`` (the cost model), ``simulated_samples_per_s`` (the simulator, over
+    ``dataset_batches`` batches; with ``rerank`` >= 1), ``cost_model_choice`` and the ten best ``candidates``.
+
+    Raises:
+        PipeDreamError: as :func:`search` and :func:`best`.
+    """
+    c, res, cands = choose(graph, cluster, settings, rerank, dataset_batches)
     nodes = stage_nodes(find_blocks(graph), c.depth)
     ranks = pipeline_ranks(c.width, c.depth, cluster)
     stages = [Stage(nodes=nodes[s], replicas=c.width, ranks=ranks[s], compute_s=c.compute_s[s], comm_s=c.comm_s[s],
@@ -348,11 +373,11 @@ def plan_2bw(graph: LayerGraph, cluster: Cluster, settings: Settings, *, model: 
         "width": c.width, "depth": c.depth, "microbatch": c.microbatch, "recompute": c.recompute,
         "optimizer": settings.optimizer, "predicted_samples_per_s": c.samples_per_s,
         "memory_bytes_max_stage": max(c.memory_bytes), "device_memory_bytes": cluster.device_memory_bytes,
+        "reranked": rerank, "cost_model_choice": best(cands, cluster).summary(),
         "candidates": [x.summary() for x in cands[:10]],
     }
     sim_time = dp_time = math.nan
-    if simulate:
-        res = simulate_candidate(graph, cluster, c, settings, dataset_batches)
+    if res is not None:
         sim_time = res.time_per_sample_s
         extra["simulated_samples_per_s"] = 1 / sim_time
         extra["simulated_bubble_fraction"] = res.steady_bubble_fraction
@@ -397,12 +422,20 @@ def simulate_dp_time(graph: LayerGraph, cluster: Cluster, settings: Settings, da
 def format_2bw(plan: Plan) -> str:
     """What ``pipedream plan --planner 2bw`` prints: the configuration, the stage table, both throughputs."""
     ex = plan.extra
+    train = f"--schedule {ex['schedule']} --batch-size {ex['batch_size']} --microbatches {ex['microbatches']}"
+    if ex["recompute"]:
+        from dataclasses import fields
+
+        from pipedream.runtime.config import TrainConfig
+
+        has = any(f.name == "recompute" for f in fields(TrainConfig))
+        train += " --recompute" if has else "; this checkout's runtime does not recompute yet"
     lines = [
         f"model {plan.model} on cluster {plan.cluster} ({plan.workers} workers), PipeDream-2BW planner, "
         f"schedule {ex['schedule']}, batch {ex['batch_size']}",
         f"width {ex['width']} x depth {ex['depth']}, microbatch {ex['microbatch']}, recomputation "
         f"{'on' if ex['recompute'] else 'off'}, {ex['microbatches_per_pipeline']} microbatches per pipeline per update "
-        f"(train with --schedule {ex['schedule']} --batch-size {ex['batch_size']} --microbatches {ex['microbatches']})",
+        f"(train with {train})",
         "",
         f"{'stage':>5}  {'layers':<26} {'replicas':>8}  {'compute ms':>10} {'comm ms':>9} {'memory GB':>9}",
     ]
@@ -417,6 +450,12 @@ def format_2bw(plan: Plan) -> str:
         lines.append(f"throughput, simulator      {ex['simulated_samples_per_s']:12.2f} samples/s "
                      f"(steady bubble {ex['simulated_bubble_fraction']:.1%})")
         lines.append(f"data parallelism, simulated {1 / plan.dp_time_per_sample_s:12.2f} samples/s (memory not checked)")
+    first = ex["cost_model_choice"]
+    if (first["width"], first["depth"], first["microbatch"], first["recompute"]) != (
+            ex["width"], ex["depth"], ex["microbatch"], ex["recompute"]):
+        lines.append(f"(the cost model's best, w={first['width']} d={first['depth']} b={first['microbatch']}"
+                     f"{' recompute' if first['recompute'] else ''}, simulates slower: re-ranked among its "
+                     f"{ex['reranked']} best shapes)")
     lines += ["", "best configurations (cost model):",
               f"  {'w':>3} {'d':>3} {'b':>4} {'recompute':>9} {'samples/s':>11} {'max stage GB':>12} fits"]
     for c in ex["candidates"]:

@@ -2,11 +2,12 @@
 
 Two scopes, one row per (model, batch, schedule):
 
-* ``predicted``: the paper's GPT models costed from FLOP counts (:mod:`.paper`) on its cluster (8 x 8 V100,
-  ``B_8x8``) at the paper's batch sizes; for each schedule the 2BW planner's search picks that schedule's best
-  configuration under the device memory (:mod:`pipedream.planner.twobw`), and the event simulator times it
-  (``samples_per_s``; the planner's cost model in ``predicted_samples_per_s``; ``peak_memory_bytes_max_stage`` from
-  the memory model). PipeDream-Flush only where this checkout has it.
+* ``predicted``: the paper's GPT models (1.3, 2.2 and 3.8 billion parameters) costed from FLOP counts
+  (:mod:`.paper`) on its cluster (8 x 8 V100, ``B_8x8``) at the paper's batch sizes; for each schedule the 2BW
+  planner's search picks that schedule's best configuration under the device memory
+  (:mod:`pipedream.planner.twobw`, the cost model's three best shapes re-ranked by simulation), and the event
+  simulator times it (``samples_per_s``; the planner's cost model in ``predicted_samples_per_s``;
+  ``peak_memory_bytes_max_stage`` from the memory model). PipeDream-Flush only where this checkout has it.
 * ``measured``: the reduced GPT trained on 4 CPU processes by ``make run-2bw`` (``experiments/2bw.yaml``), each
   schedule's ``run.json`` and ``metrics.json``: training samples per second over all epochs, the largest stage's
   measured peak bytes and the final validation perplexity; beside them the run's own prediction
@@ -35,7 +36,7 @@ from pipedream.topology import Cluster
 COLUMNS = ["scope", "model", "batch_size", "schedule", "config", "samples_per_s", "predicted_samples_per_s",
            "twobw_speedup", "peak_memory_bytes_max_stage", "predicted_memory_bytes_max_stage", "weight_copies",
            "final_val_perplexity", "paper_depth", "paper_twobw_speedup"]
-PREDICTED_MODELS = {"GPT-2.2B": "gpt_2.2b", "GPT-3.8B": "gpt_3.8b"}
+PREDICTED_MODELS = {"GPT-1.3B": "gpt", "GPT-2.2B": "gpt_2.2b", "GPT-3.8B": "gpt_3.8b"}
 MEASURED_SCHEDULES = ("2bw", "gpipe", "pipedream_flush", "1f1b", "dp")
 
 
@@ -53,8 +54,9 @@ def copies(schedule: str, replicas: Sequence[int], microbatches: int) -> int | N
 
 
 def predicted_rows(cluster: Cluster, batches: Sequence[int], models: dict[str, str] | None = None,
-                   dataset_batches: int = 20) -> list[dict[str, Any]]:
-    """The ``predicted`` rows (module docstring) for the paper's models at ``batches`` on ``cluster``."""
+                   dataset_batches: int = 20, rerank: int = 3) -> list[dict[str, Any]]:
+    """The ``predicted`` rows (module docstring) for the paper's models at ``batches`` on ``cluster``: each schedule at
+    the configuration :func:`pipedream.planner.twobw.choose` picks (the cost model's ``rerank`` best, simulated)."""
     from pipedream.models.transformer import config_of
     from pipedream.table2bw.paper import transformer_graph
 
@@ -69,11 +71,10 @@ def predicted_rows(cluster: Cluster, batches: Sequence[int], models: dict[str, s
                                        if schedule == "2bw" else "", "paper_twobw_speedup": PAPER_SPEEDUP.get(schedule, "")}
                 settings = twobw.Settings(batch_size=batch, schedule=schedule)
                 try:
-                    c = twobw.best(twobw.search(graph, cluster, settings), cluster)
+                    c, res, _ = twobw.choose(graph, cluster, settings, rerank, dataset_batches)
                 except PipeDreamError as e:
                     group.append({**row, "config": f"nothing fits ({e})".split(":")[0], "samples_per_s": math.nan})
                     continue
-                res = twobw.simulate_candidate(graph, cluster, c, settings, dataset_batches)
                 group.append({**row, "config": config_text(c), "samples_per_s": 1 / res.time_per_sample_s,
                               "predicted_samples_per_s": c.samples_per_s,
                               "peak_memory_bytes_max_stage": max(c.memory_bytes),
