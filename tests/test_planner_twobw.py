@@ -109,6 +109,8 @@ def test_nothing_fits_is_one_error() -> None:
     cluster = Cluster("tiny", [(4, 1e9)], 1e3)
     with pytest.raises(PipeDreamError, match=r"no configuration fits 1 kB per device: the smallest need is"):
         twobw.best(twobw.search(g, cluster, settings(32)), cluster)
+    with pytest.raises(PipeDreamError, match=r"no configuration to try: batch 30 must be a multiple of b x 4 workers"):
+        twobw.search(g, cluster, settings(30))
 
 
 def test_blocks_and_stages() -> None:

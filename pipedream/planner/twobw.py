@@ -34,6 +34,11 @@ a time (the paper's ``2|W|/d + |A_total(b)|/d + d |A_input(b)|``).
 Placement (:func:`pipeline_ranks`): when ``w`` fits a server, the ``w`` replicas of a stage share a server (their
 allreduce on the fast links, stage boundaries between servers); otherwise each pipeline keeps its stages on
 consecutive ranks (transfers inside a server) and the replicas' allreduce crosses servers.
+
+The choice (:func:`choose`): the cost model ranks every configuration (:func:`search`, :func:`best`: what the tests
+check against an exhaustive search); then the best configuration of each of its three best shapes ``(w, d)`` is
+timed by the event simulator (:mod:`pipedream.sim`, the runtime's own schedule with contention on the links) and the
+fastest simulated is the plan.
 """
 
 from __future__ import annotations
@@ -295,15 +300,15 @@ def search(graph: LayerGraph, cluster: Cluster, settings: Settings) -> list[Cand
     sizes = [2**k for k in range(int(math.log2(max(settings.max_microbatch, 1))) + 1)]
     if settings.microbatch_sizes is not None:
         sizes = sorted(settings.microbatch_sizes)
-    sizes = [b for b in sizes if settings.batch_size % (b * n) == 0]
+    tried, sizes = sizes, [b for b in sizes if settings.batch_size % (b * n) == 0]
     options = [False, True] if settings.recompute is None else list(settings.recompute)
     net = Network(cluster, "ring")
     out = [evaluate(graph, cluster, blocks, n // d, d, b, r, settings, net) for d in depths for b in sizes
            for r in options]
     if not out:
-        raise PipeDreamError(f"no configuration to try: batch {settings.batch_size} must be a multiple of microbatch "
-                             f"x {n} workers for some microbatch among {sizes or 'the allowed ones'}, and depths "
-                             f"{depths or 'none'} (at most {blocks.count} blocks, dividing {n} workers)")
+        raise PipeDreamError(f"no configuration to try: batch {settings.batch_size} must be a multiple of b x {n} "
+                             f"workers for a microbatch b among {tried}, and a depth must divide {n} workers with at "
+                             f"most {blocks.count} blocks (allowed: {depths or 'none'})")
     return sorted(out, key=lambda c: (not c.fits, c.rank_key()))
 
 
