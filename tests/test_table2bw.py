@@ -72,3 +72,13 @@ def test_workflow_dry_run(tmp_path: Path) -> None:
     runnable = [s for s in cfg["twobw"]["schedules"] if s == "dp" or s in SCHEDULES]
     n = len(runnable)
     assert counts == {"profile": 1, "plan_2bw": 1, "train_2bw": n, "table_2bw": 1, "all": 1, "total": 4 + n}
+
+
+def test_check_refuses_a_bad_twobw_section() -> None:
+    from pipedream.commands.check import twobw_problem
+
+    cfg = yaml.safe_load((REPO / "experiments" / "2bw.yaml").read_text())
+    assert twobw_problem(cfg) is None
+    assert "is not one of models" in twobw_problem({**cfg, "twobw": {**cfg["twobw"], "model": "vgg16"}})  # type: ignore[operator]
+    assert "does not divide workers" in twobw_problem({**cfg, "twobw": {**cfg["twobw"], "depth": 3}})  # type: ignore[operator]
+    assert "not a multiple of microbatch" in twobw_problem({**cfg, "twobw": {**cfg["twobw"], "microbatch": 5}})  # type: ignore[operator]
