@@ -13,11 +13,16 @@ CONFIG ?= experiments/ci.yaml
 export OMP_NUM_THREADS ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: run test setup data ui lint dry-run-paper clean-results
+.PHONY: run run-2bw test setup data ui lint dry-run-paper clean-results
 
 run: setup data
 	@$(BIN)/python -m pipedream.cli check --config $(CONFIG)
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
+
+# PipeDream-2BW's table (not part of `make run`): the reduced GPT with every schedule, and the paper-scale predictions
+run-2bw: setup data
+	@$(BIN)/python -m pipedream.cli check --config experiments/2bw.yaml
+	$(BIN)/snakemake --cores $(CORES) --configfile experiments/2bw.yaml --rerun-incomplete
 
 test: setup data
 	$(BIN)/python -m pytest

@@ -249,8 +249,8 @@ def test_bad_input_is_one_line(bad_files: Path, args: list[str], message: str) -
 
 def test_train_refuses_an_unknown_model_before_starting_workers(tmp_path: Path) -> None:
     proc = _run("train", "--mode", "dp", "--model", "nosuchnet", "--workers", "2", cwd=tmp_path)
-    _assert_clean_error(proc, "error: unknown model 'nosuchnet'; known models: alexnet, awd_lm, gnmt16, gnmt8, "
-                              "resnet50, s2vt, vgg16 (or package.module:function for your own)")
+    _assert_clean_error(proc, "error: unknown model 'nosuchnet'; known models: alexnet, awd_lm, bert, gnmt16, gnmt8, "
+                              "gpt, gpt_2.2b, gpt_3.8b, resnet50, s2vt, vgg16 (or package.module:function for your own)")
     assert "torch.distributed" not in proc.stdout and not (tmp_path / "results").exists()
 
 

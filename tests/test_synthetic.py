@@ -31,8 +31,10 @@ def _label_bound(name: str, preset: str) -> int:
         with torch.device("meta"):
             model = get_spec(name).build(preset)
         return [m for m in model.modules() if isinstance(m, nn.Linear)][-1].out_features
-    from pipedream.models import awd_lm, gnmt, s2vt
+    from pipedream.models import awd_lm, gnmt, s2vt, transformer
 
+    if name in transformer.NAMES:
+        return transformer.config_of(name, preset).vocab
     if name in ("gnmt8", "gnmt16"):
         return gnmt.CONFIGS[(name, preset)].vocab
     return {"awd_lm": awd_lm.CONFIGS, "s2vt": s2vt.CONFIGS}[name][preset].vocab

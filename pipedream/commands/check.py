@@ -84,6 +84,25 @@ def dp_memory_problem(name: str, model_cfg: dict[str, Any], cluster: Any) -> str
             f"({memory.format_bytes(cluster.device_memory_bytes)}); use a cluster with more device memory")
 
 
+def twobw_problem(cfg: dict[str, Any]) -> str | None:
+    """What is wrong with a config's ``twobw:`` section (PipeDream-2BW's table, experiments/2bw.yaml), or None: its
+    model must be one of ``models``, its depth divide the workers, its microbatch divide the model's batch into
+    whole microbatches for every pipeline."""
+    tb = cfg.get("twobw")
+    if tb is None:
+        return None
+    if tb["model"] not in cfg["models"]:
+        return f"twobw.model: {tb['model']!r} is not one of models ({', '.join(cfg['models'])}); add it there"
+    if cfg["workers"] % tb["depth"]:
+        return f"twobw.depth: {tb['depth']} does not divide workers: {cfg['workers']}; use a divisor"
+    width = cfg["workers"] // tb["depth"]
+    batch = cfg["models"][tb["model"]]["train"]["batch_size"]
+    if batch % (tb["microbatch"] * width):
+        return (f"twobw.microbatch: models.{tb['model']}.train.batch_size {batch} is not a multiple of microbatch "
+                f"{tb['microbatch']} x {width} pipelines; change one of them")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate; raises PipeDreamError on the first problem, prints a summary and returns 0 otherwise."""
     from pipedream.errors import PipeDreamError
@@ -111,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         if metric in SCORED_METRICS and metric != spec.metric:
             raise PipeDreamError(f"{args.config}: models.{name}.threshold.metric: {name} is scored with "
                                  f"{spec.metric!r}, not {metric!r}; use {spec.metric!r} or token_accuracy")
+    problem = twobw_problem(cfg)
+    if problem is not None:
+        raise PipeDreamError(f"{args.config}: {problem}")
     for name in specs:
         problem = dp_memory_problem(name, cfg["models"][name], cluster)
         if problem is not None:

@@ -4,6 +4,15 @@ Reads a graph.txt profile and a cluster (by name from clusters.yaml, or a what-i
 '8x2:25e9,3.125e9', innermost level first), runs PipeDream's hierarchical dynamic program, writes the
 plan as JSON and prints the stage table. --compat reproduces the release optimizer's predicted time;
 the default mode fixes its known problems (listed in pipedream/planner/__init__.py).
+
+--planner 2bw is PipeDream-2BW's planner instead (pipedream/planner/twobw.py): for a model of repeated blocks
+it searches w parallel pipelines of depth d, the microbatch and activation recomputation for the highest
+throughput at batch --batch-size under the device memory (the paper's cost model), simulates its --rerank best
+shapes and keeps the fastest simulated, writes a plan for --schedule 2bw with replicas = w, and prints its throughput
+from the cost model and from the simulator. --flops MODEL plans MODEL's full preset
+from FLOP counts (pipedream/table2bw/paper.py) instead of a profile, e.g.
+
+    pipedream plan --planner 2bw --flops gpt_2.2b --cluster B_8x8 --batch-size 512 --out gpt_2.2b.json
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ HELP = "partition a profile into pipeline stages for a cluster (PipeDream's plan
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream plan``."""
-    p.add_argument("--profile", required=True,
+    p.add_argument("--profile",
                    help="graph.txt of the model (times in ms per profiled minibatch); the release's V100 profiles "
                         "are experiments/data/profiles/<model>/graph.txt")
     p.add_argument("--cluster", required=True, help="cluster name in --clusters, or a what-if string like '8x2:25e9,3.125e9'")
@@ -34,6 +43,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation-compression-ratio", type=float, default=None,
                    help="divide activation transfer bytes by R (in --compat, giving it also turns transfers on)")
     p.add_argument("--explain", action="store_true", help="say in words why this split won")
+    g = p.add_argument_group("PipeDream-2BW's planner (--planner 2bw)")
+    g.add_argument("--planner", choices=("pipedream", "2bw"), default="pipedream",
+                   help="PipeDream's dynamic program, or PipeDream-2BW's search over width x depth x microbatch x "
+                        "recomputation")
+    g.add_argument("--flops", metavar="MODEL",
+                   help="instead of --profile: MODEL's full preset (gpt, gpt_2.2b, gpt_3.8b, bert) costed from FLOP "
+                        "counts on a V100 (assumed 30%% of 125 TFLOP/s)")
+    g.add_argument("--batch-size", type=int, help="samples per update over all pipelines, B = b w d g (required)")
+    g.add_argument("--schedule", default="2bw", choices=("2bw", "gpipe", "pipedream_flush"),
+                   help="the schedule to plan for (gpipe and pipedream_flush flush every batch); pipedream_flush "
+                        "where this checkout has it")
+    g.add_argument("--optimizer", default="adam", choices=("sgd", "adam"), help="optimizer state held and stepped")
+    g.add_argument("--max-microbatch", type=int, default=64, help="largest microbatch tried (powers of two)")
+    g.add_argument("--depth", type=int, nargs="+", help="only these depths")
+    g.add_argument("--microbatch", type=int, nargs="+", help="only these microbatch sizes")
+    g.add_argument("--recompute", choices=("search", "on", "off"), default="search",
+                   help="activation recomputation: try both, or only on or off")
+    g.add_argument("--rerank", type=int, default=3,
+                   help="simulate the cost model's best configuration of each of its K best shapes (w, d) and keep the "
+                        "fastest simulated (0: the cost model's best, not simulated)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.planner.explain import format_plan
     from pipedream.topology import get_cluster
 
+    if args.planner == "2bw":
+        return _run_2bw(args)
+    if args.profile is None or args.flops:
+        raise PipeDreamError("PipeDream's planner needs --profile (--flops is for --planner 2bw)")
     if args.activation_compression_ratio is not None and args.activation_compression_ratio <= 0:
         raise PipeDreamError("--activation-compression-ratio must be positive")
     profile = shipped(args.profile)
@@ -73,5 +106,50 @@ def run(args: argparse.Namespace) -> int:
     if args.explain:
         print()
         print(plan.extra["explanation"])
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def _run_2bw(args: argparse.Namespace) -> int:
+    """``--planner 2bw``: search, write the plan, print it; returns 0."""
+    from pipedream.errors import PipeDreamError
+    from pipedream.graph import LayerGraph, profiled_batch, read_meta
+    from pipedream.paths import shipped
+    from pipedream.planner.twobw import Settings, format_2bw, plan_2bw
+    from pipedream.topology import get_cluster
+
+    if (args.profile is None) == (args.flops is None):
+        raise PipeDreamError("--planner 2bw needs exactly one of --profile and --flops MODEL")
+    if args.batch_size is None or args.batch_size < 1 or args.max_microbatch < 1:
+        raise PipeDreamError("--planner 2bw needs --batch-size B (samples per update, a multiple of the workers) and "
+                             "a positive --max-microbatch")
+    cluster = get_cluster(args.cluster, args.clusters)
+    step_rate = None
+    if args.flops:
+        from pipedream.models.transformer import config_of
+        from pipedream.table2bw.paper import transformer_graph
+
+        try:
+            graph = transformer_graph(config_of(args.flops, "full"))
+        except KeyError:
+            raise PipeDreamError(f"--flops {args.flops!r}: no FLOP model; use gpt, gpt_2.2b, gpt_3.8b or bert") from None
+        model = args.model or args.flops
+    else:
+        from pipedream.sim.predict import step_rate as measured_rate
+
+        profile = shipped(args.profile)
+        graph = LayerGraph.read(profile)
+        graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
+        model = args.model or profile.resolve().parent.name
+        step_rate = measured_rate(read_meta(profile), args.optimizer)
+    settings = Settings(batch_size=args.batch_size, schedule=args.schedule, optimizer=args.optimizer,
+                        max_microbatch=args.max_microbatch, depths=args.depth, microbatch_sizes=args.microbatch,
+                        recompute=None if args.recompute == "search" else [args.recompute == "on"],
+                        step_s_per_param_byte=step_rate)
+    plan = plan_2bw(graph, cluster, settings, model=model, rerank=args.rerank)
+    if args.flops:
+        plan.extra["flops_model"] = args.flops
+    plan.save(args.out)
+    print(format_2bw(plan))
     print(f"\nwrote {args.out}")
     return 0

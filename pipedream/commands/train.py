@@ -353,6 +353,13 @@ def run(args: argparse.Namespace) -> int:
         return _train_and_log(args, cfg, plan, plan_file, cmd, out_dir, final_dir, config, cluster)
 
 
+def run_name(args: argparse.Namespace) -> str:
+    """The MLflow run's name: the mode, and a PipeDream schedule other than 1F1B after it (``pipedream-2bw``), so
+    that runs of several schedules share an experiment without one retiring another (a rerun retires the earlier
+    runs of the same experiment and name, :class:`pipedream.tracking.LiveRun`)."""
+    return args.mode if args.mode == "dp" or args.schedule == "1f1b" else f"{args.mode}-{args.schedule}"
+
+
 def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, cmd: list[str], out_dir: Path,  # type: ignore[no-untyped-def]
                    final_dir: Path, config: str, cluster: str) -> int:
     """Node 0's part of :func:`run`: predict, launch while logging to MLflow, score, write ``run.json`` and put
@@ -372,7 +379,7 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
     else:
         tags["prediction_error"] = why_not or "unknown"
     t0 = time.time()
-    live = LiveRun(args.experiment or f"{args.model}/{cluster}", args.mode, params, tags, start_time_s=t0)
+    live = LiveRun(args.experiment or f"{args.model}/{cluster}", run_name(args), params, tags, start_time_s=t0)
     stop = threading.Event()
     watcher = threading.Thread(target=_watch, args=(live, metrics_path, stop), daemon=True)
     watcher.start()

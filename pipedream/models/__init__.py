@@ -220,4 +220,4 @@ def trace_layers(model: nn.Module) -> fx.GraphModule:
 
 
 def _load_all() -> None:
-    from pipedream.models import alexnet, awd_lm, gnmt, resnet, s2vt, vgg  # noqa: F401  (register themselves)
+    from pipedream.models import alexnet, awd_lm, gnmt, resnet, s2vt, transformer, vgg  # noqa: F401  (register themselves)

@@ -2,6 +2,7 @@
 from pipedream.experiment import model_data
 from pipedream.runtime.config import flags_from_experiment
 from pipedream.experiment import THRESHOLD_METRICS
+from pipedream.runtime.config import SCHEDULES as RUNTIME_SCHEDULES
 
 
 def train_extra_args(model):
@@ -26,3 +27,20 @@ def train_extra_args(model):
     if threshold and threshold["metric"] in THRESHOLD_METRICS and model_data(config, model) == "real":
         args.append(f"--threshold {threshold['value']} --threshold-metric {threshold['metric']}")
     return " ".join(args)
+
+
+TWOBW = config.get("twobw", {})
+# schedules this checkout can train: pipeline schedules its runtime has, and dp
+TWOBW_SCHEDULES = [s for s in TWOBW.get("schedules", []) if s == "dp" or s in RUNTIME_SCHEDULES]
+TWOBW_OUTPUTS = [f"{RESULTS}/table_2bw.md", f"{RESULTS}/table_2bw.csv", f"{RESULTS}/table_2bw_val_loss.csv"]
+
+
+def twobw_train_args(schedule):
+    """`pipedream train` flags of one schedule: the same batch per update for all (see experiments/2bw.yaml)."""
+    model = TWOBW["model"]
+    batch = config["models"][model]["train"]["batch_size"]
+    if schedule == "dp":
+        return "--mode dp --dp-batch global"
+    if schedule == "1f1b":
+        return "--mode pipedream --schedule 1f1b"
+    return f"--mode pipedream --schedule {schedule} --microbatches {batch // TWOBW['microbatch']}"
