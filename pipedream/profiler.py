@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from pipedream.capture import batch_size, call_model, flat_inputs, to_device
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_json
@@ -99,7 +100,8 @@ def _fresh(value: Any) -> Any:
 
 def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
     if node.op == "call_module":
-        return repr(gm.get_submodule(str(node.target))).replace("\n", " ")
+        module = gm.get_submodule(str(node.target))
+        return getattr(module, "_pd_desc", None) or repr(module).replace("\n", " ")
     if node.op == "call_function":
         return getattr(node.target, "__name__", str(node.target))
     return str(node.target)
@@ -143,7 +145,7 @@ def _progress(items: list[fx.Node], desc: str) -> Iterator[fx.Node]:
 
 def profile_module(
     model: nn.Module,
-    example_input: torch.Tensor | tuple[torch.Tensor, ...],
+    example_input: Any,
     settings: ProfileSettings | None = None,
     name: str = "model",
     granularity: str = "layer",
@@ -152,8 +154,9 @@ def profile_module(
     """Profile ``model`` on ``example_input`` (a whole minibatch) and return its layer graph.
 
     Args:
-        model: any module ``torch.fx.symbolic_trace`` can trace.
-        example_input: one minibatch, e.g. shape ``(batch, 3, 32, 32)``; a tuple for several inputs.
+        model: any module: an ``nn.Sequential``, or a module :mod:`pipedream.capture` captures.
+        example_input: one minibatch, e.g. shape ``(batch, 3, 32, 32)``; a tuple or dict for several inputs
+            (the model is called as :func:`pipedream.capture.call_model` calls it).
         settings: warm-up, iterations and device.
         name: shown on the progress bar.
         granularity: ``"layer"``: each child of an ``nn.Sequential`` is one node (what the planner's
@@ -172,12 +175,12 @@ def profile_module(
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise PipeDreamError("--device cuda requested but no CUDA device is available; use --device cpu")
     device = torch.device(settings.device)
-    inputs = example_input if isinstance(example_input, tuple) else (example_input,)
-    inputs = tuple(t.to(device) for t in inputs)
+    example_input = to_device(example_input, device)
+    inputs = flat_inputs(example_input)
     model = model.to(device).train()
-    gm = trace(model, granularity)
+    gm = trace(model, granularity, example_input)
 
-    graph = LayerGraph(minibatch_size=int(inputs[0].shape[0]))
+    graph = LayerGraph(minibatch_size=batch_size(example_input))
     values: dict[fx.Node, Any] = {}
     ids = node_ids(gm)  # the ids the runtime cuts the model by
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -358,7 +361,7 @@ def _step_child(step: Callable[[], Any], seconds: float, ready: Any, results: An
 STEP_OPTIMIZERS = ("sgd", "adam")
 
 
-def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[torch.Tensor, ...],
+def optimizer_step_rates(model: nn.Module, example_input: Any,
                          settings: ProfileSettings | None = None) -> dict[str, float]:
     """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
 
@@ -376,14 +379,14 @@ def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[t
     """
     settings = settings or ProfileSettings()
     device = torch.device(settings.device)
-    inputs = tuple(t.to(device) for t in (example_input if isinstance(example_input, tuple) else (example_input,)))
+    inputs = to_device(example_input, device)
     timing = ProfileSettings(**{**vars(settings), "warmup": max(1, settings.warmup)})  # the first step makes state
     if not any(p.requires_grad for p in model.parameters()):
         return {}
     return {name: _step_rate(copy.deepcopy(model).to(device).train(), inputs, name, timing) for name in STEP_OPTIMIZERS}
 
 
-def _step_rate(net: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: str, timing: ProfileSettings) -> float:
+def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSettings) -> float:
     """Seconds per parameter byte of ``optimizer``'s step on ``net``, each timed step right after a forward and
     backward (:func:`optimizer_step_rates`)."""
     params = [p for p in net.parameters() if p.requires_grad]
@@ -391,7 +394,7 @@ def _step_rate(net: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: str,
 
     def forward_backward() -> None:
         opt.zero_grad(set_to_none=False)
-        outs = [t for t in _tensors(net(*inputs)) if t.is_floating_point() and t.requires_grad]
+        outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
         if outs:
             torch.autograd.backward([t.float().sum() for t in outs])
         for p in params:

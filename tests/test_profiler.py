@@ -41,7 +41,7 @@ def test_chain_sizes_and_edges() -> None:
 
 
 def test_skip_connection_gives_a_dag() -> None:
-    g = profile_module(Skip(), torch.randn(2, 6), FAST)
+    g = profile_module(Skip(), torch.randn(2, 6), FAST, granularity="op")
     assert [n.desc for n in g.nodes.values()][:3] == ["Input", "Linear(in_features=6, out_features=6, bias=True)", "ReLU()"]
     assert g.nodes["node3"].desc == "add"
     assert sorted(g.edges) == sorted([("node0", "node1"), ("node1", "node2"), ("node2", "node3"), ("node0", "node3")])

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
     import torch
 
+    from pipedream.capture import call_model, to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.models import get_spec
@@ -68,9 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise PipeDreamError(f"{args.model}'s {data} training set has {len(task.train)} samples, fewer than "
                              f"--profiled-batch {args.profiled_batch}; give a smaller --profiled-batch")
     rows = minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0]
-    x, y = task.train.batch(rows)
-    x = x.to(args.device) if isinstance(x, torch.Tensor) else tuple(t.to(args.device) for t in x)
-    y = y.to(args.device)
+    x, y = (to_device(t, args.device) for t in task.train.batch(rows))
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile_module(task.model, x, settings, name=args.model, granularity=args.granularity,
                            loss=lambda out: task.criterion(out, y))
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     contention = 1.0
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
         def step() -> None:
-            task.criterion(task.model(x), y).backward()
+            task.criterion(call_model(task.model, x), y).backward()
 
         contention = host_contention(step, cores, args.host_seconds)
         print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")

@@ -272,7 +272,13 @@ def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
             model = build_model(cfg.model, cfg.preset, cfg.seed)
     except (NotImplementedError, RuntimeError):  # a user's model that reads its weights while it is built
         model = build_model(cfg.model, cfg.preset, cfg.seed)
-    split.assign(split.trace(model, granularity_of(plan)), [s.nodes for s in plan.stages])
+    example = None
+    if not isinstance(model, torch.nn.Sequential):  # captured on a microbatch of its data, as the workers do
+        from pipedream.runtime.task import load_task
+
+        task = load_task(cfg)
+        model, example = task.model, task.input_batch(cfg.batch_size // cfg.microbatches)
+    split.assign(split.trace(model, granularity_of(plan), example), [s.nodes for s in plan.stages])
 
 
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
