@@ -26,10 +26,14 @@ both stages hold it (:mod:`pipedream.runtime.shared`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import io
+import logging
 import operator
 import traceback
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -197,6 +201,25 @@ def _reason(e: BaseException) -> str:
     return f"{first[:160]}" + (f" at {where}" if where else "")
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the tracers' own warnings and logs (a failed export logs the graph it got): the reason is in
+    the one line :func:`capture_ops` raises."""
+    names = ("torch.fx.experimental.symbolic_shapes", "torch.export", "torch._export", "torch._dynamo",
+             "torch.fx._symbolic_trace", "torch._subclasses", "transformers")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # export prints what failed
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def _export(model: nn.Module, leaves: list[Any], spec: pytree.TreeSpec) -> tuple[fx.GraphModule, pytree.TreeSpec]:
     ep = torch.export.export(_flat_wrapper(model, spec, len(leaves)), tuple(leaves), strict=False)
     return ep.module(), ep.call_spec.out_spec
@@ -252,14 +275,15 @@ def capture_ops(model: nn.Module, example: Any) -> tuple[fx.GraphModule, str]:
     was_training = model.training
     model.train()
     try:
-        for how, way in ways:
-            try:
-                gm, out_spec = way(model, leaves, spec)
-                return _clean(gm, out_spec, model), how
-            except ImportError:
-                failures.append(f"{how}: not installed")
-            except Exception as e:  # the tracers raise anything the model's code raises
-                failures.append(f"{how}: {_reason(e)}")
+        with _quiet():
+            for how, way in ways:
+                try:
+                    gm, out_spec = way(model, leaves, spec)
+                    return _clean(gm, out_spec, model), how
+                except ImportError:
+                    failures.append(f"{how}: not installed")
+                except Exception as e:  # the tracers raise anything the model's code raises
+                    failures.append(f"{how}: {_reason(e)}")
     finally:
         model.train(was_training)
     raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); make that code "
