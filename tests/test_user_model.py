@@ -112,7 +112,7 @@ def test_user_function_that_returns_no_model_is_one_line(user_dir: Path) -> None
     proc = _cli("profile", "--model", "blobs_model:not_a_model", "--out-dir", "p", cwd=user_dir)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("error: model function 'blobs_model:not_a_model' returned a int; return an "
-                                   "nn.Sequential or a pipedream.models.ModelSpec")
+                                   "nn.Module or a pipedream.models.ModelSpec")
 
 
 @pytest.mark.parametrize("mode", ["pipedream", "dp"])
