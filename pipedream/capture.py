@@ -195,10 +195,74 @@ def _user_frame(e: BaseException) -> str:
     return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} (`{(f.line or '').strip()[:60]}`)"
 
 
-def _reason(e: BaseException) -> str:
-    first = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
-    where = _user_frame(e)
-    return f"{first[:160]}" + (f" at {where}" if where else "")
+def _user_layer(e: BaseException, model: nn.Module) -> str:
+    """``path (Type)`` of the innermost module of ``model`` whose ``forward`` the traceback passes through."""
+    names = {id(m): name for name, m in model.named_modules()}
+    found = ""
+    tb = e.__traceback__
+    while tb is not None:
+        me = tb.tb_frame.f_locals.get("self")
+        if isinstance(me, nn.Module) and names.get(id(me)):
+            found = f"{names[id(me)]} ({type(me).__name__})"
+        tb = tb.tb_next
+    return found
+
+
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """The first non-empty line of an exception's message (its type if it has none), at most ``limit`` chars."""
+    line = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return line[:limit]
+
+
+def _reason(e: BaseException, model: nn.Module) -> str:
+    layer, where = _user_layer(e, model), _user_frame(e)
+    return first_line(e) + (f" in layer {layer}" if layer else "") + (f" at {where}" if where else "")
+
+
+def shapes(values: Any) -> str:
+    """``(4, 16) int64, (4, 16) float32``: shape and dtype of each tensor in ``values``."""
+    ts = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in ts) or "no tensors"
+
+
+def describe(gm: fx.GraphModule, node: fx.Node) -> str:
+    """What node ``node`` of a graph is, for messages and profiles: a layer's class and name, a module's repr,
+    a function's name."""
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        return getattr(module, "_pd_desc", None) or repr(module).replace("\n", " ")
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+def run_graph(gm: fx.GraphModule, inputs: tuple[Any, ...], ids: dict[fx.Node, str] | None = None,
+              record: dict[fx.Node, Any] | None = None) -> Any:
+    """``gm(*inputs)``, node by node; a node that raises is named in a one-line error.
+
+    Args:
+        ids: node ids to name nodes by (the profile's), else their graph names.
+        record: filled with every node's value.
+    Raises:
+        PipeDreamError: ``layer <id> (<what it is>) failed on <input shapes and dtypes>: <reason>``.
+    """
+
+    class Runner(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            try:
+                value = super().run_node(n)
+            except PipeDreamError:
+                raise
+            except Exception as e:  # shape and dtype errors of the model's own code
+                args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env.get(a))
+                name = (ids or {}).get(n, n.name)
+                raise PipeDreamError(f"layer {name} ({describe(gm, n)[:80]}) failed on {shapes(args)}: "
+                                     f"{first_line(e)}") from None
+            if record is not None:
+                record[n] = value
+            return value
+
+    return Runner(gm).run(*inputs)
 
 
 @contextlib.contextmanager
@@ -283,10 +347,11 @@ def capture_ops(model: nn.Module, example: Any) -> tuple[fx.GraphModule, str]:
                 except ImportError:
                     failures.append(f"{how}: not installed")
                 except Exception as e:  # the tracers raise anything the model's code raises
-                    failures.append(f"{how}: {_reason(e)}")
+                    failures.append(f"{how}: {_reason(e, model)}")
     finally:
         model.train(was_training)
-    raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); make that code "
+    raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); fix the first "
+                         "reason (a shape or dtype error: check the data against the model), or make that code "
                          "traceable (no Python branch on a tensor's value), or return an nn.Sequential of layers")
 
 

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from pipedream.capture import batch_size, call_model, flat_inputs, to_device
+from pipedream.capture import batch_size, call_model, describe, first_line, flat_inputs, shapes, to_device
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_json
@@ -99,12 +99,7 @@ def _fresh(value: Any) -> Any:
 
 
 def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
-    if node.op == "call_module":
-        module = gm.get_submodule(str(node.target))
-        return getattr(module, "_pd_desc", None) or repr(module).replace("\n", " ")
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", str(node.target))
-    return str(node.target)
+    return describe(gm, node)
 
 
 def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
@@ -197,8 +192,12 @@ def profile_module(
     for node in _progress(ops, f"profile {name}"):
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
         run = _runner(gm, node)
-        with torch.no_grad():
-            out = run(*args, **kwargs)
+        try:
+            with torch.no_grad():
+                out = run(*args, **kwargs)
+        except Exception as e:  # a shape or dtype error of the model's: name the layer
+            raise PipeDreamError(f"layer {ids[node]} ({_describe(gm, node)[:80]}) failed on {shapes((args, kwargs))}: "
+                                 f"{first_line(e)}") from None
         if _owns_parameter(gm, node, trained) or any(src in needs_grad for src in node.all_input_nodes):
             needs_grad.add(node)
             for t in _tensors(out):

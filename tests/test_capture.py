@@ -178,3 +178,18 @@ def test_layers_open_containers_and_large_modules() -> None:
     layers = capture.layer_paths(model)
     assert {"conv1", "bn1", "layer1.0", "layer1.1", "fc"} <= layers  # blocks holding <= 1/16 stay whole
     assert "layer4.0" not in layers and "layer4.0.conv1" in layers  # 4.7 M of 11.2 M parameters: opened
+
+
+def test_shape_and_dtype_errors_name_the_layer() -> None:
+    """A Sequential fed the wrong width names its layer, the input's shape and dtype; a GPT-2 fed float tokens
+    names its embedding (the layer in the traceback of the capture)."""
+    from pipedream.profiler import ProfileSettings, profile_module
+    from tests.hf_gpt2 import gpt2
+
+    settings = ProfileSettings(warmup=0, iters=1)
+    with pytest.raises(PipeDreamError) as e:
+        profile_module(nn.Sequential(nn.Flatten(), nn.Linear(8, 4)), torch.randn(4, 3, 2, 2), settings)
+    assert str(e.value) == ("layer node2 (Linear(in_features=8, out_features=4, bias=True)) failed on (4, 12) float32: "
+                            "mat1 and mat2 shapes cannot be multiplied (4x12 and 8x4)")
+    with pytest.raises(PipeDreamError, match=r"float32 instead in layer transformer\.wte \(Embedding\) at modeling_gpt2"):
+        profile_module(gpt2(), torch.randn(4, 16), settings)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from pipedream.capture import flat_inputs, guard_inplace, inline, is_layer
+from pipedream.capture import flat_inputs, guard_inplace, inline, is_layer, run_graph
 from pipedream.errors import PipeDreamError
 
 OPS = ("call_module", "call_function", "call_method", "get_attr")
@@ -169,19 +169,15 @@ def split(gm: fx.GraphModule, stage_nodes: list[list[str]], example: Any) -> Par
 
 
 def _probe(gm: fx.GraphModule, example: Any) -> dict[fx.Node, Any]:
-    """Every node's value for ``example`` (no gradients, evaluation mode)."""
+    """Every node's value for ``example`` (no gradients, evaluation mode); a layer that fails is named."""
     values: dict[fx.Node, Any] = {}
-
-    class _Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            values[n] = super().run_node(n)
-            return values[n]
-
     was_training = gm.training
     gm.eval()
-    with torch.no_grad():
-        _Recorder(gm).run(*flat_inputs(example))
-    gm.train(was_training)
+    try:
+        with torch.no_grad():
+            run_graph(gm, flat_inputs(example), node_ids(gm), values)
+    finally:
+        gm.train(was_training)
     return values
 
 
