@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
     import torch
 
+    from pipedream.api import profile
     from pipedream.capture import call_model, to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
@@ -52,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
         data_load_s,
         host_contention,
         optimizer_step_rates,
-        profile_module,
         write_profile,
     )
     from pipedream.runtime.config import TrainConfig
@@ -71,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
     rows = minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0]
     x, y = (to_device(t, args.device) for t in task.train.batch(rows))
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
-    graph = profile_module(task.model, x, settings, name=args.model, granularity=args.granularity,
-                           loss=lambda out: task.criterion(out, y))
+    graph = profile(task.model, x, y, task.criterion, granularity=args.granularity, warmup=args.warmup,
+                    iters=args.iters, device=args.device, name=args.model)
     rates = optimizer_step_rates(task.model, x, settings)
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1

@@ -61,6 +61,12 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
     from pipedream.data import synthetic
 
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
+    if cfg.datasets is not None:  # given as objects (pipedream.train)
+        from pipedream.data.base import as_sample_set, limit
+
+        train, val = cfg.datasets
+        return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
+                limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
     if cfg.model_factory is not None:
         if cfg.data == "synthetic":
             from pipedream.data.images import fmnist_synthetic
@@ -95,7 +101,9 @@ def load_task(cfg: TrainConfig) -> Task:
         torch.manual_seed(cfg.seed)
         model = cfg.model_factory()
         train, val = load_datasets(cfg)
-        return Task(model, train.batch(torch.tensor([0]))[0], train, val, F.cross_entropy)
+        from pipedream.models import classification_loss
+
+        return Task(model, train.batch(torch.tensor([0]))[0], train, val, cfg.criterion or classification_loss)
     from pipedream.models import build_model, example_input, get_spec
 
     spec = get_spec(cfg.model)
