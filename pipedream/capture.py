@@ -247,22 +247,29 @@ def run_graph(gm: fx.GraphModule, inputs: tuple[Any, ...], ids: dict[fx.Node, st
         PipeDreamError: ``layer <id> (<what it is>) failed on <input shapes and dtypes>: <reason>``.
     """
 
+    failure: list[str] = []
+
     class Runner(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
             try:
                 value = super().run_node(n)
-            except PipeDreamError:
-                raise
             except Exception as e:  # shape and dtype errors of the model's own code
-                args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env.get(a))
-                name = (ids or {}).get(n, n.name)
-                raise PipeDreamError(f"layer {name} ({describe(gm, n)[:80]}) failed on {shapes(args)}: "
-                                     f"{first_line(e)}") from None
+                if not failure:  # the innermost node (fx re-raises through the nodes that contain it)
+                    args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env.get(a))
+                    name = (ids or {}).get(n, n.name)
+                    failure.append(e.args[0] if isinstance(e, PipeDreamError) else
+                                   f"layer {name} ({describe(gm, n)[:80]}) failed on {shapes(args)}: {first_line(e)}")
+                raise
             if record is not None:
                 record[n] = value
             return value
 
-    return Runner(gm).run(*inputs)
+    try:
+        return Runner(gm).run(*inputs)
+    except Exception:
+        if failure:  # fx appends its own notes to the exception: say it in one line instead
+            raise PipeDreamError(failure[0]) from None
+        raise
 
 
 @contextlib.contextmanager

@@ -60,8 +60,10 @@ def trace(model: nn.Module, granularity: str = "layer", example: Any = None) -> 
         raise PipeDreamError(f"capturing {type(model).__name__} needs an example input (a batch of its data)")
     from pipedream import capture
 
-    ops, _ = capture.capture_ops(model, example)
-    return capture.group_layers(ops, model) if granularity == "layer" else ops
+    ops, how = capture.capture_ops(model, example)
+    gm = capture.group_layers(ops, model) if granularity == "layer" else ops
+    gm.meta["captured_by"] = how
+    return gm
 
 
 def node_ids(gm: fx.GraphModule) -> dict[fx.Node, str]:
