@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -55,17 +56,24 @@ def profile(model: nn.Module, example: Any, target: torch.Tensor | None = None,
         :meth:`LayerGraph.write` saves as graph.txt.
     Raises:
         PipeDreamError: the model cannot be captured, or a layer fails on the example (named).
+    Warns:
+        UserWarning: layers whose timed calls spread by more than 20% of their median
+            (:func:`pipedream.profiler.noise_warning`).
     """
     from pipedream.capture import to_device
     from pipedream.models import classification_loss
-    from pipedream.profiler import ProfileSettings, profile_module
+    from pipedream.profiler import ProfileSettings, noise_warning, profile_module
 
     settings = ProfileSettings(warmup=warmup, iters=iters, device=device)
     loss = None
     if target is not None:
         y, crit = to_device(target, device), criterion or classification_loss
         loss = functools.partial(_bound_loss, crit, y)
-    return profile_module(model, example, settings, name=name, granularity=granularity, loss=loss)
+    graph = profile_module(model, example, settings, name=name, granularity=granularity, loss=loss)
+    noise = noise_warning(graph)
+    if noise:
+        warnings.warn(noise, stacklevel=2)
+    return graph
 
 
 def _bound_loss(criterion: Callable[[Any, torch.Tensor], torch.Tensor], target: torch.Tensor, output: Any) -> torch.Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 HELP = "profile a model per layer and write graph.txt"
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         ProfileSettings,
         data_load_s,
         host_contention,
+        noise_warning,
+        noisy_layers,
         optimizer_step_rates,
         write_profile,
     )
@@ -73,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile(task.model, x, y, task.criterion, granularity=args.granularity, warmup=args.warmup,
                     iters=args.iters, device=args.device, name=args.model)
+    noise = noise_warning(graph)
+    if noise:
+        print(f"warning: {noise}", file=sys.stderr)
     rates = optimizer_step_rates(task.model, x, settings)
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
@@ -86,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "optimizer_step_s_per_param_byte": rates,
-            "host": {"cores": cores, "contention": contention}}
+            "host": {"cores": cores, "contention": contention},
+            "noisy_layers": {nid: round(r, 3) for nid, r in noisy_layers(graph)}}
     write_profile(graph, args.out_dir, meta)
     t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
