@@ -325,13 +325,14 @@ def is_transformers_model(model: nn.Module) -> bool:
     return any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
 
 
-def capture_ops(model: nn.Module, example: Any) -> tuple[fx.GraphModule, str]:
+def capture_ops(model: nn.Module, example: Any, training: bool = True) -> tuple[fx.GraphModule, str]:
     """The model's op graph and how it was captured (``"torch.export"``, ``"torch.fx"``, ``"transformers fx"``).
 
     The graph takes :func:`flat_inputs` of an input and ends with the model's output rebuilt in its own
     structure (a :class:`Restructure` node, unless the output is one tensor); its ``get_attr`` and
     ``call_module`` targets are the model's own names, holding the model's own parameters. The model is
-    captured in training mode and left in the mode it was in.
+    captured in training mode (``training``; in evaluation mode dropout leaves no op and batch norm accepts a
+    batch of one) and left in the mode it was in.
 
     Raises:
         PipeDreamError: no capture worked; one line with each one's reason (the failing line of the model's
@@ -344,7 +345,7 @@ def capture_ops(model: nn.Module, example: Any) -> tuple[fx.GraphModule, str]:
         ways.append(("transformers fx", _hf_fx))
     failures = []
     was_training = model.training
-    model.train()
+    model.train(training)
     try:
         with _quiet():
             for how, way in ways:

@@ -5,7 +5,7 @@ model can train on. `make run` calls this first,
 so a mistake costs one clear line (exit status 2) instead of a half-run workflow.
 
 With --model, check one model instead, in seconds: build it, take one sample of its data, capture it,
-run one forward, loss and backward, and print the layers the planner may cut between, with their
+run one forward (in evaluation mode: batch norm cannot normalise a batch of one), loss and backward, and print the layers the planner may cut between, with their
 parameter and activation bytes (per sample), and the parameters several layers share."""
 
 from __future__ import annotations
@@ -111,9 +111,10 @@ def check_model(name: str, preset: str = "reduced", granularity: str = "layer", 
 
     t0 = time.perf_counter()
     task = load_task(TrainConfig(model=name, preset=preset, data=data, train_subset=8, val_subset=8))
-    model = task.model.train()
+    model = task.model
     x, y = task.train.batch([0])
-    gm = split.trace(model, granularity, x)
+    # one sample, in evaluation mode: batch norm on its running statistics (a batch of one has no spread)
+    gm = split.trace(model, granularity, x, training=False).eval()
     ids = split.node_ids(gm)
     values: dict = {}
     out = run_graph(gm, flat_inputs(x), ids, values)

@@ -2,11 +2,13 @@
 
 The model is traced once (:func:`trace`; ``"layer"`` granularity keeps every child of an
 ``nn.Sequential`` whole, ``"op"`` is torch.fx's own granularity where a ResNet block's skip connection
-is a branch of the graph). Graph nodes get the ids the profiler gives them (:func:`node_ids`), so the
+is a branch of the graph; any other module is captured by :mod:`pipedream.capture`, each layer call one
+node). Graph nodes get the ids the profiler gives them (:func:`node_ids`), so the
 node sets of a :class:`~pipedream.plan.Plan` name the same operations.
 
 Stage ``s`` becomes its own ``fx.GraphModule`` holding only its operations and their sub-modules
-(parameter names stay those of the whole model, e.g. ``layer1.0.conv1.weight``). What crosses the
+(parameter names stay those of the whole model, e.g. ``layer1.0.conv1.weight``; a captured layer's ops are
+inlined). A parameter that operations of several stages read is in each of those stages' modules. What crosses the
 boundary after stage ``s`` is every value computed at or before stage ``s`` and used after it: a
 skip connection that jumps over several stages rides through the stages in between. Values that are
 tuples of tensors (GNMT's layers) cross as their flattened tensors and are rebuilt on the other side,
@@ -30,7 +32,7 @@ from pipedream.errors import PipeDreamError
 OPS = ("call_module", "call_function", "call_method", "get_attr")
 
 
-def trace(model: nn.Module, granularity: str = "layer", example: Any = None) -> fx.GraphModule:
+def trace(model: nn.Module, granularity: str = "layer", example: Any = None, training: bool = True) -> fx.GraphModule:
     """The model's graph, whose nodes the profiler times and the plans' stages name.
 
     An ``nn.Sequential``: one node per child (``"layer"``) or torch.fx's leaf modules and functions (``"op"``).
@@ -60,7 +62,7 @@ def trace(model: nn.Module, granularity: str = "layer", example: Any = None) -> 
         raise PipeDreamError(f"capturing {type(model).__name__} needs an example input (a batch of its data)")
     from pipedream import capture
 
-    ops, how = capture.capture_ops(model, example)
+    ops, how = capture.capture_ops(model, example, training)
     gm = capture.group_layers(ops, model) if granularity == "layer" else ops
     gm.meta["captured_by"] = how
     return gm
