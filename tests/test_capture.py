@@ -193,3 +193,40 @@ def test_shape_and_dtype_errors_name_the_layer() -> None:
                             "mat1 and mat2 shapes cannot be multiplied (4x12 and 8x4)")
     with pytest.raises(PipeDreamError, match=r"float32 instead in layer transformer\.wte \(Embedding\) at modeling_gpt2"):
         profile_module(gpt2(), torch.randn(4, 16), settings)
+
+
+class TinyLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.out = nn.Embedding(10, 8), nn.Linear(8, 10)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.emb(input_ids)))
+
+
+TinyLM.__module__ = "transformers.models.tiny"  # what the capture recognises a transformers model by
+
+
+def test_a_transformers_model_falls_back_to_the_hugging_face_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When export and fx both fail, a transformers model goes to transformers.utils.fx (transformers < 5; here a
+    stand-in that records how it is called), with the forward's argument names as input names."""
+    import sys
+    import types
+
+    def refuse(*args: object) -> None:
+        raise RuntimeError("refused")
+
+    calls: list[list[str]] = []
+
+    def hf_symbolic_trace(model: nn.Module, input_names: list[str]) -> torch.fx.GraphModule:
+        calls.append(input_names)
+        return torch.fx.symbolic_trace(model)
+
+    monkeypatch.setattr(capture, "_export", refuse)
+    monkeypatch.setattr(capture, "_fx", refuse)
+    monkeypatch.setitem(sys.modules, "transformers.utils.fx", types.SimpleNamespace(symbolic_trace=hf_symbolic_trace))
+    model, x = TinyLM(), torch.randint(0, 10, (3, 5))
+    ops, how = capture.capture_ops(model, x)
+    assert how == "transformers fx" and calls == [["input_ids"]]
+    layers = capture.group_layers(ops, model)
+    assert torch.equal(layers(x), model(x))

@@ -5,8 +5,9 @@ model can train on. `make run` calls this first,
 so a mistake costs one clear line (exit status 2) instead of a half-run workflow.
 
 With --model, check one model instead, in seconds: build it, take one sample of its data, capture it,
-run one forward (in evaluation mode: batch norm cannot normalise a batch of one), loss and backward, and print the layers the planner may cut between, with their
-parameter and activation bytes (per sample), and the parameters several layers share."""
+run one forward (in evaluation mode: batch norm cannot normalise a batch of one), loss and backward, and
+print the layers the planner may cut between, with their parameter and activation bytes (per sample), and
+the parameters several layers share."""
 
 from __future__ import annotations
 

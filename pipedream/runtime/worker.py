@@ -25,6 +25,7 @@ import torch.distributed as dist
 from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
+from pipedream.models import node_layer_index
 from pipedream.plan import Plan
 from pipedream.runtime import assemble, lr, shared, split
 from pipedream.runtime import checkpoint as ckpt
@@ -82,11 +83,15 @@ def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int, example: Any
     nearly equal length.
     """
     if cfg.plan is None:
-        num_layers = sum(1 for n in split.trace(model, "layer", example).graph.nodes if n.op in split.OPS)
-        if world > num_layers:
-            raise PipeDreamError(f"{world} workers but the model has only {num_layers} layers")
-        sizes = [num_layers // world + (1 if i < num_layers % world else 0) for i in range(world)]
-        return straight_plan(cfg.model, num_layers, sizes)
+        gm = split.trace(model, "layer", example)
+        ops = [i for n, i in split.node_ids(gm).items() if n.op in split.OPS]
+        if world > len(ops):
+            raise PipeDreamError(f"{world} workers but the model has only {len(ops)} layers")
+        sizes = [len(ops) // world + (1 if i < len(ops) % world else 0) for i in range(world)]
+        plan = straight_plan(cfg.model, len(ops), sizes)
+        for stage in plan.stages:  # a model with several inputs numbers its layers after them
+            stage.nodes = [ops[node_layer_index(n)] for n in stage.nodes]
+        return plan
     plan = Plan.load(cfg.plan)
     if cfg.model_factory is None and ":" not in cfg.model and plan.model != cfg.model:
         raise PipeDreamError(f"plan {cfg.plan} is for model {plan.model!r}, not {cfg.model!r}")
