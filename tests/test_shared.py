@@ -64,3 +64,29 @@ def test_1f1b_needs_equal_replicas_on_the_stages_sharing_a_parameter() -> None:
         shared.check(held, [2, 1], "1f1b", 0.0)
     with pytest.raises(PipeDreamError, match="--clip-norm"):
         shared.check(held, [1, 1], "gpipe", 1.0)
+
+
+@pytest.mark.slow
+def test_1f1b_weight_stashing_with_a_tied_weight_equals_a_one_process_replay(tmp_path: Path) -> None:
+    """Six minibatches of 1F1B on 2 stages (stashing: stage 0 runs minibatch m on version max(m - 1, 0), stage
+    1 on version m). Each stage reads the tied weight at its own version, the two uses' gradients are summed
+    and the sum is applied to the newest weights of both copies: the replay below, in one process."""
+    from tests.test_runtime_pipeline import STASH_VERSIONS
+
+    lr = 0.1
+    dumps = run(tmp_path, 2, factory=tied_model, plan=straight_plan("t", 8, [4, 4]), max_minibatches=6, lr=lr)
+    model = build(tied_model)
+    history = [{n: p.detach().clone() for n, p in model.named_parameters()}]  # "3.weight" is the tied one
+    stage_of = {"1.weight": 0, "1.bias": 0, "3.weight": 0, "3.bias": 0, "5.bias": 1, "7.weight": 1, "7.bias": 1}
+    for m, (x, y) in enumerate(reference_batches(tmp_path / "data", 8, 0, 0)[:6]):
+        w = {n: history[STASH_VERSIONS[s][m]][n].clone().requires_grad_() for n, s in stage_of.items()}
+        tied_late = history[STASH_VERSIONS[1][m]]["3.weight"].clone().requires_grad_()  # stage 1's copy
+        h = torch.tanh(F.linear(torch.tanh(F.linear(x.flatten(1), w["1.weight"], w["1.bias"])), w["3.weight"], w["3.bias"]))
+        h = torch.tanh(F.linear(h, tied_late, w["5.bias"]))
+        loss = F.cross_entropy(F.linear(h, w["7.weight"], w["7.bias"]), y)
+        grads = dict(zip([*w, "tied_late"], torch.autograd.grad(loss, [*w.values(), tied_late]), strict=True))
+        grads["3.weight"] = grads["3.weight"] + grads.pop("tied_late")
+        history.append({n: history[-1][n] - lr * grads[n] for n in history[-1]})
+    for d in dumps:
+        for n, p in d["params"].items():
+            torch.testing.assert_close(p, history[-1]["3.weight" if n in TIED else n], rtol=1e-5, atol=1e-6)
