@@ -16,7 +16,6 @@ from a fork server instead of torchrun, without MLflow: it returns the metrics r
 
 from __future__ import annotations
 
-import copy
 import functools
 import json
 import warnings
@@ -125,10 +124,26 @@ def partition(graph: LayerGraph | str | Path, cluster: str, *, model: str = "mod
     return out
 
 
-def _own_copy(model: nn.Module) -> nn.Module:
-    """A worker's own copy of ``model``: torch.multiprocessing hands every worker the same shared-memory storage,
-    which one rank's step would change under the others."""
-    return copy.deepcopy(model)
+def _unpack(blob: bytes, item: int) -> Any:
+    """Item ``item`` of what :func:`_pack` saved: each worker's own copy."""
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(blob), weights_only=False)[item]
+
+
+def _pack(*objects: Any) -> bytes:
+    """``objects`` as bytes for the workers. Pickled as they are, torch.multiprocessing would hand every worker
+    the same shared-memory storage of each tensor (one rank's step would change the weights under the others)
+    through one file descriptor per storage (the fork server refuses a few hundred: 'too many fds')."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(objects, buffer)
+    return buffer.getvalue()
 
 
 def train(model: nn.Module, plan: Plan | None, datasets: tuple[Any, Any], config: TrainConfig | None = None, *,
@@ -156,8 +171,9 @@ def train(model: nn.Module, plan: Plan | None, datasets: tuple[Any, Any], config
 
     if mode not in ("pipedream", "dp"):
         raise PipeDreamError(f"unknown mode {mode!r}; use 'pipedream' or 'dp'")
-    cfg = replace(config or TrainConfig(), model_factory=functools.partial(_own_copy, model), datasets=tuple(datasets),
-                  criterion=criterion)
+    blob = _pack(model, tuple(datasets))
+    cfg = replace(config or TrainConfig(), model_factory=functools.partial(_unpack, blob, 0),
+                  datasets=functools.partial(_unpack, blob, 1), criterion=criterion)
     if cfg.model == TrainConfig.model:  # the registry's default name: this is the caller's own model
         cfg.model = "model"
     out_dir = cfg.run_dir(mode)

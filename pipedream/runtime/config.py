@@ -84,8 +84,8 @@ class TrainConfig:
             action and log the per-stage peak, bytes, per epoch.
         model_factory: builds the model instead of the registry (tests, :func:`pipedream.train`); not settable
             from the CLI, nor are the next two.
-        datasets: ``(train, val)`` instead of the model's data (:func:`pipedream.train`); subsets are drawn from
-            them.
+        datasets: ``(train, val)`` instead of the model's data, or a function returning them
+            (:func:`pipedream.train`); subsets are drawn from them.
         criterion: ``criterion(output, target) -> loss`` for ``model_factory``'s model (default: cross-entropy of
             the logits, :func:`pipedream.models.classification_loss`).
     """
@@ -153,7 +153,7 @@ class TrainConfig:
                                       "buffers, saved activations) after every training action; log the "
                                       "per-stage peak (peak_memory_bytes_stage<s>) per epoch")
     model_factory: Callable[[], nn.Module] | None = field(default=None, repr=False)
-    datasets: tuple[Any, Any] | None = field(default=None, repr=False)
+    datasets: tuple[Any, Any] | Callable[[], tuple[Any, Any]] | None = field(default=None, repr=False)
     criterion: Callable[[Any, Any], Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

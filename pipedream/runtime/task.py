@@ -61,10 +61,10 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
     from pipedream.data import synthetic
 
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
-    if cfg.datasets is not None:  # given as objects (pipedream.train)
+    if cfg.datasets is not None:  # given as objects, or a function returning them (pipedream.train)
         from pipedream.data.base import as_sample_set, limit
 
-        train, val = cfg.datasets
+        train, val = cfg.datasets() if callable(cfg.datasets) else cfg.datasets
         return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
                 limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
     if cfg.model_factory is not None:
