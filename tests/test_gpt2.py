@@ -91,3 +91,16 @@ def test_gpt2_pipeline_with_tied_embeddings_equals_one_process(tmp_path: Path, s
         if schedule == "gpipe":
             for n, p in d["params"].items():
                 torch.testing.assert_close(p, ref[n].detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_a_plan_that_cannot_keep_the_tied_copies_equal_is_refused_before_any_worker(tmp_path: Path) -> None:
+    plan = _cut_plan(tmp_path / "plan.json", 20)
+    plan.stages[0].replicas, plan.stages[0].ranks, plan.stages[1].ranks, plan.workers = 2, [0, 1], [2], 3
+    plan.save(tmp_path / "plan.json")
+    proc = _cli("train", "--mode", "pipedream", "--model", EXACT, "--plan", "plan.json", "--workers", "3",
+                "--batch-size", "8", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: parameter lm_head.weight is used by stages [0, 1], replicated [2, 1] times: under 1F1B their steps "
+        "cover different minibatches; plan them with equal replicas or use --schedule gpipe or 2bw")
+    assert not (tmp_path / "results").exists()  # nothing was started or written
