@@ -38,10 +38,13 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 # Latency of one step of a ring (one message between neighbours), s, when a cluster gives none: the order of
 # one TCP round trip inside a data centre; a cluster's ``latency_s`` overrides it.
 DEFAULT_STEP_LATENCY_S = 20e-6
-# Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors): SGD with momentum reads
-# weight, gradient and momentum and writes weight and momentum (5); Adam reads weight, gradient and both
-# moments and writes weight and both moments (7).
-STEP_TRAFFIC = {"sgd": 5.0, "adam": 7.0}
+# Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors), zeroing the gradients after it
+# included (1): SGD with momentum reads weight, gradient and momentum and writes weight and momentum (5 + 1);
+# Adam reads weight, gradient and both moments and writes weight and both moments (7 + 1).
+STEP_TRAFFIC = {"sgd": 6.0, "adam": 8.0}
+# Bytes copy on write adds per parameter byte: a step first copies the weights it changes when an in-flight
+# minibatch still needs them (weight stashing, 2BW; pipedream.runtime.versions), reading and writing each once.
+COPY_TRAFFIC = 2.0
 # The optimizer the paper's image models train with (SGD with momentum, §5.1), when none is given.
 DEFAULT_OPTIMIZER = "sgd"
 # Memory bandwidth of the paper's GPU, bytes/s: NVIDIA Tesla V100, 900 GB/s of HBM2 (V100 datasheet); the
@@ -126,12 +129,13 @@ def bucket_layers(sizes_bytes: Sequence[float], cap_bytes: float = DDP_BUCKET_CA
 
 
 def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | None = None,
-                     s_per_param_byte: float | None = None) -> float:
-    """Seconds of one optimizer step over ``param_bytes`` bytes of parameters.
+                     s_per_param_byte: float | None = None, copy_on_write: bool = False) -> float:
+    """Seconds of one optimizer step (and zeroing the gradients) over ``param_bytes`` bytes of parameters.
 
     With ``s_per_param_byte`` (measured, e.g. by the profiler on the run's host) that rate times the bytes;
     otherwise the memory-bound estimate ``STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps``; 0 when
-    neither is known.
+    neither is known. ``copy_on_write``: the step first copies the weights (a stage that stashes versions),
+    ``COPY_TRAFFIC / STEP_TRAFFIC[optimizer]`` more of the same memory-bound work.
 
     Raises:
         ValueError: an optimizer :data:`STEP_TRAFFIC` does not know.
@@ -140,10 +144,11 @@ def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | Non
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(STEP_TRAFFIC)}")
     if param_bytes <= 0:
         return 0.0
+    copies = 1.0 + COPY_TRAFFIC / STEP_TRAFFIC[optimizer] if copy_on_write else 1.0
     if s_per_param_byte is not None:
-        return s_per_param_byte * param_bytes
+        return s_per_param_byte * param_bytes * copies
     if memory_Bps:
-        return STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps
+        return STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps * copies
     return 0.0
 
 

@@ -99,6 +99,19 @@ def weight_copies(schedule: str, in_flight_count: int) -> int:
     raise PipeDreamError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
 
 
+def copies_on_write(schedule: str, replicas: Sequence[int], microbatches: int = 1,
+                    warmup: str = DEFAULT_WARMUP) -> list[bool]:
+    """Per stage, whether its optimizer step first copies the weights it changes: where its schedule holds more
+    than one copy of them (:func:`weight_copies` > 1), an in-flight (micro)batch still needs the version the step
+    replaces (:meth:`pipedream.runtime.versions.WeightVersions.stepping`).
+
+    Raises:
+        PipeDreamError: an unknown schedule.
+    """
+    return [weight_copies(schedule, in_flight(schedule, replicas, s, microbatches, warmup)) > 1
+            for s in range(len(replicas))]
+
+
 def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float, *, schedule: str,
                  in_flight_count: int, optimizer: str = "sgd", momentum: float = 0.9) -> StageMemory:
     """Bytes one replica of a stage holds at its peak.

@@ -16,11 +16,12 @@ from torch import nn
 from pipedream import schedules
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig
-from pipedream.runtime.executor import StageData, StageExecutor
+from pipedream.runtime.executor import StageData, StageExecutor, memory_window
 from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, StageTally, bytes_by_category
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.versions import Policy, WeightVersions
+from pipedream.schedules import Kind
 
 IN, HID, OUT, B = 6, 5, 3, 4  # layer sizes and microbatch size of the single-stage model
 
@@ -126,10 +127,11 @@ TINY_STAGE_WEIGHT_BYTES = [4 * (4 * 3 * 3 * 3 + 4), 4 * (256 * 16 + 16), 4 * (16
 def test_1f1b_stages_hold_their_stashed_versions_beside_the_live_weights(tmp_path: Path) -> None:
     """1F1B with weight stashing on 4 stages: stage s holds 4 - s copies of its weights, the live ones
     among them (copy on write), so its stored versions beyond the live weights take 3 - s times its
-    weight bytes: 3, 2, 1 and 0 copies."""
+    weight bytes: 3, 2, 1 and 0 copies. 24 minibatches: the meter counts over the first 10 only
+    (:func:`memory_window`) and still sees the steady state's peak."""
     from tests.test_runtime_pipeline import run
 
-    dumps = run(tmp_path, 4, max_minibatches=8)
+    dumps = run(tmp_path, 4, max_minibatches=24)
     assert [max(d["copies"]) for d in dumps] == [4, 3, 2, 1] and dumps[0]["max_versions"] == 4
     for s, d in enumerate(dumps):
         mem = d["memory"]
@@ -141,3 +143,17 @@ def test_1f1b_stages_hold_their_stashed_versions_beside_the_live_weights(tmp_pat
     for s, d in enumerate(dumps):
         assert row[f"peak_memory_bytes_stage{s}"] == d["memory"]["peak_bytes"] == sum(d["memory"]["breakdown"].values())
         assert row[f"peak_versions_bytes_stage{s}"] == d["memory"]["breakdown"]["versions"]
+
+
+def test_memory_window_ends_after_the_kth_minibatchs_last_backward() -> None:
+    """The window of a 2-stage 1F1B rank list and of a GPipe list with 2 microbatches, by hand."""
+    one_f_one_b = schedules.one_f_one_b([[0], [1]], 4)
+    acts = one_f_one_b.order[1]  # last stage: RECV_F F B SEND_B per minibatch, then a STEP
+    b_at = [i for i, a in enumerate(acts) if a.kind == Kind.B]
+    assert memory_window(acts, 2) == b_at[1] + 1
+    assert memory_window(acts, 4) == b_at[3] + 1
+    assert memory_window(acts, 5) == len(acts)  # fewer minibatches than asked: every action
+    gp = schedules.gpipe([[0], [1]], 3, 2).order[0]
+    last_b_of_0 = max(i for i, a in enumerate(gp) if a.kind == Kind.B and a.minibatch == 0)
+    assert memory_window(gp, 1) == last_b_of_0 + 1
+    assert [a.minibatch for a in gp[:last_b_of_0 + 1] if a.kind == Kind.B] == [0, 0]

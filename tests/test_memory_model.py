@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream import memory, schedules
+from pipedream import costmodel, memory, schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.planner.rerank import runtime_memory_bytes
@@ -72,3 +72,19 @@ def test_unknown_schedule_or_optimizer_is_named() -> None:
         memory.in_flight("pipe", [1], 0)
     with pytest.raises(PipeDreamError, match="unknown optimizer 'lamb'"):
         memory.optimizer_states("lamb")
+
+
+def test_which_stages_copy_their_weights_before_a_step() -> None:
+    """1F1B on 4 stages: the last stage's backward follows its forward at once, so only stages 0-2 hold an
+    in-flight minibatch's version when they step; GPipe and DP keep one version; 2BW always two."""
+    assert memory.copies_on_write("1f1b", [1, 1, 1, 1]) == [True, True, True, False]
+    assert memory.copies_on_write("gpipe", [1, 1], microbatches=4) == [False, False]
+    assert memory.copies_on_write("2bw", [1, 1], microbatches=4) == [True, True]
+    assert memory.copies_on_write("dp", [4]) == [False]
+
+
+def test_a_copy_on_write_step_moves_two_more_bytes_per_parameter_byte() -> None:
+    """SGD with momentum and zeroing: 6 bytes per parameter byte; the copy reads and writes each once: 8."""
+    assert costmodel.optimizer_step_s(1e9, "sgd", memory_Bps=1e11) == pytest.approx(0.06)
+    assert costmodel.optimizer_step_s(1e9, "sgd", memory_Bps=1e11, copy_on_write=True) == pytest.approx(0.08)
+    assert costmodel.optimizer_step_s(1e9, "adam", s_per_param_byte=1e-10, copy_on_write=True) == pytest.approx(0.1 * 10 / 8)

@@ -10,7 +10,7 @@ from torch import nn
 
 from pipedream.graph import LayerGraph, read_meta
 from pipedream.models import build_model, example_input, layer_node_id
-from pipedream.profiler import ProfileSettings, host_contention, profile_module, write_profile
+from pipedream.profiler import ProfileSettings, host_contention, profile_module, whole_step_s, write_profile
 
 FAST = ProfileSettings(warmup=0, iters=1)
 
@@ -138,6 +138,14 @@ def test_the_loss_is_timed_into_the_node_that_produces_the_output() -> None:
     last = g.nodes["node3"]
     assert last.fwd_s >= 0.01 and last.bwd_s >= 0.02  # the loss's sleeps: 10 ms forward, 20 ms backward
     assert all(n.fwd_s < 0.005 and n.bwd_s < 0.005 for n in list(g.nodes.values())[:3])  # microseconds each
+
+
+def test_whole_step_is_the_median_of_the_timed_calls() -> None:
+    """A step that sleeps 10 ms after 2 warm-up calls that sleep 200 ms: the median of 5 timed calls, not the
+    warm-up (scheduler slack allowed above)."""
+    calls = iter([0.2, 0.2] + [0.01] * 5)
+    step_s = whole_step_s(lambda: time.sleep(next(calls)), ProfileSettings(warmup=2, iters=5))
+    assert 0.01 <= step_s < 0.05
 
 
 def test_host_contention_of_a_step_that_only_sleeps_is_one() -> None:

@@ -65,12 +65,14 @@ def test_replicated_stage_without_weights_gives_r_over_t(r: int) -> None:
 @pytest.mark.parametrize("r", [2, 4])
 def test_replicated_stage_with_weight_sync(r: int) -> None:
     """T = 90 ms, P = 0.1 GB (one bucket) at 1 GB/s with 1 ms latency: after every backward a ring allreduce
-    of 2 (r-1) ms + 2 (r-1)/r * 0.1 s, then a step of 5 * 0.1 GB / 100 GB/s = 5 ms."""
+    of 2 (r-1) ms + 2 (r-1)/r * 0.1 s, then a step of (6 + 2) * 0.1 GB / 100 GB/s = 8 ms (SGD with momentum and
+    zeroing the gradients: 6 bytes per parameter byte; the replicas stash versions, so the step first copies the
+    weights: 2 more)."""
     t, p, bw, lat, mem = 0.090, 0.1 * GB, 1 * GB, 1e-3, 100 * GB
     g = chain([t, 0.001], param_bytes=0.0)
     g.nodes["n0"].param_bytes = p
     ring = 2 * (r - 1) * lat + 2 * (r - 1) / r * p / bw
-    step = 5 * p / mem
+    step = (6 + 2) * p / mem
     kw = dict(dataset_size=8 * 3000, overlap=False, allreduce="ring", memory_Bps=mem)
     res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), **kw)
     assert res.time_per_minibatch_s == pytest.approx((t + ring + step) / r, rel=1e-9)

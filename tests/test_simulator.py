@@ -7,6 +7,7 @@ import pytest
 from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
+from pipedream.memory import copies_on_write
 from pipedream.schedules import Action, Kind, Schedule
 from pipedream.sim import extrapolate, run_minibatches, simulate_dp, simulate_stages
 from pipedream.sim.costs import measured_costs, stage_costs, uniform_costs
@@ -98,13 +99,13 @@ def test_bytes_per_sample_pipeline_vs_data_parallel() -> None:
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_dp_without_overlap_adds_the_ring_allreduce(n: int) -> None:
     """A DP round: compute f + b, then the ring allreduce of two buckets (one per layer, 0.4 GB each)
-    2 x (2 (n - 1) L + 2 (n - 1) / n * P / 2 / B), then the SGD step 5 P / 900 GB/s (the default V100
-    memory bound); the stall is the allreduce's share."""
+    2 x (2 (n - 1) L + 2 (n - 1) / n * P / 2 / B), then the SGD step and zeroing the gradients 6 P / 900 GB/s
+    (the default V100 memory bound; one weight version, no copy); the stall is the allreduce's share."""
     f, b, w, bw, lat, batch = 0.010, 0.020, 0.8 * GB, 2 * GB, 1e-3, 32
     g = chain(2, f / 2, b / 2, param_bytes=w / 2, batch=batch)
     res = simulate_dp(g, flat(n, bw, lat), overlap=False, dataset_size=batch * n * 1000)
     ar = 2 * (2 * (n - 1) * lat + 2 * (n - 1) / n * (w / 2) / bw)
-    step = 5 * w / 900e9
+    step = 6 * w / 900e9
     assert res.time_per_sample_s * n * batch == pytest.approx(f + b + ar + step, rel=1e-12)
     assert res.comm_stall_fraction == pytest.approx(ar / (f + b + ar + step), rel=1e-12)
     assert res.epoch_time_s == pytest.approx(1000 * (f + b + ar + step), rel=1e-12)
@@ -165,7 +166,8 @@ def test_epoch_extrapolation_matches_a_full_event_simulation() -> None:
     ranks = [[0, 1], [2], [3]]
     cluster = Cluster(name="t", levels=[(2, 15.75 * GB), (2, 1.25 * GB)])
     res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 400)
-    full = run_minibatches("1f1b", ranks, stage_costs(g, nodes, 64), cluster, 400)
+    costs = stage_costs(g, nodes, 64, copies_on_write=copies_on_write("1f1b", [2, 1, 1]))  # as simulate_stages
+    full = run_minibatches("1f1b", ranks, costs, cluster, 400)
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
     assert res.bubble_fraction == pytest.approx(1 - sum(full.busy_s.values()) / (4 * full.makespan_s), rel=1e-9)
 
@@ -192,7 +194,8 @@ def test_closed_form_waits_for_the_end_of_a_long_transient() -> None:
     nodes = _split(g, [25, 15])
     ranks = [list(range(15)), [15]]
     res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 600)
-    full = run_minibatches("1f1b", ranks, stage_costs(g, nodes, 64), cluster, 600)
+    costs = stage_costs(g, nodes, 64, copies_on_write=copies_on_write("1f1b", [15, 1]))  # as simulate_stages
+    full = run_minibatches("1f1b", ranks, costs, cluster, 600)
     assert res.steady_state_converged
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
 

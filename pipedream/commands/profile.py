@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from pipedream.api import profile
-    from pipedream.capture import call_model, to_device
+    from pipedream.capture import call_args, call_model, to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.models import get_spec
@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         noise_warning,
         noisy_layers,
         optimizer_step_rates,
+        whole_step_s,
         write_profile,
     )
     from pipedream.runtime.config import TrainConfig
@@ -82,20 +83,35 @@ def run(args: argparse.Namespace) -> int:
     rates = optimizer_step_rates(task.model, x, settings)
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
+
+    def step() -> None:
+        task.criterion(call_model(task.model, x), y).backward()
+
+    # the whole step as a worker runs its stage: the forward on leaf aliases of the weights (a weight version,
+    # pipedream.runtime.versions) through torch.func.functional_call, the gradients with autograd.grad
+    aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in task.model.named_parameters()}
+    args_, kwargs_ = call_args(x)
+
+    def runtime_step() -> None:
+        loss = task.criterion(torch.func.functional_call(task.model, aliases, args_, kwargs_), y)
+        torch.autograd.grad(loss, [t for t in aliases.values() if t.requires_grad], allow_unused=True)
+
+    step_s = whole_step_s(runtime_step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),
+                                                        device=args.device))  # a step is noisier than a layer
+    t = graph.totals()
+    print(f"{args.model}: a whole training step takes {step_s * 1e3:.1f} ms, "
+          f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
     contention = 1.0
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        def step() -> None:
-            task.criterion(call_model(task.model, x), y).backward()
-
         contention = host_contention(step, cores, args.host_seconds)
         print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
-            "loss": "in the output node", "data_s": data_s, "optimizer_step_s_per_param_byte": rates,
+            "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
+            "optimizer_step_s_per_param_byte": rates,
             "host": {"cores": cores, "contention": contention},
             "noisy_layers": {nid: round(r, 3) for nid, r in noisy_layers(graph)}}
     write_profile(graph, args.out_dir, meta)
-    t = graph.totals()
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
           f"per minibatch of {args.profiled_batch}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
     return 0

@@ -81,7 +81,8 @@ class TrainConfig:
         debug_dump: write per-rank traces, first gradients and final weights (tests).
         measure_memory: count each stage's bytes (weights, weight versions, gradients, optimizer state,
             in-flight buffers, saved activations; :mod:`pipedream.runtime.memory_meter`) after every training
-            action and log the per-stage peak, bytes, per epoch.
+            action of the first minibatches of each pass, past the warm-up (the schedule then repeats,
+            :func:`pipedream.runtime.executor.memory_window`), and log the per-stage peak, bytes, per epoch.
         model_factory: builds the model instead of the registry (tests, :func:`pipedream.train`); not settable
             from the CLI, nor are the next two.
         datasets: ``(train, val)`` instead of the model's data, or a function returning them
@@ -150,8 +151,9 @@ class TrainConfig:
     progress: bool = _opt(True, "a per-minibatch progress bar on one rank")
     debug_dump: bool = _opt(False, "write per-rank traces, first gradients and final weights (tests)")
     measure_memory: bool = _opt(True, "count each stage's bytes (weights, versions, gradients, optimizer state, "
-                                      "buffers, saved activations) after every training action; log the "
-                                      "per-stage peak (peak_memory_bytes_stage<s>) per epoch")
+                                      "buffers, saved activations) after every training action of each epoch's first "
+                                      "2 x stages + 2 minibatches (past the warm-up); log the per-stage peak "
+                                      "(peak_memory_bytes_stage<s>) per epoch")
     model_factory: Callable[[], nn.Module] | None = field(default=None, repr=False)
     datasets: tuple[Any, Any] | Callable[[], tuple[Any, Any]] | None = field(default=None, repr=False)
     criterion: Callable[[Any, Any], Any] | None = field(default=None, repr=False)

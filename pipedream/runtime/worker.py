@@ -43,6 +43,9 @@ from pipedream.runtime.versions import Policy, WeightVersions
 
 FAULT_ENV = D.FAULT_ENV
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
+# the memory meter counts over the first 2 x stages + 2 minibatches of each training pass: past the warm-up
+# (at most `stages` in flight) the schedule repeats itself (pipedream.runtime.executor.memory_window)
+MEMORY_MINIBATCHES_PER_STAGE = 2
 
 
 @dataclass
@@ -206,7 +209,9 @@ def train(cfg: TrainConfig) -> None:
                              criterion=task.criterion, count_correct=task.count_correct,
                              before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb, factor=lr_factor),
                              on_backward=on_backward, bucket_bytes=cfg.bucket_bytes,
-                             measure_memory=cfg.measure_memory, shared=shared_grads)
+                             measure_memory=cfg.measure_memory,
+                             memory_minibatches=MEMORY_MINIBATCHES_PER_STAGE * len(plan.stages) + 2,
+                             shared=shared_grads)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume:

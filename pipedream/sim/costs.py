@@ -16,6 +16,7 @@ bucket is one allreduce. The optimizer step over the stage's parameters takes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -97,7 +98,7 @@ def buckets_in_backward(grads: list[tuple[float, float]], bucket_bytes: float) -
 
 
 def optimizer_step(param_bytes: float, optimizer: str, step_s_per_param_byte: float | None,
-                   memory_Bps: float | None) -> float:
+                   memory_Bps: float | None, copy_on_write: bool = False) -> float:
     """Seconds of one optimizer step over ``param_bytes``: :func:`pipedream.costmodel.optimizer_step_s`
     (the measured rate when given, else memory bound at ``memory_Bps``).
 
@@ -109,7 +110,7 @@ def optimizer_step(param_bytes: float, optimizer: str, step_s_per_param_byte: fl
                              "B/s must not be negative")
     try:
         return costmodel.optimizer_step_s(param_bytes, optimizer, memory_Bps=memory_Bps,
-                                          s_per_param_byte=step_s_per_param_byte)
+                                          s_per_param_byte=step_s_per_param_byte, copy_on_write=copy_on_write)
     except ValueError as e:
         raise PipeDreamError(f"{e}; pass one of them as --optimizer") from None
 
@@ -117,7 +118,8 @@ def optimizer_step(param_bytes: float, optimizer: str, step_s_per_param_byte: fl
 def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float, *,
                 bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
                 step_s_per_param_byte: float | None = None,
-                memory_Bps: float | None = costmodel.V100_MEMORY_BPS) -> list[StageCost]:
+                memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
+                copies_on_write: Sequence[bool] = ()) -> list[StageCost]:
     """Per-stage costs for actions of ``samples`` samples each.
 
     Args:
@@ -130,6 +132,8 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             for the memory-bound estimate.
         memory_Bps: device memory bandwidth for that estimate, bytes/s (default the V100's 900e9,
             :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0 models no step time.
+        copies_on_write: per stage, whether its step first copies its weights (the schedule stashes versions
+            there: :func:`pipedream.memory.copies_on_write`); missing stages: no.
     Raises:
         PipeDreamError: unknown profiled minibatch size, non-positive ``samples``, a bad stage split, a
             non-positive bucket cap or an unknown optimizer.
@@ -163,7 +167,8 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             send_bwd_bytes=0.0,
             param_bytes=param_bytes,
             buckets=buckets_in_backward(grads, bucket_bytes),
-            step_s=optimizer_step(param_bytes, optimizer, step_s_per_param_byte, memory_Bps),
+            step_s=optimizer_step(param_bytes, optimizer, step_s_per_param_byte, memory_Bps,
+                                  copy_on_write=s < len(copies_on_write) and copies_on_write[s]),
         ))
     # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the
     # definition the planner's states use too); an input's bytes go forward, no gradient comes back

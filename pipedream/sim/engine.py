@@ -33,19 +33,22 @@ from dataclasses import dataclass, field
 
 from pipedream.errors import PipeDreamError
 from pipedream.schedules import Action, Kind, Schedule
+from pipedream.sim.cores import Cores
 from pipedream.sim.costs import StageCost
 from pipedream.sim.network import Network
 
 
 @dataclass
 class Span:
-    """One timed piece of work: an action on a rank, a transfer, or a collective (seconds)."""
+    """One timed piece of work: an action on a rank, a transfer, or a collective (seconds); a compute action's
+    ``work_s`` is its seconds at full speed (``end - start`` is longer where ranks share cores)."""
 
     start: float
     end: float
     what: str
     rank: int = -1
     peer: int = -1
+    work_s: float = 0.0
 
 
 @dataclass
@@ -93,7 +96,7 @@ SYNC_KINDS = ("lockstep", "independent")
 
 
 def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: bool = True,
-        record: bool = True, sync: str = "lockstep") -> Trace:
+        record: bool = True, sync: str = "lockstep", cores: Cores | None = None) -> Trace:
     """Time ``schedule`` with per-stage ``costs`` on ``network``.
 
     Args:
@@ -103,6 +106,8 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         overlap: wait-free backpropagation for allreduces (see the module docstring).
         record: keep the spans (for plots); totals are kept either way.
         sync: ``"lockstep"`` or ``"independent"`` replicas (see the module docstring).
+        cores: how compute actions share the hosts' cores (:mod:`pipedream.sim.cores`, fresh); None: every
+            rank computes at full speed.
     Raises:
         PipeDreamError: stage/cost count mismatch, a rank outside the cluster, or a deadlock (names the
             stuck actions).
@@ -117,15 +122,22 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
     tr = Trace(busy_s=dict.fromkeys(order, 0.0), recv_wait_s=dict.fromkeys(order, 0.0),
                allreduce_wait_s=dict.fromkeys(order, 0.0), step_s=dict.fromkeys(order, 0.0),
                compute={r: [] for r in order})
+    cores = cores or Cores()
     clock = dict.fromkeys(order, 0.0)
     pos = dict.fromkeys(order, 0)
     last_b_start = dict.fromkeys(order, 0.0)
+    last_b_stretch = dict.fromkeys(order, 1.0)  # wall seconds per second of work of the rank's last backward
     arrivals: dict[tuple[str, int, int, int], float] = {}
     waiting: dict[tuple[str, int, int, int], int] = {}
     groups: dict[tuple[int, int], dict[int, float]] = {}
     ar_count = dict.fromkeys(order, 0)
-    heap = [(0.0, r) for r in sorted(order)]
+    stamp = dict.fromkeys(order, 0)  # a rank's heap entries older than its latest are stale
+    heap = [(0.0, r, 0) for r in sorted(order)]
     heapq.heapify(heap)
+
+    def wake(r: int, t: float) -> None:
+        stamp[r] += 1
+        heapq.heappush(heap, (t, r, stamp[r]))
 
     def reduce_buckets(stage: int, group: list[int], after_s: float, ready_ranks: list[int] | None,
                        book: bool) -> float:
@@ -136,7 +148,8 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         time. Returns when the last bucket ends."""
         prev = after_s
         for ready_in_bwd, nbytes in costs[stage].buckets:
-            ready = max(last_b_start[r] + ready_in_bwd for r in ready_ranks) if ready_ranks else prev
+            ready = (max(last_b_start[r] + ready_in_bwd * last_b_stretch[r] for r in ready_ranks)
+                     if ready_ranks else prev)
             if book:
                 start, prev = network.collective(group, nbytes, max(ready, prev))
                 if record and prev > start:
@@ -156,27 +169,45 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             tr.allreduce_wait_s[r] += end - members[r]
             clock[r] = end
             pos[r] += 1
-            heapq.heappush(heap, (end, r))
+            wake(r, end)
+
+    def compute(r: int, work_s: float, t: float) -> None:
+        for end, q in cores.start(r, work_s, t):
+            wake(q, end)
+
+    def computed(r: int, t: float) -> None:
+        """``r``'s compute action (``F``, ``B`` or ``STEP``) ends at ``t``."""
+        job, moved = cores.finish(r, t)
+        for end, q in moved:
+            wake(q, end)
+        a = order[r][pos[r]]
+        if a.kind == Kind.STEP:
+            tr.step_s[r] += t - job.start_s
+            if record:
+                tr.steps.append(Span(job.start_s, t, str(a), r, work_s=job.work_s))
+        else:
+            tr.busy_s[r] += t - job.start_s
+            if record:
+                tr.compute[r].append(Span(job.start_s, t, str(a), r, work_s=job.work_s))
+            if a.kind == Kind.B:
+                last_b_start[r] = job.start_s
+                last_b_stretch[r] = (t - job.start_s) / job.work_s if job.work_s > 0 else 1.0
+        clock[r] = t
+        pos[r] += 1
 
     while heap:
-        t, r = heapq.heappop(heap)
-        if t < clock[r]:
+        t, r, k = heapq.heappop(heap)
+        if k != stamp[r]:
             continue  # a stale entry
+        if cores.running(r):
+            computed(r, t)
         acts = order[r]
         while pos[r] < len(acts):
             a = acts[pos[r]]
             t = clock[r]
             cost = costs[a.stage]
             if a.kind in (Kind.F, Kind.B):
-                dur = cost.fwd_s if a.kind == Kind.F else cost.bwd_s
-                if a.kind == Kind.B:
-                    last_b_start[r] = t
-                tr.busy_s[r] += dur
-                if record:
-                    tr.compute[r].append(Span(t, t + dur, str(a), r))
-                clock[r] = t + dur
-                pos[r] += 1
-                heapq.heappush(heap, (clock[r], r))
+                compute(r, cost.fwd_s if a.kind == Kind.F else cost.bwd_s, t)
                 break
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 nbytes = cost.send_fwd_bytes if a.kind == Kind.SEND_F else cost.send_bwd_bytes
@@ -191,7 +222,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 arrivals[key] = end
                 if key in waiting:
                     other = waiting.pop(key)
-                    heapq.heappush(heap, (max(clock[other], end), other))
+                    wake(other, max(clock[other], end))
                 pos[r] += 1
             elif a.kind in (Kind.RECV_F, Kind.RECV_B):
                 key = _recv_key(a)
@@ -203,7 +234,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 if arrive > t:
                     tr.recv_wait_s[r] += arrive - t
                     clock[r] = arrive
-                    heapq.heappush(heap, (arrive, r))
+                    wake(r, arrive)
                     break
             elif a.kind == Kind.ALLREDUCE and sync == "independent":
                 group_ranks = schedule.stage_ranks[a.stage]
@@ -213,7 +244,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 tr.allreduce_wait_s[r] += end - t
                 clock[r] = end
                 pos[r] += 1
-                heapq.heappush(heap, (clock[r], r))
+                wake(r, end)
                 break
             elif a.kind == Kind.ALLREDUCE:
                 members = groups.setdefault((a.stage, ar_count[r]), {})
@@ -224,14 +255,10 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                     finish_allreduce(a.stage, members)
                 break
             else:  # STEP: the optimizer step over the stage's parameters
-                pos[r] += 1
                 if cost.step_s > 0:
-                    tr.step_s[r] += cost.step_s
-                    if record:
-                        tr.steps.append(Span(t, t + cost.step_s, str(a), r))
-                    clock[r] = t + cost.step_s
-                    heapq.heappush(heap, (clock[r], r))
+                    compute(r, cost.step_s, t)
                     break
+                pos[r] += 1
         tr.makespan_s = max(tr.makespan_s, clock[r])
     stuck = {r: str(acts[pos[r]]) for r, acts in order.items() if pos[r] < len(acts)}
     if stuck:

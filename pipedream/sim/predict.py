@@ -9,7 +9,9 @@ it is checked against.
 What is modelled, term by term:
 
 * compute: the profile's per-layer forward and backward seconds, scaled linearly to the samples of an
-  action (:func:`pipedream.sim.costs.stage_costs`), times the host-sharing factor below;
+  action (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a whole training
+  step over the layers' sum, ``meta.json`` ``whole_step_s``, :func:`profiled_composition`: the layers were
+  timed one at a time with warm caches) and the host-sharing factor below;
 * links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
   every transfer and allreduce to that bandwidth, :mod:`pipedream.runtime.comm`); otherwise the cluster's;
 * allreduce: a ring over the stage's replicas in gradient buckets of ``cfg.bucket_bytes``
@@ -19,33 +21,22 @@ What is modelled, term by term:
   one minibatch (``meta.json`` ``data_s``), scaled to the action's samples;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
-  times the host-sharing factor;
+  with the copy of the weights first where the schedule stashes versions
+  (:func:`pipedream.memory.copies_on_write`), shared like any compute;
 * the epoch: exactly the minibatches the run trains (:func:`pipedream.runtime.worker.minibatches_per_epoch`,
   :func:`pipedream.baselines.ddp.minibatches_per_epoch`), filled and drained once, as the workers do.
 
 The host (processor sharing). Workers run ``threads`` threads each (``pipedream train`` sets
 ``OMP_NUM_THREADS``) on a host of ``cores`` cores. When more threads want a core than there are cores, the
-operating system shares the cores among them fairly (Linux CFS), and each computes ``runnable threads /
-cores`` times slower than the profile (taken with the workers' thread count on an otherwise idle core). A
-rank blocked in a receive or an allreduce (gloo waits in a blocking call; the link throttle sleeps) uses no
-core. So the slowdown depends on how many ranks compute at once, which depends on the slowdown. The
-simulator times every action at a fixed speed, so the model scales the compute times of stage ``s`` (forward,
-backward, optimizer step) by a factor ``f_s``:
-
-    ``f_s = host_scale(C_s)`` (``max(1, C_s * threads / cores)`` times the contention below),
-    ``C_s = integral of k_s(t) n(t) dt / integral of k_s(t) dt``,
-
-where ``n(t)`` is the number of ranks computing at time ``t`` in the simulated run (forward, backward and
-step spans) and ``k_s(t)`` the number of stage ``s``'s ranks among them. ``C_s`` is the concurrency an
-average unit of stage ``s``'s compute sees: a compute-weighted mean of ``n``, not the time average
-``sum_r(u_r)`` of the ranks' utilisations (:attr:`SimResult.utilisation`), which underestimates the sharing
-whenever compute bunches up: data parallelism in lockstep computes on all ``W`` ranks at once and then waits
-for the allreduce on all, so ``C = W`` while ``sum(u)`` may be 1. Per stage, because a pipeline's
-bottleneck stage computes nearly all the time, alongside whatever else computes, while a faster stage
-computes in bursts. The factors are solved by fixed-point iteration from
-``f_0 = max(1, workers * threads / cores)`` (every rank runnable at once, the upper bound): simulate, measure
-every ``C_s``, recompute the ``f_s``, until none changes by more than :data:`SCALE_RTOL` (averaging
-successive iterates after :data:`UNDAMPED_ITERATIONS` in case they oscillate).
+operating system shares the cores among them fairly (Linux CFS): each of ``n`` computing ranks gets ``cores /
+(n threads)`` of a core. A rank blocked in a receive or an allreduce (gloo waits in a blocking call; the link
+throttle sleeps) uses no core. The simulator models exactly that (:mod:`pipedream.sim.cores`): every forward,
+backward and optimizer step is an amount of work, and the ``n`` ranks computing at once on a host each
+progress at ``1 / host_scale(n)`` of full speed, re-timed whenever one starts or ends; ranks are spread over
+``hosts`` hosts in blocks, as torchrun numbers them. What the prediction reports per stage: ``f_s`` (wall
+seconds of the stage's forwards and backwards per second of their work) and ``C_s`` (the compute-weighted
+number of ranks computing at once, ``integral k_s(t) n(t) dt / integral k_s(t) dt`` with ``n(t)`` the ranks
+computing at ``t`` and ``k_s(t)`` those of stage ``s``).
 
 Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
 slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
@@ -55,19 +46,18 @@ reduced models on the 2-core CI machine). :func:`host_scale` multiplies the shar
 1 with one thread computing to its full value with every core busy; a profile taken on a host with another
 core count has none (1.0).
 
-Assumptions: one factor per stage for the whole epoch (the compute-weighted mean; in reality a span computing
-alone runs at full speed and one among ``n`` at ``cores / n``); a blocked rank uses no core (the launcher, MLflow
-logging, gloo's own threads and other processes on the host use none either); compute of an action scales
-linearly with its samples; the profile was taken with the workers' thread count (``meta.json`` ``threads``,
-:mod:`pipedream.commands.profile`); the runtime's own per-action costs (Python, gloo messages, weight
-stashing) are not in the profile; mid-epoch checkpoints (``--checkpoint-every``) and
-the end-of-epoch loss reduction are not modelled. An exact model needs processor sharing inside the
-simulator's event loop (each compute action's progress rate ``min(1, cores / (n(t) threads))``).
+Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
+uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
+either); compute of an action scales linearly with its samples; the profile was taken with the workers' thread
+count (``meta.json`` ``threads``, :mod:`pipedream.commands.profile`); the runtime's own per-action costs
+(Python, gloo messages, weight stashing) are not in the profile; mid-epoch checkpoints
+(``--checkpoint-every``) and the end-of-epoch loss reduction are not modelled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,13 +72,10 @@ from pipedream.plan import Plan
 from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
-from pipedream.sim.costs import StageCost, stage_costs
+from pipedream.schedules import DEFAULT_WARMUP
+from pipedream.sim.costs import stage_costs
 from pipedream.sim.simulate import SimResult, simulate_stages
 from pipedream.topology import Cluster, get_cluster
-
-MAX_ITERATIONS = 50
-UNDAMPED_ITERATIONS = 10
-SCALE_RTOL = 1e-3  # relative change of the host-sharing factor that counts as settled
 
 
 @dataclass
@@ -116,20 +103,20 @@ class Prediction:
 
     Attributes:
         epoch_s: predicted epoch time, s.
-        compute_scale: the settled host-sharing factors ``f_s`` (one per stage) the compute times were multiplied by.
-        concurrency: ``C_s`` at those factors: ranks computing at once, as an average unit of the stage's compute
-            sees it, per stage.
-        busy_ranks: ``sum(utilisation)`` at that factor: ranks computing at once, time-averaged (steady state).
-        iterations: simulations run to settle the factor.
+        compute_scale: per stage, ``f_s``: wall seconds of its forwards and backwards per second of their work
+            in the simulated run (1: no sharing).
+        concurrency: per stage, ``C_s``: ranks computing at once, as an average unit of the stage's compute sees it.
+        busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged (steady state).
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`).
+        composition: the factor on the layers' times (:func:`profiled_composition`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
-        sim: the simulator's result at the settled factor.
+        sim: the simulated run (its trace kept).
         compute_s: per stage, the seconds of compute one of its ranks spends in the epoch: the forward and
             backward of each (micro)batch it takes (the epoch's, dealt round robin over the stage's ranks) at
-            the settled factor; what the runtime logs as ``compute_s_stage<s>``.
+            its ``f_s``; what the runtime logs as ``compute_s_stage<s>``.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
@@ -138,12 +125,12 @@ class Prediction:
     compute_scale: list[float]
     concurrency: list[float]
     busy_ranks: float
-    iterations: int
     cores: int | None
     threads: int
     shape: EpochShape
     cluster: Cluster
     contention: float = 1.0
+    composition: float = 1.0
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
@@ -152,8 +139,8 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "compute_scale": self.compute_scale,
-                "concurrency": self.concurrency, "busy_ranks": self.busy_ranks, "iterations": self.iterations,
-                "cores": self.cores, "contention": self.contention,
+                "concurrency": self.concurrency, "busy_ranks": self.busy_ranks,
+                "cores": self.cores, "contention": self.contention, "composition": self.composition,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
                 "compute_s": self.compute_s}
@@ -198,14 +185,6 @@ def compute_concurrency(spans: list[tuple[float, float]], mine: list[bool] | Non
     return cross_moment / first_moment if first_moment > 0 else 0.0
 
 
-def scaled_costs(costs: list[StageCost], factors: list[float]) -> list[StageCost]:
-    """Stage costs with every compute time of stage ``s`` (forward, backward, the buckets' ready times in the
-    backward, the optimizer step) multiplied by ``factors[s]``; bytes unchanged."""
-    return [dataclasses.replace(c, fwd_s=c.fwd_s * f, bwd_s=c.bwd_s * f, step_s=c.step_s * f,
-                                buckets=[(t * f, b) for t, b in c.buckets])
-            for c, f in zip(costs, factors, strict=True)]
-
-
 def emulated_cluster(cluster: Cluster, bandwidth_Bps: float | None) -> Cluster:
     """``cluster`` with every level's bandwidth set to ``bandwidth_Bps`` (the runtime's link throttle,
     ``--emulate-bandwidth-Bps``); the cluster itself when None."""
@@ -241,7 +220,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
-                  contention: float = 1.0, data_s: float = 0.0) -> Prediction:
+                  contention: float = 1.0, data_s: float = 0.0, composition: float = 1.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -261,11 +240,18 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
         data_s: seconds to load one profiled minibatch (``meta.json`` ``data_s``); the first stage's forward
             (every DP worker's) pays it scaled to its samples.
+        composition: factor on every layer's forward and backward time: a whole step over the layers' sum
+            (:func:`profiled_composition`); 1: the layers' times as profiled.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
+    copies = memory.copies_on_write(shape.schedule, [len(rs) for rs in stage_ranks], shape.microbatches,
+                                    warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None)
+                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies)
+    if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
+        base = [dataclasses.replace(c, fwd_s=c.fwd_s * composition, bwd_s=c.bwd_s * composition,
+                                    buckets=[(t * composition, b) for t, b in c.buckets]) for c in base]
     if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
         base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
@@ -275,30 +261,30 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     if hosts < 1:
         raise PipeDreamError(f"hosts must be positive, got {hosts}")
 
-    def sharing(ranks: float) -> float:
-        return 1.0 if cores is None else host_scale(ranks / hosts, threads, cores, contention)
-
     workers = sum(len(rs) for rs in stage_ranks)
+    per_host = math.ceil(workers / hosts)  # torchrun numbers ranks host by host
+
+    def slowdown(n: int) -> float:
+        return host_scale(n, threads, cores, contention)  # type: ignore[arg-type]
+
+    res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=base, keep_trace=True,
+                          sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host, **kwargs)
+    assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
-    scale = [sharing(workers)] * len(stage_ranks)  # every rank runnable: the upper bound
-    iterations = 0
-    while True:
-        iterations += 1
-        res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=scaled_costs(base, scale),
-                              keep_trace=True, **kwargs)
-        assert res.trace is not None  # keep_trace
-        spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
-        bounds = [(sp.start, sp.end) for sp in spans]
-        conc = [compute_concurrency(bounds, [stage_of[sp.rank] == s for sp in spans]) for s in range(len(stage_ranks))]
-        new = [sharing(c) for c in conc]
-        if all(abs(n - f) <= SCALE_RTOL * f for n, f in zip(new, scale, strict=True)) or iterations >= MAX_ITERATIONS:
-            break
-        scale = new if iterations < UNDAMPED_ITERATIONS else [(f + n) / 2 for f, n in zip(scale, new, strict=True)]
+    spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
+    bounds = [(sp.start, sp.end) for sp in spans]
+    conc = [compute_concurrency(bounds, [stage_of[sp.rank] == s for sp in spans]) for s in range(len(stage_ranks))]
+    scale = []  # per stage: wall seconds of its forwards and backwards per second of their work
+    for rs in stage_ranks:
+        mine = [sp for r in rs for sp in res.trace.compute[r]]
+        work = sum(sp.work_s for sp in mine)
+        scale.append(sum(sp.end - sp.start for sp in mine) / work if work > 0 else 1.0)
     units = res.epoch_minibatches * shape.microbatches  # (micro)batches of the epoch, dealt round robin
     compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
     return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
-                      busy_ranks=sum(res.utilisation), iterations=iterations,
-                      cores=cores, threads=threads, contention=contention, shape=shape, cluster=cluster,
+                      busy_ranks=sum(res.utilisation),
+                      cores=cores, threads=threads, contention=contention, composition=composition, shape=shape,
+                      cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
                                   "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
 
@@ -317,6 +303,16 @@ def profiled_data_s(meta: dict[str, Any]) -> float:
     :func:`pipedream.profiler.data_load_s`); 0.0 if absent (the release's profiles)."""
     value = meta.get("data_s")
     return float(value) if isinstance(value, int | float) and value > 0 else 0.0
+
+
+def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
+    """A whole training step's time over the sum of the profile's layer times (forward and backward, at the
+    profiled minibatch): ``meta.json`` ``whole_step_s`` (:func:`pipedream.profiler.whole_step_s`) over
+    ``graph``'s totals; 1.0 if absent (the release's profiles) or the layers sum to nothing."""
+    value = meta.get("whole_step_s")
+    t = graph.totals()
+    layers = t["fwd_s"] + t["bwd_s"]
+    return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
 
 
 def profiled_contention(meta: dict[str, Any], cores: int | None) -> float:
@@ -363,7 +359,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         contention=profiled_contention(meta, cores), data_s=profiled_data_s(meta))
+                         contention=profiled_contention(meta, cores), data_s=profiled_data_s(meta),
+                         composition=profiled_composition(meta, graph))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 

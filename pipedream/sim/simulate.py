@@ -28,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipedream import costmodel, schedules
+from pipedream import costmodel, memory, schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
 from pipedream.schedules import DEFAULT_WARMUP
+from pipedream.sim.cores import Cores
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
@@ -130,11 +131,14 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
 def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster,
                     minibatches: int, microbatches: int = 1, overlap: bool = True,
                     allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
-                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP) -> Trace:
+                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
+                    sharing: Callable[[int], float] | None = None, host_of: Callable[[int], int] | None = None) -> Trace:
     """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
-    (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`)."""
+    (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`) and fresh cores
+    (``sharing``, ``host_of``: :class:`pipedream.sim.cores.Cores`)."""
     sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
-    return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync)
+    return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync,
+               cores=Cores(sharing, host_of))
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -159,7 +163,9 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
                     bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
                     step_s_per_param_byte: float | None = None,
-                    memory_Bps: float | None = costmodel.V100_MEMORY_BPS) -> SimResult:
+                    memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
+                    sharing: Callable[[int], float] | None = None,
+                    host_of: Callable[[int], int] | None = None) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -190,6 +196,9 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0: no step time.
         (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte`` and ``memory_Bps`` build ``costs``; they
         are ignored when ``costs`` is given.)
+        sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
+            :mod:`pipedream.sim.cores`; :func:`pipedream.sim.predict.host_scale`); None: none.
+        host_of: a rank's host (default: one host).
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
     """
@@ -203,13 +212,15 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     kind = SCHEDULES[schedule]
     m = microbatches if kind in ("gpipe", "2bw") else 1
     if costs is None:
+        replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]
         costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                            step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps)
+                            step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps,
+                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup))
     unit, n0 = _unit(kind, stage_ranks, m)
 
     def sim(n: int, record: bool = False) -> Trace:
         return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
-                               contention=contention, sync=sync, warmup=warmup)
+                               contention=contention, sync=sync, warmup=warmup, sharing=sharing, host_of=host_of)
 
     first = sim(n0, record=keep_trace)
     n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)

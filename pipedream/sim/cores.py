@@ -1,0 +1,89 @@
+"""Processor sharing: how fast the compute actions of ranks that share a host's cores progress.
+
+The simulator (:mod:`pipedream.sim.engine`) hands every compute action (``F``, ``B``, ``STEP``) to
+:class:`Cores` as an amount of work, seconds at full speed (the profile's). Without sharing (one GPU per rank)
+an action of ``w`` seconds started at ``t`` ends at ``t + w``. With sharing, the ``n`` actions computing at
+once on one host each progress at ``1 / slowdown(n)`` seconds of work per second: the fluid model of a fair
+scheduler (Linux CFS gives each of ``n`` runnable single-threaded processes ``cores / n`` of a core when
+``n > cores``), with ``slowdown`` from :func:`pipedream.sim.predict.host_scale`. A rank blocked in a receive or
+an allreduce computes nothing and takes no share. Every start and end on a host changes the speed of the
+others there, so each returns the new end times of the actions it moved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class Job:
+    """One compute action in progress: ``left_s`` seconds of work at full speed remain; started at ``start_s``
+    with ``work_s`` in all."""
+
+    rank: int
+    host: int
+    work_s: float
+    left_s: float
+    start_s: float
+
+
+class Cores:
+    """The compute actions in progress and their end times.
+
+    Args:
+        slowdown: ``slowdown(n)`` >= 1, how much slower each of ``n`` actions computing at once on one host
+            runs than alone; None: no sharing (each rank has its own device).
+        host_of: the host of a rank (default: all on host 0).
+    """
+
+    def __init__(self, slowdown: Callable[[int], float] | None = None,
+                 host_of: Callable[[int], int] | None = None) -> None:
+        self.slowdown, self.host_of = slowdown, host_of or (lambda rank: 0)
+        self.jobs: dict[int, Job] = {}
+        self._since: dict[int, float] = {}  # host -> time its jobs' left_s were last brought up to date
+
+    def running(self, rank: int) -> Job | None:
+        """The action ``rank`` is computing, if any."""
+        return self.jobs.get(rank)
+
+    def start(self, rank: int, work_s: float, t: float) -> list[tuple[float, int]]:
+        """``rank`` starts ``work_s`` seconds of work at ``t`` (the simulator's current time); returns
+        ``(end time, rank)`` of every action whose end is now different, the new one included."""
+        host = self.host_of(rank)
+        if self.slowdown is None:
+            self.jobs[rank] = Job(rank, host, work_s, work_s, t)
+            return [(t + work_s, rank)]
+        self._advance(host, t)
+        self.jobs[rank] = Job(rank, host, work_s, work_s, t)
+        return self._ends(host, t)
+
+    def finish(self, rank: int, t: float) -> tuple[Job, list[tuple[float, int]]]:
+        """``rank``'s action ends at ``t``; returns it and the new ends of the actions it leaves on its host."""
+        job = self.jobs.pop(rank)
+        if self.slowdown is None:
+            return job, []
+        self._advance(job.host, t, gone=job)
+        return job, self._ends(job.host, t)
+
+    def _on(self, host: int) -> list[Job]:
+        return [j for j in self.jobs.values() if j.host == host]
+
+    def _advance(self, host: int, t: float, gone: Job | None = None) -> None:
+        """Bring the work left of ``host``'s actions (and ``gone``, just removed) up to time ``t``."""
+        jobs = self._on(host) + ([gone] if gone is not None else [])
+        if jobs:
+            assert self.slowdown is not None
+            rate = 1.0 / self.slowdown(len(jobs))
+            elapsed = t - self._since.get(host, t)
+            for j in jobs:
+                j.left_s = max(0.0, j.left_s - elapsed * rate)
+        self._since[host] = t
+
+    def _ends(self, host: int, t: float) -> list[tuple[float, int]]:
+        jobs = self._on(host)
+        if not jobs:
+            return []
+        assert self.slowdown is not None
+        slow = self.slowdown(len(jobs))
+        return [(t + j.left_s * slow, j.rank) for j in jobs]
