@@ -31,6 +31,7 @@ import functools
 import io
 import logging
 import operator
+import os
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -108,7 +109,8 @@ class TrainingOp(nn.Module):
 
     def forward(self, *tensors: Any) -> Any:
         it = iter(tensors)
-        args, kwargs = pytree.tree_map(lambda a: next(it) if a is _TENSOR else a, (list(self.args), dict(self.kwargs)))
+        args, kwargs = pytree.tree_map(lambda a: next(it) if isinstance(a, _Slot) else a,
+                                       (list(self.args), dict(self.kwargs)))
         mode = self.on if self.training else self.off
         if isinstance(self.slot, int):
             args[self.slot] = mode
@@ -120,7 +122,8 @@ class TrainingOp(nn.Module):
         return f"{self.op}, {self.slot}={self.on} in training"
 
 
-_TENSOR = object()  # where a TrainingOp's input goes
+class _Slot:
+    """Where a :class:`TrainingOp`'s input goes in its op's arguments (a type, so that copies still match)."""
 
 
 def _training_op(n: fx.Node) -> tuple[TrainingOp, list[fx.Node]] | None:
@@ -146,7 +149,7 @@ def _training_op(n: fx.Node) -> tuple[TrainingOp, list[fx.Node]] | None:
     def mark(a: Any) -> Any:
         if isinstance(a, fx.Node):
             nodes.append(a)
-            return _TENSOR
+            return _Slot()
         return a
 
     args, kwargs = pytree.tree_map(mark, (tuple(n.args), dict(n.kwargs)))
@@ -185,10 +188,13 @@ def _fetch(module: nn.Module, target: str) -> Any:
     return functools.reduce(getattr, target.split("."), module)
 
 
+_NOT_USERS = (os.path.dirname(torch.__file__), os.path.dirname(__file__))  # torch's frames and ours
+
+
 def _user_frame(e: BaseException) -> str:
-    """``file:line (`source`)`` of the deepest traceback frame outside torch, or ``""``."""
+    """``file:line (`source`)`` of the deepest traceback frame outside torch and pipedream, or ``""``."""
     frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "/torch/" not in f.filename and "/pipedream/" not in f.filename and "<" not in f.filename]
+              if not f.filename.startswith(_NOT_USERS) and "<" not in f.filename]
     if not frames:
         return ""
     f = frames[-1]
