@@ -73,12 +73,15 @@ class LayerGraph:
         saved: per node, what autograd saves for its backward (our profiler's ``graph.json``; empty for the
             release's profiles): bytes of saved storages other than its parameters, inputs and outputs
             (per minibatch), whether it saves an input, whether it saves an output.
+        spread: per node, the interquartile range of its timed forward and backward calls, seconds (our
+            profiler's, in memory and in ``graph.json``; empty for a profile read from graph.txt).
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
     edges: list[tuple[str, str]] = field(default_factory=list)
     minibatch_size: int = 0
     saved: dict[str, tuple[float, bool, bool]] = field(default_factory=dict)
+    spread: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""

@@ -7,7 +7,10 @@ Each node is then timed in isolation on its recorded inputs:
 
 - forward: ``warmup`` untimed calls, then the median of ``iters`` timed calls (robust to the other
   processes of a shared machine, which inflate a mean: on the reduced ResNet-50 on 2 busy cores, three
-  profiles with the mean of 5 planned straight, 3-1, 3-1; with the median of 10, 3-1 each time);
+  profiles with the mean of 5 planned straight, 3-1, 3-1; with the median of 10, 3-1 each time); the calls'
+  interquartile range is kept too (:attr:`LayerGraph.spread`, ``graph.json``), and a layer whose calls spread
+  by more than 20% of their median is named in a warning (:func:`noise_warning`): a busy machine once
+  skewed a profile fourteenfold;
 - backward: ``torch.autograd.backward`` of the node's outputs with random output gradients, timed
   the same way (the graph is rebuilt by an untimed forward before each timed backward). As in training,
   only what depends on a parameter gets a gradient: a layer fed by the model's input does not compute
@@ -47,6 +50,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from pipedream.capture import batch_size, call_model, describe, first_line, flat_inputs, shapes, to_device
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_json
@@ -98,11 +102,7 @@ def _fresh(value: Any) -> Any:
 
 
 def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
-    if node.op == "call_module":
-        return repr(gm.get_submodule(str(node.target))).replace("\n", " ")
-    if node.op == "call_function":
-        return getattr(node.target, "__name__", str(node.target))
-    return str(node.target)
+    return describe(gm, node)
 
 
 def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
@@ -115,8 +115,10 @@ def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
     return 0
 
 
-def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[], Any] | None = None) -> float:
-    """Median seconds of ``fn(prepared)`` over ``settings.iters`` calls after ``settings.warmup``."""
+def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[], Any] | None = None,
+           spread: list[float] | None = None) -> float:
+    """Median seconds of ``fn(prepared)`` over ``settings.iters`` calls after ``settings.warmup``; the calls'
+    interquartile range (seconds, :func:`iqr`) is appended to ``spread`` when given."""
     cuda = settings.device.startswith("cuda")
     times: list[float] = []
     for i in range(settings.warmup + settings.iters):
@@ -129,7 +131,46 @@ def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[
             torch.cuda.synchronize()
         if i >= settings.warmup:
             times.append(time.perf_counter() - start)
+    if spread is not None:
+        spread.append(iqr(times))
     return statistics.median(times)
+
+
+def iqr(times: list[float]) -> float:
+    """Interquartile range of timed calls, seconds (0 for fewer than two): the spread one slow call, a burst of
+    another process's work, does not move, as the median does not."""
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q3 - q1
+
+
+NOISE_IQR = 0.2  # a layer whose timed calls spread by more than this fraction of their median is noisy
+NOISE_SHARE = 0.01  # ... if it is at least this share of the model's time (a microsecond op is always noisy)
+
+
+def noisy_layers(graph: LayerGraph, threshold: float = NOISE_IQR, share: float = NOISE_SHARE) -> list[tuple[str, float]]:
+    """``(node id, IQR / median)`` of the layers whose forward or backward calls spread by more than ``threshold``
+    of their median, among those holding at least ``share`` of the profile's time (:attr:`LayerGraph.spread`)."""
+    total = sum(n.fwd_s + n.bwd_s for n in graph.nodes.values())
+    out = []
+    for nid, spreads in graph.spread.items():
+        node = graph.nodes[nid]
+        ratios = [s / t for t, s in zip((node.fwd_s, node.bwd_s), spreads, strict=True) if t > 0 and t >= share * total]
+        if ratios and max(ratios) > threshold:
+            out.append((nid, max(ratios)))
+    return out
+
+
+def noise_warning(graph: LayerGraph, threshold: float = NOISE_IQR) -> str | None:
+    """One line naming the noisy layers (:func:`noisy_layers`) and what to do, or None when the profile is quiet."""
+    noisy = noisy_layers(graph, threshold)
+    if not noisy:
+        return None
+    named = ", ".join(f"{nid} ({graph.nodes[nid].desc[:40]}) {r:.0%}" for nid, r in noisy[:6])
+    more = f" and {len(noisy) - 6} more" if len(noisy) > 6 else ""
+    return (f"timings of {len(noisy)} layers spread by more than {threshold:.0%} of their median (interquartile "
+            f"range): {named}{more}; another process is probably busy: profile on a quiet machine or raise --iters")
 
 
 def _progress(items: list[fx.Node], desc: str) -> Iterator[fx.Node]:
@@ -143,7 +184,7 @@ def _progress(items: list[fx.Node], desc: str) -> Iterator[fx.Node]:
 
 def profile_module(
     model: nn.Module,
-    example_input: torch.Tensor | tuple[torch.Tensor, ...],
+    example_input: Any,
     settings: ProfileSettings | None = None,
     name: str = "model",
     granularity: str = "layer",
@@ -152,8 +193,9 @@ def profile_module(
     """Profile ``model`` on ``example_input`` (a whole minibatch) and return its layer graph.
 
     Args:
-        model: any module ``torch.fx.symbolic_trace`` can trace.
-        example_input: one minibatch, e.g. shape ``(batch, 3, 32, 32)``; a tuple for several inputs.
+        model: any module: an ``nn.Sequential``, or a module :mod:`pipedream.capture` captures.
+        example_input: one minibatch, e.g. shape ``(batch, 3, 32, 32)``; a tuple or dict for several inputs
+            (the model is called as :func:`pipedream.capture.call_model` calls it).
         settings: warm-up, iterations and device.
         name: shown on the progress bar.
         granularity: ``"layer"``: each child of an ``nn.Sequential`` is one node (what the planner's
@@ -172,12 +214,12 @@ def profile_module(
     if settings.device.startswith("cuda") and not torch.cuda.is_available():
         raise PipeDreamError("--device cuda requested but no CUDA device is available; use --device cpu")
     device = torch.device(settings.device)
-    inputs = example_input if isinstance(example_input, tuple) else (example_input,)
-    inputs = tuple(t.to(device) for t in inputs)
+    example_input = to_device(example_input, device)
+    inputs = flat_inputs(example_input)
     model = model.to(device).train()
-    gm = trace(model, granularity)
+    gm = trace(model, granularity, example_input)
 
-    graph = LayerGraph(minibatch_size=int(inputs[0].shape[0]))
+    graph = LayerGraph(minibatch_size=batch_size(example_input))
     values: dict[fx.Node, Any] = {}
     ids = node_ids(gm)  # the ids the runtime cuts the model by
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -194,16 +236,22 @@ def profile_module(
     for node in _progress(ops, f"profile {name}"):
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: values[a])
         run = _runner(gm, node)
-        with torch.no_grad():
-            out = run(*args, **kwargs)
+        try:
+            with torch.no_grad():
+                out = run(*args, **kwargs)
+        except Exception as e:  # a shape or dtype error of the model's: name the layer
+            raise PipeDreamError(f"layer {ids[node]} ({_describe(gm, node)[:80]}) failed on {shapes((args, kwargs))}: "
+                                 f"{first_line(e)}") from None
         if _owns_parameter(gm, node, trained) or any(src in needs_grad for src in node.all_input_nodes):
             needs_grad.add(node)
             for t in _tensors(out):
                 if t.is_floating_point() and t.is_leaf and not t.requires_grad:
                     t.requires_grad_(True)  # a leaf, made under no_grad: marks what _fresh differentiates
         values[node] = out
-        fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings) if node.op != "get_attr" else 0.0
-        bwd_s = _backward_time(run, args, kwargs, settings)
+        spread: list[float] = []
+        fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings, spread=spread) if node.op != "get_attr" else 0.0
+        bwd_s = _backward_time(run, args, kwargs, settings, spread)
+        graph.spread[ids[node]] = (spread[0] if fwd_s else 0.0, spread[-1] if bwd_s else 0.0)
         acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
         graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
@@ -270,7 +318,8 @@ def _saved(run: Callable[..., Any], args: Any, kwargs: Any, params: set[int]) ->
     return float(own), any(ptr in inputs for ptr in saved), any(ptr in outs for ptr in saved)
 
 
-def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: ProfileSettings) -> float:
+def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: ProfileSettings,
+                   spread: list[float] | None = None) -> float:
     """Mean seconds of the backward pass of one node; 0 if nothing it outputs needs a gradient."""
 
     def prepare() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -281,7 +330,7 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
     outs, _ = prepare()
     if not outs:
         return 0.0
-    return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare)
+    return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare, spread)
 
 
 def data_load_s(load: Callable[[], Any], settings: ProfileSettings) -> float:
@@ -373,7 +422,7 @@ def _step_child(step: Callable[[], Any], seconds: float, ready: Any, results: An
 STEP_OPTIMIZERS = ("sgd", "adam")
 
 
-def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[torch.Tensor, ...],
+def optimizer_step_rates(model: nn.Module, example_input: Any,
                          settings: ProfileSettings | None = None) -> dict[str, float]:
     """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
 
@@ -391,14 +440,14 @@ def optimizer_step_rates(model: nn.Module, example_input: torch.Tensor | tuple[t
     """
     settings = settings or ProfileSettings()
     device = torch.device(settings.device)
-    inputs = tuple(t.to(device) for t in (example_input if isinstance(example_input, tuple) else (example_input,)))
+    inputs = to_device(example_input, device)
     timing = ProfileSettings(**{**vars(settings), "warmup": max(1, settings.warmup)})  # the first step makes state
     if not any(p.requires_grad for p in model.parameters()):
         return {}
     return {name: _step_rate(copy.deepcopy(model).to(device).train(), inputs, name, timing) for name in STEP_OPTIMIZERS}
 
 
-def _step_rate(net: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: str, timing: ProfileSettings) -> float:
+def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSettings) -> float:
     """Seconds per parameter byte of ``optimizer``'s step on ``net``, each timed step right after a forward and
     backward (:func:`optimizer_step_rates`)."""
     params = [p for p in net.parameters() if p.requires_grad]
@@ -406,7 +455,7 @@ def _step_rate(net: nn.Module, inputs: tuple[torch.Tensor, ...], optimizer: str,
 
     def forward_backward() -> None:
         opt.zero_grad(set_to_none=False)
-        outs = [t for t in _tensors(net(*inputs)) if t.is_floating_point() and t.requires_grad]
+        outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
         if outs:
             torch.autograd.backward([t.float().sum() for t in outs])
         for p in params:
@@ -425,6 +474,7 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
+         **dict(zip(("fwd_iqr_s", "bwd_iqr_s"), graph.spread.get(n.node_id, ()), strict=False)),
          "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes,
          **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}
         for n in graph.nodes.values()

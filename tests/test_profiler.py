@@ -41,7 +41,7 @@ def test_chain_sizes_and_edges() -> None:
 
 
 def test_skip_connection_gives_a_dag() -> None:
-    g = profile_module(Skip(), torch.randn(2, 6), FAST)
+    g = profile_module(Skip(), torch.randn(2, 6), FAST, granularity="op")
     assert [n.desc for n in g.nodes.values()][:3] == ["Input", "Linear(in_features=6, out_features=6, bias=True)", "ReLU()"]
     assert g.nodes["node3"].desc == "add"
     assert sorted(g.edges) == sorted([("node0", "node1"), ("node1", "node2"), ("node2", "node3"), ("node0", "node3")])
@@ -152,3 +152,41 @@ def test_host_contention_of_a_step_that_only_sleeps_is_one() -> None:
     # two forked copies sleeping 5 ms a step contend for nothing: the ratio of their medians is 1 (up to jitter)
     assert 0.8 < host_contention(lambda: time.sleep(0.005), 2, seconds=0.3) < 1.3
     assert host_contention(lambda: None, 1) == 1.0  # one core: nothing to measure
+
+
+class Jittery(nn.Module):
+    """Passes its input through; every other call sleeps 5 ms (a layer whose timings another process disturbs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls % 2:
+            time.sleep(0.005)
+        return x * 1.0
+
+
+def test_the_spread_of_timed_calls_is_kept_and_noisy_layers_are_named() -> None:
+    from pipedream import profiler
+
+    spread: list[float] = []
+    clock = [0.0]
+    durations = iter([7.0, 7.0, 1.0, 1.0, 100.0, 1.0, 1.0, 9.0])
+
+    def call() -> None:
+        clock[0] += next(durations)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(profiler.time, "perf_counter", lambda: clock[0])
+        assert profiler._timed(call, profiler.ProfileSettings(warmup=2, iters=5), spread=spread) == 1.0
+        assert spread == [0.0]  # one slow call moves neither the median nor the interquartile range
+        assert profiler.iqr([1.0, 2.0, 3.0, 4.0, 5.0]) == 2.0
+    g = profile_module(nn.Sequential(nn.Linear(64, 64), Jittery()), torch.randn(8, 64),
+                       profiler.ProfileSettings(warmup=0, iters=5))
+    fwd_iqr, _ = g.spread["node2"]
+    assert fwd_iqr > 0.004  # calls of ~0 and ~5 ms alternate
+    assert "node2" in dict(profiler.noisy_layers(g))
+    message = profiler.noise_warning(g)
+    assert message is not None and "node2 (Jittery()) " in message and "profile on a quiet machine" in message

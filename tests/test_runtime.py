@@ -197,12 +197,15 @@ def test_fx_split_rejects_plans_that_do_not_cut_the_graph(stages: list[list[str]
         build_stages(model, op_plan(model, stages), torch.randn(1, 3, 32, 32))
 
 
-def test_tied_weights_across_stages_are_rejected() -> None:
+def test_tied_weights_across_stages_are_held_by_both() -> None:
+    from pipedream.runtime.shared import Shared
+
     model = tiny_model()
     model[7] = torch.nn.Linear(16, 16)
     model[7].weight = model[5].weight  # layer 7 (stage 1) reuses layer 5's weight (stage 0)
-    with pytest.raises(PipeDreamError, match="tied weights"):
-        build_stages(model, straight_plan("t", 8, [6, 2]), torch.randn(1, 3, 32, 32))
+    stages = build_stages(model, straight_plan("t", 8, [6, 2]), torch.randn(1, 3, 32, 32))
+    assert stages.shared == [Shared((0, 1), ("5.weight", "7.weight"))]
+    assert stages.modules[0].get_parameter("5.weight") is stages.modules[1].get_parameter("7.weight")
 
 
 def test_token_accuracy_skips_padding_as_the_loss_does() -> None:

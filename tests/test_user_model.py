@@ -41,6 +41,11 @@ def not_a_model():
     return 42
 
 
+def too_narrow():
+    """A bare Sequential over Fashion-MNIST's (3, 32, 32) images whose first Linear expects 8 features."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(8, 10))
+
+
 class Clock(nn.Module):
     """Passes its input through and counts its training forwards in a buffer (saved with the weights)."""
 
@@ -112,7 +117,7 @@ def test_user_function_that_returns_no_model_is_one_line(user_dir: Path) -> None
     proc = _cli("profile", "--model", "blobs_model:not_a_model", "--out-dir", "p", cwd=user_dir)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip() == ("error: model function 'blobs_model:not_a_model' returned a int; return an "
-                                   "nn.Sequential or a pipedream.models.ModelSpec")
+                                   "nn.Module or a pipedream.models.ModelSpec")
 
 
 @pytest.mark.parametrize("mode", ["pipedream", "dp"])
@@ -156,3 +161,18 @@ def test_bleu_threshold_needs_the_models_metric(user_dir: Path) -> None:
                 "--threshold-metric", "bleu", cwd=user_dir)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "is scored with 'top1', not 'bleu'" in proc.stderr
+
+
+@pytest.mark.slow
+def test_check_model_runs_one_sample_and_lists_the_layers(user_dir: Path) -> None:
+    proc = _cli("check", "--model", "tests.hf_gpt2:make", cwd=user_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "layers captured by torch.export; 28 parameters" in out and "one sample's forward and backward in" in out
+    assert "     4,096             1,024  Embedding transformer.wte" in out  # 64 x 16 fp32; 16 positions x 16
+    assert "shared: lm_head.weight is read by layers node2, node36" in out
+    proc = _cli("check", "--model", "blobs_model:too_narrow", cwd=user_dir)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: layer node2 (Linear(in_features=8, out_features=10, bias=True)) failed on (1, 3072) float32: "
+        "mat1 and mat2 shapes cannot be multiplied (1x3072 and 8x10)")

@@ -160,3 +160,13 @@ def op_plan(model: nn.Module, stages: list[list[str]], replicas: list[int] | Non
         stage.nodes = [ids[n] for n in names]
     plan.extra["granularity"] = "op"
     return plan
+
+
+def tied_model() -> nn.Sequential:
+    """Like :func:`stash_model` with one more linear layer whose weight is layer 3's (tied): flatten, linear,
+    tanh, linear (3), tanh, linear (5, weight of 3), tanh, linear -> 10 logits. A [4, 4] split puts the
+    two users of the tied weight in different stages."""
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(),
+                          nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 10))
+    model[5].weight = model[3].weight
+    return model

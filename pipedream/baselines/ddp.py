@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from pipedream.capture import call_model, to_device
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
@@ -141,9 +142,9 @@ def train(cfg: TrainConfig) -> None:
         loss_sum, count = 0.0, 0
         mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
         for i, rows in enumerate(mine):
-            x, y = (t.to(device) for t in train_split.batch(rows))
+            x, y = (to_device(t, device) for t in train_split.batch(rows))
             with saved.hooks(i) if meter is not None else nullcontext():
-                loss = task.criterion(ddp(x), y)
+                loss = task.criterion(call_model(ddp, x), y)
             if meter is not None:  # the peak: every activation saved, and the gradients and state kept
                 meter.count(held(model, optimizer, [x, y], saved.tensors_of(i)), copies=1)
             optimizer.zero_grad(set_to_none=False)
@@ -169,8 +170,9 @@ def train(cfg: TrainConfig) -> None:
         n_val = len(val_split) // cfg.batch_size
         with torch.no_grad():
             for i in range(rank, n_val, world):
-                x, y = (t.to(device) for t in val_split.batch(torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)))
-                out = model(x)
+                x, y = (to_device(t, device)
+                        for t in val_split.batch(torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)))
+                out = call_model(model, x)
                 c, k = task.count_correct(out, y)
                 correct, counted = correct + c, counted + k
                 vloss += float(task.criterion(out, y)) * y.shape[0]
@@ -210,7 +212,7 @@ def held(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[t
     return [("weights", params + list(model.buffers())), ("versions", []),
             ("gradients", [p.grad for p in params if p.grad is not None]),
             ("optimizer", list(tensors_in(list(optimizer.state.values())))),
-            ("buffers", batch), ("activations", activations)]
+            ("buffers", list(tensors_in(batch))), ("activations", activations)]
 
 
 def main(argv: list[str] | None = None) -> None:

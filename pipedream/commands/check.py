@@ -2,7 +2,12 @@
 cluster, workers that match the cluster, thresholds on metrics the models have, models whose weights,
 gradients and optimizer state fit a device (the DP baseline holds them all on each worker), and data each
 model can train on. `make run` calls this first,
-so a mistake costs one clear line (exit status 2) instead of a half-run workflow."""
+so a mistake costs one clear line (exit status 2) instead of a half-run workflow.
+
+With --model, check one model instead, in seconds: build it, take one sample of its data, capture it,
+run one forward (in evaluation mode: batch norm cannot normalise a batch of one), loss and backward, and
+print the layers the planner may cut between, with their parameter and activation bytes (per sample), and
+the parameters several layers share."""
 
 from __future__ import annotations
 
@@ -13,13 +18,18 @@ from typing import Any
 
 from pipedream.paths import CI_CONFIG
 
-HELP = "validate an experiment config (schema, models, cluster, workers, data) without running anything"
+HELP = "validate an experiment config, or (--model) run one sample through a model and list its layers"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream check``."""
     p.add_argument("--config", default=CI_CONFIG,
                    help="experiment config (YAML; a relative path not found here is looked up in the checkout)")
+    p.add_argument("--model",
+                   help="check this model instead of a config (registered, or package.module:function): one forward "
+                        "and backward on one sample of its data, then its layers, parameter and activation bytes")
+    p.add_argument("--preset", default="reduced", choices=("reduced", "full"), help="with --model: model size")
+    p.add_argument("--granularity", default="layer", choices=("layer", "op"), help="with --model: what a node is")
     p.add_argument("--data", choices=("real", "synthetic"),
                    help="check as if the config's top-level data key were this (what `snakemake --config data=...` "
                         "sets); a model's own train.data still wins")
@@ -103,8 +113,68 @@ def twobw_problem(cfg: dict[str, Any]) -> str | None:
     return None
 
 
+def check_model(name: str, preset: str = "reduced", granularity: str = "layer", data: str = "real") -> list[str]:
+    """The report of ``pipedream check --model``: lines to print.
+
+    Raises:
+        PipeDreamError: the model does not build, capture, or run on its data (naming the layer), or its loss
+            does not reach a parameter.
+    """
+    import time
+
+    from pipedream.capture import describe, first_line, flat_inputs, run_graph, shapes
+    from pipedream.errors import PipeDreamError
+    from pipedream.runtime import shared, split
+    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.memory_meter import tensors_in
+    from pipedream.runtime.task import load_task
+
+    t0 = time.perf_counter()
+    task = load_task(TrainConfig(model=name, preset=preset, data=data, train_subset=8, val_subset=8))
+    model = task.model
+    x, y = task.train.batch([0])
+    # one sample, in evaluation mode: batch norm on its running statistics (a batch of one has no spread)
+    gm = split.trace(model, granularity, x, training=False).eval()
+    ids = split.node_ids(gm)
+    values: dict = {}
+    out = run_graph(gm, flat_inputs(x), ids, values)
+    try:
+        loss = task.criterion(out, y)
+        loss.backward()
+    except PipeDreamError:
+        raise
+    except Exception as e:  # the loss of the model's output against its data's targets
+        raise PipeDreamError(f"the loss fails on the output ({shapes(out)}) and target ({shapes(y)}): "
+                             f"{first_line(e)}") from None
+    params = dict(model.named_parameters())
+    unused = [n for n, p in params.items() if p.requires_grad and p.grad is None]
+    elapsed = time.perf_counter() - t0
+    ops = [n for n in gm.graph.nodes if n.op in split.OPS]
+    how = gm.meta.get("captured_by", "torch.fx (one layer per child of the nn.Sequential)"
+                      if granularity == "layer" else "torch.fx")
+    total = sum(p.numel() * p.element_size() for p in params.values())
+    lines = [f"{name}: {len(ops)} layers captured by {how}; {len(params)} parameters, {total / 2**20:.2f} MiB; "
+             f"one sample's forward and backward in {elapsed:.1f} s (loss {float(loss.detach()):.4f})",
+             f"{'node':>8}  {'param bytes':>12}  {'activation bytes':>16}  layer"]
+    for n in ops:
+        acts = sum(t.numel() * t.element_size() for t in tensors_in(values.get(n)))
+        held = (sum(p.numel() * p.element_size() for p in gm.get_submodule(str(n.target)).parameters())
+                if n.op == "call_module" else 0)
+        lines.append(f"{ids[n]:>8}  {held:>12,}  {acts:>16,}  {describe(gm, n)[:90]}")
+    one = split.split(gm, [[ids[n]] for n in ops], x).modules  # one stage per layer: who reads what
+    for sh in shared.find(one):
+        lines.append(f"shared: {sh.names[0]} is read by layers {', '.join(ids[ops[s]] for s in sh.stages)}; "
+                     "the stages that hold it sum its gradients before each step")
+    if unused:
+        lines.append(f"warning: {len(unused)} parameters get no gradient from the loss: {', '.join(unused[:5])}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate; raises PipeDreamError on the first problem, prints a summary and returns 0 otherwise."""
+    if getattr(args, "model", None):
+        print("\n".join(check_model(args.model, args.preset, args.granularity, args.data or "real")))
+        return 0
     from pipedream.errors import PipeDreamError
     from pipedream.experiment import load_config, model_data
     from pipedream.paths import CLUSTERS, shipped

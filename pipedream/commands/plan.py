@@ -67,10 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, write the JSON, print the table (and the explanation); returns 0."""
+    from pipedream.api import partition
     from pipedream.errors import PipeDreamError
-    from pipedream.graph import LayerGraph, profiled_batch, read_meta
+    from pipedream.graph import LayerGraph
     from pipedream.paths import shipped
-    from pipedream.planner import plan_pipeline
     from pipedream.planner.explain import format_plan
     from pipedream.topology import get_cluster
 
@@ -83,20 +83,9 @@ def run(args: argparse.Namespace) -> int:
     profile = shipped(args.profile)
     graph = LayerGraph.read(profile)
     cluster = get_cluster(args.cluster, args.clusters)
-    model = args.model or profile.resolve().parent.name
-    plan = plan_pipeline(
-        graph,
-        cluster,
-        model=model,
-        minibatch_size=profiled_batch(profile, args.profiled_batch),
-        memory_limit=args.memory_limit,
-        straight=args.straight,
-        compat=args.compat,
-        activation_compression_ratio=args.activation_compression_ratio,
-    )
-    meta = read_meta(profile)
-    if meta:  # the runtime cuts the model at the granularity the node ids were profiled at
-        plan.extra["granularity"] = str(meta.get("granularity", "layer"))
+    plan = partition(str(profile), args.cluster, model=args.model or profile.resolve().parent.name,
+                     straight=args.straight, memory_limit=args.memory_limit, compat=args.compat, clusters=args.clusters,
+                     profiled_batch=args.profiled_batch, activation_compression_ratio=args.activation_compression_ratio)
     if args.explain:
         from pipedream.planner.explain import explain
 

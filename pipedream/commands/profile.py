@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 HELP = "profile a model per layer and write graph.txt"
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
     import torch
 
+    from pipedream.api import profile
+    from pipedream.capture import call_args, call_model, to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.models import get_spec
@@ -50,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
         ProfileSettings,
         data_load_s,
         host_contention,
+        noise_warning,
+        noisy_layers,
         optimizer_step_rates,
-        profile_module,
         whole_step_s,
         write_profile,
     )
@@ -69,26 +73,27 @@ def run(args: argparse.Namespace) -> int:
         raise PipeDreamError(f"{args.model}'s {data} training set has {len(task.train)} samples, fewer than "
                              f"--profiled-batch {args.profiled_batch}; give a smaller --profiled-batch")
     rows = minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0]
-    x, y = task.train.batch(rows)
-    x = x.to(args.device) if isinstance(x, torch.Tensor) else tuple(t.to(args.device) for t in x)
-    y = y.to(args.device)
+    x, y = (to_device(t, args.device) for t in task.train.batch(rows))
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
-    graph = profile_module(task.model, x, settings, name=args.model, granularity=args.granularity,
-                           loss=lambda out: task.criterion(out, y))
+    graph = profile(task.model, x, y, task.criterion, granularity=args.granularity, warmup=args.warmup,
+                    iters=args.iters, device=args.device, name=args.model)
+    noise = noise_warning(graph)
+    if noise:
+        print(f"warning: {noise}", file=sys.stderr)
     rates = optimizer_step_rates(task.model, x, settings)
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
 
     def step() -> None:
-        task.criterion(task.model(x), y).backward()
+        task.criterion(call_model(task.model, x), y).backward()
 
     # the whole step as a worker runs its stage: the forward on leaf aliases of the weights (a weight version,
     # pipedream.runtime.versions) through torch.func.functional_call, the gradients with autograd.grad
     aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in task.model.named_parameters()}
-    inputs = x if isinstance(x, tuple) else (x,)
+    args_, kwargs_ = call_args(x)
 
     def runtime_step() -> None:
-        loss = task.criterion(torch.func.functional_call(task.model, aliases, inputs), y)
+        loss = task.criterion(torch.func.functional_call(task.model, aliases, args_, kwargs_), y)
         torch.autograd.grad(loss, [t for t in aliases.values() if t.requires_grad], allow_unused=True)
 
     step_s = whole_step_s(runtime_step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),
@@ -104,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
             "optimizer_step_s_per_param_byte": rates,
-            "host": {"cores": cores, "contention": contention}}
+            "host": {"cores": cores, "contention": contention},
+            "noisy_layers": {nid: round(r, 3) for nid, r in noisy_layers(graph)}}
     write_profile(graph, args.out_dir, meta)
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
           f"per minibatch of {args.profiled_batch}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")

@@ -255,8 +255,9 @@ def _score_epochs(out_dir: Path, args: argparse.Namespace, cfg, epochs: list[dic
 
 def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
     """Refuse, before any worker starts, a plan whose stages do not cover the model's graph exactly once in
-    graph order (a layer in no stage or in two, a node the model does not have): the checks the workers would
-    make after seconds of start-up (:func:`pipedream.runtime.split.assign`).
+    graph order (a layer in no stage or in two, a node the model does not have), or whose stages share a
+    parameter in a way the run cannot keep equal (:func:`pipedream.runtime.shared.check`): the checks the
+    workers would make after seconds of start-up (:func:`pipedream.runtime.split.assign`).
 
     Raises:
         PipeDreamError: naming the node and the fix.
@@ -272,7 +273,19 @@ def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
             model = build_model(cfg.model, cfg.preset, cfg.seed)
     except (NotImplementedError, RuntimeError):  # a user's model that reads its weights while it is built
         model = build_model(cfg.model, cfg.preset, cfg.seed)
-    split.assign(split.trace(model, granularity_of(plan)), [s.nodes for s in plan.stages])
+    example = None
+    if not isinstance(model, torch.nn.Sequential):  # captured on a microbatch of its data, as the workers do
+        from pipedream.runtime.task import load_task
+
+        task = load_task(cfg)
+        model, example = task.model, task.input_batch(cfg.batch_size // cfg.microbatches)
+    gm = split.trace(model, granularity_of(plan), example)
+    split.assign(gm, [s.nodes for s in plan.stages])
+    if example is not None:  # parameters that several stages read: what 1F1B and --clip-norm allow
+        from pipedream.runtime import shared
+
+        modules = split.split(gm, [s.nodes for s in plan.stages], example).modules
+        shared.check(shared.find(modules), [s.replicas for s in plan.stages], cfg.schedule, cfg.clip_norm)
 
 
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]

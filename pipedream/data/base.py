@@ -3,10 +3,10 @@
 A model's ``make_datasets(preset, train_subset, val_subset, seed)`` (see
 :class:`pipedream.models.ModelSpec`) returns two :class:`SampleSet` objects. Sample ``i`` of a set is
 an ``(input, target)`` pair; ``collate`` turns a list of samples into ONE input tensor and ONE target
-tensor for the whole minibatch. One input tensor per minibatch keeps the pipeline's first stage, the
-profiler and data parallelism alike for every model; models with several inputs (GNMT: source and
-target tokens, S2VT: frames and caption) pack them into one integer tensor that their first layer
-unpacks (documented per model).
+tensor for the whole minibatch. The registry's models take one input tensor (GNMT: source and
+target tokens, S2VT: frames and caption, packed into one integer tensor that their first layer
+unpacks); a user's model may take a tuple or a dict of tensors (:func:`stack_tree` collates them, the
+model is called with them as positional or keyword arguments: :func:`pipedream.capture.call_model`).
 
 Order and resumption: the sample order of an epoch is a permutation fixed by ``(seed, epoch)``
 (:func:`epoch_order`), the same on every rank, so a run is resumed by saving the position
@@ -74,7 +74,60 @@ class SampleSet:
 
 
 def _stack(samples: list[Sample]) -> Batch:
-    return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples])
+    return stack_tree([x for x, _ in samples]), stack_tree([y for _, y in samples])
+
+
+def stack_tree(items: list[Any]) -> Any:
+    """One batch of ``items`` (samples' inputs or targets): tensors stacked; tuples, lists and dicts of tensors
+    stacked entry by entry (a tuple of batches, a dict of batches); numbers into a tensor."""
+    first = items[0]
+    if isinstance(first, torch.Tensor):
+        return torch.stack(items)
+    if isinstance(first, dict):
+        return {k: stack_tree([i[k] for i in items]) for k in first}
+    if isinstance(first, tuple | list):
+        return tuple(stack_tree(list(column)) for column in zip(*items, strict=True))
+    return torch.tensor(items)
+
+
+def as_sample_set(data: Any, what: str = "data") -> Any:
+    """``data`` as a set the runtime reads (``len()`` and ``batch(indices)``): a :class:`SampleSet` (or anything
+    with ``batch``) as it is; any other sequence of ``(input, target)`` samples (a list, a map-style
+    ``torch.utils.data.Dataset``) collated by :func:`stack_tree`; inputs may be tensors, tuples or dicts of them.
+
+    Raises:
+        PipeDreamError: ``data`` is neither.
+    """
+    if hasattr(data, "batch") and hasattr(data, "__len__"):
+        return data
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        return SampleSet(data, _stack, {})
+    raise PipeDreamError(f"the {what} set is a {type(data).__name__}; return a SampleSet or a sequence of "
+                         "(input, target) samples")
+
+
+class Subset:
+    """Samples ``rows`` of a set (anything with ``batch(indices)``, and optionally ``targets(indices)``)."""
+
+    def __init__(self, data: Any, rows: list[int]) -> None:
+        self.data, self.rows = data, rows
+        if hasattr(data, "targets"):
+            self.targets = lambda indices: data.targets([rows[int(i)] for i in indices])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def batch(self, indices: Sequence[int] | torch.Tensor) -> Batch:
+        """The collated minibatch of the subset's samples at ``indices``."""
+        return self.data.batch([self.rows[int(i)] for i in indices])
+
+
+def limit(data: Any, size: int | None, seed: int) -> Any:
+    """A seeded random subset of ``size`` samples of ``data`` (:func:`subset_indices`); ``data`` itself when it
+    holds no more than that (a data hook that drew the subset already) or ``size`` is None."""
+    if size is None or len(data) <= size:
+        return data
+    return Subset(data, subset_indices(len(data), size, seed))
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:

@@ -2,8 +2,9 @@
 
 A model name is either a registered name (``vgg16``) or ``package.module:function`` naming a function of
 the user's (importable, e.g. through ``PYTHONPATH``) that returns a :class:`ModelSpec` (the model and its
-data, see :func:`user_spec`) or just an ``nn.Sequential`` over ``(B, 3, 32, 32)`` images, which then
-trains on Fashion-MNIST like the registry's image models.
+data, see :func:`user_spec`) or just a module over ``(B, 3, 32, 32)`` images, which then trains on
+Fashion-MNIST like the registry's image models. A module that is not an ``nn.Sequential`` is captured as a
+graph of layers (:mod:`pipedream.capture`).
 
 A flat sequence is what the profiler measures layer by layer and what the runtime slices into
 stages: layer ``i`` of the sequence is graph node ``node{i+1}`` (``node0`` is the input), see
@@ -28,9 +29,39 @@ if TYPE_CHECKING:
     from pipedream.data.synthetic import SyntheticSpec
 
 
-def classification_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of logits ``(B, C)`` against class ids ``(B,)``."""
-    return F.cross_entropy(output, target)
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits in a model's output: the output itself if it is a tensor, else its ``"logits"`` entry (a
+    Hugging Face ``ModelOutput``, a dict) or its first tensor (a tuple).
+
+    Raises:
+        PipeDreamError: the output holds no tensor.
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict) and isinstance(output.get("logits"), torch.Tensor):
+        return output["logits"]
+    from torch.utils import _pytree as pytree
+
+    for t in pytree.tree_leaves(output):
+        if isinstance(t, torch.Tensor):
+            return t
+    raise PipeDreamError(f"the model's output is a {type(output).__name__} without a tensor; return logits")
+
+
+def classification_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits ``(B, C)`` against class ids ``(B,)``, or of per-position logits
+    ``(B, T, C)`` against ``(B, T)`` (a language model's next tokens; target -100 is not counted). The logits
+    are :func:`logits_of` the output.
+
+    Raises:
+        PipeDreamError: logits and targets whose shapes do not pair up (names both shapes).
+    """
+    logits = logits_of(output)
+    if target.is_floating_point() or tuple(logits.shape[:-1]) != tuple(target.shape):
+        raise PipeDreamError(f"the default loss (cross-entropy) needs logits (..., classes) over targets (...) of class "
+                             f"ids; got logits {tuple(logits.shape)} and {target.dtype} targets {tuple(target.shape)}: "
+                             "fix the data or give ModelSpec a criterion")
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -40,8 +71,11 @@ class ModelSpec:
     Attributes:
         name: registry key, e.g. ``"vgg16"``.
         task: ``"image_classification"``, ``"translation"``, ``"language_model"`` or ``"video_captioning"``.
-        build: ``build(preset) -> nn.Sequential``; presets are ``"reduced"`` (CPU) and ``"full"`` (paper).
-        input_shape: ``input_shape(preset) -> per-sample input shape`` (without the batch dimension).
+        build: ``build(preset) -> nn.Module``; presets are ``"reduced"`` (CPU) and ``"full"`` (paper). An
+            ``nn.Sequential`` is cut between its children; any other module is captured first
+            (:mod:`pipedream.capture`).
+        input_shape: ``input_shape(preset) -> per-sample input shape`` (without the batch dimension), for
+            models without data of their own; None where the data say it.
         dataset: name of the data set the model trains on at the reduced preset.
         criterion: ``criterion(output, target) -> scalar loss`` on the last layer's output and the
             collated target batch (the last pipeline stage calls it).
@@ -61,9 +95,9 @@ class ModelSpec:
 
     name: str
     task: str
-    build: Callable[[str], nn.Sequential]
-    input_shape: Callable[[str], tuple[int, ...]]
-    dataset: str
+    build: Callable[[str], nn.Module]
+    input_shape: Callable[[str], tuple[int, ...]] | None = None
+    dataset: str = "own"
     criterion: Callable[[Any, torch.Tensor], torch.Tensor] = classification_loss
     metric: str = "top1"
     higher_is_better: bool = True
@@ -100,10 +134,11 @@ _USER: dict[str, ModelSpec] = {}
 def user_spec(path: str) -> ModelSpec:
     """The spec of a user's model ``package.module:function``.
 
-    ``function()`` returns either a :class:`ModelSpec` (its ``build``, ``input_shape``, ``make_datasets``,
-    ``criterion``, ... are used as they are; ``name`` becomes ``path``) or an ``nn.Sequential`` over
-    ``(B, 3, 32, 32)`` images with 10 classes, which trains on Fashion-MNIST. The module must be
-    importable: installed, or on ``PYTHONPATH`` (the training workers inherit the environment).
+    ``function()`` returns either a :class:`ModelSpec` (its ``build``, ``make_datasets``, ``criterion``, ...
+    are used as they are; ``name`` becomes ``path``) or any ``nn.Module`` over ``(B, 3, 32, 32)`` images with
+    10 classes (a torchvision ResNet-18 or MobileNetV2 with ``num_classes=10``, an ``nn.Sequential``), which
+    trains on Fashion-MNIST; each build calls ``function()`` again. The module must be importable: installed, or
+    on ``PYTHONPATH`` (the training workers inherit the environment).
 
     Raises:
         PipeDreamError: a malformed path, a module or function that does not import, or a function that
@@ -121,14 +156,14 @@ def user_spec(path: str) -> ModelSpec:
     made = factory()
     if isinstance(made, ModelSpec):
         spec = replace(made, name=path)
-    elif isinstance(made, nn.Sequential):
+    elif isinstance(made, nn.Module):
         from pipedream.data.images import fmnist_synthetic
 
         spec = ModelSpec(name=path, task="image_classification", build=lambda preset: factory(),
                          input_shape=lambda preset: (3, 32, 32), dataset="fashion_mnist",
                          synthetic=lambda preset: fmnist_synthetic(32))
     else:
-        raise PipeDreamError(f"model function {path!r} returned a {type(made).__name__}; return an nn.Sequential "
+        raise PipeDreamError(f"model function {path!r} returned a {type(made).__name__}; return an nn.Module "
                              "or a pipedream.models.ModelSpec")
     _USER[path] = spec
     return spec
@@ -140,7 +175,7 @@ def model_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def build_model(name: str, preset: str = "reduced", seed: int = 0) -> nn.Sequential:
+def build_model(name: str, preset: str = "reduced", seed: int = 0) -> nn.Module:
     """Build model ``name`` at ``preset`` with weights initialised from ``seed``.
 
     Raises:
@@ -162,6 +197,9 @@ def example_input(name: str, batch_size: int, preset: str = "reduced", seed: int
     spec = get_spec(name)
     if spec.example is not None:
         return spec.example(preset, batch_size, seed)
+    if spec.input_shape is None:
+        raise PipeDreamError(f"model {name!r} has neither input_shape nor an example hook; give it data "
+                             "(ModelSpec.make_datasets), whose first samples are the example")
     g = torch.Generator().manual_seed(seed)
     return torch.randn((batch_size, *spec.input_shape(preset)), generator=g)
 

@@ -80,6 +80,14 @@ def load_into(out_dir: Path, model: nn.Module, epoch: int | None = None) -> nn.M
         if not path.is_file():
             raise PipeDreamError(f"{path} not found; stage {s} did not finish")
         state.update(torch.load(path, weights_only=True))
+    aliases: dict[int, list[str]] = {}  # tied weights: one tensor under several names, saved under one of them
+    for name, value in model.state_dict(keep_vars=True).items():
+        aliases.setdefault(id(value), []).append(name)
+    for names in aliases.values():
+        saved = next((n for n in names if n in state), None)
+        for n in names:
+            if saved is not None:
+                state.setdefault(n, state[saved])
     try:
         model.load_state_dict(state)
     except RuntimeError as e:

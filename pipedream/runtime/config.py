@@ -88,7 +88,12 @@ class TrainConfig:
             in-flight buffers, saved activations; :mod:`pipedream.runtime.memory_meter`) after every training
             action of the first minibatches of each pass, past the warm-up (the schedule then repeats,
             :func:`pipedream.runtime.executor.memory_window`), and log the per-stage peak, bytes, per epoch.
-        model_factory: builds the model instead of the registry (tests); not settable from the CLI.
+        model_factory: builds the model instead of the registry (tests, :func:`pipedream.train`); not settable
+            from the CLI, nor are the next two.
+        datasets: ``(train, val)`` instead of the model's data, or a function returning them
+            (:func:`pipedream.train`); subsets are drawn from them.
+        criterion: ``criterion(output, target) -> loss`` for ``model_factory``'s model (default: cross-entropy of
+            the logits, :func:`pipedream.models.classification_loss`).
     """
 
     model: str = _opt("vgg16", "registered model (pipedream.models), or package.module:fn for your own "
@@ -159,7 +164,9 @@ class TrainConfig:
                                       "buffers, saved activations) after every training action of each epoch's first "
                                       "2 x stages + 2 minibatches (past the warm-up); log the per-stage peak "
                                       "(peak_memory_bytes_stage<s>) per epoch")
-    model_factory: Callable[[], nn.Sequential] | None = field(default=None, repr=False)
+    model_factory: Callable[[], nn.Module] | None = field(default=None, repr=False)
+    datasets: tuple[Any, Any] | Callable[[], tuple[Any, Any]] | None = field(default=None, repr=False)
+    criterion: Callable[[Any, Any], Any] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # 0 samples of a split means the whole split, as on the command line
@@ -230,7 +237,7 @@ class TrainConfig:
         out: list[str] = []
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "model_factory" or v is None:
+            if f.name in NOT_CLI or v is None:
                 continue
             flag = "--" + f.name.replace("_", "-")
             if isinstance(v, bool):
@@ -240,18 +247,19 @@ class TrainConfig:
         return out
 
 
-CLI_HIDDEN = ("model_factory", "debug_dump")  # not offered by `pipedream train`
+NOT_CLI = ("model_factory", "datasets", "criterion")  # Python objects: no command-line form
+CLI_HIDDEN = (*NOT_CLI, "debug_dump")  # not offered by `pipedream train`
 
 
 def _kind(f: Any) -> type:
     return {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
 
 
-def add_arguments(parser: argparse.ArgumentParser, hide: tuple[str, ...] = ("model_factory",)) -> None:
+def add_arguments(parser: argparse.ArgumentParser, hide: tuple[str, ...] = NOT_CLI) -> None:
     """Add one option per :class:`TrainConfig` field (``--batch-size`` for ``batch_size``), with the field's
     default, help and choices; ``hide`` names fields not to offer."""
     for f in fields(TrainConfig):
-        if f.name in hide or f.name == "model_factory":
+        if f.name in hide or f.name in NOT_CLI:
             continue
         flag = "--" + f.name.replace("_", "-")
         default: Any = f.default if f.default is not MISSING else None
@@ -277,5 +285,5 @@ def flags_from_experiment(train: dict[str, Any]) -> str:
 
     Example: ``{"epochs": 2, "batch_size": 32}`` -> ``"--epochs 2 --batch-size 32"``.
     """
-    known = {f.name for f in fields(TrainConfig)} - {"model_factory"}
+    known = {f.name for f in fields(TrainConfig)} - set(NOT_CLI)
     return " ".join(f"--{k.replace('_', '-')} {v}" for k, v in train.items() if k in known and v is not None)

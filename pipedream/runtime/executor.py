@@ -21,8 +21,9 @@ Per action kind (§3.2, §3.3):
   launched now if no backward did) and divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`:
   an average over replicas that hold whole minibatches (1F1B-RR), a plain sum over replicas that hold
   microbatches (GPipe, 2BW).
-* ``STEP``: optimizer step on the master weights (copy on write of the version it changes, when one is still
-  needed), zero the gradients; the result is the next weight version.
+* ``STEP``: the gradients of parameters other stages hold too are summed with theirs
+  (:mod:`pipedream.runtime.shared`), then the optimizer step on the master weights (copy on write of the
+  version it changes, when one is still needed), zero the gradients; the result is the next weight version.
 
 When sends and receives are issued is :func:`issue_plan`'s decision: on gloo (tag-matched), receives
 are posted up to :data:`RECV_LOOKAHEAD` ahead; on NCCL (``P2P.batched``; in-order matching), each run
@@ -45,10 +46,12 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
+from pipedream.capture import flat_inputs
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.runtime.buckets import BucketReducer, GradBuckets
 from pipedream.runtime.comm import P2P, Outgoing, PendingRecv
 from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, StageTally, tensors_in
+from pipedream.runtime.shared import SharedGrads
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
 from pipedream.runtime.versions import WeightVersions
@@ -191,6 +194,8 @@ class StageExecutor:
         memory_minibatches: count only over the first this many minibatches of each training pass
             (:func:`memory_window`); None: after every action.
         recompute: activation recomputation: each forward runs under ``torch.utils.checkpoint``.
+        shared: sums the gradients of the parameters this stage shares with others before each step
+            (:mod:`pipedream.runtime.shared`), or None.
     """
 
     def __init__(self, stage: int, num_stages: int, module: nn.Module, versions: WeightVersions,
@@ -201,7 +206,8 @@ class StageExecutor:
                  count_correct: Callable[[torch.Tensor, torch.Tensor], tuple[int, int]] = count_correct,
                  before_step: Callable[[int], None] | None = None,
                  bucket_bytes: float = DDP_BUCKET_CAP_BYTES, measure_memory: bool = False,
-                 memory_minibatches: int | None = None, recompute: bool = False) -> None:
+                 memory_minibatches: int | None = None, recompute: bool = False,
+                 shared: SharedGrads | None = None) -> None:
         self.stage, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.module, self.versions, self.optimizer, self.p2p = module, versions, optimizer, p2p
@@ -210,6 +216,7 @@ class StageExecutor:
         self.on_backward = on_backward
         self.criterion, self.count_correct, self.before_step = criterion, count_correct, before_step
         self.recompute = recompute
+        self.shared = shared
         self.trace: list[tuple[str, int, int, int, int]] | None = [] if trace else None
         self.comm_trace: list[tuple[str, int, int, int, int, float]] | None = [] if trace else None
         self.copies_trace: list[int] | None = [] if trace else None  # weight copies held after each action
@@ -332,8 +339,8 @@ class StageExecutor:
         m, j = a.key
         if self.is_first:
             assert self.data.inputs is not None
-            x = self.data.inputs(m, j)
-            unit["input"] = tuple(t.to(self.p2p.device) for t in (x if isinstance(x, tuple) else (x,)))
+            unit["input"] = tuple(t.to(self.p2p.device) if isinstance(t, torch.Tensor) else t
+                                  for t in flat_inputs(self.data.inputs(m, j)))
         if self.phase == 1:
             self._forward_eval(a, unit)
         else:
@@ -486,6 +493,8 @@ class StageExecutor:
         self._comm_event(event, self._reducing, bucket, t)
 
     def _do_step(self, a: Action) -> None:
+        if self.shared is not None:
+            self.shared.sum_()
         if self.first_grads is None:
             self.first_grads = {n: p.grad.detach().clone()  # type: ignore[union-attr]
                                 for n, p in zip(self.versions.names, self.versions.master, strict=True)}

@@ -2,11 +2,13 @@
 
 The model is traced once (:func:`trace`; ``"layer"`` granularity keeps every child of an
 ``nn.Sequential`` whole, ``"op"`` is torch.fx's own granularity where a ResNet block's skip connection
-is a branch of the graph). Graph nodes get the ids the profiler gives them (:func:`node_ids`), so the
+is a branch of the graph; any other module is captured by :mod:`pipedream.capture`, each layer call one
+node). Graph nodes get the ids the profiler gives them (:func:`node_ids`), so the
 node sets of a :class:`~pipedream.plan.Plan` name the same operations.
 
 Stage ``s`` becomes its own ``fx.GraphModule`` holding only its operations and their sub-modules
-(parameter names stay those of the whole model, e.g. ``layer1.0.conv1.weight``). What crosses the
+(parameter names stay those of the whole model, e.g. ``layer1.0.conv1.weight``; a captured layer's ops are
+inlined). A parameter that operations of several stages read is in each of those stages' modules. What crosses the
 boundary after stage ``s`` is every value computed at or before stage ``s`` and used after it: a
 skip connection that jumps over several stages rides through the stages in between. Values that are
 tuples of tensors (GNMT's layers) cross as their flattened tensors and are rebuilt on the other side,
@@ -24,27 +26,46 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from pipedream.capture import flat_inputs, guard_inplace, inline, is_layer, run_graph
 from pipedream.errors import PipeDreamError
 
 OPS = ("call_module", "call_function", "call_method", "get_attr")
 
 
-def trace(model: nn.Module, granularity: str = "layer") -> fx.GraphModule:
-    """The model's ``torch.fx`` graph: one node per layer of a sequence (``"layer"``) or per op (``"op"``).
+def trace(model: nn.Module, granularity: str = "layer", example: Any = None, training: bool = True) -> fx.GraphModule:
+    """The model's graph, whose nodes the profiler times and the plans' stages name.
+
+    An ``nn.Sequential``: one node per child (``"layer"``) or torch.fx's leaf modules and functions (``"op"``).
+    Any other module is captured on ``example`` (:mod:`pipedream.capture`: torch.export, torch.fx, the Hugging
+    Face tracer): ``"layer"`` fuses each layer call into one node; ``"op"`` is torch.fx's graph where fx can
+    trace the model, else the captured ops. Export specialises shapes to the example's: capture on a batch of
+    the size that will run.
 
     Raises:
-        PipeDreamError: unknown granularity, or the model cannot be traced.
+        PipeDreamError: unknown granularity, no example for a module that needs one, or the model cannot be
+            captured (one line naming the failing code).
     """
     if granularity not in ("layer", "op"):
         raise PipeDreamError(f"unknown granularity {granularity!r}; use 'layer' or 'op'")
-    try:
-        if granularity == "layer":
-            from pipedream.models import trace_layers
+    if isinstance(model, nn.Sequential) or granularity == "op":
+        try:
+            if granularity == "layer":
+                from pipedream.models import trace_layers
 
-            return trace_layers(model)
-        return fx.symbolic_trace(model)
-    except Exception as e:  # fx raises many types for untraceable code
-        raise PipeDreamError(f"cannot trace {type(model).__name__} with torch.fx ({type(e).__name__}: {e})") from None
+                return trace_layers(model)
+            return fx.symbolic_trace(model)
+        except Exception as e:  # fx raises many types for untraceable code
+            if isinstance(model, nn.Sequential) or example is None:
+                raise PipeDreamError(f"cannot trace {type(model).__name__} with torch.fx "
+                                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if example is None:
+        raise PipeDreamError(f"capturing {type(model).__name__} needs an example input (a batch of its data)")
+    from pipedream import capture
+
+    ops, how = capture.capture_ops(model, example, training)
+    gm = capture.group_layers(ops, model) if granularity == "layer" else ops
+    gm.meta["captured_by"] = how
+    return gm
 
 
 def node_ids(gm: fx.GraphModule) -> dict[fx.Node, str]:
@@ -152,19 +173,15 @@ def split(gm: fx.GraphModule, stage_nodes: list[list[str]], example: Any) -> Par
 
 
 def _probe(gm: fx.GraphModule, example: Any) -> dict[fx.Node, Any]:
-    """Every node's value for ``example`` (no gradients, evaluation mode)."""
+    """Every node's value for ``example`` (no gradients, evaluation mode); a layer that fails is named."""
     values: dict[fx.Node, Any] = {}
-
-    class _Recorder(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            values[n] = super().run_node(n)
-            return values[n]
-
     was_training = gm.training
     gm.eval()
-    with torch.no_grad():
-        _Recorder(gm).run(*(example if isinstance(example, tuple) else (example,)))
-    gm.train(was_training)
+    try:
+        with torch.no_grad():
+            run_graph(gm, flat_inputs(example), node_ids(gm), values)
+    finally:
+        gm.train(was_training)
     return values
 
 
@@ -179,9 +196,14 @@ def _cut(n: fx.Node, value: Any, s: int) -> Cut:
 
 def _stage_module(gm: fx.GraphModule, owner: dict[fx.Node, int], s: int, cut_in: list[Cut] | None,
                   cut_out: list[Cut], output: fx.Node | None) -> fx.GraphModule:
-    """Stage ``s`` as a GraphModule: inputs are the model inputs (s = 0) or ``cut_in``'s flat tensors."""
+    """Stage ``s`` as a GraphModule: inputs are the model inputs (s = 0) or ``cut_in``'s flat tensors.
+
+    A fused layer of a captured model (:func:`pipedream.capture.group_layers`) is inlined, so the stage's
+    parameters have the model's own names; inputs that an in-place op would overwrite are cloned
+    (:func:`pipedream.capture.guard_inplace`: a received tensor is a leaf of autograd)."""
     g = fx.Graph()
-    env: dict[str, fx.Node] = {}
+    env: dict[str, Any] = {}
+    root: dict[str, Any] = {}
     if cut_in is None:
         for n in gm.graph.nodes:
             if n.op == "placeholder":
@@ -191,8 +213,16 @@ def _stage_module(gm: fx.GraphModule, owner: dict[fx.Node, int], s: int, cut_in:
             flat = [g.placeholder(c.name if c.items is None else f"{c.name}_{k}") for k in range(c.width)]
             env[c.name] = flat[0] if c.items is None else g.call_function(tuple, (flat,))
     for n in gm.graph.nodes:
-        if owner.get(n) == s:
-            env[n.name] = g.node_copy(n, lambda a: env[a.name])
+        if owner.get(n) != s:
+            continue
+        target = gm.get_submodule(str(n.target)) if n.op == "call_module" else None
+        if is_layer(target):
+            out = inline(g, target, fx.map_arg(n.args, lambda a: env[a.name]), root)
+            env[n.name] = g.call_function(tuple, (list(out),)) if isinstance(out, tuple) else out
+            continue
+        if n.op in ("get_attr", "call_module"):
+            root[str(n.target)] = target if target is not None else _fetch(gm, str(n.target))
+        env[n.name] = g.node_copy(n, lambda a: env[a.name])
     if output is not None:
         g.output(fx.map_arg(output.args[0], lambda a: env[a.name]))
     else:
@@ -201,5 +231,13 @@ def _stage_module(gm: fx.GraphModule, owner: dict[fx.Node, int], s: int, cut_in:
             v = env[c.name]
             flat_out += [v] if c.items is None else [g.call_function(operator.getitem, (v, k)) for k in range(c.items)]
         g.output(tuple(flat_out))
+    guard_inplace(g, {k: v for k, v in root.items() if isinstance(v, nn.Module)})
     g.lint()
-    return fx.GraphModule(gm, g, f"{type(gm).__name__}Stage{s}")
+    return fx.GraphModule(root, g, f"{type(gm).__name__}Stage{s}")
+
+
+def _fetch(module: nn.Module, target: str) -> Any:
+    obj: Any = module
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,23 +1,27 @@
 """A plan's stages as modules, and what crosses each boundary (§3.1 partitions).
 
-:func:`build_stages` cuts any torch.fx-traceable model along the plan's node ids
-(:mod:`pipedream.runtime.split`), chains and DAGs alike. For a chain of layers (the ``"layer"``
+:func:`build_stages` cuts any model along the plan's node ids (:mod:`pipedream.runtime.split`; a model that
+is not an ``nn.Sequential`` is captured first, :mod:`pipedream.capture`), chains and DAGs alike; a parameter
+that several stages read is held by each of them (:mod:`pipedream.runtime.shared`). For a chain of layers (the ``"layer"``
 granularity) stage ``s`` owns graph nodes ``node{i+1}`` = layer ``i`` of the sequence
 (:func:`pipedream.models.node_layer_index`); :func:`stage_layer_ranges` gives those ranges.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
+from pipedream.capture import flat_inputs
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
 from pipedream.plan import Plan
-from pipedream.runtime import split
+from pipedream.runtime import shared, split
+from pipedream.runtime.shared import Shared
 
 
 def stage_layer_ranges(plan: Plan, num_layers: int) -> list[range]:
@@ -85,44 +89,48 @@ class Stages:
     """A model cut into the stages of a plan.
 
     Attributes:
-        modules: stage ``s``'s module; stage 0 takes the model input, every later stage takes the
-            previous stage's flat tuple of tensors as ``*args``; all but the last return such a tuple.
-        boundaries: what leaves each stage, stages in order (the last one: the model output).
+        modules: stage ``s``'s module; stage 0 takes the model input (its flat tensors,
+            :func:`pipedream.capture.flat_inputs`), every later stage takes the previous stage's flat tuple of
+            tensors as ``*args``; all but the last return such a tuple.
+        boundaries: what leaves each stage, stages in order (the last one: the tensors of the model output).
+        shared: parameters several stages hold (:mod:`pipedream.runtime.shared`).
     """
 
     modules: list[nn.Module]
     boundaries: list[Boundary]
+    shared: list[Shared] = field(default_factory=list)
 
 
 def build_stages(model: nn.Module, plan: Plan, example: Any) -> Stages:
-    """Cut ``model`` into the stages of ``plan`` with torch.fx (:mod:`pipedream.runtime.split`).
+    """Cut ``model`` into the stages of ``plan`` (:mod:`pipedream.runtime.split`).
 
     Args:
         model: the whole model; the stage modules share its parameters (names unchanged).
         plan: its stages' node ids refer to a profile at ``plan.extra["granularity"]`` (default layer).
-        example: a model input of one sample ``(1, ...)``, run once to learn the boundary shapes.
+        example: a model input batch, run once to learn the boundary shapes; a model that is not an
+            ``nn.Sequential`` is captured on it (:mod:`pipedream.capture`), so give a batch of the size that runs.
     Raises:
-        PipeDreamError: the plan does not cover the model's graph exactly once in graph order, a
-            boundary carries something other than tensors, or two stages share a parameter.
+        PipeDreamError: the plan does not cover the model's graph exactly once in graph order, or a boundary
+            carries something other than tensors.
     """
-    gm = split.trace(model, granularity_of(plan))
+    gm = split.trace(model, granularity_of(plan), example)
     part = split.split(gm, [s.nodes for s in plan.stages], example)
-    owner: dict[int, tuple[int, str]] = {}
-    for s, module in enumerate(part.modules):
-        for name, p in module.named_parameters():
-            if owner.setdefault(id(p), (s, name))[0] != s:
-                raise PipeDreamError(f"parameter {name} is used by stages {owner[id(p)][0]} and {s} (tied weights); "
-                                     "re-plan so that all of its users are in one stage")
     out: list[Boundary] = []
     was_training = model.training
     model.eval()
+    for m in part.modules:
+        m.eval()
     with torch.no_grad():
-        x: Any = example if isinstance(example, tuple) else (example,)
-        for module in part.modules:
-            x = Boundary.unpack(module(*x))
+        x: Any = flat_inputs(example)
+        for s, module in enumerate(part.modules):
+            value = module(*x)
+            x = Boundary.unpack(value) if s + 1 < len(part.modules) else [
+                t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
             out.append(Boundary(tuple((tuple(t.shape[1:]), t.dtype) for t in x)))
     model.train(was_training)
-    return Stages(list(part.modules), out)
+    for m in part.modules:
+        m.train(was_training)
+    return Stages(list(part.modules), out, shared.find(part.modules))
 
 
 def straight_plan(model: str, num_layers: int, layers_per_stage: list[int], replicas: list[int] | None = None) -> Plan:

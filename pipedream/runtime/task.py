@@ -27,15 +27,15 @@ class Task:
     """A model to train and its data.
 
     Attributes:
-        model: the whole model as a flat ``nn.Sequential`` (weights from ``cfg.seed``).
+        model: the whole model (weights from ``cfg.seed``): a flat ``nn.Sequential`` or any module.
         example: one-sample model input ``(1, ...)`` for shape inference.
         train, val: data sets with ``len()`` and ``batch(indices) -> (input, target)``.
         criterion: ``criterion(output, target) -> scalar`` mean loss.
         ignore_index: target id that validation accuracy skips, as the loss does (padding); None: none.
     """
 
-    model: nn.Sequential
-    example: torch.Tensor
+    model: nn.Module
+    example: Any
     train: Any
     val: Any
     criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -44,6 +44,10 @@ class Task:
     def count_correct(self, output: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
         """:func:`count_correct` with this task's ``ignore_index``."""
         return count_correct(output, target, self.ignore_index)
+
+    def input_batch(self, n: int) -> Any:
+        """The inputs of the first ``n`` training samples: the example a model is captured on."""
+        return self.train.batch(list(range(min(n, len(self.train)))))[0]
 
 
 def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -57,6 +61,12 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
     from pipedream.data import synthetic
 
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
+    if cfg.datasets is not None:  # given as objects, or a function returning them (pipedream.train)
+        from pipedream.data.base import as_sample_set, limit
+
+        train, val = cfg.datasets() if callable(cfg.datasets) else cfg.datasets
+        return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
+                limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
     if cfg.model_factory is not None:
         if cfg.data == "synthetic":
             from pipedream.data.images import fmnist_synthetic
@@ -71,7 +81,12 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
         made = synthetic.require_spec(cfg.model, getattr(spec, "synthetic", None), cfg.preset)
         return synthetic.synthetic_datasets(made, cfg.train_subset, cfg.val_subset, cfg.seed)
     if hook is not None and data_dir is None:
-        return hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
+        from pipedream.data.base import as_sample_set, limit
+
+        train, val = hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
+        # the harness draws the subsets, whether the hook did or not (a smaller set is left as it is)
+        return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
+                limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
     return fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
 
 
@@ -86,7 +101,9 @@ def load_task(cfg: TrainConfig) -> Task:
         torch.manual_seed(cfg.seed)
         model = cfg.model_factory()
         train, val = load_datasets(cfg)
-        return Task(model, train.batch(torch.tensor([0]))[0], train, val, F.cross_entropy)
+        from pipedream.models import classification_loss
+
+        return Task(model, train.batch(torch.tensor([0]))[0], train, val, cfg.criterion or classification_loss)
     from pipedream.models import build_model, example_input, get_spec
 
     spec = get_spec(cfg.model)
@@ -97,14 +114,19 @@ def load_task(cfg: TrainConfig) -> Task:
     criterion = getattr(spec, "criterion", None) or F.cross_entropy
     return Task(model, example, train, val, criterion, getattr(spec, "ignore_index", None))
 
-def count_correct(output: torch.Tensor, target: torch.Tensor, ignore_index: int | None = None) -> tuple[int, int]:
+def count_correct(output: Any, target: torch.Tensor, ignore_index: int | None = None) -> tuple[int, int]:
     """(correct, counted) top-1 predictions: ``output (..., C)`` logits against ``target (...)`` ids.
 
     Positions whose target is ``ignore_index`` (padding) are not counted, as the loss ignores them
-    (``F.cross_entropy(ignore_index=...)``). Returns (0, 0) when the output is not a classification over
-    the target's shape.
+    (``F.cross_entropy(ignore_index=...)``). An output that is not a tensor (a tuple, a dict, a Hugging Face
+    ``ModelOutput``) counts its logits (:func:`pipedream.models.logits_of`). Returns (0, 0) when the output is
+    not a classification over the target's shape.
     """
-    if output.dim() < 1 or target.is_floating_point() or tuple(output.shape[:-1]) != tuple(target.shape):
+    from pipedream.models import logits_of
+
+    output = logits_of(output)
+    if (not isinstance(target, torch.Tensor) or output.dim() < 1 or target.is_floating_point()
+            or tuple(output.shape[:-1]) != tuple(target.shape)):
         return 0, 0
     hit = output.argmax(dim=-1) == target
     if ignore_index is None:

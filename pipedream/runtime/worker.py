@@ -25,8 +25,9 @@ import torch.distributed as dist
 from pipedream import schedules
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
+from pipedream.models import node_layer_index
 from pipedream.plan import Plan
-from pipedream.runtime import assemble, lr, split
+from pipedream.runtime import assemble, lr, shared, split
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
 from pipedream.runtime.comm import P2P
@@ -34,6 +35,7 @@ from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.memory_meter import CATEGORIES
 from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.shared import SharedGrads
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
@@ -76,18 +78,23 @@ class Batches:
         return self._batch(m, j)[1]
 
 
-def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int) -> Plan:
+def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int, example: Any = None) -> Plan:
     """The plan of the run: ``cfg.plan`` checked against model and world size, or an even straight split.
 
-    Without ``cfg.plan`` the model's layers (the operations of its layer-granularity graph) are split
-    into ``world`` consecutive stages of nearly equal length.
+    Without ``cfg.plan`` the model's layers (the operations of its layer-granularity graph, captured on
+    ``example`` for a model that is not an ``nn.Sequential``) are split into ``world`` consecutive stages of
+    nearly equal length.
     """
     if cfg.plan is None:
-        num_layers = sum(1 for n in split.trace(model).graph.nodes if n.op in split.OPS)
-        if world > num_layers:
-            raise PipeDreamError(f"{world} workers but the model has only {num_layers} layers")
-        sizes = [num_layers // world + (1 if i < num_layers % world else 0) for i in range(world)]
-        return straight_plan(cfg.model, num_layers, sizes)
+        gm = split.trace(model, "layer", example)
+        ops = [i for n, i in split.node_ids(gm).items() if n.op in split.OPS]
+        if world > len(ops):
+            raise PipeDreamError(f"{world} workers but the model has only {len(ops)} layers")
+        sizes = [len(ops) // world + (1 if i < len(ops) % world else 0) for i in range(world)]
+        plan = straight_plan(cfg.model, len(ops), sizes)
+        for stage in plan.stages:  # a model with several inputs numbers its layers after them
+            stage.nodes = [ops[node_layer_index(n)] for n in stage.nodes]
+        return plan
     plan = Plan.load(cfg.plan)
     if cfg.model_factory is None and ":" not in cfg.model and plan.model != cfg.model:
         raise PipeDreamError(f"plan {cfg.plan} is for model {plan.model!r}, not {cfg.model!r}")
@@ -160,14 +167,19 @@ def train(cfg: TrainConfig) -> None:
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
     task = load_task(cfg)
     model = task.model
-    plan = load_plan(cfg, model, world)
+    micro = cfg.batch_size // cfg.microbatches
+    # a captured model's graph is specialised to the batch it was captured on: the microbatch that runs
+    example = task.example if isinstance(model, torch.nn.Sequential) else task.input_batch(micro)
+    plan = load_plan(cfg, model, world, example)
     replicas = [s.replicas for s in plan.stages]
     stage_ranks = [list(s.ranks) for s in plan.stages]
     s = plan.stage_of_rank(rank)
-    stages = build_stages(model, plan, task.example)
-    shapes, module = stages.boundaries, stages.modules[s].to(device)
+    stages = build_stages(model, plan, example)
+    shared.check(stages.shared, replicas, cfg.schedule, cfg.clip_norm)
+    shapes, module, held = stages.boundaries, stages.modules[s].to(device), stages.shared
     del model, stages
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
+    shared_grads = SharedGrads(held, s, module, stage_ranks, cfg.comm_timeout_s) if held else None
     versions = WeightVersions(module, policy_of(cfg, replicas))
     optimizer = make_optimizer(cfg, versions.master)
     # NCCL matches point-to-point operations in issue order: one batch per step of the schedule
@@ -176,7 +188,6 @@ def train(cfg: TrainConfig) -> None:
 
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
-    micro = cfg.batch_size // cfg.microbatches
     segments = train_schedules(cfg, plan, nb)
     n_val = len(val_split) // micro
     eval_sched = schedules.forward_only(stage_ranks, n_val)
@@ -201,7 +212,7 @@ def train(cfg: TrainConfig) -> None:
                              on_backward=on_backward, bucket_bytes=cfg.bucket_bytes,
                              measure_memory=cfg.measure_memory,
                              memory_minibatches=MEMORY_MINIBATCHES_PER_STAGE * len(plan.stages) + 2,
-                             recompute=cfg.recompute)
+                             recompute=cfg.recompute, shared=shared_grads)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume:

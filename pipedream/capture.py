@@ -1,0 +1,667 @@
+"""Capture any ``nn.Module`` as a graph of layers that the profiler times and the planner cuts.
+
+An ``nn.Sequential`` keeps the registry's form: one node per child (:class:`pipedream.models.LayerTracer`).
+Any other module is captured once, on an example batch, by the first of these that works:
+
+1. ``torch.export.export(strict=False)``: ATen operations, shapes specialised to the example's (so a
+   graph is captured at the batch size it will run: the profiled minibatch, the run's microbatch);
+2. ``torch.fx.symbolic_trace``: shape-agnostic Python tracing, where export fails;
+3. for a ``transformers`` model, the Hugging Face fx tracer (``transformers.utils.fx``, which
+   transformers 5 no longer ships) where both fail.
+
+The module is called as ``model(x)`` for a tensor ``x``, ``model(*x)`` for a tuple, ``model(**x)`` for a dict
+(:func:`call_model`); the graph takes the flat tensors (:func:`flat_inputs`) and returns the model's output
+in its own structure (a tensor, a tuple, a Hugging Face ``ModelOutput``). Export bakes the training mode into
+its ops; dropout and batch norm are turned back into modules, so ``stage.eval()`` switches them.
+
+Layers (:func:`layer_paths`): the root and containers (``Sequential``, ``ModuleList``, ``ModuleDict``) are
+opened, and so is every module holding more than 1/16 of the parameters; what is left is a layer: a
+ResNet ``BasicBlock``, a GPT-2 block, an embedding. The ops of one call of a layer become one node
+(a small ``fx.GraphModule``); consecutive ops outside any layer (``x.flatten(1)`` between two layers, a
+causal mask) become one node too. Parameters keep the model's names, and a stage's module is made of the
+inlined ops (:func:`inline`), so a stage's ``named_parameters()`` are those of the model. A parameter used by
+two layers (tied input and output embeddings) is read by each of them: when they fall in different stages,
+both stages hold it (:mod:`pipedream.runtime.shared`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import logging
+import operator
+import os
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils import _pytree as pytree
+
+from pipedream.errors import PipeDreamError
+
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+LAYER_FRACTION = 1 / 16  # a module holding more of the model's parameters than this is opened into its children
+_PREFIX = "model"  # the wrapper's attribute holding the user's model (stripped from every name)
+_OWN = "_pd_"  # names of the modules capture adds (output structure, training-mode ops)
+OUTPUT = "_pd_output"
+
+
+def call_args(x: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` a model is called with for input ``x``: a dict is keywords, a tuple or list is positional
+    arguments, anything else the one argument."""
+    if isinstance(x, dict):
+        return (), dict(x)
+    if isinstance(x, tuple | list):
+        return tuple(x), {}
+    return (x,), {}
+
+
+def call_model(model: nn.Module, x: Any) -> Any:
+    """``model`` on input ``x`` (:func:`call_args`)."""
+    args, kwargs = call_args(x)
+    return model(*args, **kwargs)
+
+
+def to_device(x: Any, device: torch.device | str) -> Any:
+    """``x`` (a tensor, or a tuple or dict of them) with every tensor on ``device``."""
+    return pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, x)
+
+
+def flat_inputs(x: Any) -> tuple[Any, ...]:
+    """The flat inputs of a captured graph for input ``x``: its tensors (pytree leaves) in order."""
+    if isinstance(x, torch.Tensor):
+        return (x,)
+    return tuple(pytree.tree_leaves(x))
+
+
+def batch_size(x: Any) -> int:
+    """Samples in input ``x``: the first dimension of its first tensor."""
+    return int(next(t for t in flat_inputs(x) if isinstance(t, torch.Tensor)).shape[0])
+
+
+class Restructure(nn.Module):
+    """The last node of a captured graph: the model's output structure rebuilt from its flat values."""
+
+    def __init__(self, spec: pytree.TreeSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+    def forward(self, *leaves: Any) -> Any:
+        return pytree.tree_unflatten(list(leaves), self.spec)
+
+    def extra_repr(self) -> str:
+        return getattr(self.spec.type, "__name__", str(self.spec.type))
+
+
+class TrainingOp(nn.Module):
+    """An op that export captured in training mode (dropout's ``train=True``, attention's ``dropout_p``), run
+    with this module's training flag instead: argument ``slot`` (an index or a keyword) is ``on`` in training
+    and ``off`` in evaluation. The op's other tensor arguments are this module's inputs, in order."""
+
+    def __init__(self, op: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], slot: int | str,
+                 on: Any, off: Any) -> None:
+        super().__init__()
+        self.op, self.args, self.kwargs, self.slot, self.on, self.off = op, args, kwargs, slot, on, off
+
+    def forward(self, *tensors: Any) -> Any:
+        it = iter(tensors)
+        args, kwargs = pytree.tree_map(lambda a: next(it) if isinstance(a, _Slot) else a,
+                                       (list(self.args), dict(self.kwargs)))
+        mode = self.on if self.training else self.off
+        if isinstance(self.slot, int):
+            args[self.slot] = mode
+        else:
+            kwargs[self.slot] = mode
+        return self.op(*args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return f"{self.op}, {self.slot}={self.on} in training"
+
+
+class _Slot:
+    """Where a :class:`TrainingOp`'s input goes in its op's arguments (a type, so that copies still match)."""
+
+
+def _training_op(n: fx.Node) -> tuple[TrainingOp, list[fx.Node]] | None:
+    """A :class:`TrainingOp` for a dropout or an attention with dropout that export captured in training mode,
+    and the nodes it takes; None for any other node."""
+    aten = torch.ops.aten
+    dropouts = {aten.dropout.default, aten.feature_dropout.default, aten.alpha_dropout.default,
+                aten.feature_alpha_dropout.default}
+    if n.op != "call_function":
+        return None
+    if n.target in dropouts and len(n.args) >= 3:
+        slot, on, off = 2, n.args[2], False
+    elif n.target is aten.scaled_dot_product_attention.default:
+        slot = 4 if len(n.args) > 4 else "dropout_p"
+        on = n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0)
+        if not on:
+            return None
+        off = 0.0
+    else:
+        return None
+    nodes: list[fx.Node] = []
+
+    def mark(a: Any) -> Any:
+        if isinstance(a, fx.Node):
+            nodes.append(a)
+            return _Slot()
+        return a
+
+    args, kwargs = pytree.tree_map(mark, (tuple(n.args), dict(n.kwargs)))
+    return TrainingOp(n.target, args, kwargs, slot, on, off), nodes
+
+
+def _flat_wrapper(model: nn.Module, spec: pytree.TreeSpec, n: int) -> nn.Module:
+    """A module whose ``forward(x0, ..., x{n-1})`` rebuilds the model's arguments from ``spec`` and calls it
+    (explicit parameters: fx makes one placeholder of each)."""
+    names = ", ".join(f"x{i}" for i in range(n))
+    scope: dict[str, Any] = {}
+    exec(f"def forward(self, {names}):\n    return self.call([{names}])\n", scope)  # noqa: S102 - generated arity
+
+    class Flat(nn.Module):
+        forward = scope["forward"]
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def call(self, leaves: list[Any]) -> Any:
+            args, kwargs = pytree.tree_unflatten(leaves, spec)
+            return self.model(*args, **kwargs)
+
+    return Flat()
+
+
+def _strip(name: str) -> str:
+    """A name inside the wrapper as the model's own: ``model.fc.weight`` -> ``fc.weight``, ``model`` -> ``""``."""
+    if name == _PREFIX:
+        return ""
+    return name.removeprefix(_PREFIX + ".")
+
+
+def _fetch(module: nn.Module, target: str) -> Any:
+    return functools.reduce(getattr, target.split("."), module)
+
+
+_NOT_USERS = (os.path.dirname(torch.__file__), os.path.dirname(__file__))  # torch's frames and ours
+
+
+def _user_frame(e: BaseException) -> str:
+    """``file:line (`source`)`` of the deepest traceback frame outside torch and pipedream, or ``""``."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(_NOT_USERS) and "<" not in f.filename]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} (`{(f.line or '').strip()[:60]}`)"
+
+
+def _user_layer(e: BaseException, model: nn.Module) -> str:
+    """``path (Type)`` of the innermost module of ``model`` whose ``forward`` the traceback passes through."""
+    names = {id(m): name for name, m in model.named_modules()}
+    found = ""
+    tb = e.__traceback__
+    while tb is not None:
+        me = tb.tb_frame.f_locals.get("self")
+        if isinstance(me, nn.Module) and names.get(id(me)):
+            found = f"{names[id(me)]} ({type(me).__name__})"
+        tb = tb.tb_next
+    return found
+
+
+def first_line(e: BaseException, limit: int = 160) -> str:
+    """The first non-empty line of an exception's message (its type if it has none), at most ``limit`` chars."""
+    line = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    return line[:limit]
+
+
+def _reason(e: BaseException, model: nn.Module) -> str:
+    layer, where = _user_layer(e, model), _user_frame(e)
+    return first_line(e) + (f" in layer {layer}" if layer else "") + (f" at {where}" if where else "")
+
+
+def shapes(values: Any) -> str:
+    """``(4, 16) int64, (4, 16) float32``: shape and dtype of each tensor in ``values``."""
+    ts = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in ts) or "no tensors"
+
+
+def describe(gm: fx.GraphModule, node: fx.Node) -> str:
+    """What node ``node`` of a graph is, for messages and profiles: a layer's class and name, a module's repr,
+    a function's name."""
+    if node.op == "call_module":
+        module = gm.get_submodule(str(node.target))
+        return getattr(module, "_pd_desc", None) or repr(module).replace("\n", " ")
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return str(node.target)
+
+
+def run_graph(gm: fx.GraphModule, inputs: tuple[Any, ...], ids: dict[fx.Node, str] | None = None,
+              record: dict[fx.Node, Any] | None = None) -> Any:
+    """``gm(*inputs)``, node by node; a node that raises is named in a one-line error.
+
+    Args:
+        ids: node ids to name nodes by (the profile's), else their graph names.
+        record: filled with every node's value.
+    Raises:
+        PipeDreamError: ``layer <id> (<what it is>) failed on <input shapes and dtypes>: <reason>``.
+    """
+
+    failure: list[str] = []
+
+    class Runner(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            try:
+                value = super().run_node(n)
+            except Exception as e:  # shape and dtype errors of the model's own code
+                if not failure:  # the innermost node (fx re-raises through the nodes that contain it)
+                    args = fx.node.map_arg((n.args, n.kwargs), lambda a: self.env.get(a))
+                    name = (ids or {}).get(n, n.name)
+                    failure.append(e.args[0] if isinstance(e, PipeDreamError) else
+                                   f"layer {name} ({describe(gm, n)[:80]}) failed on {shapes(args)}: {first_line(e)}")
+                raise
+            if record is not None:
+                record[n] = value
+            return value
+
+    try:
+        return Runner(gm).run(*inputs)
+    except Exception:
+        if failure:  # fx appends its own notes to the exception: say it in one line instead
+            raise PipeDreamError(failure[0]) from None
+        raise
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the tracers' own warnings and logs (a failed export logs the graph it got): the reason is in
+    the one line :func:`capture_ops` raises."""
+    names = ("torch.fx.experimental.symbolic_shapes", "torch.export", "torch._export", "torch._dynamo",
+             "torch.fx._symbolic_trace", "torch._subclasses", "transformers")
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):  # export prints what failed
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _export(model: nn.Module, leaves: list[Any], spec: pytree.TreeSpec) -> tuple[fx.GraphModule, pytree.TreeSpec]:
+    ep = torch.export.export(_flat_wrapper(model, spec, len(leaves)), tuple(leaves), strict=False)
+    return ep.module(), ep.call_spec.out_spec
+
+
+def _fx(model: nn.Module, leaves: list[Any], spec: pytree.TreeSpec) -> tuple[fx.GraphModule, pytree.TreeSpec | None]:
+    return fx.symbolic_trace(_flat_wrapper(model, spec, len(leaves))), None
+
+
+def _hf_fx(model: nn.Module, leaves: list[Any], spec: pytree.TreeSpec) -> tuple[fx.GraphModule, pytree.TreeSpec | None]:
+    from transformers.utils import fx as hf_fx  # transformers < 5
+
+    args, kwargs = pytree.tree_unflatten(list(leaves), spec)
+    if args:
+        import inspect
+
+        names = list(inspect.signature(model.forward).parameters)[:len(args)]
+    else:
+        names = list(kwargs)
+    gm = hf_fx.symbolic_trace(model, input_names=names)
+    # its names are the model's own: prefix them as the wrapper's would be
+    for n in gm.graph.nodes:
+        if n.op in ("get_attr", "call_module"):
+            n.target = f"{_PREFIX}.{n.target}"
+    wrapped = nn.Module()
+    wrapped.model = model
+    return fx.GraphModule(wrapped, gm.graph), None
+
+
+def is_transformers_model(model: nn.Module) -> bool:
+    """Whether ``model`` is a Hugging Face ``transformers`` model (without importing transformers)."""
+    return any(c.__module__.startswith("transformers.") for c in type(model).__mro__)
+
+
+def capture_ops(model: nn.Module, example: Any, training: bool = True) -> tuple[fx.GraphModule, str]:
+    """The model's op graph and how it was captured (``"torch.export"``, ``"torch.fx"``, ``"transformers fx"``).
+
+    The graph takes :func:`flat_inputs` of an input and ends with the model's output rebuilt in its own
+    structure (a :class:`Restructure` node, unless the output is one tensor); its ``get_attr`` and
+    ``call_module`` targets are the model's own names, holding the model's own parameters. The model is
+    captured in training mode (``training``; in evaluation mode dropout leaves no op and batch norm accepts a
+    batch of one) and left in the mode it was in.
+
+    Raises:
+        PipeDreamError: no capture worked; one line with each one's reason (the failing line of the model's
+            code where there is one) and what to do.
+    """
+    args, kwargs = call_args(example)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    ways: list[tuple[str, Callable[..., tuple[fx.GraphModule, Any]]]] = [("torch.export", _export), ("torch.fx", _fx)]
+    if is_transformers_model(model):
+        ways.append(("transformers fx", _hf_fx))
+    failures = []
+    was_training = model.training
+    model.train(training)
+    try:
+        with _quiet():
+            for how, way in ways:
+                try:
+                    gm, out_spec = way(model, leaves, spec)
+                    return _clean(gm, out_spec, model), how
+                except ImportError:
+                    failures.append(f"{how}: not installed")
+                except Exception as e:  # the tracers raise anything the model's code raises
+                    failures.append(f"{how}: {_reason(e, model)}")
+    finally:
+        model.train(was_training)
+    raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); fix the first "
+                         "reason (a shape or dtype error: check the data against the model), or make that code "
+                         "traceable (no Python branch on a tensor's value), or return an nn.Sequential of layers")
+
+
+def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Module) -> fx.GraphModule:
+    """A plain copy of a captured graph: the model's names and objects (export's module holds copies of the
+    model's modules), no export guards or asserts, dropout and batch norm as modules (training flag at run
+    time), flat output rebuilt by :class:`Restructure`."""
+
+    def fetch(target: str) -> Any:
+        return _fetch(model, _strip(target)) if target.startswith(_PREFIX + ".") else _fetch(gm, target)
+
+    g = fx.Graph()
+    env: dict[fx.Node, Any] = {}
+    root: dict[str, Any] = {}
+    aten = torch.ops.aten
+    output = None
+    for n in gm.graph.nodes:
+        if n.op == "output":
+            output = n
+            continue
+        if _is_check(n):
+            continue
+        if n.op in ("get_attr", "call_module"):
+            root[_strip(n.target)] = fetch(n.target)
+        mode_op = _training_op(n)
+        if mode_op is not None:
+            name = f"_pd_train_mode{sum(1 for k in root if k.startswith('_pd_train_mode'))}"
+            root[name] = mode_op[0]
+            env[n] = g.call_module(name, tuple(env[a] for a in mode_op[1]))
+            env[n].meta = dict(n.meta)
+            continue
+        if n.op == "call_function" and n.target is aten.batch_norm.default:
+            bn = _batch_norm_module(model, n)
+            if bn is not None:
+                root[bn[0]] = bn[1]
+                env[n] = g.call_module(bn[0], (env[n.args[0]],))
+                env[n].meta = dict(n.meta)
+                continue
+        if n.op == "call_function" and n.target is aten.add_.Tensor and _is_counter(gm, n.args[0]):
+            continue  # num_batches_tracked += 1: the batch norm module counts itself
+        node = g.node_copy(n, lambda a: env[a])
+        if n.op in ("get_attr", "call_module"):
+            node.target = _strip(n.target)
+        env[n] = node
+    assert output is not None
+    result = fx.map_arg(output.args[0], lambda a: env[a])
+    if out_spec is None:  # traced by fx: the output is the model's own structure
+        leaves, out_spec = pytree.tree_flatten(result)
+    else:
+        leaves = list(result) if isinstance(result, tuple | list) else [result]
+    if out_spec.is_leaf():
+        g.output(leaves[0])
+    else:
+        root[OUTPUT] = Restructure(out_spec)
+        g.output(g.call_module(OUTPUT, tuple(leaves)))
+    for n in list(g.nodes):  # nodes only the dropped checks used (their get_attrs)
+        if n.op == "get_attr" and not n.users:
+            g.erase_node(n)
+    g.lint()
+    return fx.GraphModule(root, g, "Captured")
+
+
+def _is_check(n: fx.Node) -> bool:
+    """Export's run-time guards and shape assertions: no value, nothing to time."""
+    if n.op == "call_module" and str(n.target).endswith("_guards_fn"):
+        return True
+    name = getattr(n.target, "__name__", str(n.target))
+    return n.op == "call_function" and not n.users and ("_assert" in name or "sym_constrain" in name)
+
+
+def _is_counter(gm: fx.GraphModule, a: Any) -> bool:
+    return isinstance(a, fx.Node) and a.op == "get_attr" and str(a.target).endswith("num_batches_tracked")
+
+
+def _batch_norm_module(model: nn.Module, n: fx.Node) -> tuple[str, nn.Module] | None:
+    """``(model's name, module)`` of the batch norm module an ``aten.batch_norm`` node came from, if found."""
+    stats = n.args[3] if len(n.args) > 3 else None
+    if not (isinstance(stats, fx.Node) and stats.op == "get_attr" and str(stats.target).startswith(_PREFIX + ".")
+            and str(stats.target).endswith(".running_mean")):
+        return None
+    path = _strip(str(stats.target).removesuffix(".running_mean"))
+    module = _fetch(model, path)
+    if not isinstance(module, nn.modules.batchnorm._BatchNorm):
+        return None
+    return path, module
+
+
+# ------------------------------------------------------------------------------------------------ layers
+
+
+def layer_paths(model: nn.Module, fraction: float = LAYER_FRACTION) -> set[str]:
+    """Qualified names of the modules that are layers (see the module docstring)."""
+    total = sum(p.numel() for p in model.parameters())
+    out: set[str] = set()
+
+    def visit(path: str, m: nn.Module) -> None:
+        kids = list(m.named_children())
+        held = sum(p.numel() for p in m.parameters())
+        if kids and (not path or isinstance(m, CONTAINERS) or held > total * fraction):
+            for name, child in kids:
+                visit(f"{path}.{name}" if path else name, child)
+        else:
+            out.add(path)
+
+    visit("", model)
+    return out
+
+
+def _stack(n: fx.Node) -> list[tuple[str, str]]:
+    """``(call key, module path)`` of the module calls ``n`` is inside, outermost first, the wrapper left out."""
+    out = []
+    for key, value in (n.meta.get("nn_module_stack") or {}).items():
+        path = value[0] if isinstance(value, tuple) else str(value)
+        path = _strip(path) if path.startswith(_PREFIX) else path
+        if path:
+            out.append((str(key), path))
+    return out
+
+
+def _layer_key(n: fx.Node, layers: set[str]) -> tuple[str, str, str]:
+    """``("layer", call key, path)`` of the layer call ``n`` belongs to, or ``("glue", "", parent path)``."""
+    stack = _stack(n)
+    if n.op == "call_module" and not str(n.target).startswith(_OWN) and not any(p == n.target for _, p in stack):
+        stack.append((str(n.target), str(n.target)))
+    for key, path in stack:
+        if path in layers:
+            return ("layer", key, path)
+    return ("glue", "", stack[-1][1] if stack else "")
+
+
+def group_layers(ops: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
+    """The op graph with the ops of each layer call (and each run of glue ops) fused into one
+    ``call_module`` node (an ``fx.GraphModule`` marked ``_pd_layer``; see the module docstring)."""
+    layers = layer_paths(model)
+    runs: list[tuple[tuple[str, str, str], list[fx.Node]]] = []
+    for n in ops.graph.nodes:
+        if n.op in ("placeholder", "get_attr", "output"):
+            continue
+        if n.op == "call_module" and n.target == OUTPUT:
+            continue
+        key = _layer_key(n, layers)
+        if runs and runs[-1][0] == key:
+            runs[-1][1].append(n)
+        else:
+            runs.append((key, [n]))
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    root: dict[str, Any] = {}
+    names: set[str] = set()
+
+    def value(a: fx.Node) -> fx.Node:
+        if a not in env and a.op == "get_attr":  # a parameter used outside every layer: read it here
+            env[a] = g.get_attr(a.target)
+            root[str(a.target)] = _fetch(ops, str(a.target))
+        return env[a]
+
+    for n in ops.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = g.node_copy(n)
+    for (kind, _, path), members in runs:
+        inside = set(members)
+        inputs: list[fx.Node] = []
+        for n in members:
+            for a in n.all_input_nodes:
+                if a not in inside and a.op != "get_attr" and a not in inputs:
+                    inputs.append(a)
+        outs = [n for n in members if any(u not in inside for u in n.users)]
+        name = _unique((path or "model").replace(".", "_") + ("_glue" if kind == "glue" else ""), names)
+        fused = _fuse(ops, members, inputs, outs, name)
+        fused._pd_desc = (f"{type(_fetch(model, path)).__name__} {path}" if kind == "layer"
+                          else f"ops {', '.join(_op_name(n) for n in members)[:100]}")
+        root[name] = fused
+        call = g.call_module(name, tuple(value(a) for a in inputs))
+        if len(outs) == 1:
+            env[outs[0]] = call
+        else:
+            for k, o in enumerate(outs):
+                env[o] = g.call_function(operator.getitem, (call, k))
+    output = next(n for n in ops.graph.nodes if n.op == "output")
+    last = output.args[0]
+    if isinstance(last, fx.Node) and last.op == "call_module" and last.target == OUTPUT:
+        root[OUTPUT] = ops.get_submodule(OUTPUT)
+        last = g.call_module(OUTPUT, fx.map_arg(last.args, value))
+    else:
+        last = fx.map_arg(last, value)
+    g.output(last)
+    g.lint()
+    return fx.GraphModule(root, g, "Layers")
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    k, out = 1, name
+    while out in taken:
+        out, k = f"{name}_{k}", k + 1
+    taken.add(out)
+    return out
+
+
+def _op_name(n: fx.Node) -> str:
+    if n.op == "call_function":
+        return str(getattr(n.target, "__name__", n.target)).split(".")[0]
+    return str(n.target)
+
+
+def _fuse(ops: fx.GraphModule, members: list[fx.Node], inputs: list[fx.Node], outs: list[fx.Node],
+          name: str) -> fx.GraphModule:
+    sub = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {a: sub.placeholder(a.name) for a in inputs}
+    root: dict[str, Any] = {}
+    for n in members:
+        for a in n.all_input_nodes:
+            if a.op == "get_attr" and a not in env:
+                env[a] = sub.node_copy(a)
+                root[str(a.target)] = _fetch(ops, str(a.target))
+        if n.op == "call_module":
+            root[str(n.target)] = ops.get_submodule(str(n.target))
+        env[n] = sub.node_copy(n, lambda a: env[a])
+    sub.output(env[outs[0]] if len(outs) == 1 else tuple(env[o] for o in outs))
+    guard_inplace(sub, root)
+    fused = fx.GraphModule(root, sub, name)
+    fused._pd_layer = True
+    return fused
+
+
+def is_layer(module: Any) -> bool:
+    """Whether ``module`` is a fused layer of :func:`group_layers` (which :func:`inline` opens)."""
+    return isinstance(module, fx.GraphModule) and getattr(module, "_pd_layer", False)
+
+
+def inline(g: fx.Graph, layer: fx.GraphModule, args: tuple[Any, ...], root: dict[str, Any]) -> Any:
+    """Copy ``layer``'s ops into ``g`` on ``args`` (nodes of ``g``), adding the objects they read to ``root``;
+    returns the node (or tuple of nodes) of its output."""
+    env: dict[fx.Node, Any] = {}
+    phs = iter(args)
+    for n in layer.graph.nodes:
+        if n.op == "placeholder":
+            env[n] = next(phs)
+        elif n.op == "output":
+            return fx.map_arg(n.args[0], lambda a: env[a])
+        else:
+            if n.op in ("get_attr", "call_module"):
+                root[str(n.target)] = _fetch(layer, str(n.target))
+            env[n] = g.node_copy(n, lambda a: env[a])
+    raise AssertionError("a graph without an output")
+
+
+# ------------------------------------------------------------------------------------------------ in-place
+
+_VIEWS = {"view", "reshape", "_unsafe_view", "slice", "select", "expand", "transpose", "permute", "unsqueeze",
+          "squeeze", "t", "alias", "as_strided", "narrow", "flatten", "unflatten", "split", "chunk", "getitem",
+          "view_as", "unbind", "detach", "contiguous"}
+
+
+def _base_name(n: fx.Node) -> str:
+    """``relu_`` for ``aten.relu_.default``, ``torch.relu_``, ``x.relu_()``; ``iadd`` for ``operator.iadd``."""
+    t = n.target
+    if n.op == "call_method":
+        return str(t)
+    name = getattr(t, "__name__", str(t))
+    if hasattr(t, "overloadpacket"):
+        name = t.overloadpacket.__name__  # type: ignore[union-attr]
+    return str(name).split(".")[0]
+
+
+def is_inplace(n: fx.Node, modules: dict[str, Any]) -> bool:
+    """Whether node ``n`` overwrites its first argument (``relu_``, ``x += y``, ``nn.ReLU(inplace=True)``, ...)."""
+    if n.op == "call_module":
+        return bool(getattr(modules.get(str(n.target)), "inplace", False))
+    if n.op not in ("call_function", "call_method"):
+        return False
+    if n.kwargs.get("inplace") is True:
+        return True
+    name = _base_name(n)
+    return (name.endswith("_") and not name.startswith("_")) or name in ("iadd", "isub", "imul", "itruediv")
+
+
+def guard_inplace(g: fx.Graph, modules: dict[str, Any]) -> int:
+    """Clone every input of ``g`` that an in-place op would overwrite (directly or through a view): a tensor
+    received from the previous stage is a leaf of autograd, which refuses in-place changes, and the input of a
+    timed layer must stay the same across calls. Returns the inputs cloned."""
+    marked: list[fx.Node] = []
+    for n in g.nodes:
+        if not (n.args and isinstance(n.args[0], fx.Node) and is_inplace(n, modules)):
+            continue
+        a = n.args[0]
+        while a.op != "placeholder" and a.args and isinstance(a.args[0], fx.Node) and _base_name(a) in _VIEWS:
+            a = a.args[0]
+        if a.op == "placeholder" and a not in marked:
+            marked.append(a)
+    last = [n for n in g.nodes if n.op == "placeholder"][-1] if marked else None
+    for ph in marked:
+        users = list(ph.users)
+        with g.inserting_after(last):
+            copy = g.call_method("clone", (ph,))
+        for u in users:
+            u.replace_input_with(ph, copy)
+    if marked:
+        g.lint()
+    return len(marked)
