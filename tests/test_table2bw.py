@@ -11,7 +11,7 @@ import yaml
 
 from pipedream.table2bw import table
 from tests.conftest import REPO
-from tests.test_workflow import _job_counts, _snakemake
+from tests.test_workflow import _dry_run, _job_counts
 
 
 def _fake_run(folder: Path, samples_per_epoch: int, epoch_s: float, val_losses: list[float], peak: float) -> None:
@@ -62,11 +62,7 @@ def test_workflow_dry_run(tmp_path: Path) -> None:
     from pipedream.runtime.config import SCHEDULES
 
     cfg = yaml.safe_load((REPO / "experiments" / "2bw.yaml").read_text())
-    cfg["results_dir"] = str(tmp_path / "results")
-    for key in ("clusters_file", "paper_table"):
-        cfg[key] = str(REPO / cfg[key])
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    proc = _snakemake("--dry-run", "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), "--directory", str(REPO))
+    proc = _dry_run(cfg, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = _job_counts(proc.stdout)
     runnable = [s for s in cfg["twobw"]["schedules"] if s == "dp" or s in SCHEDULES]

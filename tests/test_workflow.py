@@ -19,6 +19,16 @@ def _snakemake(*args: str, cwd: Path = REPO, timeout: int = 900) -> subprocess.C
                           text=True, timeout=timeout)
 
 
+def _dry_run(cfg: dict, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Snakemake's dry run of ``cfg`` (a config as read from experiments/) with its results under ``tmp_path``,
+    where nothing exists, so every job is planned."""
+    cfg["results_dir"] = str(tmp_path / "results")
+    for key in ("clusters_file", "paper_table"):
+        cfg[key] = str(REPO / cfg[key])
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    return _snakemake("--dry-run", "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), "--directory", str(REPO))
+
+
 def _job_counts(out: str) -> dict[str, int]:
     """Rule -> job count from the 'Job stats' table of a dry run."""
     lines = out.split("Job stats:")[1].splitlines()[3:]
@@ -35,11 +45,7 @@ def _job_counts(out: str) -> dict[str, int]:
                                                      ("experiments/table1.yaml", 7, 14)])
 def test_dry_run(config: str, models: int | None, trains: int | None, tmp_path: Path) -> None:
     cfg = yaml.safe_load((REPO / config).read_text())
-    cfg["results_dir"] = str(tmp_path / "results")  # nothing exists there: every job is planned
-    for key in ("clusters_file", "paper_table"):
-        cfg[key] = str(REPO / cfg[key])
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    proc = _snakemake("--dry-run", "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), "--directory", str(REPO))
+    proc = _dry_run(cfg, tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = _job_counts(proc.stdout)
     n = len(cfg["models"])

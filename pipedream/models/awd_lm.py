@@ -136,16 +136,17 @@ def lm_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def perplexity(model: nn.Module, val: SampleSet, batch_size: int = 64) -> float:
-    """``exp`` of the mean token cross-entropy of ``model`` (eval mode) over every window of ``val``."""
+    """``exp`` of the mean token cross-entropy of ``model`` (eval mode) over every target token of ``val``; a
+    target of -100 (``F.cross_entropy``'s ``ignore_index``: BERT's unmasked positions) does not count."""
     was = model.training
     model.eval()
     total, tokens = 0.0, 0
     for start in range(0, len(val), batch_size):
         x, y = val.batch(range(start, min(start + batch_size, len(val))))
         total += float(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="sum"))
-        tokens += y.numel()
+        tokens += int((y != -100).sum())
     model.train(was)
-    return math.exp(total / tokens)
+    return math.exp(total / max(tokens, 1))
 
 
 def _datasets(preset: str, train_subset: int | None, val_subset: int | None, seed: int) -> tuple[SampleSet, SampleSet]:

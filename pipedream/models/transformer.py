@@ -30,7 +30,6 @@ replaced by a ``[MASK]`` id (the vocabulary's last id) and are the only targets;
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -41,6 +40,7 @@ from torch import nn
 from pipedream.data.base import Sample, SampleSet
 from pipedream.data.synthetic import SyntheticSpec, sequence_spec
 from pipedream.models import ModelSpec, register
+from pipedream.models.awd_lm import perplexity  # the same metric, -100 targets skipped
 
 IGNORE = -100  # target id of a position the masked-LM loss skips (F.cross_entropy's default ignore_index)
 # Words of the reduced models' Penn Treebank vocabulary, <unk> and <eos> included (the most frequent ones; the rest
@@ -179,19 +179,6 @@ def lm_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     target is :data:`IGNORE` (BERT's unmasked ones) do not count."""
     return F.cross_entropy(output.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
 
-
-@torch.no_grad()
-def perplexity(model: nn.Module, val: SampleSet, batch_size: int = 64) -> float:
-    """``exp`` of the mean cross-entropy over every counted target token of ``val`` (eval mode)."""
-    was = model.training
-    model.eval()
-    total, tokens = 0.0, 0
-    for start in range(0, len(val), batch_size):
-        x, y = val.batch(range(start, min(start + batch_size, len(val))))
-        total += float(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"))
-        tokens += int((y != IGNORE).sum())
-    model.train(was)
-    return math.exp(total / max(tokens, 1))
 
 
 class _Masked(Sequence[Sample]):
