@@ -14,12 +14,12 @@ The module is called as ``model(x)`` for a tensor ``x``, ``model(*x)`` for a tup
 in its own structure (a tensor, a tuple, a Hugging Face ``ModelOutput``). Export bakes the training mode into
 its ops; dropout and batch norm are turned back into modules, so ``stage.eval()`` switches them.
 
-Layers (:func:`layer_paths`): the root and containers (``Sequential``, ``ModuleList``, ``ModuleDict``) are
+Layers (:func:`pipedream.layers.layer_paths`): the root and containers (``Sequential``, ``ModuleList``, ``ModuleDict``) are
 opened, and so is every module holding more than 1/16 of the parameters; what is left is a layer: a
 ResNet ``BasicBlock``, a GPT-2 block, an embedding. The ops of one call of a layer become one node
 (a small ``fx.GraphModule``); consecutive ops outside any layer (``x.flatten(1)`` between two layers, a
 causal mask) become one node too. Parameters keep the model's names, and a stage's module is made of the
-inlined ops (:func:`inline`), so a stage's ``named_parameters()`` are those of the model. A parameter used by
+inlined ops (:func:`pipedream.layers.inline`), so a stage's ``named_parameters()`` are those of the model. A parameter used by
 two layers (tied input and output embeddings) is read by each of them: when they fall in different stages,
 both stages hold it (:mod:`pipedream.runtime.shared`).
 """
@@ -30,7 +30,6 @@ import contextlib
 import functools
 import io
 import logging
-import operator
 import os
 import traceback
 import warnings
@@ -43,10 +42,7 @@ from torch.utils import _pytree as pytree
 
 from pipedream.errors import PipeDreamError
 
-CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-LAYER_FRACTION = 1 / 16  # a module holding more of the model's parameters than this is opened into its children
-_PREFIX = "model"  # the wrapper's attribute holding the user's model (stripped from every name)
-_OWN = "_pd_"  # names of the modules capture adds (output structure, training-mode ops)
+PREFIX = "model"  # the wrapper's attribute holding the user's model (stripped from every name)
 OUTPUT = "_pd_output"
 
 
@@ -177,14 +173,15 @@ def _flat_wrapper(model: nn.Module, spec: pytree.TreeSpec, n: int) -> nn.Module:
     return Flat()
 
 
-def _strip(name: str) -> str:
+def strip_prefix(name: str) -> str:
     """A name inside the wrapper as the model's own: ``model.fc.weight`` -> ``fc.weight``, ``model`` -> ``""``."""
-    if name == _PREFIX:
+    if name == PREFIX:
         return ""
-    return name.removeprefix(_PREFIX + ".")
+    return name.removeprefix(PREFIX + ".")
 
 
-def _fetch(module: nn.Module, target: str) -> Any:
+def get_path(module: nn.Module, target: str) -> Any:
+    """The attribute at dotted path ``target`` of ``module`` (a submodule, parameter or buffer)."""
     return functools.reduce(getattr, target.split("."), module)
 
 
@@ -320,7 +317,7 @@ def _hf_fx(model: nn.Module, leaves: list[Any], spec: pytree.TreeSpec) -> tuple[
     # its names are the model's own: prefix them as the wrapper's would be
     for n in gm.graph.nodes:
         if n.op in ("get_attr", "call_module"):
-            n.target = f"{_PREFIX}.{n.target}"
+            n.target = f"{PREFIX}.{n.target}"
     wrapped = nn.Module()
     wrapped.model = model
     return fx.GraphModule(wrapped, gm.graph), None
@@ -375,7 +372,7 @@ def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Modul
     time), flat output rebuilt by :class:`Restructure`."""
 
     def fetch(target: str) -> Any:
-        return _fetch(model, _strip(target)) if target.startswith(_PREFIX + ".") else _fetch(gm, target)
+        return get_path(model, strip_prefix(target)) if target.startswith(PREFIX + ".") else get_path(gm, target)
 
     g = fx.Graph()
     env: dict[fx.Node, Any] = {}
@@ -389,7 +386,7 @@ def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Modul
         if _is_check(n):
             continue
         if n.op in ("get_attr", "call_module"):
-            root[_strip(n.target)] = fetch(n.target)
+            root[strip_prefix(n.target)] = fetch(n.target)
         mode_op = _training_op(n)
         if mode_op is not None:
             name = f"_pd_train_mode{sum(1 for k in root if k.startswith('_pd_train_mode'))}"
@@ -408,7 +405,7 @@ def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Modul
             continue  # num_batches_tracked += 1: the batch norm module counts itself
         node = g.node_copy(n, lambda a: env[a])
         if n.op in ("get_attr", "call_module"):
-            node.target = _strip(n.target)
+            node.target = strip_prefix(n.target)
         env[n] = node
     assert output is not None
     result = fx.map_arg(output.args[0], lambda a: env[a])
@@ -443,225 +440,14 @@ def _is_counter(gm: fx.GraphModule, a: Any) -> bool:
 def _batch_norm_module(model: nn.Module, n: fx.Node) -> tuple[str, nn.Module] | None:
     """``(model's name, module)`` of the batch norm module an ``aten.batch_norm`` node came from, if found."""
     stats = n.args[3] if len(n.args) > 3 else None
-    if not (isinstance(stats, fx.Node) and stats.op == "get_attr" and str(stats.target).startswith(_PREFIX + ".")
+    if not (isinstance(stats, fx.Node) and stats.op == "get_attr" and str(stats.target).startswith(PREFIX + ".")
             and str(stats.target).endswith(".running_mean")):
         return None
-    path = _strip(str(stats.target).removesuffix(".running_mean"))
-    module = _fetch(model, path)
+    path = strip_prefix(str(stats.target).removesuffix(".running_mean"))
+    module = get_path(model, path)
     if not isinstance(module, nn.modules.batchnorm._BatchNorm):
         return None
     return path, module
 
 
 # ------------------------------------------------------------------------------------------------ layers
-
-
-def layer_paths(model: nn.Module, fraction: float = LAYER_FRACTION) -> set[str]:
-    """Qualified names of the modules that are layers (see the module docstring)."""
-    total = sum(p.numel() for p in model.parameters())
-    out: set[str] = set()
-
-    def visit(path: str, m: nn.Module) -> None:
-        kids = list(m.named_children())
-        held = sum(p.numel() for p in m.parameters())
-        if kids and (not path or isinstance(m, CONTAINERS) or held > total * fraction):
-            for name, child in kids:
-                visit(f"{path}.{name}" if path else name, child)
-        else:
-            out.add(path)
-
-    visit("", model)
-    return out
-
-
-def _stack(n: fx.Node) -> list[tuple[str, str]]:
-    """``(call key, module path)`` of the module calls ``n`` is inside, outermost first, the wrapper left out."""
-    out = []
-    for key, value in (n.meta.get("nn_module_stack") or {}).items():
-        path = value[0] if isinstance(value, tuple) else str(value)
-        path = _strip(path) if path.startswith(_PREFIX) else path
-        if path:
-            out.append((str(key), path))
-    return out
-
-
-def _layer_key(n: fx.Node, layers: set[str]) -> tuple[str, str, str]:
-    """``("layer", call key, path)`` of the layer call ``n`` belongs to, or ``("glue", "", parent path)``."""
-    stack = _stack(n)
-    if n.op == "call_module" and not str(n.target).startswith(_OWN) and not any(p == n.target for _, p in stack):
-        stack.append((str(n.target), str(n.target)))
-    for key, path in stack:
-        if path in layers:
-            return ("layer", key, path)
-    return ("glue", "", stack[-1][1] if stack else "")
-
-
-def group_layers(ops: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
-    """The op graph with the ops of each layer call (and each run of glue ops) fused into one
-    ``call_module`` node (an ``fx.GraphModule`` marked ``_pd_layer``; see the module docstring)."""
-    layers = layer_paths(model)
-    runs: list[tuple[tuple[str, str, str], list[fx.Node]]] = []
-    for n in ops.graph.nodes:
-        if n.op in ("placeholder", "get_attr", "output"):
-            continue
-        if n.op == "call_module" and n.target == OUTPUT:
-            continue
-        key = _layer_key(n, layers)
-        if runs and runs[-1][0] == key:
-            runs[-1][1].append(n)
-        else:
-            runs.append((key, [n]))
-    g = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    root: dict[str, Any] = {}
-    names: set[str] = set()
-
-    def value(a: fx.Node) -> fx.Node:
-        if a not in env and a.op == "get_attr":  # a parameter used outside every layer: read it here
-            env[a] = g.get_attr(a.target)
-            root[str(a.target)] = _fetch(ops, str(a.target))
-        return env[a]
-
-    for n in ops.graph.nodes:
-        if n.op == "placeholder":
-            env[n] = g.node_copy(n)
-    for (kind, _, path), members in runs:
-        inside = set(members)
-        inputs: list[fx.Node] = []
-        for n in members:
-            for a in n.all_input_nodes:
-                if a not in inside and a.op != "get_attr" and a not in inputs:
-                    inputs.append(a)
-        outs = [n for n in members if any(u not in inside for u in n.users)]
-        name = _unique((path or "model").replace(".", "_") + ("_glue" if kind == "glue" else ""), names)
-        fused = _fuse(ops, members, inputs, outs, name)
-        fused._pd_desc = (f"{type(_fetch(model, path)).__name__} {path}" if kind == "layer"
-                          else f"ops {', '.join(_op_name(n) for n in members)[:100]}")
-        root[name] = fused
-        call = g.call_module(name, tuple(value(a) for a in inputs))
-        if len(outs) == 1:
-            env[outs[0]] = call
-        else:
-            for k, o in enumerate(outs):
-                env[o] = g.call_function(operator.getitem, (call, k))
-    output = next(n for n in ops.graph.nodes if n.op == "output")
-    last = output.args[0]
-    if isinstance(last, fx.Node) and last.op == "call_module" and last.target == OUTPUT:
-        root[OUTPUT] = ops.get_submodule(OUTPUT)
-        last = g.call_module(OUTPUT, fx.map_arg(last.args, value))
-    else:
-        last = fx.map_arg(last, value)
-    g.output(last)
-    g.lint()
-    return fx.GraphModule(root, g, "Layers")
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    k, out = 1, name
-    while out in taken:
-        out, k = f"{name}_{k}", k + 1
-    taken.add(out)
-    return out
-
-
-def _op_name(n: fx.Node) -> str:
-    if n.op == "call_function":
-        return str(getattr(n.target, "__name__", n.target)).split(".")[0]
-    return str(n.target)
-
-
-def _fuse(ops: fx.GraphModule, members: list[fx.Node], inputs: list[fx.Node], outs: list[fx.Node],
-          name: str) -> fx.GraphModule:
-    sub = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {a: sub.placeholder(a.name) for a in inputs}
-    root: dict[str, Any] = {}
-    for n in members:
-        for a in n.all_input_nodes:
-            if a.op == "get_attr" and a not in env:
-                env[a] = sub.node_copy(a)
-                root[str(a.target)] = _fetch(ops, str(a.target))
-        if n.op == "call_module":
-            root[str(n.target)] = ops.get_submodule(str(n.target))
-        env[n] = sub.node_copy(n, lambda a: env[a])
-    sub.output(env[outs[0]] if len(outs) == 1 else tuple(env[o] for o in outs))
-    guard_inplace(sub, root)
-    fused = fx.GraphModule(root, sub, name)
-    fused._pd_layer = True
-    return fused
-
-
-def is_layer(module: Any) -> bool:
-    """Whether ``module`` is a fused layer of :func:`group_layers` (which :func:`inline` opens)."""
-    return isinstance(module, fx.GraphModule) and getattr(module, "_pd_layer", False)
-
-
-def inline(g: fx.Graph, layer: fx.GraphModule, args: tuple[Any, ...], root: dict[str, Any]) -> Any:
-    """Copy ``layer``'s ops into ``g`` on ``args`` (nodes of ``g``), adding the objects they read to ``root``;
-    returns the node (or tuple of nodes) of its output."""
-    env: dict[fx.Node, Any] = {}
-    phs = iter(args)
-    for n in layer.graph.nodes:
-        if n.op == "placeholder":
-            env[n] = next(phs)
-        elif n.op == "output":
-            return fx.map_arg(n.args[0], lambda a: env[a])
-        else:
-            if n.op in ("get_attr", "call_module"):
-                root[str(n.target)] = _fetch(layer, str(n.target))
-            env[n] = g.node_copy(n, lambda a: env[a])
-    raise AssertionError("a graph without an output")
-
-
-# ------------------------------------------------------------------------------------------------ in-place
-
-_VIEWS = {"view", "reshape", "_unsafe_view", "slice", "select", "expand", "transpose", "permute", "unsqueeze",
-          "squeeze", "t", "alias", "as_strided", "narrow", "flatten", "unflatten", "split", "chunk", "getitem",
-          "view_as", "unbind", "detach", "contiguous"}
-
-
-def _base_name(n: fx.Node) -> str:
-    """``relu_`` for ``aten.relu_.default``, ``torch.relu_``, ``x.relu_()``; ``iadd`` for ``operator.iadd``."""
-    t = n.target
-    if n.op == "call_method":
-        return str(t)
-    name = getattr(t, "__name__", str(t))
-    if hasattr(t, "overloadpacket"):
-        name = t.overloadpacket.__name__  # type: ignore[union-attr]
-    return str(name).split(".")[0]
-
-
-def is_inplace(n: fx.Node, modules: dict[str, Any]) -> bool:
-    """Whether node ``n`` overwrites its first argument (``relu_``, ``x += y``, ``nn.ReLU(inplace=True)``, ...)."""
-    if n.op == "call_module":
-        return bool(getattr(modules.get(str(n.target)), "inplace", False))
-    if n.op not in ("call_function", "call_method"):
-        return False
-    if n.kwargs.get("inplace") is True:
-        return True
-    name = _base_name(n)
-    return (name.endswith("_") and not name.startswith("_")) or name in ("iadd", "isub", "imul", "itruediv")
-
-
-def guard_inplace(g: fx.Graph, modules: dict[str, Any]) -> int:
-    """Clone every input of ``g`` that an in-place op would overwrite (directly or through a view): a tensor
-    received from the previous stage is a leaf of autograd, which refuses in-place changes, and the input of a
-    timed layer must stay the same across calls. Returns the inputs cloned."""
-    marked: list[fx.Node] = []
-    for n in g.nodes:
-        if not (n.args and isinstance(n.args[0], fx.Node) and is_inplace(n, modules)):
-            continue
-        a = n.args[0]
-        while a.op != "placeholder" and a.args and isinstance(a.args[0], fx.Node) and _base_name(a) in _VIEWS:
-            a = a.args[0]
-        if a.op == "placeholder" and a not in marked:
-            marked.append(a)
-    last = [n for n in g.nodes if n.op == "placeholder"][-1] if marked else None
-    for ph in marked:
-        users = list(ph.users)
-        with g.inserting_after(last):
-            copy = g.call_method("clone", (ph,))
-        for u in users:
-            u.replace_input_with(ph, copy)
-    if marked:
-        g.lint()
-    return len(marked)

@@ -8,6 +8,7 @@ import torchvision
 from torch import nn
 
 from pipedream import capture
+from pipedream import layers as layers_mod
 from pipedream.errors import PipeDreamError
 from pipedream.plan import Plan, Stage
 from pipedream.runtime import split
@@ -54,7 +55,7 @@ def test_a_bare_module_is_captured_by_export_and_cut_into_stages_that_compute_th
     model, x = make(), example()
     ops, how = capture.capture_ops(model, x)
     assert how == "torch.export"
-    layers = capture.group_layers(ops, model)
+    layers = layers_mod.group_layers(ops, model)
     assert len(layers.graph.nodes) < len(ops.graph.nodes)
     stages = build_stages(model, _halves(model, x), x)
     names = dict(model.named_parameters())
@@ -105,7 +106,7 @@ def test_export_failure_falls_back_to_fx(monkeypatch: pytest.MonkeyPatch) -> Non
     ops, how = capture.capture_ops(model, x)
     assert how == "torch.fx"
     model.eval()
-    layers = capture.group_layers(ops, model).eval()
+    layers = layers_mod.group_layers(ops, model).eval()
     with torch.no_grad():
         assert torch.equal(layers(x), model(x))
 
@@ -175,7 +176,7 @@ def test_an_inplace_op_at_the_head_of_a_stage_trains() -> None:
 
 def test_layers_open_containers_and_large_modules() -> None:
     model = torchvision.models.resnet18(num_classes=10)
-    layers = capture.layer_paths(model)
+    layers = layers_mod.layer_paths(model)
     assert {"conv1", "bn1", "layer1.0", "layer1.1", "fc"} <= layers  # blocks holding <= 1/16 stay whole
     assert "layer4.0" not in layers and "layer4.0.conv1" in layers  # 4.7 M of 11.2 M parameters: opened
 
@@ -228,5 +229,5 @@ def test_a_transformers_model_falls_back_to_the_hugging_face_tracer(monkeypatch:
     model, x = TinyLM(), torch.randint(0, 10, (3, 5))
     ops, how = capture.capture_ops(model, x)
     assert how == "transformers fx" and calls == [["input_ids"]]
-    layers = capture.group_layers(ops, model)
+    layers = layers_mod.group_layers(ops, model)
     assert torch.equal(layers(x), model(x))

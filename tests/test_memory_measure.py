@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from pipedream import schedules
+from pipedream.runtime.actions import memory_window
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig
-from pipedream.runtime.executor import StageData, StageExecutor, memory_window
+from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, StageTally, bytes_by_category
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.stage import build_stages, straight_plan

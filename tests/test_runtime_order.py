@@ -5,7 +5,7 @@ of ranks on one CUDA stream), a receive holds up everything queued behind it unt
 matching send runs, and a send waits for its peer's receive. Posting receives ahead of one's own
 sends can therefore deadlock two stages (NVIDIA/nccl#479). :func:`run_in_order` replays what every
 rank issues (the executor's :attr:`pipedream.runtime.comm.P2P.log`, or the same derived from
-:func:`pipedream.runtime.executor.issue_plan`) on a deliberately strict model of that:
+:func:`pipedream.runtime.actions.issue_plan`) on a deliberately strict model of that:
 
 * each rank has one queue of issued batches (one ``batch_isend_irecv`` each, or one lone operation);
   only the batch at the head of the queue runs, and it ends when all of its transfers are done;
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pipedream import schedules
-from pipedream.runtime.executor import RECVS, SENDS, issue_plan
+from pipedream.runtime.actions import RECVS, SENDS, issue_plan
 from pipedream.runtime.stage import straight_plan
 from pipedream.schedules import Action, Kind, Schedule
 

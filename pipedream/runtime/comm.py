@@ -13,7 +13,7 @@ everything issued after it until its sender's matching send runs. Posting a rece
 deadlock two stages that each wait for the other's send (NVIDIA/nccl#479). So with ``batched=True``
 (what the workers use on NCCL) the executor issues the sends and receives of each step together as
 one :func:`torch.distributed.batch_isend_irecv` (one NCCL group, inside which order does not matter),
-in schedule order (:func:`pipedream.runtime.executor.issue_plan`).
+in schedule order (:func:`pipedream.runtime.actions.issue_plan`).
 
 ``log=True`` records what a rank hands to torch.distributed, in order (:attr:`P2P.log`, tests check
 it): ``("send" | "recv", peer, tag_args, batch)`` for each transfer (the same ``batch`` number: one

@@ -87,7 +87,7 @@ class TrainConfig:
         measure_memory: count each stage's bytes (weights, weight versions, gradients, optimizer state,
             in-flight buffers, saved activations; :mod:`pipedream.runtime.memory_meter`) after every training
             action of the first minibatches of each pass, past the warm-up (the schedule then repeats,
-            :func:`pipedream.runtime.executor.memory_window`), and log the per-stage peak, bytes, per epoch.
+            :func:`pipedream.runtime.actions.memory_window`), and log the per-stage peak, bytes, per epoch.
         model_factory: builds the model instead of the registry (tests, :func:`pipedream.train`); not settable
             from the CLI, nor are the next two.
         datasets: ``(train, val)`` instead of the model's data, or a function returning them

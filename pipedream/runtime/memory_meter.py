@@ -1,7 +1,7 @@
 """A stage's memory on any device, counted as the bytes of the storages its tensors hold.
 
 After every action of the training pass (of its first minibatches, where the schedule has reached its
-steady state: :func:`pipedream.runtime.executor.memory_window`) the executor counts the tensors the stage holds (with
+steady state: :func:`pipedream.runtime.actions.memory_window`) the executor counts the tensors the stage holds (with
 :class:`StageTally`, which recounts only what the action changed) into a :class:`MemoryMeter`, by category,
 in this order:
 

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from pipedream.capture import flat_inputs, guard_inplace, inline, is_layer, run_graph
+from pipedream.capture import flat_inputs, get_path, run_graph
 from pipedream.errors import PipeDreamError
+from pipedream.layers import group_layers, guard_inplace, inline, is_layer
 
 OPS = ("call_module", "call_function", "call_method", "get_attr")
 
@@ -63,7 +64,7 @@ def trace(model: nn.Module, granularity: str = "layer", example: Any = None, tra
     from pipedream import capture
 
     ops, how = capture.capture_ops(model, example, training)
-    gm = capture.group_layers(ops, model) if granularity == "layer" else ops
+    gm = group_layers(ops, model) if granularity == "layer" else ops
     gm.meta["captured_by"] = how
     return gm
 
@@ -198,9 +199,9 @@ def _stage_module(gm: fx.GraphModule, owner: dict[fx.Node, int], s: int, cut_in:
                   cut_out: list[Cut], output: fx.Node | None) -> fx.GraphModule:
     """Stage ``s`` as a GraphModule: inputs are the model inputs (s = 0) or ``cut_in``'s flat tensors.
 
-    A fused layer of a captured model (:func:`pipedream.capture.group_layers`) is inlined, so the stage's
+    A fused layer of a captured model (:func:`pipedream.layers.group_layers`) is inlined, so the stage's
     parameters have the model's own names; inputs that an in-place op would overwrite are cloned
-    (:func:`pipedream.capture.guard_inplace`: a received tensor is a leaf of autograd)."""
+    (:func:`pipedream.layers.guard_inplace`: a received tensor is a leaf of autograd)."""
     g = fx.Graph()
     env: dict[str, Any] = {}
     root: dict[str, Any] = {}
@@ -221,7 +222,7 @@ def _stage_module(gm: fx.GraphModule, owner: dict[fx.Node, int], s: int, cut_in:
             env[n.name] = g.call_function(tuple, (list(out),)) if isinstance(out, tuple) else out
             continue
         if n.op in ("get_attr", "call_module"):
-            root[str(n.target)] = target if target is not None else _fetch(gm, str(n.target))
+            root[str(n.target)] = target if target is not None else get_path(gm, str(n.target))
         env[n.name] = g.node_copy(n, lambda a: env[a.name])
     if output is not None:
         g.output(fx.map_arg(output.args[0], lambda a: env[a.name]))
@@ -234,10 +235,3 @@ def _stage_module(gm: fx.GraphModule, owner: dict[fx.Node, int], s: int, cut_in:
     guard_inplace(g, {k: v for k, v in root.items() if isinstance(v, nn.Module)})
     g.lint()
     return fx.GraphModule(root, g, f"{type(gm).__name__}Stage{s}")
-
-
-def _fetch(module: nn.Module, target: str) -> Any:
-    obj: Any = module
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj

@@ -44,7 +44,7 @@ from pipedream.runtime.versions import Policy, WeightVersions
 FAULT_ENV = D.FAULT_ENV
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 # the memory meter counts over the first 2 x stages + 2 minibatches of each training pass: past the warm-up
-# (at most `stages` in flight) the schedule repeats itself (pipedream.runtime.executor.memory_window)
+# (at most `stages` in flight) the schedule repeats itself (pipedream.runtime.actions.memory_window)
 MEMORY_MINIBATCHES_PER_STAGE = 2
 
 
