@@ -15,8 +15,10 @@ A replica of a stage with ``P`` parameter bytes that holds ``n`` (micro)batches 
   backward (``A`` plus its sent output, saved again by the recomputation; :func:`plan_memory`), since the
   forward keeps only the stage's inputs (Chen et al. 2016; PipeDream-2BW, as transcribed, counts
   ``|A_total(b)| / d + d |A_input(b)|`` per stage of a ``d``-stage pipeline);
-* receive buffers: ``n * I``, ``I`` the bytes of one received input (the previous stage's output),
-  held until the backward that consumes it.
+* buffers: ``n * I + I_in``, ``I`` what the runtime keeps per (micro)batch outside autograd: the received input
+  (or the data) and, on a stage that sends, its output and the buffer posted for that output's gradient
+  (posted with the send, :func:`pipedream.runtime.actions.issue_plan`), all held until the backward; ``I_in``
+  the next input, posted one ahead on a stage that receives.
 
 Allocator slack, workspace and the transient copies of an update are not counted.
 """
@@ -123,7 +125,7 @@ def copies_on_write(schedule: str, replicas: Sequence[int], microbatches: int = 
 
 def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float, *, schedule: str,
                  in_flight_count: int, optimizer: str = "sgd", momentum: float = 0.9,
-                 recompute: bool = False) -> StageMemory:
+                 recompute: bool = False, posted_bytes: float = 0.0) -> StageMemory:
     """Bytes one replica of a stage holds at its peak.
 
     Args:
@@ -131,18 +133,19 @@ def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float
         activation_bytes: what its forward stashes for one (micro)batch, bytes (``A``); with ``recompute``
             what the recomputation of one saves (``A'``).
         input_bytes: what the runtime keeps per (micro)batch outside autograd, bytes (``I``: the received
-            input or the data, and the output it sent; see :func:`plan_memory`).
+            input or the data, the output it sent and its gradient's buffer; see :func:`plan_memory`).
         schedule: one of :data:`SCHEDULES`.
         in_flight_count: (micro)batches held at the peak (:func:`in_flight`).
         optimizer, momentum: the optimizer (:func:`optimizer_states`).
         recompute: activation recomputation: the activations of one (micro)batch, not of ``in_flight_count``.
+        posted_bytes: receive buffers posted ahead of any (micro)batch in flight, bytes (``I_in``).
     Raises:
         PipeDreamError: an unknown schedule or optimizer.
     """
     return StageMemory(weights=weight_copies(schedule, in_flight_count) * param_bytes, gradients=param_bytes,
                        optimizer=optimizer_states(optimizer, momentum) * param_bytes,
                        activations=(1 if recompute else in_flight_count) * activation_bytes,
-                       buffers=in_flight_count * input_bytes)
+                       buffers=in_flight_count * input_bytes + posted_bytes)
 
 
 def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Sequence[int], *,
@@ -164,20 +167,23 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
     out = []
     for s, nodes in enumerate(stages):
         params = sum(graph.nodes[n].param_bytes for n in nodes)
-        acts, recomputed, inputs = _activation_and_buffer_bytes(graph, s, nodes, where, consumers,
-                                                                last=s == len(stages) - 1)
+        acts, recomputed, inputs, posted = _activation_and_buffer_bytes(graph, s, nodes, where, consumers,
+                                                                        last=s == len(stages) - 1)
         n = in_flight(schedule, replicas, s, microbatches, warmup)
         out.append(stage_memory(params, recomputed if recompute else acts, inputs, schedule=schedule,
-                                in_flight_count=n, optimizer=optimizer, momentum=momentum, recompute=recompute))
+                                in_flight_count=n, optimizer=optimizer, momentum=momentum, recompute=recompute,
+                                posted_bytes=posted))
     return out
 
 
 def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str], where: dict[str, int],
-                                 consumers: dict[str, list[str]], last: bool) -> tuple[float, float, float]:
-    """``(A, A', I)`` of stage ``s`` per (micro)batch, bytes.
+                                 consumers: dict[str, list[str]], last: bool) -> tuple[float, float, float, float]:
+    """``(A, A', I, I_in)`` of stage ``s`` per (micro)batch, bytes.
 
     ``I``: what the runtime keeps per in-flight (micro)batch outside autograd: the received input (or the
-    data, on a stage with the model's inputs) and, on a stage that sends, its output (kept for the backward).
+    data: the model's input nodes in the stage, or outside every stage and feeding it, as a plan leaves them)
+    and, on a stage that sends, its output (kept for the backward) and the buffer posted for its gradient.
+    ``I_in``: the received input once more (the next one, posted ahead); 0 on a stage that receives nothing.
     ``A``: with our profiler's record of what each layer saves (``graph.saved``), those bytes plus the
     output of every layer of the stage that it or a consumer in the stage saves (sent outputs are in ``I``;
     the model's final output is saved by the loss); without it (the release's profiles), every layer's output.
@@ -186,13 +192,16 @@ def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str]
     """
     inside = set(nodes)
     received = {a for a, b in graph.edges if where.get(b) == s and where.get(a, s) != s}
-    data = [n for n in nodes if graph.nodes[n].is_input]
-    kept = sum(graph.nodes[a].output_bytes for a in (*received, *data))
+    data = {n for n in nodes if graph.nodes[n].is_input} | {
+        a for a, b in graph.edges if where.get(b) == s and a not in where and graph.nodes[a].is_input}
+    posted = sum(graph.nodes[a].output_bytes for a in received)
+    kept = posted + sum(graph.nodes[a].output_bytes for a in data)
     layers = [n for n in nodes if not graph.nodes[n].is_input]
-    if not all(n in graph.saved for n in layers):
-        every = sum(graph.nodes[n].output_bytes for n in layers)
-        return every, every, kept
     sent = set() if last else {n for n in nodes if any(where.get(c, s) != s for c in consumers.get(n, []))}
+    sent_bytes = sum(graph.nodes[n].output_bytes for n in sent)
+    if not all(n in graph.saved for n in layers):  # sent outputs are among every layer's; their gradients are not
+        every = sum(graph.nodes[n].output_bytes for n in layers)
+        return every, every, kept + sent_bytes, posted
     acts = resaved = 0.0
     for n in layers:
         own, _, saves_output = graph.saved[n]
@@ -200,7 +209,7 @@ def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str]
         held = saves_output or not consumers.get(n) or any(graph.saved[c][1] for c in inside_consumers)
         acts += own + (graph.nodes[n].output_bytes if held and n not in sent else 0.0)
         resaved += graph.nodes[n].output_bytes if held and n in sent else 0.0
-    return acts, acts + resaved, kept + sum(graph.nodes[n].output_bytes for n in sent)
+    return acts, acts + resaved, kept + 2 * sent_bytes, posted
 
 
 def stashing_total(param_bytes, activation_bytes, input_bytes, in_flight_count, states: int = 1):  # type: ignore[no-untyped-def]

@@ -65,10 +65,14 @@ def _chain() -> LayerGraph:
 
 def test_plan_memory_of_a_chain_by_hand() -> None:
     """Without a record of saved tensors (the release's profiles) every layer's output is an activation."""
-    # 2 stages [in, l0, l1] and [l2], 1F1B: NOAM 2 on stage 0, holding the 7-byte data per minibatch; stage 1
-    # holds 1 and receives l1's 20 bytes
-    assert runtime_memory_bytes(_chain(), [["in", "l0", "l1"], ["l2"]], [1, 1]) == [2 * (150 + 30 + 7) + 2 * 150,
-                                                                                 1 * (30 + 40 + 20) + 2 * 30]
+    # 2 stages [in, l0, l1] and [l2], 1F1B: NOAM 2 on stage 0, holding the 7-byte data and the buffer posted for
+    # the gradient of l1's 20 sent bytes per minibatch; stage 1 holds 1 and receives l1's 20 bytes, and posts the
+    # next 20 ahead
+    assert runtime_memory_bytes(_chain(), [["in", "l0", "l1"], ["l2"]], [1, 1]) == [
+        2 * (150 + 30 + 7 + 20) + 2 * 150, 1 * (30 + 40 + 20) + 20 + 2 * 30]
+    # a plan leaves the model's input node out of its stages: the data is still held by the first stage
+    assert runtime_memory_bytes(_chain(), [["l0", "l1"], ["l2"]], [1, 1]) == [
+        2 * (150 + 30 + 7 + 20) + 2 * 150, 1 * (30 + 40 + 20) + 20 + 2 * 30]
 
 
 def test_plan_memory_with_saved_tensors_by_hand() -> None:
@@ -76,13 +80,14 @@ def test_plan_memory_with_saved_tensors_by_hand() -> None:
     g = _chain()
     g.saved = {"l0": (5.0, False, True), "l1": (3.0, True, False), "l2": (0.0, True, False)}
     got = memory.plan_memory(g, [["in", "l0", "l1"], ["l2"]], [1, 1])
-    # stage 0: A = (5 + 10) + 3 (l1's output is sent: a buffer), I = 7 (data) + 20 (sent output)
-    assert (got[0].activations, got[0].buffers, got[0].total) == (2 * 18, 2 * 27, 2 * 150 + 150 + 150 + 2 * 45)
-    # stage 1: the final output (40) is saved by the loss, I = 20 received
-    assert (got[1].activations, got[1].buffers, got[1].total) == (40, 20, 30 + 30 + 30 + 40 + 20)
+    # stage 0: A = (5 + 10) + 3 (l1's output is sent: a buffer), I = 7 (data) + 20 (sent output) + 20 (its
+    # gradient's posted buffer)
+    assert (got[0].activations, got[0].buffers, got[0].total) == (2 * 18, 2 * 47, 2 * 150 + 150 + 150 + 2 * 65)
+    # stage 1: the final output (40) is saved by the loss, I = 20 received, and the next 20 posted ahead
+    assert (got[1].activations, got[1].buffers, got[1].total) == (40, 40, 30 + 30 + 30 + 40 + 40)
     g.minibatch_size = 1
     double = memory.plan_memory(g.scaled(2), [["in", "l0", "l1"], ["l2"]], [1, 1])  # saved bytes scale with the batch
-    assert (double[1].activations, double[1].buffers) == (80, 40)
+    assert (double[1].activations, double[1].buffers) == (80, 80)
 
 
 def test_plan_memory_with_recomputation_by_hand() -> None:
@@ -95,7 +100,7 @@ def test_plan_memory_with_recomputation_by_hand() -> None:
     again = memory.plan_memory(g, stages, [1, 1], schedule="pipedream_flush", microbatches=4, recompute=True)
     # stage 0 holds min(4, 2) = 2 microbatches: A = (5 + 10) + 3 = 18 each; l1's sent output (20) it saves too
     assert (plain[0].activations, again[0].activations) == (2 * 18, 18 + 20)
-    assert plain[0].buffers == again[0].buffers == 2 * (7 + 20) and plain[0].weights == 150
+    assert plain[0].buffers == again[0].buffers == 2 * (7 + 20 + 20) and plain[0].weights == 150
     # stage 1 holds one: A = the final output (40), saved by the loss, recomputed or not
     assert (plain[1].activations, again[1].activations) == (40, 40)
 

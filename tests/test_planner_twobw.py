@@ -73,7 +73,11 @@ def brute_force(g: LayerGraph, server: int, servers: int, bw: tuple[float, float
                     period = max(period, m * (fwd + bwd + comm) + allreduce + STEP_RATE * params)
                     acts = sum(g.nodes[x].output_bytes for x in part) * f
                     held = min(m, d - s)
-                    need = max(need, 5 * params + (acts if r else held * acts) + held * in_bytes)
+                    # per microbatch held: its input and, but on the last stage, the buffer posted for the
+                    # gradient of its output; a stage that receives also posts the next input ahead
+                    grad_buffer = out_bytes if s + 1 < d else 0.0
+                    need = max(need, 5 * params + (acts if r else held * acts) + held * (in_bytes + grad_buffer)
+                               + (in_bytes if s > 0 else 0.0))
                 if need <= memory_bytes:
                     out.append(((w, d, b, r), batch / period))
     best = max(out, key=lambda kv: (kv[1], -kv[0][1], -kv[0][2], not kv[0][3]))

@@ -54,6 +54,16 @@ def test_host_scale_adds_the_measured_contention_as_the_cores_fill() -> None:
     assert host_scale(8, 1, 1, contention=1.4) == 8.0  # one core: no copies on other cores
 
 
+def test_host_scale_takes_the_oversubscribed_slowdown_from_full_cores_to_two_threads_per_core() -> None:
+    # 2 cores, contention 1.1 with both busy, 1.3 per fair share with 4 threads (two per core)
+    assert host_scale(2, 1, 2, contention=1.1, oversubscribed=1.3) == pytest.approx(1.1)  # cores just full
+    assert host_scale(3, 1, 2, contention=1.1, oversubscribed=1.3) == pytest.approx(1.5 * 1.2)  # half-way
+    assert host_scale(4, 1, 2, contention=1.1, oversubscribed=1.3) == pytest.approx(2 * 1.3)  # measured point
+    assert host_scale(6, 1, 2, contention=1.1, oversubscribed=1.3) == pytest.approx(3 * 1.3)  # no more beyond
+    assert host_scale(1.5, 1, 2, contention=1.1, oversubscribed=1.3) == pytest.approx(1.05)  # below: unchanged
+    assert host_scale(2, 2, 2, contention=1.1, oversubscribed=1.3) == pytest.approx(2.6)  # threads count too
+
+
 def test_compute_concurrency_by_hand() -> None:
     assert compute_concurrency([(0, 2), (1, 3)]) == pytest.approx(6 / 4)  # n = 1, 2, 1 over 1 s each
     assert compute_concurrency([(0, 1)] * 4) == pytest.approx(4)  # lockstep: every unit of compute sees 4
@@ -78,6 +88,8 @@ def test_straight_two_stage_pipeline_on_one_core_by_hand() -> None:
     assert all(1.0 < f <= 2.0 for f in one.compute_scale)
     two = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2)
     assert two.compute_scale == [1.0, 1.0] and two.epoch_s == pytest.approx(21.0)
+    # the work at full speed is each stage's 6 x 3 s, shared cores or not (no optimizer step: no rate)
+    assert one.work_s == pytest.approx([18.0, 18.0]) and two.work_s == pytest.approx([18.0, 18.0])
 
 
 def test_loading_the_data_is_the_first_stages_forward_work() -> None:
@@ -117,6 +129,7 @@ def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:
     assert pred.concurrency == pytest.approx([2.0])
     assert pred.epoch_s == pytest.approx(24.0)
     assert pred.compute_s == pytest.approx([2 * 6 * 2])  # each rank: 2 minibatches of 6 s at factor 2
+    assert pred.work_s == pytest.approx([2 * 6])  # ... of which 2 x 6 s is work
 
 
 def test_shared_cores_never_compute_more_than_they_have() -> None:
@@ -197,22 +210,24 @@ def test_predicted_memory_of_a_run_by_hand() -> None:
     layers (node0..2 | node3..4). At the run's batch 16 each layer stashes 1600 bytes."""
     g = chain(4, 1e-3, 2e-3, act_bytes=800.0, param_bytes=100.0)
     nodes = [["node0", "node1", "node2"], ["node3", "node4"]]
-    # 1F1B, SGD momentum: stage 0 holds NOAM = 2 minibatches (each with its 1600-byte data), 2 weight copies;
-    # stage 1 holds one, and receives 1600 bytes
+    # 1F1B, SGD momentum: stage 0 holds NOAM = 2 minibatches (each with its 1600-byte data and the buffer posted
+    # for its 1600-byte output's gradient), 2 weight copies; stage 1 holds one, receives 1600 bytes and posts the
+    # next 1600 ahead
     got = predict_memory(TrainConfig(model="alexnet", batch_size=16, momentum=0.9), "pipedream", g, nodes, [1, 1],
                          EpochShape("1f1b", 16, 1, 8, 128))
-    assert [m["total"] for m in got] == [2 * 200 + 200 + 200 + 2 * (3200 + 1600), 200 + 200 + 200 + 3200 + 1600]
+    assert [m["total"] for m in got] == [2 * 200 + 200 + 200 + 2 * (3200 + 1600 + 1600),
+                                         200 + 200 + 200 + 3200 + 1600 + 1600]
     # GPipe, 4 microbatches of 4 samples (400 bytes a layer), Adam: one copy, two moments, 4 in flight
     got = predict_memory(TrainConfig(model="alexnet", batch_size=16, schedule="gpipe", microbatches=4, optimizer="adam"),
                          "pipedream", g,
                          nodes, [1, 1], EpochShape("gpipe", 4, 4, 8, 128))
-    assert got[1] == {"weights": 200, "gradients": 200, "optimizer": 400, "activations": 4 * 800, "buffers": 4 * 400,
-                      "total": 200 + 200 + 400 + 3200 + 1600}
+    assert got[1] == {"weights": 200, "gradients": 200, "optimizer": 400, "activations": 4 * 800,
+                      "buffers": 4 * 400 + 400, "total": 200 + 200 + 400 + 3200 + 1600 + 400}
     # PipeDream-Flush with recomputation, SGD without momentum: stage 0 holds min(4, 2) microbatches' inputs
-    # (the 400-byte data), and the activations of one (2 x 400: without a record of saved tensors, every
-    # layer's output)
+    # (the 400-byte data and the posted buffer of its output's 400-byte gradient), and the activations of one
+    # (2 x 400: without a record of saved tensors, every layer's output)
     got = predict_memory(TrainConfig(model="alexnet", batch_size=16, schedule="pipedream_flush", microbatches=4,
                                      momentum=0.0, recompute=True), "pipedream", g, nodes, [1, 1],
                          EpochShape("pipedream_flush", 4, 4, 8, 128, recompute=True))
-    assert got[0] == {"weights": 200, "gradients": 200, "optimizer": 0, "activations": 800, "buffers": 2 * 400,
-                      "total": 200 + 200 + 800 + 800}
+    assert got[0] == {"weights": 200, "gradients": 200, "optimizer": 0, "activations": 800, "buffers": 2 * 800,
+                      "total": 200 + 200 + 800 + 1600}

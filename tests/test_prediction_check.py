@@ -88,7 +88,10 @@ def test_compute_check_rows_by_hand(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     (d / "run.json").write_text(json.dumps({"measured_compute_s_stage0": 3.0, "predicted_compute_s_stage0": 2.0,
                                             "wait_s_stage0": 0.5, "measured_compute_s_stage1": 1.0,
-                                            "predicted_compute_s_stage1": 1.25, "wait_s_stage1": 2.0}))
+                                            "predicted_compute_s_stage1": 1.25, "wait_s_stage1": 2.0,
+                                            "measured_cpu_s_stage0": 2.5, "predicted_work_s_stage0": 2.0}))
     df = compute_rows(tmp_path, ["gnmt8"])
     assert list(df.columns) == COMPUTE_COLUMNS
-    assert df.values.tolist() == [["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5], ["gnmt8", "pipedream", 1, 1.0, 1.25, 0.8, 2.0]]
+    assert df.iloc[0].tolist() == ["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5, 2.5, 2.0, 1.25]
+    assert df.iloc[1].tolist()[:7] == ["gnmt8", "pipedream", 1, 1.0, 1.25, 0.8, 2.0]
+    assert df.iloc[1][["measured_cpu_s", "predicted_work_s", "cpu_ratio"]].isna().all()  # an older run: no CPU logged

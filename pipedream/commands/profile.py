@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 HELP = "profile a model per layer and write graph.txt"
 
@@ -34,9 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
                         "train accept both: the runtime cuts the model with torch.fx at the plan's nodes")
     p.add_argument("--host-seconds", type=float, default=2.0,
-                   help="CPU, one thread: time one training step alone and with one copy per core at once for this "
-                        "many seconds each; their ratio (meta.json host.contention: shared memory bandwidth and "
-                        "caches) slows the predicted compute of runs on this host. 0: skip (contention 1)")
+                   help="CPU, one thread: time one training step alone, with one copy per core at once and with two "
+                        "per core, for this many seconds each; the ratios (meta.json host.contention: shared memory "
+                        "bandwidth and caches; host.oversubscribed: copies taking turns on a core) slow the "
+                        "predicted compute of runs on this host. 0: skip (no slowdown)")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
@@ -101,15 +103,19 @@ def run(args: argparse.Namespace) -> int:
     t = graph.totals()
     print(f"{args.model}: a whole training step takes {step_s * 1e3:.1f} ms, "
           f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
-    contention = 1.0
+    host: dict[str, Any] = {"cores": cores, "contention": 1.0}
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        contention = host_contention(step, cores, args.host_seconds)
+        host["contention"] = contention = host_contention(step, cores, args.host_seconds)
         print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
+        # two copies per core: each gets half a core, and their switches evict each other's caches
+        host["oversubscribed"] = over = host_contention(step, 2 * cores, args.host_seconds) / 2
+        print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {over:.2f}x twice its "
+              "time alone")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
             "optimizer_step_s_per_param_byte": rates,
-            "host": {"cores": cores, "contention": contention},
+            "host": host,
             "noisy_layers": {nid: round(r, 3) for nid, r in noisy_layers(graph)}}
     write_profile(graph, args.out_dir, meta)
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "

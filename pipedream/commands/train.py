@@ -437,6 +437,11 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if measured:
             final[f"measured_compute_s_stage{k}"] = sum(measured) / len(measured)
             final[f"wait_s_stage{k}"] = sum(e[f"wait_s_stage{k}"] for e in epochs if f"wait_s_stage{k}" in e) / len(measured)
+        cpu = [e[f"cpu_s_stage{k}"] for e in epochs if f"cpu_s_stage{k}" in e]
+        work = prediction.get("work_s") or []
+        if cpu and k < len(work):  # CPU the runtime spends beyond the predicted work (CPU hosts)
+            final[f"measured_cpu_s_stage{k}"] = sum(cpu) / len(cpu)
+            final[f"predicted_work_s_stage{k}"] = work[k]
     for k, need in enumerate(prediction.get("memory_bytes") or []):  # the check of the memory model
         final[f"predicted_memory_bytes_stage{k}"] = need["total"]
         measured = max((e.get(f"peak_memory_bytes_stage{k}", 0.0) for e in epochs), default=0.0)

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from pipedream.schedules import Action, Kind
 
-RECV_LOOKAHEAD = 4  # receives posted ahead of the action that needs them (unbatched, tag-matched backends)
 SENDS = (Kind.SEND_F, Kind.SEND_B)
 RECVS = (Kind.RECV_F, Kind.RECV_B)
 
 
-def issue_plan(actions: list[Action], batched: bool, lookahead: int = RECV_LOOKAHEAD) -> list[list[int]]:
+def issue_plan(actions: list[Action], batched: bool) -> list[list[int]]:
     """Which send/receive actions a rank issues right before executing each action of ``actions``.
 
     Returns ``plan`` with ``plan[i]`` the indices (into ``actions``) issued before action ``i``
@@ -23,8 +22,12 @@ def issue_plan(actions: list[Action], batched: bool, lookahead: int = RECV_LOOKA
       issued at its first action, as one batch (one ``batch_isend_irecv``). In 1F1B's steady state a
       batch is a ``SEND_F`` with the next ``RECV_B`` (or a ``SEND_B`` with the next ``RECV_F``): the
       exchange with a neighbour that both sides need before they can compute again.
-    * otherwise (tag-matched backends, gloo): a send at its own action; receives posted ahead so that
-      at most ``lookahead`` are waiting to be consumed (always at least the one needed now).
+    * otherwise (tag-matched backends, gloo): a send at its own action; a receive as early as its data can
+      come, and no earlier, so that a posted buffer is never held for a (micro)batch the stage has not
+      started: a ``RECV_B`` with the ``SEND_F`` of the same (micro)batch (its gradient cannot come before the
+      activation went), a ``RECV_F`` one ahead (at the previous ``RECV_F``; the first at the start). The
+      buffers this holds are what :func:`pipedream.memory.stage_memory` counts: one gradient per
+      (micro)batch in flight and one input posted ahead.
     """
     plan: list[list[int]] = [[] for _ in actions]
     comm = [k in SENDS or k in RECVS for k in (a.kind for a in actions)]
@@ -36,15 +39,15 @@ def issue_plan(actions: list[Action], batched: bool, lookahead: int = RECV_LOOKA
                     j += 1
                 plan[i] = list(range(i, j))
         return plan
-    recvs = [i for i, a in enumerate(actions) if a.kind in RECVS]
-    posted = waited = 0  # receives posted so far; of those, consumed before the current action
+    sent_at = {a.key: i for i, a in enumerate(actions) if a.kind == Kind.SEND_F}
+    previous_recv_f = 0
     for i, a in enumerate(actions):
-        while waited < posted and recvs[waited] < i:  # one pass over the list: linear in its length
-            waited += 1
-        while posted < len(recvs) and (recvs[posted] <= i or posted - waited < lookahead):
-            plan[i].append(recvs[posted])
-            posted += 1
-        if a.kind in SENDS:
+        if a.kind == Kind.RECV_B:
+            plan[min(sent_at.get(a.key, i), i)].append(i)
+        elif a.kind == Kind.RECV_F:
+            plan[previous_recv_f].append(i)
+            previous_recv_f = i
+        elif a.kind in SENDS:
             plan[i].append(i)
     return plan
 

@@ -25,8 +25,8 @@ Per action kind (§3.2, §3.3):
   (:mod:`pipedream.runtime.shared`), then the optimizer step on the master weights (copy on write of the
   version it changes, when one is still needed), zero the gradients; the result is the next weight version.
 
-When sends and receives are issued is :func:`pipedream.runtime.actions.issue_plan`'s decision: on gloo (tag-matched), receives
-are posted up to :data:`pipedream.runtime.actions.RECV_LOOKAHEAD` ahead; on NCCL (``P2P.batched``; in-order matching), each run
+When sends and receives are issued is :func:`pipedream.runtime.actions.issue_plan`'s decision: on gloo (tag-matched), a
+receive is posted as early as its data can come (a gradient with the send of its activation, an input one ahead); on NCCL (``P2P.batched``; in-order matching), each run
 of consecutive send/receive actions of the list is one ``batch_isend_irecv``, issued when the run
 starts, so no receive is ever queued in front of a send its peer is waiting for.
 """
@@ -83,6 +83,7 @@ class EpochStats:
     samples: int = 0
     compute_s: float = 0.0
     wait_s: float = 0.0
+    cpu_s: float = 0.0  # CPU seconds of the whole process over the pass, every thread (gloo's included)
     losses: list[tuple[int, int, float]] = field(default_factory=list)  # (minibatch, micro, loss)
 
 
@@ -183,6 +184,7 @@ class StageExecutor:
         plan = issue_plan(actions, self.p2p.batched)
         window = (memory_window(actions, self.memory_minibatches) if self.memory_minibatches
                   else len(actions)) if phase == 0 and self.memory is not None else 0
+        cpu0 = time.process_time()
         for i, a in enumerate(actions):
             self._counting = i < window
             if plan[i]:
@@ -196,6 +198,7 @@ class StageExecutor:
             if self._counting:
                 self._count_memory(a)
         self.p2p.drain()
+        self.stats.cpu_s = time.process_time() - cpu0
         if phase == 0:
             self.stats_history.append(self.stats.losses)
         return self.stats

@@ -111,7 +111,8 @@ class Prediction:
         concurrency: per stage, ``C_s``: ranks computing at once, as an average unit of the stage's compute sees it.
         busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged (steady state).
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
-            contention: the host's measured slowdown with every core computing (:func:`host_scale`).
+            contention: the host's measured slowdown with every core computing (:func:`host_scale`);
+            oversubscribed: with two threads per core, over their fair share (None: not measured).
         composition: the factor on the layers' times (:func:`profiled_composition`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
@@ -120,6 +121,9 @@ class Prediction:
         compute_s: per stage, the seconds of compute one of its ranks spends in the epoch: the forward and
             backward of each (micro)batch it takes (the epoch's, dealt round robin over the stage's ranks) at
             its ``f_s``; what the runtime logs as ``compute_s_stage<s>``.
+        work_s: per stage, the seconds of work at full speed one of its ranks does in the simulated epoch
+            (forwards, backwards and optimizer steps, mean over the stage's ranks): the CPU seconds it would
+            spend if nothing else cost any, against which the runtime's ``cpu_s_stage<s>`` is compared.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
@@ -133,37 +137,48 @@ class Prediction:
     shape: EpochShape
     cluster: Cluster
     contention: float = 1.0
+    oversubscribed: float | None = None
     composition: float = 1.0
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
+    work_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "compute_scale": self.compute_scale,
                 "concurrency": self.concurrency, "busy_ranks": self.busy_ranks,
-                "cores": self.cores, "contention": self.contention, "composition": self.composition,
+                "cores": self.cores, "contention": self.contention,
+                "oversubscribed": self.oversubscribed, "composition": self.composition,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
-                "compute_s": self.compute_s}
+                "compute_s": self.compute_s, "work_s": self.work_s}
 
 
-def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0) -> float:
+def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0,
+               oversubscribed: float | None = None) -> float:
     """Slowdown of compute on a shared host: processor sharing times contention,
-    ``max(1, n / cores) * (1 + (contention - 1) * clip((n - 1) / (cores - 1), 0, 1))`` with ``n = busy_ranks
-    * threads`` threads computing at once.
+    ``max(1, n / cores) * c(n)`` with ``n = busy_ranks * threads`` threads computing at once and
+    ``c(n) = 1 + (contention - 1) * clip((n - 1) / (cores - 1), 0, 1)`` up to ``cores`` threads,
+    ``contention + (oversubscribed - contention) * clip((n - cores) / cores, 0, 1)`` above.
 
     The first factor: ``n`` threads share ``cores`` cores, each gets ``cores / n`` of a core when that is
     below 1 (a fair-share scheduler such as Linux CFS). The second: threads on different cores still share
     memory bandwidth and caches; ``contention`` is the measured slowdown of one step with a copy on every core
     (the profile's ``host.contention``, :func:`pipedream.profiler.host_contention`), taken linearly from 1
-    with one thread computing to its full value with every core busy. Raises PipeDreamError for non-positive
-    ``threads`` or ``cores``.
+    with one thread computing to its full value with every core busy. Threads that take turns on a core also
+    evict each other's caches at every switch: ``oversubscribed`` is the measured slowdown with two copies per
+    core over their fair share (``host.oversubscribed``: the step's time with ``2 * cores`` copies over twice
+    its time alone), taken linearly from ``contention`` at ``cores`` threads to its full value at twice as
+    many; None: ``contention`` (no measurement). Raises PipeDreamError for non-positive ``threads`` or ``cores``.
     """
     if threads < 1 or cores < 1:
         raise PipeDreamError(f"threads per worker and host cores must be positive, got {threads} and {cores}")
     n = busy_ranks * threads
+    if n > cores and oversubscribed is not None:
+        over = min(1.0, (n - cores) / cores)
+        return n / cores * (contention + (oversubscribed - contention) * over)
     shared = min(1.0, max(0.0, (n - 1) / (cores - 1))) if cores > 1 else 0.0
     return max(1.0, n / cores) * (1 + (contention - 1) * shared)
 
@@ -223,7 +238,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
-                  contention: float = 1.0, data_s: float = 0.0, composition: float = 1.0) -> Prediction:
+                  contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
+                  composition: float = 1.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -241,6 +257,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         bucket_bytes: the run's gradient bucket cap, bytes (``cfg.bucket_bytes``).
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
         contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
+        oversubscribed: the host's slowdown with two threads per core over their fair share
+            (:func:`host_scale`); None: not measured (``contention`` above ``cores`` threads too).
         data_s: seconds to load one profiled minibatch (``meta.json`` ``data_s``); the first stage's forward
             (every DP worker's) pays it scaled to its samples.
         composition: factor on every layer's forward and backward time: a whole step over the layers' sum
@@ -270,7 +288,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     per_host = math.ceil(workers / hosts)  # torchrun numbers ranks host by host
 
     def slowdown(n: int) -> float:
-        return host_scale(n, threads, cores, contention)  # type: ignore[arg-type]
+        return host_scale(n, threads, cores, contention, oversubscribed)  # type: ignore[arg-type]
 
     res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=base, keep_trace=True,
                           sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host, **kwargs)
@@ -286,9 +304,16 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         scale.append(sum(sp.end - sp.start for sp in mine) / work if work > 0 else 1.0)
     units = res.epoch_minibatches * shape.microbatches  # (micro)batches of the epoch, dealt round robin
     compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
+    # the trace covers a few minibatches: scale its work to the epoch's (micro)batches, counted by stage 0's forwards
+    traced = sum(1 for r in stage_ranks[0] for sp in res.trace.compute[r] if sp.what.startswith("0F"))
+    per_unit = units / traced if traced else 0.0
+    work_s = [sum(sp.work_s for sp in spans if stage_of[sp.rank] == s) * per_unit / len(rs)
+              for s, rs in enumerate(stage_ranks)]
     return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
+                      work_s=work_s,
                       busy_ranks=sum(res.utilisation),
-                      cores=cores, threads=threads, contention=contention, composition=composition, shape=shape,
+                      cores=cores, threads=threads, contention=contention, oversubscribed=oversubscribed,
+                      composition=composition, shape=shape,
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
                                   "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
@@ -320,15 +345,17 @@ def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
     return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
 
 
-def profiled_contention(meta: dict[str, Any], cores: int | None) -> float:
-    """The profile's measured contention (``meta``: its ``meta.json``, ``host.contention``,
-    :func:`pipedream.profiler.host_contention`) if it was measured on a host of ``cores`` cores (taken as this
-    host), else 1.0; at least 1.0 (a measurement below 1 is noise: copies on other cores cannot speed a step up)."""
+def profiled_contention(meta: dict[str, Any], cores: int | None, key: str = "contention") -> float | None:
+    """The profile's measured host slowdown ``key`` (``meta``: its ``meta.json``, ``host.contention`` or
+    ``host.oversubscribed``, :func:`pipedream.profiler.host_contention`) if it was measured on a host of
+    ``cores`` cores (taken as this host), at least 1.0 (a measurement below 1 is noise: copies on other cores
+    cannot speed a step up); 1.0 for ``contention`` and None for ``oversubscribed`` if there is none."""
+    missing = 1.0 if key == "contention" else None
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
-        return 1.0
-    value = host.get("contention")
-    return max(1.0, float(value)) if isinstance(value, int | float) else 1.0
+        return missing
+    value = host.get(key)
+    return max(1.0, float(value)) if isinstance(value, int | float) else missing
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
@@ -364,7 +391,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         contention=profiled_contention(meta, cores), data_s=profiled_data_s(meta),
+                         contention=profiled_contention(meta, cores) or 1.0,
+                         oversubscribed=profiled_contention(meta, cores, "oversubscribed"), data_s=profiled_data_s(meta),
                          composition=profiled_composition(meta, graph))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred

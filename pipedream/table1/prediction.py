@@ -22,7 +22,8 @@ from pipedream.table1.plots import predicted_vs_measured
 BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
 COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio"]
 CSV_NAME = "prediction_check.csv"
-COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s"]
+COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
+                   "measured_cpu_s", "predicted_work_s", "cpu_ratio"]
 COMPUTE_CSV_NAME = "compute_check.csv"
 PLOT_NAME = "prediction_check.png"
 
@@ -50,8 +51,11 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
 def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
     """Where an epoch's time goes, per stage of every finished PipeDream run: the compute seconds one of its
     ranks measured (``measured_compute_s_stage<s>``, mean over epochs and replicas) beside the prediction's
-    (``predicted_compute_s_stage<s>``), and the seconds it waited on receives and allreduces. DDP runs log
-    no per-stage times. Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured / predicted compute)."""
+    (``predicted_compute_s_stage<s>``), the seconds it waited on receives and allreduces, and the CPU
+    seconds its process spent (every thread) beside the work the simulator gave it (forwards, backwards and
+    optimizer steps at full speed): ``cpu_ratio`` above 1 is CPU the runtime spends that no prediction
+    counts. DDP runs log no per-stage times. Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured /
+    predicted compute; NaN where a run logged no CPU seconds)."""
     rows = []
     for model, mode, run in finished_runs(results, models):
         stage = 0
@@ -62,6 +66,8 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
                          "predicted_compute_s": predicted,
                          "ratio": measured / predicted if predicted > 0 else math.nan,
                          "wait_s": _number(run.get(f"wait_s_stage{stage}"))})
+            cpu, work = (_number(run.get(f"{k}_stage{stage}")) for k in ("measured_cpu_s", "predicted_work_s"))
+            rows[-1].update(measured_cpu_s=cpu, predicted_work_s=work, cpu_ratio=cpu / work if work > 0 else math.nan)
             stage += 1
     return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
 
