@@ -12,6 +12,8 @@ CORES ?= 2
 CONFIG ?= experiments/ci.yaml
 export OMP_NUM_THREADS ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# no calls to outside servers from MLflow (the workflow's runs, mlflow ui)
+export MLFLOW_DISABLE_TELEMETRY ?= true
 
 .PHONY: run run-2bw test setup data ui lint dry-run-paper clean-results
 

@@ -37,8 +37,11 @@ def artifact_root() -> Path:
 
 
 def _mlflow():  # type: ignore[no-untyped-def]
-    """Import mlflow quietly (its alembic migrations log at INFO on first use)."""
+    """Import mlflow quietly (its alembic migrations log at INFO on first use) and offline: its usage telemetry
+    would call an outside server (config.mlflow-telemetry.io) from every run; the user may still opt in by
+    setting ``MLFLOW_DISABLE_TELEMETRY=false``."""
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
 
     uri = tracking_uri()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,17 @@ def test_a_failed_rerun_keeps_the_finished_run(mlflow_store: Path) -> None:
     assert done in {r["run_id"] for r in load_runs("exp")}
     again = log_training_run("exp", "pipedream", {"seed": 2}, [{"val_accuracy": 0.6}])
     assert [r["run_id"] for r in load_runs("exp")] == [again]  # retired only now that a new run FINISHED
+
+
+def test_mlflow_is_imported_without_telemetry(mlflow_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Machines here reach no server but package registries: MLflow's usage telemetry is off unless a user
+    opts in, and an explicit choice is kept."""
+    from mlflow.telemetry.utils import is_telemetry_disabled
+
+    monkeypatch.delenv("MLFLOW_DISABLE_TELEMETRY", raising=False)
+    _mlflow()
+    assert is_telemetry_disabled()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
+    _mlflow()
+    assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
