@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="CPU, one thread: time one training step alone, with one copy per core at once and with two "
                         "per core, for this many seconds each; the ratios (meta.json host.contention: shared memory "
                         "bandwidth and caches; host.oversubscribed: copies taking turns on a core) slow the "
-                        "predicted compute of runs on this host. 0: skip (no slowdown)")
+                        "predicted compute of runs on this host; and time the CPU a message costs its two ranks "
+                        "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         write_profile,
     )
     from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
 
     spec = get_spec(args.model)
@@ -111,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         host["oversubscribed"] = over = host_contention(step, 2 * cores, args.host_seconds) / 2
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {over:.2f}x twice its "
               "time alone")
+        # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
+        host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
+        print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,

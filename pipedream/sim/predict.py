@@ -20,6 +20,10 @@ What is modelled, term by term:
   backward, in both modes (DDP in ``dp``, :mod:`pipedream.runtime.buckets` in ``pipedream``);
 * loading the data: the first stage's forward (every DP worker's) includes the profile's seconds to collate
   one minibatch (``meta.json`` ``data_s``), scaled to the action's samples;
+* the transport's CPU (CPU hosts): every message end a rank sends or receives, activations, gradients and its
+  share of the ring allreduce, costs it the profile's measured ``host.message_s + host.message_s_per_byte *
+  bytes`` of CPU (:mod:`pipedream.sim.transport_cpu`, :mod:`pipedream.runtime.message_cost`), added to the
+  forward, backward or step that sends or receives it;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
   with the copy of the weights first where the schedule stashes versions
@@ -51,7 +55,7 @@ Assumptions: the fluid model of the scheduler (time slices are short against an 
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
 either); compute of an action scales linearly with its samples; the profile was taken with the workers' thread
 count (``meta.json`` ``threads``, :mod:`pipedream.commands.profile`); the runtime's own per-action costs
-(Python, gloo messages, weight stashing) are not in the profile; mid-epoch checkpoints
+other than its messages (Python bookkeeping, weight stashing) are not in the profile; mid-epoch checkpoints
 (``--checkpoint-every``) and the end-of-epoch loss reduction are not modelled.
 """
 
@@ -76,6 +80,7 @@ from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim.costs import recomputed, stage_costs
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
+from pipedream.sim.transport_cpu import with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -239,7 +244,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
-                  composition: float = 1.0) -> Prediction:
+                  composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
 
     Args:
@@ -263,6 +268,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             (every DP worker's) pays it scaled to its samples.
         composition: factor on every layer's forward and backward time: a whole step over the layers' sum
             (:func:`profiled_composition`); 1: the layers' times as profiled.
+        message_s, message_s_per_byte: CPU one message end costs a rank on this host, s and s/byte
+            (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards, backwards and
+            steps that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -277,6 +285,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         base = recomputed(base)
     if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
         base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
+    compute = base  # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
+    if cores is not None:  # the workers share the host's cores with the transport's CPU
+        base = with_transport_cpu(base, [len(rs) for rs in stage_ranks], message_s, message_s_per_byte)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:
@@ -303,7 +314,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         work = sum(sp.work_s for sp in mine)
         scale.append(sum(sp.end - sp.start for sp in mine) / work if work > 0 else 1.0)
     units = res.epoch_minibatches * shape.microbatches  # (micro)batches of the epoch, dealt round robin
-    compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(base, scale, stage_ranks, strict=True)]
+    compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(compute, scale, stage_ranks, strict=True)]
     # the trace covers a few minibatches: scale its work to the epoch's (micro)batches, counted by stage 0's forwards
     traced = sum(1 for r in stage_ranks[0] for sp in res.trace.compute[r] if sp.what.startswith("0F"))
     per_unit = units / traced if traced else 0.0
@@ -316,7 +327,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       composition=composition, shape=shape,
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
-                                  "step_s_per_param_byte": step_s_per_param_byte}, sim=res)
+                                  "step_s_per_param_byte": step_s_per_param_byte, "message_s": message_s,
+                                  "message_s_per_byte": message_s_per_byte}, sim=res)
 
 
 def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
@@ -358,6 +370,18 @@ def profiled_contention(meta: dict[str, Any], cores: int | None, key: str = "con
     return max(1.0, float(value)) if isinstance(value, int | float) else missing
 
 
+def profiled_message_cost(meta: dict[str, Any], cores: int | None) -> dict[str, float]:
+    """The profile's measured transport CPU (``meta``: its ``meta.json``, ``host.message_s`` and
+    ``host.message_s_per_byte``, :mod:`pipedream.runtime.message_cost`) as :func:`predict_epoch`'s keywords if
+    it was measured on a host of ``cores`` cores (taken as this host); zeros otherwise."""
+    host = meta.get("host")
+    if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
+        return {"message_s": 0.0, "message_s_per_byte": 0.0}
+    values = [host.get(k) for k in ("message_s", "message_s_per_byte")]
+    fixed, per_byte = (max(0.0, float(v)) if isinstance(v, int | float) else 0.0 for v in values)
+    return {"message_s": fixed, "message_s_per_byte": per_byte}
+
+
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
                 num_samples: int, cores: int | None, threads: int, hosts: int = 1) -> Prediction:
     """Predict the epoch time of a ``pipedream train`` run before it starts.
@@ -393,7 +417,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
                          contention=profiled_contention(meta, cores) or 1.0,
                          oversubscribed=profiled_contention(meta, cores, "oversubscribed"), data_s=profiled_data_s(meta),
-                         composition=profiled_composition(meta, graph))
+                         composition=profiled_composition(meta, graph), **profiled_message_cost(meta, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 

@@ -1,0 +1,68 @@
+"""The transport's CPU on a CPU host: hand-computed charges per action, the prediction's work, and the probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipedream.runtime.message_cost import message_end_cpu_s
+from pipedream.sim.costs import StageCost
+from pipedream.sim.predict import EpochShape, predict_epoch, profiled_message_cost
+from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
+from pipedream.topology import Cluster
+from tests.test_predict import chain
+
+
+def test_each_action_pays_the_message_ends_it_sends_and_receives() -> None:
+    """3 stages sending 100 / 50 bytes forward and 40 / 30 back; a message end costs 1 ms + 10 us/byte. Stage 1
+    (2 replicas, one 1000-byte bucket): its forward receives 100 and sends 50, its backward receives 30 and
+    sends 40, its step pays 4 x (2 - 1) ends of 500 bytes of the allreduce."""
+    costs = [StageCost(1.0, 2.0, 100.0, 0.0, 0.0), StageCost(1.0, 2.0, 50.0, 40.0, 1000.0, [(0.5, 1000.0)], 0.25),
+             StageCost(1.0, 2.0, 0.0, 30.0, 0.0)]
+    got = with_transport_cpu(costs, [1, 2, 1], 1e-3, 1e-5)
+
+    def end(b: float) -> float:
+        return 1e-3 + 1e-5 * b
+
+    assert [x for c in got for x in (c.fwd_s, c.bwd_s, c.step_s)] == pytest.approx([
+        1.0 + end(100), 2.0 + end(40), 0.0,
+        1.0 + end(100) + end(50), 2.0 + end(30) + end(40), 0.25 + 4 * end(500),
+        1.0 + end(50), 2.0 + end(30), 0.0])
+    assert with_transport_cpu(costs, [1, 2, 1], 0.0, 0.0) == costs  # nothing measured: unchanged
+
+
+def test_ring_allreduce_cpu_by_hand() -> None:
+    # 4 replicas, buckets of 400 and 800 bytes: 4 x 3 ends of 100 and of 200 bytes
+    assert allreduce_cpu_s([400.0, 800.0], 4, 1e-3, 1e-5) == pytest.approx(12 * (1e-3 + 1e-3) + 12 * (1e-3 + 2e-3))
+    assert allreduce_cpu_s([400.0], 1, 1e-3, 1e-5) == 0.0
+
+
+def test_the_prediction_charges_the_transport_on_shared_cores_only() -> None:
+    """2 stages, F = 1 s, B = 2 s, 100-byte activations and gradients, 6 minibatches; a message end costs 0.1 s +
+    1 ms/byte = 0.2 s. On a host each stage's forward and backward each pay one end: 6 x (3 + 0.4) s of work
+    per stage, while the compute the runtime times stays 6 x 3 s (2 ranks on 2 cores: no sharing). On GPUs
+    (cores None) nothing is charged."""
+    g = chain(2, 1.0, 2.0, act_bytes=100.0)
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    args = (g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e12)]), shape)
+    host = predict_epoch(*args, cores=2, message_s=0.1, message_s_per_byte=1e-3)
+    assert host.work_s == pytest.approx([6 * 3.4, 6 * 3.4])
+    assert host.compute_s == pytest.approx([18.0, 18.0])
+    gpu = predict_epoch(*args, cores=None, message_s=0.1, message_s_per_byte=1e-3)
+    assert gpu.work_s == pytest.approx([18.0, 18.0])
+    assert host.epoch_s > gpu.epoch_s
+
+
+def test_message_cost_is_read_only_from_a_profile_of_this_host() -> None:
+    meta = {"host": {"cores": 2, "message_s": 1e-4, "message_s_per_byte": 4e-10}}
+    assert profiled_message_cost(meta, 2) == {"message_s": 1e-4, "message_s_per_byte": 4e-10}
+    assert profiled_message_cost(meta, 4) == {"message_s": 0.0, "message_s_per_byte": 0.0}  # another host
+    assert profiled_message_cost(meta, None) == {"message_s": 0.0, "message_s_per_byte": 0.0}  # GPUs
+    assert profiled_message_cost({}, 2) == {"message_s": 0.0, "message_s_per_byte": 0.0}  # the release's profiles
+
+
+@pytest.mark.slow
+def test_the_probe_measures_a_positive_cost_through_the_runtimes_transport() -> None:
+    """Two processes bounce 50 small messages through :class:`pipedream.runtime.comm.P2P` on gloo: each end
+    costs some CPU (gloo's threads included), well under the 0.1 s that would mean the probe waited on a timeout."""
+    cost = message_end_cpu_s(256, messages=50, timeout_s=60.0)
+    assert 0.0 < cost < 0.1
