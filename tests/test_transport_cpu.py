@@ -7,33 +7,29 @@ import pytest
 from pipedream.runtime.message_cost import message_end_cpu_s
 from pipedream.sim.costs import StageCost
 from pipedream.sim.predict import EpochShape, predict_epoch, profiled_message_cost
-from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
+from pipedream.sim.transport_cpu import with_transport_cpu
 from pipedream.topology import Cluster
 from tests.test_predict import chain
 
 
 def test_each_action_pays_the_message_ends_it_sends_and_receives() -> None:
-    """3 stages sending 100 / 50 bytes forward and 40 / 30 back; a message end costs 1 ms + 10 us/byte. Stage 1
-    (2 replicas, one 1000-byte bucket): its forward receives 100 and sends 50, its backward receives 30 and
-    sends 40, its step pays 4 x (2 - 1) ends of 500 bytes of the allreduce."""
+    """3 stages sending 100 / 50 bytes forward and 40 / 30 back; a message end costs 1 ms + 10 us/byte. Stage 1's
+    forward receives 100 and sends 50, its backward receives 30 and sends 40; its step (after a gradient
+    allreduce whose CPU overlaps the allreduce's own link time) is unchanged."""
     costs = [StageCost(1.0, 2.0, 100.0, 0.0, 0.0), StageCost(1.0, 2.0, 50.0, 40.0, 1000.0, [(0.5, 1000.0)], 0.25),
              StageCost(1.0, 2.0, 0.0, 30.0, 0.0)]
-    got = with_transport_cpu(costs, [1, 2, 1], 1e-3, 1e-5)
+    got = with_transport_cpu(costs, 1e-3, 1e-5)
 
     def end(b: float) -> float:
         return 1e-3 + 1e-5 * b
 
     assert [x for c in got for x in (c.fwd_s, c.bwd_s, c.step_s)] == pytest.approx([
         1.0 + end(100), 2.0 + end(40), 0.0,
-        1.0 + end(100) + end(50), 2.0 + end(30) + end(40), 0.25 + 4 * end(500),
+        1.0 + end(100) + end(50), 2.0 + end(30) + end(40), 0.25,
         1.0 + end(50), 2.0 + end(30), 0.0])
-    assert with_transport_cpu(costs, [1, 2, 1], 0.0, 0.0) == costs  # nothing measured: unchanged
-
-
-def test_ring_allreduce_cpu_by_hand() -> None:
-    # 4 replicas, buckets of 400 and 800 bytes: 4 x 3 ends of 100 and of 200 bytes
-    assert allreduce_cpu_s([400.0, 800.0], 4, 1e-3, 1e-5) == pytest.approx(12 * (1e-3 + 1e-3) + 12 * (1e-3 + 2e-3))
-    assert allreduce_cpu_s([400.0], 1, 1e-3, 1e-5) == 0.0
+    assert with_transport_cpu(costs, 0.0, 0.0) == costs  # nothing measured: unchanged
+    dp = [StageCost(1.0, 2.0, 0.0, 0.0, 1000.0, [(0.5, 1000.0)], 0.25)]
+    assert with_transport_cpu(dp, 1e-3, 1e-5) == dp  # one stage (DP): no activations to send
 
 
 def test_the_prediction_charges_the_transport_on_shared_cores_only() -> None:

@@ -14,6 +14,7 @@ transfer, to the forward or backward that sends or receives it.
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
 from datetime import timedelta
@@ -84,13 +85,19 @@ def message_end_cpu_s(numel: int, messages: int = 300, timeout_s: float = 60.0) 
     return sum(costs) / len(costs)
 
 
-def message_cost(small_bytes: int = 4096, large_bytes: int = 1 << 20, messages: int = 300) -> tuple[float, float]:
+def message_cost(small_bytes: int = 4096, large_bytes: int = 1 << 20, messages: int = 200,
+                 rounds: int = 3) -> tuple[float, float]:
     """``(fixed_s, per_byte_s)``: CPU seconds one message end costs its rank, ``fixed_s + per_byte_s * bytes``,
-    from the probe at ``small_bytes`` and ``large_bytes`` (float32 payloads); both at least 0."""
-    small = message_end_cpu_s(small_bytes // 4, messages)
-    large = message_end_cpu_s(large_bytes // 4, messages)
-    per_byte = max(0.0, (large - small) / (large_bytes - small_bytes))
-    return max(0.0, small - per_byte * small_bytes), per_byte
+    from the probe at ``small_bytes`` and ``large_bytes`` (float32 payloads), each the median of ``rounds``
+    probes taken in turn (a single probe on the 2-core CI machine ranged 155-490 us for a small message); both
+    at least 0."""
+    small, large = [], []
+    for _ in range(rounds):
+        small.append(message_end_cpu_s(small_bytes // 4, messages))
+        large.append(message_end_cpu_s(large_bytes // 4, messages))
+    s, b = statistics.median(small), statistics.median(large)
+    per_byte = max(0.0, (b - s) / (large_bytes - small_bytes))
+    return max(0.0, s - per_byte * small_bytes), per_byte
 
 
 if __name__ == "__main__":  # a quick look: python -m pipedream.runtime.message_cost

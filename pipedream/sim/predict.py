@@ -20,10 +20,10 @@ What is modelled, term by term:
   backward, in both modes (DDP in ``dp``, :mod:`pipedream.runtime.buckets` in ``pipedream``);
 * loading the data: the first stage's forward (every DP worker's) includes the profile's seconds to collate
   one minibatch (``meta.json`` ``data_s``), scaled to the action's samples;
-* the transport's CPU (CPU hosts): every message end a rank sends or receives, activations, gradients and its
-  share of the ring allreduce, costs it the profile's measured ``host.message_s + host.message_s_per_byte *
-  bytes`` of CPU (:mod:`pipedream.sim.transport_cpu`, :mod:`pipedream.runtime.message_cost`), added to the
-  forward, backward or step that sends or receives it;
+* the transport's CPU (CPU hosts): every activation or gradient a rank sends or receives costs it the
+  profile's measured ``host.message_s + host.message_s_per_byte * bytes`` of CPU
+  (:mod:`pipedream.sim.transport_cpu`, :mod:`pipedream.runtime.message_cost`), added to the forward or
+  backward that sends or receives it;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
   with the copy of the weights first where the schedule stashes versions
@@ -269,8 +269,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         composition: factor on every layer's forward and backward time: a whole step over the layers' sum
             (:func:`profiled_composition`); 1: the layers' times as profiled.
         message_s, message_s_per_byte: CPU one message end costs a rank on this host, s and s/byte
-            (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards, backwards and
-            steps that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
+            (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards and backwards
+            that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -287,7 +287,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
     compute = base  # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
     if cores is not None:  # the workers share the host's cores with the transport's CPU
-        base = with_transport_cpu(base, [len(rs) for rs in stage_ranks], message_s, message_s_per_byte)
+        base = with_transport_cpu(base, message_s, message_s_per_byte)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:

@@ -4,14 +4,15 @@ On a CPU run the workers share the host's cores (:mod:`pipedream.sim.cores`), an
 or receives costs it CPU: issuing the gloo operation, the socket copies and wake-ups of gloo's threads. The
 profiler measures one message end on the host as ``fixed_s + per_byte_s * bytes``
 (:mod:`pipedream.runtime.message_cost`; ``meta.json`` ``host.message_s`` and ``host.message_s_per_byte``).
-This module charges it where the runtime spends it:
+This module charges it where it costs the run time:
 
 * activations and gradients (:mod:`pipedream.runtime.comm`): a forward of stage ``s`` receives its input
   (``s > 0``) and sends its output (all but the last stage), a backward receives its output's gradient and
   sends its input's; each is one message end of the boundary's bytes;
-* gradient allreduce over ``r`` replicas (:mod:`pipedream.runtime.buckets`, DDP): gloo's ring sends and
-  receives ``2 (r - 1)`` chunks of ``1 / r`` of each bucket (reduce-scatter, then all-gather), so
-  ``4 (r - 1)`` message ends of ``bucket / r`` bytes per bucket, charged to the step that follows it.
+* not the gradient allreduce: gloo's ring does its socket work while the link throttle holds the collective
+  (:mod:`pipedream.runtime.buckets`; at the emulated 1 Gbps a bucket's link time is far longer than its CPU),
+  so its CPU overlaps the allreduce's own time. Charged to the step after it, as a first version of this
+  model did, it made every DP prediction 10-30% too slow (AlexNet DP 0.72 measured/predicted).
 
 On GPUs (no shared cores) nothing is charged: the prediction's compute is the GPU's.
 """
@@ -19,8 +20,6 @@ On GPUs (no shared cores) nothing is charged: the prediction's compute is the GP
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-
 from pipedream.sim.costs import StageCost
 
 
@@ -29,18 +28,9 @@ def message_end_s(nbytes: float, fixed_s: float, per_byte_s: float) -> float:
     return fixed_s + per_byte_s * nbytes if nbytes >= 0 else 0.0
 
 
-def allreduce_cpu_s(bucket_bytes: Sequence[float], replicas: int, fixed_s: float, per_byte_s: float) -> float:
-    """CPU seconds one rank spends in the ring allreduces of ``bucket_bytes`` over ``replicas`` ranks:
-    ``sum_b 4 (r - 1) (fixed_s + per_byte_s * b / r)`` (module docstring); 0 for one replica."""
-    if replicas < 2:
-        return 0.0
-    return sum(4 * (replicas - 1) * message_end_s(b / replicas, fixed_s, per_byte_s) for b in bucket_bytes)
-
-
-def with_transport_cpu(costs: list[StageCost], replicas: Sequence[int], fixed_s: float,
-                       per_byte_s: float) -> list[StageCost]:
-    """``costs`` (one per stage, in order; DP: one stage) with each forward, backward and optimizer step
-    lengthened by the transport CPU its rank spends (module docstring). ``replicas``: per stage.
+def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float) -> list[StageCost]:
+    """``costs`` (one per stage, in order; DP: one stage) with each forward and backward lengthened by the
+    transport CPU its rank spends on activations and gradients (module docstring).
 
     A stage's sent activation is ``send_fwd_bytes`` and its sent input gradient ``send_bwd_bytes``; what it
     receives is its neighbour's. Without a measured cost (both 0) ``costs`` come back unchanged.
@@ -55,6 +45,5 @@ def with_transport_cpu(costs: list[StageCost], replicas: Sequence[int], fixed_s:
 
         fwd = (end(costs[s - 1].send_fwd_bytes) if s > 0 else 0.0) + (end(c.send_fwd_bytes) if s < last else 0.0)
         bwd = (end(costs[s + 1].send_bwd_bytes) if s < last else 0.0) + (end(c.send_bwd_bytes) if s > 0 else 0.0)
-        reduce = allreduce_cpu_s([b for _, b in c.buckets] or [c.param_bytes], replicas[s], fixed_s, per_byte_s)
-        out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd, step_s=c.step_s + reduce))
+        out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd))
     return out
