@@ -95,3 +95,24 @@ def test_compute_check_rows_by_hand(tmp_path: Path) -> None:
     assert df.iloc[0].tolist() == ["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5, 2.5, 2.0, 1.25]
     assert df.iloc[1].tolist()[:7] == ["gnmt8", "pipedream", 1, 1.0, 1.25, 0.8, 2.0]
     assert df.iloc[1][["measured_cpu_s", "predicted_work_s", "cpu_ratio"]].isna().all()  # an older run: no CPU logged
+
+
+def test_the_check_compares_the_epochs_after_the_first(tmp_path: Path) -> None:
+    """A run logs its warmed-up epochs' mean (``steady_epoch_time_s``) and its first epoch apart: the check takes
+    the former (epochs 7, 5, 5 s: 5 s against a 4 s prediction, ratio 1.25; first epoch 7 s); a run of one epoch,
+    or one logged before, has only its mean."""
+    from pipedream.commands.train import steady_epochs
+
+    epochs = [{"epoch_time_s": 7.0}, {"epoch_time_s": 5.0}, {"epoch_time_s": 5.0}]
+    assert steady_epochs(epochs) == epochs[1:] and steady_epochs(epochs[:1]) == epochs[:1]
+    d = tmp_path / "runs" / "gnmt8" / "pipedream"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"mean_epoch_time_s": 17 / 3, "steady_epoch_time_s": 5.0,
+                                            "first_epoch_time_s": 7.0, "predicted_epoch_time_s": 4.0}))
+    d = tmp_path / "runs" / "gnmt8" / "dp"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"mean_epoch_time_s": 6.0, "predicted_epoch_time_s": 5.0}))
+    df = prediction_rows(tmp_path, ["gnmt8"])
+    assert df[["measured_epoch_s", "ratio", "first_epoch_s"]].iloc[0].tolist() == pytest.approx([5.0, 1.25, 7.0])
+    assert df[["measured_epoch_s", "ratio"]].iloc[1].tolist() == pytest.approx([6.0, 1.2])
+    assert math.isnan(df["first_epoch_s"].iloc[1])

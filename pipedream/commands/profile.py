@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         host["contention"] = contention = host_contention(step, cores, args.host_seconds)
         print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
         # two copies per core: each gets half a core, and their switches evict each other's caches
-        host["oversubscribed"] = over = host_contention(step, 2 * cores, args.host_seconds) / 2
+        host["oversubscribed"] = over = host_contention(step, 2 * cores, args.host_seconds)
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {over:.2f}x twice its "
               "time alone")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)

@@ -20,7 +20,7 @@ from pipedream.table1.measured import finished_runs
 from pipedream.table1.plots import predicted_vs_measured
 
 BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
-COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio"]
+COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s"]
 CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
                    "measured_cpu_s", "predicted_work_s", "cpu_ratio"]
@@ -40,11 +40,12 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
     """
     rows = []
     for model, mode, run in finished_runs(results, models):
-        measured = _number(run.get("mean_epoch_time_s"))
+        measured = _number(run.get("steady_epoch_time_s", run.get("mean_epoch_time_s")))  # older runs: the mean
         predicted = _number(run.get("predicted_epoch_time_s"))
         ratio = measured / predicted if predicted > 0 else math.nan
         rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
-                     "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio})
+                     "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio,
+                     "first_epoch_s": _number(run.get("first_epoch_time_s"))})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
