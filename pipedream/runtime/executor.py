@@ -25,10 +25,11 @@ Per action kind (§3.2, §3.3):
   (:mod:`pipedream.runtime.shared`), then the optimizer step on the master weights (copy on write of the
   version it changes, when one is still needed), zero the gradients; the result is the next weight version.
 
-When sends and receives are issued is :func:`pipedream.runtime.actions.issue_plan`'s decision: on gloo (tag-matched), a
-receive is posted as early as its data can come (a gradient with the send of its activation, an input one ahead); on NCCL (``P2P.batched``; in-order matching), each run
-of consecutive send/receive actions of the list is one ``batch_isend_irecv``, issued when the run
-starts, so no receive is ever queued in front of a send its peer is waiting for.
+When sends and receives are issued is :func:`pipedream.runtime.actions.issue_plan`'s decision: on gloo
+(tag-matched), a receive is posted as early as its data can come (a gradient with the send of its activation, an
+input one ahead); on NCCL (``P2P.batched``; in-order matching), each run of consecutive send/receive actions of
+the list is one ``batch_isend_irecv``, issued when the run starts, so no receive is ever queued in front of a send
+its peer is waiting for.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ On GPUs (no shared cores) nothing is charged: the prediction's compute is the GP
 from __future__ import annotations
 
 import dataclasses
+
 from pipedream.sim.costs import StageCost
 
 
