@@ -27,12 +27,12 @@ rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_p
 ``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
 it would be, links at line rate.
 
-What-if tables (other clusters, today's H100) are in :mod:`pipedream.table1.whatif`.
+What-if tables (other clusters, today's H100) are in :mod:`pipedream.table1.whatif`; the files are written by
+:mod:`pipedream.table1.predicted_files`.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,16 +44,14 @@ import pandas as pd
 from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
-from pipedream.io import atomic_write_text
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.plan import Plan, Stage
-from pipedream.planner.fixed_split import replicas_of, split_for_replicas
-from pipedream.planner.placement import replica_ranks
-from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
+from pipedream.planner.fixed_split import replicas_of
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
-from pipedream.table1.explain import THRESHOLD, explain
-from pipedream.table1.table import read_paper_table, to_markdown
+from pipedream.table1.explain import THRESHOLD
+from pipedream.table1.table import read_paper_table
 from pipedream.topology import Cluster, get_cluster
 
 # paper model -> (release profile folder, per-GPU batch of paper §5.1); the profiled minibatch is in the
@@ -341,94 +339,6 @@ def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plan
     return pd.DataFrame(rows)
 
 
-MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_speedup": "predicted speedup",
-              "paper_config": "paper config", "paper_speedup": "paper speedup", "rel_error": "rel. error",
-              "paper_config_predicted_speedup": "paper config, predicted", "paper_config_rel_error": "rel. error (paper config)",
-              "paper_config_speedup_if_dp_not_overlapped": "paper config, DP not overlapped",
-              "planner_estimate_speedup": "planner estimate", "dp_cost_model_speedup": "DP cost model alone",
-              "release_warmup_speedup": "ours, release warm-up", "independent_replicas_speedup": "ours, independent replicas",
-              "simulator_best_config": "best simulated", "simulator_best_speedup": "its speedup",
-              "dp_comm_stall_fraction": "DP comm stall", "pipedream_steady_bubble": "PipeDream bubble",
-              "pipedream_p2p_bytes_per_sample": "PipeDream act. bytes/sample", "dp_bytes_per_sample": "DP weight bytes/sample"}
-
-
-def mismatch_explanations(df: pd.DataFrame, clusters_path: Path) -> list[list[str]]:
-    """Per row of a predicted Table 1: why its prediction is more than 15% off the paper
-    (:func:`pipedream.table1.explain.explain`), or why it has none; an empty list where it is within 15%."""
-    out: list[list[str]] = []
-    for _, r in df.iterrows():
-        if r["predicted_config"] == "no V100 profile":
-            out.append([f"no V100 profile — {r['profile']}; not predicted."])
-        elif "rel_error" in r and abs(r["rel_error"]) > THRESHOLD:
-            out.append(explain(r, get_cluster(r["cluster"], clusters_path)))
-        else:
-            out.append([])
-    return out
-
-
-def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: str = "table1_predicted",
-                    title: str = "Table 1, predicted at paper scale (simulated) beside the paper") -> None:
-    """``<stem>.csv`` and ``<stem>.md`` (table, assumptions, an explanation of every mismatch > 15%).
-
-    Beside the paper, the CSV gets a column ``explanation``: the same sentences as the markdown's
-    mismatch notes, as a JSON list per row (``[]`` where the row is within 15%).
-    """
-    compared = "paper_speedup" in df.columns  # else a what-if table: nothing to compare with
-    lines = mismatch_explanations(df, clusters_path) if compared else []
-    csv = df.assign(explanation=[json.dumps(x) for x in lines]) if compared else df
-    atomic_write_text(out_dir / f"{stem}.csv", csv.to_csv(index=False))
-    cols = [c for c in MD_COLUMNS if c in df.columns]
-    md = to_markdown(df[cols].rename(columns=MD_COLUMNS), title, [
-        "speedup = DP epoch time / PipeDream epoch time, both simulated (pipedream.sim) on the row's cluster "
-        "from the release's V100 profiles; rel. error = predicted / paper - 1; 'best simulated' = the fastest of our "
-        "planner's config, the paper's config and DP.",
-        "DP baseline = the paper's PyTorch 1.1 DistributedDataParallel: NCCL 2.4 flat ring allreduce (every NIC carries "
-        "2(n-1)/n of the gradients) overlapped with the backward layer by layer (wait-free backpropagation), at line "
-        "rate. PipeDream = our runtime's 1F1B-RR (consistent warm-up) on our planner's plan (simulator-re-ranked, so "
-        "'planner estimate' is its simulation; 'DP cost model alone' is what the dynamic program estimated for its own "
-        "choice), replicated stages synchronised the same way in lockstep; collectives and activation transfers share "
-        "links without queueing behind each other; 'paper config' = the paper's configuration split by "
-        "pipedream.planner.fixed_split.",
-        "Bytes/sample: activations and their gradients between stages (PipeDream) vs weight-gradient allreduce (DP).",
-    ])
-    if not compared:
-        atomic_write_text(out_dir / f"{stem}.md", md)
-        return
-    notes = ["", f"## Mismatches above {THRESHOLD:.0%}", ""]
-    for (_, r), why in zip(df.iterrows(), lines, strict=True):
-        if r["predicted_config"] == "no V100 profile":
-            notes.append(f"- **{r['row']}**: {why[0]}")
-        elif why:
-            notes.append(f"- **{r['row']}** (predicted {r['predicted_speedup']:.2f}x vs paper {r['paper_speedup']:.2f}x, "
-                         f"{r['rel_error']:+.0%}):")
-            notes += [f"  - {line}" for line in why]
-    atomic_write_text(out_dir / f"{stem}.md", md + "\n".join(notes) + "\n")
-
-
-def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
-                    microbatches: int = 4) -> None:
-    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW, PipeDream-Flush and DP."""
-    from pipedream.table1.plots import gantt
-
-    cluster = get_cluster(cluster_name, clusters_path)
-    prof = find_profile(model, Path("results/profiles"))
-    if prof is None:
-        raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
-    reps = [1] * cluster.workers
-    stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
-    ranks = replica_ranks(reps, cluster)
-    panels = []
-    for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
-                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"),
-                         ("pipedream_flush", f"PipeDream-Flush, {microbatches} microbatches"), ("dp", "data parallelism")):
-        nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
-        rk = [list(range(cluster.workers))] if sched == "dp" else ranks
-        res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
-        assert res.trace is not None
-        panels.append((f"{label}: {model} on {cluster_name} ({res.config}), bubble {res.steady_bubble_fraction:.0%}", res.trace))
-    gantt(panels, out, cluster.workers)
-
-
 def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
           models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True) -> pd.DataFrame:
     """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
@@ -438,6 +348,7 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         PipeDreamError: an unknown cluster or model, a missing profile or paper table.
     """
     from pipedream.table1 import plots as P
+    from pipedream.table1.predicted_files import write_predicted
     from pipedream.table1.whatif import H100_PROFILES, slug, whatif_table, write_whatif_h100
 
     if cluster_name:
@@ -454,7 +365,7 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         have = df[df["predicted_config"] != "no V100 profile"]
         P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
         P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
-        timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
+        P.timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
     if not models and H100_PROFILES.is_dir():
         write_whatif_h100(out_dir, clusters_path, plots)
     return df

@@ -101,7 +101,7 @@ def _mark_shared_runs(df: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
 
 def read_explanations(results: Path) -> dict[str, list[str]]:
     """Row name -> why its prediction is more than 15% off the paper, from ``table1_predicted.csv``'s
-    ``explanation`` column (written by :func:`pipedream.table1.predicted.write_predicted`); rows within
+    ``explanation`` column (written by :func:`pipedream.table1.predicted_files.write_predicted`); rows within
     15%, and tables written before that column existed, have none."""
     path = results / "table1_predicted.csv"
     if not path.is_file():
