@@ -27,12 +27,20 @@ rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_p
 ``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
 it would be, links at line rate.
 
+Only a V100-scale profile gives a row numbers: the release's V100 profile, or a user profile whose meta.json
+has :data:`V100_SCALE_KEY` (a reduced model's CPU profile says nothing about the paper's V100 run); other rows
+say :data:`NO_PROFILE` and have no predicted columns. ``loo_*`` (:mod:`pipedream.table1.calibration`): each
+row again with DP's allreduce between servers at the fraction of line rate fitted on the other rows of its
+cluster (leave-one-out); ``dp_fraction_matching_paper``, the fraction at which this row alone would match the
+paper, only explains the gap.
+
 What-if tables (other clusters, today's H100) are in :mod:`pipedream.table1.whatif`; the files are written by
 :mod:`pipedream.table1.predicted_files`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,6 +70,12 @@ PAPER_MODELS = {"vgg16": ("vgg16", 64), "resnet50": ("resnet50", 128), "alexnet"
 DATASET_SAMPLES = {"imagenet": IMAGENET_TRAIN_SAMPLES, "synthetic": IMAGENET_TRAIN_SAMPLES,
                    "wmt16_en_de": 4_500_000, "penn_treebank": 929_589, "msvd": 1_200}
 ALLREDUCE = "ring"  # NCCL 2.4's flat ring, what the paper's DDP baseline ran (see the module docstring)
+# a row whose profile is neither the release's V100 profile nor brought to V100 scale: no predicted number
+NO_PROFILE = "no V100-scale profile"
+# meta.json key of a user profile brought to V100 scale: true, or a sentence saying how (e.g. "measured on a V100 16
+# GB at the paper's model size and batch"); without it a user profile (e.g. a reduced model's on the CPU) says
+# nothing about the paper's V100 runs
+V100_SCALE_KEY = "v100_scale"
 
 
 @dataclass(frozen=True)
@@ -94,31 +108,34 @@ RELEASE_RUNS = {
 
 @dataclass
 class Profile:
-    """A profile ready to plan and simulate: the graph at the training batch, and where it came from."""
+    """A profile ready to plan and simulate: the graph at the training batch, where it came from, and whether it
+    stands for the paper's V100s (the release's profile, or a meta.json with :data:`V100_SCALE_KEY`)."""
 
     graph: LayerGraph
     path: str
     hardware: str
     profiled_batch: int
     batch: int
+    v100_scale: bool = False
 
 
 def find_profile(model: str, profiles_dir: Path, release: bool = True) -> Profile | None:
     """The V100 release profile of a paper model (if ``release``), else ``<profiles_dir>/<model>/graph.txt``
-    (with its meta.json), else None."""
+    (with its meta.json; at V100 scale where it has a true :data:`V100_SCALE_KEY`), else None."""
     if release and model in PAPER_MODELS:
         folder, batch = PAPER_MODELS[model]
         path = RELEASE_PROFILES / folder / "graph.txt"
         if path.is_file():
             mb = profiled_batch(path)
-            return Profile(LayerGraph.read(path, mb).scaled(batch), str(path), "V100 (release)", mb, batch)
+            return Profile(LayerGraph.read(path, mb).scaled(batch), str(path), "V100 (release)", mb, batch, True)
     path = profiles_dir / model / "graph.txt"
     if not path.is_file():
         return None
     if "minibatch_size" not in read_meta(path):
         raise PipeDreamError(f"{path}: no minibatch_size in the meta.json beside it; re-run `pipedream profile`")
-    mb = profiled_batch(path)
-    return Profile(LayerGraph.read(path, mb), str(path), str(read_meta(path).get("device", "unknown")), mb, mb)
+    mb, meta = profiled_batch(path), read_meta(path)
+    return Profile(LayerGraph.read(path, mb), str(path), str(meta.get("device", "unknown")), mb, mb,
+                   bool(meta.get(V100_SCALE_KEY)))
 
 
 def get_plan(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None) -> tuple[Plan, str]:
@@ -138,14 +155,11 @@ def _outer_scaled(cluster: Cluster, factor: float) -> Cluster:
                    latency_s=cluster.latency_s)
 
 
-def _bandwidth_for(epoch_s: Callable[[Cluster], float], cluster: Cluster, target_epoch_s: float,
+def _bandwidth_for(at: Callable[[float], float], cluster: Cluster, target_epoch_s: float,
                    lo: float, hi: float) -> float | None:
-    """Outermost-level bandwidth (bytes/s), between ``lo`` and ``hi`` times line rate, at which ``epoch_s``
-    of the cluster with that bandwidth is ``target_epoch_s`` (12 bisection steps on a log scale); None
-    when the target is outside that range. ``epoch_s`` must not grow with the bandwidth."""
-    def at(f: float) -> float:
-        return epoch_s(_outer_scaled(cluster, f))
-
+    """Outermost-level bandwidth (bytes/s), between ``lo`` and ``hi`` times line rate, at which ``at`` (epoch
+    time in s with the outermost level at a fraction of line rate) is ``target_epoch_s`` (12 bisection steps on
+    a log scale); None when the target is outside that range. ``at`` must not grow with the fraction."""
     if not at(hi) <= target_epoch_s <= at(lo):
         return None
     for _ in range(12):
@@ -154,17 +168,22 @@ def _bandwidth_for(epoch_s: Callable[[Cluster], float], cluster: Cluster, target
     return cluster.levels[-1][1] * math.sqrt(lo * hi)
 
 
+def dp_epoch_at(graph: LayerGraph, cluster: Cluster, fraction: float, dataset: int) -> float:
+    """Simulated DP epoch time (s) with the outermost level of ``cluster`` at ``fraction`` x its bandwidth (the
+    paper's DDP baseline, :data:`ALLREDUCE`; :func:`pipedream.sim.simulate_dp`)."""
+    return simulate_dp(graph, _outer_scaled(cluster, fraction), dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
+
+
 def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float, dataset: int) -> float | None:
     """Outermost-level bandwidth (bytes/s) at which simulated DP takes ``target_epoch_s`` (bisection, log scale)."""
-    return _bandwidth_for(lambda c: simulate_dp(graph, c, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s,
-                          cluster, target_epoch_s, 1e-3, 1e2)
+    return _bandwidth_for(lambda f: dp_epoch_at(graph, cluster, f, dataset), cluster, target_epoch_s, 1e-3, 1e2)
 
 
 def pipedream_bandwidth_for(graph: LayerGraph, plan: Plan, cluster: Cluster, target_epoch_s: float,
                             dataset: int) -> float | None:
     """Outermost-level bandwidth (bytes/s), at most line rate, at which ``plan`` simulates in ``target_epoch_s``
     (bisection, log scale): how slow PipeDream's links must be for a measured epoch, with DP untouched."""
-    return _bandwidth_for(lambda c: simulate_plan(graph, plan, c, dataset_size=dataset,
+    return _bandwidth_for(lambda f: simulate_plan(graph, plan, _outer_scaled(cluster, f), dataset_size=dataset,
                                                   allreduce=ALLREDUCE).epoch_time_s,
                           cluster, target_epoch_s, 1e-3, 1.0)
 
@@ -310,11 +329,28 @@ def _row_label(model: str, p: pd.Series) -> str:
     return f"{model} {p['cluster']} {p['servers']}x{p['gpus_per_server']}"
 
 
-def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
-                models: list[str] | None = None) -> pd.DataFrame:
-    """Every row of the paper's Table 1 (``models`` only, if given), predicted where a profile exists."""
+def _unpredicted(profiles_dir: Path, model: str, prof: Profile | None) -> dict[str, Any]:
+    """The columns of a row without a V100-scale profile: status, which profile there is (if any), no numbers."""
+    if prof is None:
+        where = f"none ({profiles_dir / model / 'graph.txt'} absent)"
+        return {"predicted_config": NO_PROFILE, "prediction_status": NO_PROFILE, "profile": where,
+                "predicted_speedup": math.nan, "rel_error": math.nan}
+    why = (f"{prof.path} is a {prof.hardware} profile at {prof.profiled_batch} samples per minibatch, and its "
+           f"meta.json does not say it was brought to V100 scale ({V100_SCALE_KEY})")
+    return {"predicted_config": NO_PROFILE, "prediction_status": NO_PROFILE, "profile": why,
+            "profile_hardware": prof.hardware, "profiled_batch": prof.profiled_batch,
+            "predicted_speedup": math.nan, "rel_error": math.nan}
+
+
+def build_tables(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
+                 models: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every row of the paper's Table 1 (``models`` only, if given), predicted where a V100-scale profile exists,
+    with the leave-one-out calibration of DP's link speed (:mod:`pipedream.table1.calibration`); and that
+    calibration's per-cluster summary (:func:`pipedream.table1.calibration.group_summary`)."""
+    from pipedream.table1 import calibration
+
     paper = read_paper_table(paper_table)
-    rows = []
+    rows, speedup_at = [], {}
     for _, p in paper.iterrows():
         model = str(p["model"])
         if models and model not in models:
@@ -325,18 +361,38 @@ def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plan
                                "cluster": cluster.name, "paper_config": str(p["pipedream_config"]),
                                "paper_speedup": float(p["speedup_epoch_time"])}
         prof = find_profile(model, profiles_dir)
-        if prof is None:
-            row.update(predicted_config="no V100 profile", profile=f"none ({profiles_dir / model / 'graph.txt'} absent)")
+        if prof is None or not prof.v100_scale:
+            row.update(_unpredicted(profiles_dir, model, prof))
         else:
             dataset = DATASET_SAMPLES.get(str(p["dataset"]), IMAGENET_TRAIN_SAMPLES)
-            row.update(profile=prof.path, profile_hardware=prof.hardware, profiled_batch=prof.profiled_batch,
-                       batch_per_gpu=prof.batch, dataset_samples=dataset)
+            row.update(prediction_status="predicted", profile=prof.path, profile_hardware=prof.hardware,
+                       profiled_batch=prof.profiled_batch, batch_per_gpu=prof.batch, dataset_samples=dataset)
             row.update(predict(model, prof, cluster, dataset, paper_config=row["paper_config"],
                                paper_speedup=row["paper_speedup"], plans_dir=plans_dir))
+            speedup_at[len(rows)] = calibration.cached(functools.partial(
+                _speedup_at, prof.graph, cluster, dataset, row["pipedream_epoch_time_s"]))
+            bw = None if calibration.is_dp_config(row["predicted_config"]) else dp_bandwidth_for(
+                prof.graph, cluster, row["paper_speedup"] * row["pipedream_epoch_time_s"], dataset)
+            row["dp_fraction_matching_paper"] = math.nan if bw is None else bw / cluster.levels[-1][1]
         rows.append(row)
     if not rows:
         raise PipeDreamError(f"no rows of {paper_table} match models {models}")
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    cal_rows = calibration.rows_of(df, speedup_at)
+    loo = calibration.loo_columns(cal_rows)
+    return pd.concat([df, loo], axis=1), calibration.group_summary(cal_rows, loo)
+
+
+def _speedup_at(graph: LayerGraph, cluster: Cluster, dataset: int, pipedream_epoch_s: float, fraction: float) -> float:
+    """Predicted speedup (DP epoch / PipeDream epoch) with DP's outermost level at ``fraction`` x line rate and
+    PipeDream's simulation (``pipedream_epoch_s``, s) at line rate (:func:`dp_epoch_at`)."""
+    return dp_epoch_at(graph, cluster, fraction, dataset) / pipedream_epoch_s
+
+
+def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
+                models: list[str] | None = None) -> pd.DataFrame:
+    """The predicted Table 1 of :func:`build_tables`, without the calibration summary."""
+    return build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)[0]
 
 
 def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
@@ -359,10 +415,10 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         if plots:
             P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
         return df
-    df = build_table(paper_table, clusters_path, profiles_dir, plans_dir, models)
-    write_predicted(df, out_dir, clusters_path)
+    df, calibration = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)
+    write_predicted(df, out_dir, clusters_path, calibration=calibration)
     if plots:
-        have = df[df["predicted_config"] != "no V100 profile"]
+        have = df[df["predicted_config"] != NO_PROFILE]
         P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
         P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
         P.timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
