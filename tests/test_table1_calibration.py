@@ -12,8 +12,11 @@ import pytest
 
 from pipedream.graph import LayerGraph, Node
 from pipedream.table1 import calibration as C
+from pipedream.table1.html import html_report
 from pipedream.table1.predicted import NO_PROFILE, V100_SCALE_KEY, _speedup_at, build_tables, find_profile
 from pipedream.table1.predicted_files import write_predicted
+from pipedream.table1.table import build_table as report_table
+from pipedream.table1.table import read_calibration
 from pipedream.topology import get_cluster
 from tests.conftest import REPO
 
@@ -150,8 +153,14 @@ def test_loo_columns_of_a_simulated_cluster(tmp_path: Path) -> None:
     assert moved["loo_fraction"].iloc[0] == r["loo_fraction"]
     assert moved["loo_fraction"].iloc[1] != df["loo_fraction"].iloc[1]  # m2's fit uses m1's number
 
-    # the files: table1_calibration.csv and the markdown section
+    # the files: table1_calibration.csv, the markdown section, the report's headline column and section
     write_predicted(df, tmp_path, CLUSTERS, calibration=summary)
-    assert pd.read_csv(tmp_path / "table1_calibration.csv")["rows_fitted"].tolist() == [3]
+    assert read_calibration(tmp_path) is not None
     md = (tmp_path / "table1_predicted.md").read_text()
     assert "leave-one-out" in md and "| A | 3 (m1 A 4x4; m2 A 4x4; m3 A 4x4) |" in md
+    cfg = {"results_dir": str(tmp_path), "paper_table": str(tmp_path / "paper.csv"), "models": {}}
+    table = report_table(cfg)
+    assert table["predicted_loo_speedup_epoch_time"].iloc[0] == pytest.approx(r["loo_predicted_speedup"])
+    page = html_report(table, [], tmp_path, calibration=read_calibration(tmp_path))
+    assert "id='calibration-table'" in page and "calibrated, LOO" in page
+    assert f"{r['loo_predicted_speedup']:.2f}×" in page and f"{r['loo_fraction']:.0%} of line rate" in page
