@@ -20,7 +20,8 @@ CLUSTER = config["cluster"]
 MODES = ["pipedream", "dp"]
 PD = f"{sys.executable} -m pipedream.cli"
 CONFIG_FILE = str(workflow.configfiles[-1])
-# models of Table 1 without a V100 profile in the release: the predicted table uses our own profiles
+# models of Table 1 without a V100 profile in the release: the predicted table reads our own profiles (numbers only
+# from one whose meta.json says v100_scale, pipedream/table1/predicted.py)
 OWN_PROFILE_MODELS = [m for m in MODELS if m in ("awd_lm", "s2vt")]
 
 

@@ -118,3 +118,34 @@ def explain(r: pd.Series, cluster: Cluster) -> list[str]:
     out.append(f"profile: {r['profile_hardware']} profile at {int(r['profiled_batch'])} samples, scaled linearly to "
                f"{int(r['batch_per_gpu'])} per GPU (the release does not state the profiling GPU).")
     return out
+
+
+def calibrated(r: pd.Series, cluster: Cluster) -> str | None:
+    """Why a row's leave-one-out calibrated prediction (:mod:`pipedream.table1.calibration`) is more than 15% off
+    the paper, or has no number; None where it is within 15% or the table has no such columns."""
+    if "loo_note" not in r:
+        return None
+    rel, f, note = _number(r, "loo_rel_error"), _number(r, "loo_fraction"), r["loo_note"]
+    note = note if isinstance(note, str) else ""
+    if rel is not None and abs(rel) <= THRESHOLD:
+        return None
+    if rel is None:
+        return f"calibrated (leave-one-out): no number: {note}."
+    if f is None:
+        return f"calibrated (leave-one-out): {note}, so the gap is the line-rate one ({rel:+.0%})."
+    line_rate = cluster.levels[-1][1]
+    line = (f"calibrated (leave-one-out): DP's allreduce between servers at {f:.0%} of line rate ({_gbps(f * line_rate)}), "
+            f"the fraction fitted on the other rows of cluster {str(r['hardware']).split()[0]} "
+            f"(table1_calibration.csv), gives {r['loo_predicted_speedup']:.2f}x ({rel:+.0%})")
+    own = _number(r, "dp_fraction_matching_paper")
+    if note:
+        line += f"; {note}, so the gap is the planner's choice of data parallelism"
+    elif own is None:
+        line += "; no DP speed between 0.1% and 100x line rate matches this row's paper number"
+    elif own > 1:
+        line += (f"; this row alone would need DP at {own:.0%} of line rate: it is over-predicted with DP at full "
+                 "speed, so no slowdown of DP closes its gap, which is the pipeline's or the planner's (above)")
+    else:
+        line += (f"; this row alone matches the paper with DP at {own:.0%} of line rate ({_gbps(own * line_rate)}), "
+                 f"{'slower' if own < f else 'faster'} than its cluster's other rows imply")
+    return line + "."

@@ -1,8 +1,9 @@
 """``results/report.html``: one self-contained page (images inlined, no external CSS or JS).
 
-Order: provenance, the headline table (one row per paper row: paper, predicted and measured speedups) and
-the speedup plot; then why each prediction differs from the paper, every column of Table 1, the other
-plots, and how to open the MLflow runs the measured rows link to.
+Order: provenance, the headline table (one row per paper row: paper, predicted at line rate and calibrated
+leave-one-out, and measured speedups) and the speedup plot; DP's link speed fitted per cluster; then why each
+prediction differs from the paper, every column of Table 1, the other plots, and how to open the MLflow runs
+the measured rows link to.
 """
 
 from __future__ import annotations
@@ -122,23 +123,34 @@ def _run_links(runs: list[tuple[str, str, str | None]]) -> str:
     return " · ".join(parts) or "—"
 
 
+def _vs_paper(speedup: Any, rel: Any) -> str:
+    """A predicted speedup with its relative error to the paper, ``"5.28× (−3%)"``; NaN as an em dash."""
+    out = _x(speedup)
+    if isinstance(rel, float) and not math.isnan(rel):
+        out += f" <span class='muted'>({rel:+.0%})</span>"
+    return out
+
+
 def _headline(df: pd.DataFrame, explanations: dict[str, list[str]],
               runs: dict[str, list[tuple[str, str, str | None]]]) -> str:
-    """One row per paper row: paper, predicted and measured (reduced, CPU) speedups side by side."""
+    """One row per paper row: paper, predicted at line rate and calibrated (leave-one-out), and measured (reduced,
+    CPU) speedups side by side."""
     first_row = {}  # measured run -> number of the first row it stands for
     body = []
     for i, (_, r) in enumerate(df.iterrows(), start=1):
         label = row_label(r)
-        pred = _x(r.get("predicted_speedup_epoch_time", math.nan))
-        rel = r.get("predicted_rel_error", math.nan)
-        if isinstance(rel, float) and not math.isnan(rel):
-            pred += f" <span class='muted'>({rel:+.0%})</span>"
+        pred = _vs_paper(r.get("predicted_speedup_epoch_time", math.nan), r.get("predicted_rel_error", math.nan))
+        loo = _vs_paper(r.get("predicted_loo_speedup_epoch_time", math.nan), r.get("predicted_loo_rel_error", math.nan))
+        frac = r.get("predicted_loo_dp_fraction", math.nan)
+        if isinstance(frac, float) and not math.isnan(frac):
+            loo = f"<span title='DP between servers at {frac:.0%} of line rate'>{loo}</span>"
         if label in explanations:
             pred += f" <a href='#why-{i}' title='why it differs from the paper'>why?</a>"
         cells = [f"<td class='n'>{i}</td>", f"<td>{_text(r['model'])}</td>", f"<td>{_text(r['hardware'])}</td>",
                  f"<td class='g'>{_text(r['paper_config'])}</td>", f"<td class='n'>{_x(r['paper_speedup_epoch_time'])}</td>",
                  f"<td class='n'>{_x(r['paper_speedup_tta'])}</td>",
-                 f"<td class='g'>{_text(r.get('predicted_config'))}</td>", f"<td class='n'>{pred}</td>"]
+                 f"<td class='g'>{_text(r.get('predicted_config'))}</td>", f"<td class='n'>{pred}</td>",
+                 f"<td class='n'>{loo}</td>"]
         run = r.get("measured_run")
         if isinstance(run, str) and run in first_row:
             j = first_row[run]
@@ -153,12 +165,35 @@ def _headline(df: pd.DataFrame, explanations: dict[str, list[str]],
                       f"<td>{_run_links(runs.get(str(r['model']), [])) if isinstance(run, str) else '—'}</td>"]
         body.append(f"<tr id='row-{i}'>{''.join(cells)}</tr>")
     head = ("<thead><tr class='groups'><th colspan='3'></th><th class='g' colspan='3'>paper</th>"
-            "<th class='g' colspan='2'>predicted at paper scale</th><th class='g' colspan='4'>measured (reduced, CPU)</th></tr>"
+            "<th class='g' colspan='3'>predicted at paper scale</th><th class='g' colspan='4'>measured (reduced, CPU)</th></tr>"
             "<tr><th class='n'>#</th><th>model</th><th>cluster</th>"
             "<th class='g'>config</th><th class='n'>epoch</th><th class='n'>TTA</th>"
-            "<th class='g'>config</th><th class='n'>epoch (vs paper)</th>"
+            "<th class='g'>config</th><th class='n'>line rate (vs paper)</th><th class='n'>calibrated, LOO</th>"
             "<th class='g'>config</th><th class='n'>epoch</th><th class='n'>TTA</th><th>MLflow runs</th></tr></thead>")
     return f"<div class='scroll'><table id='headline'>{head}<tbody>{''.join(body)}</tbody></table></div>"
+
+
+def _calibration(table: pd.DataFrame, calibration: pd.DataFrame | None) -> str:
+    """DP's effective link speed per cluster (``table1_calibration.csv``) and the rows within 15% of the paper."""
+    from pipedream.table1.calibration import pct, spread, within_counts
+    from pipedream.table1.explain import THRESHOLD
+
+    if calibration is None:
+        return "<p class='muted'>No calibration (table1_calibration.csv) in the results.</p>"
+    rows = "".join(f"<tr><td>{_text(r.cluster)}</td><td class='n'>{r.rows_fitted}</td><td>{_text(r.rows)}</td>"
+                   f"<td class='n'>{pct(r.full_fraction)}</td><td class='n'>"
+                   f"{spread(r.loo_fraction_min, r.loo_fraction_max)}</td></tr>"
+                   for r in calibration.itertuples(index=False))
+    c = within_counts(table, THRESHOLD, "predicted_speedup_epoch_time", "predicted_rel_error", "predicted_loo_rel_error")
+    return ("<p>One fraction f of line rate per paper cluster slows DP's allreduce between servers (NCCL over TCP "
+            "did not reach line rate); PipeDream stays at line rate. f minimises Σ (ln predicted(f) − ln paper)² "
+            "over the cluster's multi-server rows whose plan is not DP; each row's calibrated number uses the f "
+            "fitted on the <em>other</em> rows of its cluster (leave-one-out), never its own paper number.</p>"
+            "<div class='scroll'><table id='calibration-table'><thead><tr><th>cluster</th><th class='n'>rows</th>"
+            "<th>fitted on</th><th class='n'>f, all rows</th><th class='n'>f over the folds</th></tr></thead>"
+            f"<tbody>{rows}</tbody></table></div>"
+            f"<p>Rows within {THRESHOLD:.0%} of the paper: {c['within_line_rate']} of {c['numbered']} with a "
+            f"number ({c['rows']} rows) at line rate; {c['within_loo']} calibrated leave-one-out.</p>")
 
 
 def _explanations(df: pd.DataFrame, explanations: dict[str, list[str]]) -> str:
@@ -170,6 +205,9 @@ def _explanations(df: pd.DataFrame, explanations: dict[str, list[str]]) -> str:
             continue
         rel = r.get("predicted_rel_error", math.nan)
         gap = "" if not isinstance(rel, float) or math.isnan(rel) else f", {rel:+.0%}"
+        loo = r.get("predicted_loo_rel_error", math.nan)
+        if isinstance(loo, float) and not math.isnan(loo):
+            gap += f"; calibrated {_x(r['predicted_loo_speedup_epoch_time'])}, {loo:+.0%}"
         summary = (f"#{i} {_text(row_label(r))}: predicted {_x(r.get('predicted_speedup_epoch_time', math.nan))} "
                    f"vs paper {_x(r['paper_speedup_epoch_time'])}{gap}")
         items = "".join(f"<li>{escape(line, quote=False)}</li>" for line in why)
@@ -215,7 +253,7 @@ def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
 
 
 def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provenance: dict[str, str] | None = None,
-                explanations: dict[str, list[str]] | None = None,
+                explanations: dict[str, list[str]] | None = None, calibration: pd.DataFrame | None = None,
                 runs: dict[str, list[tuple[str, str, str | None]]] | None = None,
                 prediction_check: pd.DataFrame | None = None) -> str:
     """The whole page as one string: every PNG under ``<results>/plots`` inlined as a ``data:`` URI.
@@ -227,6 +265,7 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
         provenance: label -> text (:func:`pipedream.table1.provenance.collect`).
         explanations: row name -> why its prediction is off the paper
             (:func:`pipedream.table1.table.read_explanations`).
+        calibration: the per-cluster fit of DP's link speed (:func:`pipedream.table1.table.read_calibration`).
         runs: model -> ``(mode, run_id, url)`` of its MLflow runs (:func:`pipedream.table1.measured.mlflow_runs`).
         prediction_check: every run's measured and predicted epoch time
             (:func:`pipedream.table1.prediction.prediction_rows`); None leaves the section out.
@@ -246,8 +285,12 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
         "<h2>Headline</h2>",
         _headline(table, explanations, runs or {}),
         "<p class='muted'>epoch = epoch-time speedup, TTA = time-to-accuracy speedup; (±%) = predicted / paper − 1; "
+        "line rate = DP at the links' line rate; calibrated, LOO = DP between servers at the fraction of line rate "
+        "fitted on the other rows of the cluster (<a href='#calibration'>below</a>); "
         f"— = not available. MLflow links open once the UI runs: <code>{UI_COMMAND}</code>.</p>",
         *(_figure(p, "Epoch-time speedup over DP per Table 1 row: paper, predicted, measured") for p in top),
+        "<h2 id='calibration'>DP's effective link speed, fitted leave-one-out</h2>",
+        _calibration(table, calibration),
         "<h2 id='why'>Why predictions differ from the paper</h2>",
         "<p>Rows whose predicted speedup is more than 15% off the paper, with the assumption that differs "
         "(the same sentences as <code>table1_predicted.md</code>).</p>",

@@ -27,12 +27,20 @@ rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_p
 ``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
 it would be, links at line rate.
 
-What-if tables (other clusters, today's H100) are in :mod:`pipedream.table1.whatif`.
+Only a V100-scale profile gives a row numbers: the release's V100 profile, or a user profile whose meta.json
+has :data:`V100_SCALE_KEY` (a reduced model's CPU profile says nothing about the paper's V100 run); other rows
+say :data:`NO_PROFILE` and have no predicted columns. ``loo_*`` (:mod:`pipedream.table1.calibration`): each
+row again with DP's allreduce between servers at the fraction of line rate fitted on the other rows of its
+cluster (leave-one-out); ``dp_fraction_matching_paper``, the fraction at which this row alone would match the
+paper, only explains the gap.
+
+What-if tables (other clusters, today's H100) are in :mod:`pipedream.table1.whatif`; the files are written by
+:mod:`pipedream.table1.predicted_files`.
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,16 +52,14 @@ import pandas as pd
 from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
-from pipedream.io import atomic_write_text
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.plan import Plan, Stage
-from pipedream.planner.fixed_split import replicas_of, split_for_replicas
-from pipedream.planner.placement import replica_ranks
-from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan, simulate_stages
+from pipedream.planner.fixed_split import replicas_of
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
-from pipedream.table1.explain import THRESHOLD, explain
-from pipedream.table1.table import read_paper_table, to_markdown
+from pipedream.table1.explain import THRESHOLD
+from pipedream.table1.table import read_paper_table
 from pipedream.topology import Cluster, get_cluster
 
 # paper model -> (release profile folder, per-GPU batch of paper §5.1); the profiled minibatch is in the
@@ -64,6 +70,12 @@ PAPER_MODELS = {"vgg16": ("vgg16", 64), "resnet50": ("resnet50", 128), "alexnet"
 DATASET_SAMPLES = {"imagenet": IMAGENET_TRAIN_SAMPLES, "synthetic": IMAGENET_TRAIN_SAMPLES,
                    "wmt16_en_de": 4_500_000, "penn_treebank": 929_589, "msvd": 1_200}
 ALLREDUCE = "ring"  # NCCL 2.4's flat ring, what the paper's DDP baseline ran (see the module docstring)
+# a row whose profile is neither the release's V100 profile nor brought to V100 scale: no predicted number
+NO_PROFILE = "no V100-scale profile"
+# meta.json key of a user profile brought to V100 scale: true, or a sentence saying how (e.g. "measured on a V100 16
+# GB at the paper's model size and batch"); without it a user profile (e.g. a reduced model's on the CPU) says
+# nothing about the paper's V100 runs
+V100_SCALE_KEY = "v100_scale"
 
 
 @dataclass(frozen=True)
@@ -96,31 +108,34 @@ RELEASE_RUNS = {
 
 @dataclass
 class Profile:
-    """A profile ready to plan and simulate: the graph at the training batch, and where it came from."""
+    """A profile ready to plan and simulate: the graph at the training batch, where it came from, and whether it
+    stands for the paper's V100s (the release's profile, or a meta.json with :data:`V100_SCALE_KEY`)."""
 
     graph: LayerGraph
     path: str
     hardware: str
     profiled_batch: int
     batch: int
+    v100_scale: bool = False
 
 
 def find_profile(model: str, profiles_dir: Path, release: bool = True) -> Profile | None:
     """The V100 release profile of a paper model (if ``release``), else ``<profiles_dir>/<model>/graph.txt``
-    (with its meta.json), else None."""
+    (with its meta.json; at V100 scale where it has a true :data:`V100_SCALE_KEY`), else None."""
     if release and model in PAPER_MODELS:
         folder, batch = PAPER_MODELS[model]
         path = RELEASE_PROFILES / folder / "graph.txt"
         if path.is_file():
             mb = profiled_batch(path)
-            return Profile(LayerGraph.read(path, mb).scaled(batch), str(path), "V100 (release)", mb, batch)
+            return Profile(LayerGraph.read(path, mb).scaled(batch), str(path), "V100 (release)", mb, batch, True)
     path = profiles_dir / model / "graph.txt"
     if not path.is_file():
         return None
     if "minibatch_size" not in read_meta(path):
         raise PipeDreamError(f"{path}: no minibatch_size in the meta.json beside it; re-run `pipedream profile`")
-    mb = profiled_batch(path)
-    return Profile(LayerGraph.read(path, mb), str(path), str(read_meta(path).get("device", "unknown")), mb, mb)
+    mb, meta = profiled_batch(path), read_meta(path)
+    return Profile(LayerGraph.read(path, mb), str(path), str(meta.get("device", "unknown")), mb, mb,
+                   bool(meta.get(V100_SCALE_KEY)))
 
 
 def get_plan(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None) -> tuple[Plan, str]:
@@ -140,14 +155,11 @@ def _outer_scaled(cluster: Cluster, factor: float) -> Cluster:
                    latency_s=cluster.latency_s)
 
 
-def _bandwidth_for(epoch_s: Callable[[Cluster], float], cluster: Cluster, target_epoch_s: float,
+def _bandwidth_for(at: Callable[[float], float], cluster: Cluster, target_epoch_s: float,
                    lo: float, hi: float) -> float | None:
-    """Outermost-level bandwidth (bytes/s), between ``lo`` and ``hi`` times line rate, at which ``epoch_s``
-    of the cluster with that bandwidth is ``target_epoch_s`` (12 bisection steps on a log scale); None
-    when the target is outside that range. ``epoch_s`` must not grow with the bandwidth."""
-    def at(f: float) -> float:
-        return epoch_s(_outer_scaled(cluster, f))
-
+    """Outermost-level bandwidth (bytes/s), between ``lo`` and ``hi`` times line rate, at which ``at`` (epoch
+    time in s with the outermost level at a fraction of line rate) is ``target_epoch_s`` (12 bisection steps on
+    a log scale); None when the target is outside that range. ``at`` must not grow with the fraction."""
     if not at(hi) <= target_epoch_s <= at(lo):
         return None
     for _ in range(12):
@@ -156,17 +168,22 @@ def _bandwidth_for(epoch_s: Callable[[Cluster], float], cluster: Cluster, target
     return cluster.levels[-1][1] * math.sqrt(lo * hi)
 
 
+def dp_epoch_at(graph: LayerGraph, cluster: Cluster, fraction: float, dataset: int) -> float:
+    """Simulated DP epoch time (s) with the outermost level of ``cluster`` at ``fraction`` x its bandwidth (the
+    paper's DDP baseline, :data:`ALLREDUCE`; :func:`pipedream.sim.simulate_dp`)."""
+    return simulate_dp(graph, _outer_scaled(cluster, fraction), dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
+
+
 def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float, dataset: int) -> float | None:
     """Outermost-level bandwidth (bytes/s) at which simulated DP takes ``target_epoch_s`` (bisection, log scale)."""
-    return _bandwidth_for(lambda c: simulate_dp(graph, c, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s,
-                          cluster, target_epoch_s, 1e-3, 1e2)
+    return _bandwidth_for(lambda f: dp_epoch_at(graph, cluster, f, dataset), cluster, target_epoch_s, 1e-3, 1e2)
 
 
 def pipedream_bandwidth_for(graph: LayerGraph, plan: Plan, cluster: Cluster, target_epoch_s: float,
                             dataset: int) -> float | None:
     """Outermost-level bandwidth (bytes/s), at most line rate, at which ``plan`` simulates in ``target_epoch_s``
     (bisection, log scale): how slow PipeDream's links must be for a measured epoch, with DP untouched."""
-    return _bandwidth_for(lambda c: simulate_plan(graph, plan, c, dataset_size=dataset,
+    return _bandwidth_for(lambda f: simulate_plan(graph, plan, _outer_scaled(cluster, f), dataset_size=dataset,
                                                   allreduce=ALLREDUCE).epoch_time_s,
                           cluster, target_epoch_s, 1e-3, 1.0)
 
@@ -312,11 +329,28 @@ def _row_label(model: str, p: pd.Series) -> str:
     return f"{model} {p['cluster']} {p['servers']}x{p['gpus_per_server']}"
 
 
-def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
-                models: list[str] | None = None) -> pd.DataFrame:
-    """Every row of the paper's Table 1 (``models`` only, if given), predicted where a profile exists."""
+def _unpredicted(profiles_dir: Path, model: str, prof: Profile | None) -> dict[str, Any]:
+    """The columns of a row without a V100-scale profile: status, which profile there is (if any), no numbers."""
+    if prof is None:
+        where = f"none ({profiles_dir / model / 'graph.txt'} absent)"
+        return {"predicted_config": NO_PROFILE, "prediction_status": NO_PROFILE, "profile": where,
+                "predicted_speedup": math.nan, "rel_error": math.nan}
+    why = (f"{prof.path} is a {prof.hardware} profile at {prof.profiled_batch} samples per minibatch, and its "
+           f"meta.json does not say it was brought to V100 scale ({V100_SCALE_KEY})")
+    return {"predicted_config": NO_PROFILE, "prediction_status": NO_PROFILE, "profile": why,
+            "profile_hardware": prof.hardware, "profiled_batch": prof.profiled_batch,
+            "predicted_speedup": math.nan, "rel_error": math.nan}
+
+
+def build_tables(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
+                 models: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every row of the paper's Table 1 (``models`` only, if given), predicted where a V100-scale profile exists,
+    with the leave-one-out calibration of DP's link speed (:mod:`pipedream.table1.calibration`); and that
+    calibration's per-cluster summary (:func:`pipedream.table1.calibration.group_summary`)."""
+    from pipedream.table1 import calibration
+
     paper = read_paper_table(paper_table)
-    rows = []
+    rows, speedup_at = [], {}
     for _, p in paper.iterrows():
         model = str(p["model"])
         if models and model not in models:
@@ -327,106 +361,38 @@ def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plan
                                "cluster": cluster.name, "paper_config": str(p["pipedream_config"]),
                                "paper_speedup": float(p["speedup_epoch_time"])}
         prof = find_profile(model, profiles_dir)
-        if prof is None:
-            row.update(predicted_config="no V100 profile", profile=f"none ({profiles_dir / model / 'graph.txt'} absent)")
+        if prof is None or not prof.v100_scale:
+            row.update(_unpredicted(profiles_dir, model, prof))
         else:
             dataset = DATASET_SAMPLES.get(str(p["dataset"]), IMAGENET_TRAIN_SAMPLES)
-            row.update(profile=prof.path, profile_hardware=prof.hardware, profiled_batch=prof.profiled_batch,
-                       batch_per_gpu=prof.batch, dataset_samples=dataset)
+            row.update(prediction_status="predicted", profile=prof.path, profile_hardware=prof.hardware,
+                       profiled_batch=prof.profiled_batch, batch_per_gpu=prof.batch, dataset_samples=dataset)
             row.update(predict(model, prof, cluster, dataset, paper_config=row["paper_config"],
                                paper_speedup=row["paper_speedup"], plans_dir=plans_dir))
+            speedup_at[len(rows)] = calibration.cached(functools.partial(
+                _speedup_at, prof.graph, cluster, dataset, row["pipedream_epoch_time_s"]))
+            bw = None if calibration.is_dp_config(row["predicted_config"]) else dp_bandwidth_for(
+                prof.graph, cluster, row["paper_speedup"] * row["pipedream_epoch_time_s"], dataset)
+            row["dp_fraction_matching_paper"] = math.nan if bw is None else bw / cluster.levels[-1][1]
         rows.append(row)
     if not rows:
         raise PipeDreamError(f"no rows of {paper_table} match models {models}")
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    cal_rows = calibration.rows_of(df, speedup_at)
+    loo = calibration.loo_columns(cal_rows)
+    return pd.concat([df, loo], axis=1), calibration.group_summary(cal_rows, loo)
 
 
-MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_speedup": "predicted speedup",
-              "paper_config": "paper config", "paper_speedup": "paper speedup", "rel_error": "rel. error",
-              "paper_config_predicted_speedup": "paper config, predicted", "paper_config_rel_error": "rel. error (paper config)",
-              "paper_config_speedup_if_dp_not_overlapped": "paper config, DP not overlapped",
-              "planner_estimate_speedup": "planner estimate", "dp_cost_model_speedup": "DP cost model alone",
-              "release_warmup_speedup": "ours, release warm-up", "independent_replicas_speedup": "ours, independent replicas",
-              "simulator_best_config": "best simulated", "simulator_best_speedup": "its speedup",
-              "dp_comm_stall_fraction": "DP comm stall", "pipedream_steady_bubble": "PipeDream bubble",
-              "pipedream_p2p_bytes_per_sample": "PipeDream act. bytes/sample", "dp_bytes_per_sample": "DP weight bytes/sample"}
+def _speedup_at(graph: LayerGraph, cluster: Cluster, dataset: int, pipedream_epoch_s: float, fraction: float) -> float:
+    """Predicted speedup (DP epoch / PipeDream epoch) with DP's outermost level at ``fraction`` x line rate and
+    PipeDream's simulation (``pipedream_epoch_s``, s) at line rate (:func:`dp_epoch_at`)."""
+    return dp_epoch_at(graph, cluster, fraction, dataset) / pipedream_epoch_s
 
 
-def mismatch_explanations(df: pd.DataFrame, clusters_path: Path) -> list[list[str]]:
-    """Per row of a predicted Table 1: why its prediction is more than 15% off the paper
-    (:func:`pipedream.table1.explain.explain`), or why it has none; an empty list where it is within 15%."""
-    out: list[list[str]] = []
-    for _, r in df.iterrows():
-        if r["predicted_config"] == "no V100 profile":
-            out.append([f"no V100 profile — {r['profile']}; not predicted."])
-        elif "rel_error" in r and abs(r["rel_error"]) > THRESHOLD:
-            out.append(explain(r, get_cluster(r["cluster"], clusters_path)))
-        else:
-            out.append([])
-    return out
-
-
-def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: str = "table1_predicted",
-                    title: str = "Table 1, predicted at paper scale (simulated) beside the paper") -> None:
-    """``<stem>.csv`` and ``<stem>.md`` (table, assumptions, an explanation of every mismatch > 15%).
-
-    Beside the paper, the CSV gets a column ``explanation``: the same sentences as the markdown's
-    mismatch notes, as a JSON list per row (``[]`` where the row is within 15%).
-    """
-    compared = "paper_speedup" in df.columns  # else a what-if table: nothing to compare with
-    lines = mismatch_explanations(df, clusters_path) if compared else []
-    csv = df.assign(explanation=[json.dumps(x) for x in lines]) if compared else df
-    atomic_write_text(out_dir / f"{stem}.csv", csv.to_csv(index=False))
-    cols = [c for c in MD_COLUMNS if c in df.columns]
-    md = to_markdown(df[cols].rename(columns=MD_COLUMNS), title, [
-        "speedup = DP epoch time / PipeDream epoch time, both simulated (pipedream.sim) on the row's cluster "
-        "from the release's V100 profiles; rel. error = predicted / paper - 1; 'best simulated' = the fastest of our "
-        "planner's config, the paper's config and DP.",
-        "DP baseline = the paper's PyTorch 1.1 DistributedDataParallel: NCCL 2.4 flat ring allreduce (every NIC carries "
-        "2(n-1)/n of the gradients) overlapped with the backward layer by layer (wait-free backpropagation), at line "
-        "rate. PipeDream = our runtime's 1F1B-RR (consistent warm-up) on our planner's plan (simulator-re-ranked, so "
-        "'planner estimate' is its simulation; 'DP cost model alone' is what the dynamic program estimated for its own "
-        "choice), replicated stages synchronised the same way in lockstep; collectives and activation transfers share "
-        "links without queueing behind each other; 'paper config' = the paper's configuration split by "
-        "pipedream.planner.fixed_split.",
-        "Bytes/sample: activations and their gradients between stages (PipeDream) vs weight-gradient allreduce (DP).",
-    ])
-    if not compared:
-        atomic_write_text(out_dir / f"{stem}.md", md)
-        return
-    notes = ["", f"## Mismatches above {THRESHOLD:.0%}", ""]
-    for (_, r), why in zip(df.iterrows(), lines, strict=True):
-        if r["predicted_config"] == "no V100 profile":
-            notes.append(f"- **{r['row']}**: {why[0]}")
-        elif why:
-            notes.append(f"- **{r['row']}** (predicted {r['predicted_speedup']:.2f}x vs paper {r['paper_speedup']:.2f}x, "
-                         f"{r['rel_error']:+.0%}):")
-            notes += [f"  - {line}" for line in why]
-    atomic_write_text(out_dir / f"{stem}.md", md + "\n".join(notes) + "\n")
-
-
-def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
-                    microbatches: int = 4) -> None:
-    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW, PipeDream-Flush and DP."""
-    from pipedream.table1.plots import gantt
-
-    cluster = get_cluster(cluster_name, clusters_path)
-    prof = find_profile(model, Path("results/profiles"))
-    if prof is None:
-        raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
-    reps = [1] * cluster.workers
-    stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
-    ranks = replica_ranks(reps, cluster)
-    panels = []
-    for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
-                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"),
-                         ("pipedream_flush", f"PipeDream-Flush, {microbatches} microbatches"), ("dp", "data parallelism")):
-        nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
-        rk = [list(range(cluster.workers))] if sched == "dp" else ranks
-        res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
-        assert res.trace is not None
-        panels.append((f"{label}: {model} on {cluster_name} ({res.config}), bubble {res.steady_bubble_fraction:.0%}", res.trace))
-    gantt(panels, out, cluster.workers)
+def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
+                models: list[str] | None = None) -> pd.DataFrame:
+    """The predicted Table 1 of :func:`build_tables`, without the calibration summary."""
+    return build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)[0]
 
 
 def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
@@ -438,6 +404,7 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         PipeDreamError: an unknown cluster or model, a missing profile or paper table.
     """
     from pipedream.table1 import plots as P
+    from pipedream.table1.predicted_files import write_predicted
     from pipedream.table1.whatif import H100_PROFILES, slug, whatif_table, write_whatif_h100
 
     if cluster_name:
@@ -448,13 +415,13 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         if plots:
             P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
         return df
-    df = build_table(paper_table, clusters_path, profiles_dir, plans_dir, models)
-    write_predicted(df, out_dir, clusters_path)
+    df, calibration = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)
+    write_predicted(df, out_dir, clusters_path, calibration=calibration)
     if plots:
-        have = df[df["predicted_config"] != "no V100 profile"]
+        have = df[df["predicted_config"] != NO_PROFILE]
         P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
         P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
-        timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
+        P.timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
     if not models and H100_PROFILES.is_dir():
         write_whatif_h100(out_dir, clusters_path, plots)
     return df

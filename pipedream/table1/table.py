@@ -24,7 +24,9 @@ from pipedream.paths import shipped
 from pipedream.table1.measured import MODES, measured_speedup, read_metrics, run_threshold
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
-                     "rel_error": "predicted_rel_error"}
+                     "rel_error": "predicted_rel_error", "loo_fraction": "predicted_loo_dp_fraction",
+                     "loo_predicted_speedup": "predicted_loo_speedup_epoch_time",
+                     "loo_rel_error": "predicted_loo_rel_error"}
 
 
 def read_paper_table(path: str | Path) -> pd.DataFrame:
@@ -60,7 +62,9 @@ def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
     })
     pred_path = results / "table1_predicted.csv"
     if pred_path.is_file():
-        pred = pd.read_csv(pred_path)[["model", "hardware", *PREDICTED_COLUMNS]].rename(columns=PREDICTED_COLUMNS)
+        pred = pd.read_csv(pred_path)
+        pred = pred[["model", "hardware", *(c for c in PREDICTED_COLUMNS if c in pred.columns)]]  # older: no loo_*
+        pred = pred.rename(columns=PREDICTED_COLUMNS)
         df = df.merge(pred, on=["model", "hardware"], how="left")
     measured = []
     for model in cfg["models"]:
@@ -101,7 +105,7 @@ def _mark_shared_runs(df: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
 
 def read_explanations(results: Path) -> dict[str, list[str]]:
     """Row name -> why its prediction is more than 15% off the paper, from ``table1_predicted.csv``'s
-    ``explanation`` column (written by :func:`pipedream.table1.predicted.write_predicted`); rows within
+    ``explanation`` column (written by :func:`pipedream.table1.predicted_files.write_predicted`); rows within
     15%, and tables written before that column existed, have none."""
     path = results / "table1_predicted.csv"
     if not path.is_file():
@@ -111,6 +115,13 @@ def read_explanations(results: Path) -> dict[str, list[str]]:
         return {}
     return {str(r): json.loads(e) for r, e in zip(pred["row"], pred["explanation"], strict=True)
             if isinstance(e, str) and json.loads(e)}
+
+
+def read_calibration(results: Path) -> pd.DataFrame | None:
+    """The per-cluster fit of DP's link speed, ``<results>/table1_calibration.csv``
+    (:func:`pipedream.table1.calibration.group_summary`), or None where the predicted step wrote none."""
+    path = results / "table1_calibration.csv"
+    return pd.read_csv(path) if path.is_file() else None
 
 
 def _fmt(v: Any) -> str:
@@ -132,7 +143,9 @@ def notes(cfg: dict[str, Any]) -> list[str]:
     return [
         "paper_*: PipeDream (SOSP 2019) Table 1; speedups are DP time / PipeDream time.",
         "predicted_*: the release's V100 profiles planned for the row's cluster and simulated "
-        "(results/table1_predicted.md explains each gap above 15%).",
+        "(results/table1_predicted.md explains each gap above 15%); predicted_loo_*: the same with DP's allreduce "
+        "between servers at the fraction of line rate fitted on the other rows of the row's cluster "
+        "(leave-one-out; results/table1_calibration.csv).",
         f"measured_*: reduced models on real stand-in data on this machine's CPU ({cfg['workers']} gloo "
         f"processes, cluster {cfg['cluster']}). One reduced run per model stands for every paper row of that "
         "model: measured_run names it (its MLflow experiment), and measured_note says 'same run as <row>' on the "
@@ -190,7 +203,7 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     atomic_write_text(results / "table1.csv", df.to_csv(index=False))
     atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes(cfg)))
     page = html_report(df, notes(cfg), results, provenance=collect(cfg, config_path),
-                       explanations=read_explanations(results),
+                       explanations=read_explanations(results), calibration=read_calibration(results),
                        runs={m: mlflow_runs(results / "runs" / m) for m in cfg["models"]}, prediction_check=check)
     atomic_write_text(results / "report.html", page)
     return df

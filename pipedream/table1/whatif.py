@@ -15,7 +15,8 @@ import pandas as pd
 from pipedream.errors import PipeDreamError
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES
-from pipedream.table1.predicted import PAPER_MODELS, find_profile, predict, write_predicted
+from pipedream.table1.predicted import PAPER_MODELS, find_profile, predict
+from pipedream.table1.predicted_files import write_predicted
 from pipedream.topology import Cluster, get_cluster
 
 

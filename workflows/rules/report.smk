@@ -26,6 +26,7 @@ rule predicted:
     output:
         csv=f"{RESULTS}/table1_predicted.csv",
         md=f"{RESULTS}/table1_predicted.md",
+        calibration=f"{RESULTS}/table1_calibration.csv",
     log:
         f"{RESULTS}/logs/predicted.log",
     params:
