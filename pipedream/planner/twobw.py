@@ -53,7 +53,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.placement import server_size
-from pipedream.sim.costs import StageCost, stage_costs
+from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
 
@@ -193,12 +193,6 @@ def pipeline_ranks(width: int, depth: int, cluster: Cluster) -> list[list[int]]:
     if width <= server_size(cluster):
         return [[s * width + k for k in range(width)] for s in range(depth)]
     return [[k * depth + s for k in range(width)] for s in range(depth)]
-
-
-def recomputed(costs: Sequence[StageCost]) -> list[StageCost]:
-    """Stage costs with activation recomputation: the backward first runs the forward again."""
-    return [replace(c, bwd_s=c.bwd_s + c.fwd_s, buckets=[(t + c.fwd_s, nbytes) for t, nbytes in c.buckets])
-            for c in costs]
 
 
 @dataclass
