@@ -6,7 +6,7 @@ import pytest
 
 from pipedream.runtime.message_cost import message_end_cpu_s
 from pipedream.sim.costs import StageCost
-from pipedream.sim.predict import EpochShape, predict_epoch, profiled_message_cost
+from pipedream.sim.predict import EpochShape, predict_epoch, profiled_host
 from pipedream.sim.transport_cpu import with_transport_cpu
 from pipedream.topology import Cluster
 from tests.test_predict import chain
@@ -48,12 +48,17 @@ def test_the_prediction_charges_the_transport_on_shared_cores_only() -> None:
     assert host.epoch_s > gpu.epoch_s
 
 
-def test_message_cost_is_read_only_from_a_profile_of_this_host() -> None:
-    meta = {"host": {"cores": 2, "message_s": 1e-4, "message_s_per_byte": 4e-10}}
-    assert profiled_message_cost(meta, 2) == {"message_s": 1e-4, "message_s_per_byte": 4e-10}
-    assert profiled_message_cost(meta, 4) == {"message_s": 0.0, "message_s_per_byte": 0.0}  # another host
-    assert profiled_message_cost(meta, None) == {"message_s": 0.0, "message_s_per_byte": 0.0}  # GPUs
-    assert profiled_message_cost({}, 2) == {"message_s": 0.0, "message_s_per_byte": 0.0}  # the release's profiles
+def test_host_measurements_are_read_only_from_a_profile_of_this_host() -> None:
+    meta = {"host": {"cores": 2, "contention": 1.1, "oversubscribed": 0.9, "message_s": 1e-4,
+                     "message_s_per_byte": 4e-10}}
+    none = {"contention": 1.0, "oversubscribed": None, "message_s": 0.0, "message_s_per_byte": 0.0}
+    # below 1 is noise: other copies cannot speed a step up
+    assert profiled_host(meta, 2) == {"contention": 1.1, "oversubscribed": 1.0, "message_s": 1e-4,
+                                      "message_s_per_byte": 4e-10}
+    assert profiled_host(meta, 4) == none  # another host
+    assert profiled_host(meta, None) == none  # GPUs
+    assert profiled_host({}, 2) == none  # the release's profiles
+    assert profiled_host({"host": {"cores": 2, "contention": 1.05}}, 2) == {**none, "contention": 1.05}  # older
 
 
 @pytest.mark.slow

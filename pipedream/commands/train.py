@@ -413,9 +413,9 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
 
 def steady_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The epochs a prediction is checked against: all but the first when there are several. The simulator
-    predicts an epoch of a warmed-up run; the first also pays one-time costs (the allocator's first touch of
-    the run's memory: GNMT-8's last stage took 195k page faults, 2.4 s of system time, in its first epoch and
-    none after; gloo's connections; the optimizer's state), logged apart as ``first_epoch_time_s``."""
+    predicts an epoch of a warmed-up run; the first also pays one-time costs (GNMT-8's last stage took 195k
+    page faults, 2.4 s of system time, in its first epoch and none after), logged apart as
+    ``first_epoch_time_s``."""
     return epochs[1:] if len(epochs) > 1 else epochs
 
 
@@ -442,6 +442,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
              "first_epoch_time_s": epochs[0]["epoch_time_s"], "launch_to_finish_s": total_s}
     if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks"), on the warmed-up epochs
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["steady_epoch_time_s"] / predicted)
+    work = prediction.get("work_s") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
         final[f"predicted_compute_s_stage{k}"] = busy
@@ -449,7 +450,6 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
             final[f"measured_compute_s_stage{k}"] = sum(measured) / len(measured)
             final[f"wait_s_stage{k}"] = sum(e[f"wait_s_stage{k}"] for e in steady if f"wait_s_stage{k}" in e) / len(measured)
         cpu = [e[f"cpu_s_stage{k}"] for e in steady if f"cpu_s_stage{k}" in e]
-        work = prediction.get("work_s") or []
         if cpu and k < len(work):  # CPU the runtime spends beyond the predicted work (CPU hosts)
             final[f"measured_cpu_s_stage{k}"] = sum(cpu) / len(cpu)
             final[f"predicted_work_s_stage{k}"] = work[k]

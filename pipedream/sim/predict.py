@@ -245,7 +245,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0) -> Prediction:
-    """Predict one epoch on a host of ``cores`` cores, settling the host-sharing factor (module docstring).
+    """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
         graph: the profile (``minibatch_size`` set).
@@ -315,8 +315,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         scale.append(sum(sp.end - sp.start for sp in mine) / work if work > 0 else 1.0)
     units = res.epoch_minibatches * shape.microbatches  # (micro)batches of the epoch, dealt round robin
     compute_s = [(c.fwd_s + c.bwd_s) * f * units / len(rs) for c, f, rs in zip(compute, scale, stage_ranks, strict=True)]
-    # the trace covers a few minibatches: scale its work to the epoch's (micro)batches, counted by stage 0's forwards
-    traced = sum(1 for r in stage_ranks[0] for sp in res.trace.compute[r] if sp.what.startswith("0F"))
+    # the trace covers a few minibatches: scale its work to the epoch's (micro)batches, which stage 0's ranks
+    # each run one forward and one backward of
+    traced = sum(len(res.trace.compute[r]) for r in stage_ranks[0]) / 2
     per_unit = units / traced if traced else 0.0
     work_s = [sum(sp.work_s for sp in spans if stage_of[sp.rank] == s) * per_unit / len(rs)
               for s, rs in enumerate(stage_ranks)]
@@ -357,29 +358,23 @@ def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
     return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
 
 
-def profiled_contention(meta: dict[str, Any], cores: int | None, key: str = "contention") -> float | None:
-    """The profile's measured host slowdown ``key`` (``meta``: its ``meta.json``, ``host.contention`` or
-    ``host.oversubscribed``, :func:`pipedream.profiler.host_contention`) if it was measured on a host of
-    ``cores`` cores (taken as this host), at least 1.0 (a measurement below 1 is noise: copies on other cores
-    cannot speed a step up); 1.0 for ``contention`` and None for ``oversubscribed`` if there is none."""
-    missing = 1.0 if key == "contention" else None
+def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, float | None]:
+    """The profile's measurements of its host (``meta``: its ``meta.json``, ``host``) as :func:`predict_epoch`'s
+    keywords, if they were taken on a host of ``cores`` cores (taken as this host): ``contention`` and
+    ``oversubscribed`` (:func:`pipedream.profiler.host_contention`; at least 1.0, a measurement below 1 is noise:
+    other copies cannot speed a step up), ``message_s`` and ``message_s_per_byte``
+    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's
+    profiles) is no slowdown: contention 1.0, oversubscribed None, free messages."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
-        return missing
-    value = host.get(key)
-    return max(1.0, float(value)) if isinstance(value, int | float) else missing
+        host = {}
 
+    def number(key: str, floor: float) -> float | None:
+        value = host.get(key)
+        return max(floor, float(value)) if isinstance(value, int | float) else None
 
-def profiled_message_cost(meta: dict[str, Any], cores: int | None) -> dict[str, float]:
-    """The profile's measured transport CPU (``meta``: its ``meta.json``, ``host.message_s`` and
-    ``host.message_s_per_byte``, :mod:`pipedream.runtime.message_cost`) as :func:`predict_epoch`'s keywords if
-    it was measured on a host of ``cores`` cores (taken as this host); zeros otherwise."""
-    host = meta.get("host")
-    if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
-        return {"message_s": 0.0, "message_s_per_byte": 0.0}
-    values = [host.get(k) for k in ("message_s", "message_s_per_byte")]
-    fixed, per_byte = (max(0.0, float(v)) if isinstance(v, int | float) else 0.0 for v in values)
-    return {"message_s": fixed, "message_s_per_byte": per_byte}
+    return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
+            "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0}
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
@@ -415,9 +410,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         contention=profiled_contention(meta, cores) or 1.0,
-                         oversubscribed=profiled_contention(meta, cores, "oversubscribed"), data_s=profiled_data_s(meta),
-                         composition=profiled_composition(meta, graph), **profiled_message_cost(meta, cores))
+                         data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
+                         **profiled_host(meta, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 

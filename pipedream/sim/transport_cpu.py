@@ -25,8 +25,8 @@ from pipedream.sim.costs import StageCost
 
 
 def message_end_s(nbytes: float, fixed_s: float, per_byte_s: float) -> float:
-    """CPU seconds one end of one message of ``nbytes`` bytes costs its rank; 0 for no message (``nbytes`` < 0)."""
-    return fixed_s + per_byte_s * nbytes if nbytes >= 0 else 0.0
+    """CPU seconds one end of one message of ``nbytes`` bytes costs its rank."""
+    return fixed_s + per_byte_s * nbytes
 
 
 def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float) -> list[StageCost]:
@@ -38,12 +38,13 @@ def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float
     """
     if fixed_s <= 0 and per_byte_s <= 0:
         return costs
+
+    def end(nbytes: float) -> float:
+        return message_end_s(nbytes, fixed_s, per_byte_s)
+
     out = []
     last = len(costs) - 1
     for s, c in enumerate(costs):
-        def end(nbytes: float) -> float:
-            return message_end_s(nbytes, fixed_s, per_byte_s)
-
         fwd = (end(costs[s - 1].send_fwd_bytes) if s > 0 else 0.0) + (end(c.send_fwd_bytes) if s < last else 0.0)
         bwd = (end(costs[s + 1].send_bwd_bytes) if s < last else 0.0) + (end(c.send_bwd_bytes) if s > 0 else 0.0)
         out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd))

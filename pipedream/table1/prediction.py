@@ -51,7 +51,8 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
 
 def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
     """Where an epoch's time goes, per stage of every finished PipeDream run: the compute seconds one of its
-    ranks measured (``measured_compute_s_stage<s>``, mean over epochs and replicas) beside the prediction's
+    ranks measured (``measured_compute_s_stage<s>``, mean over the epochs after the first and over replicas) beside
+    the prediction's
     (``predicted_compute_s_stage<s>``), the seconds it waited on receives and allreduces, and the CPU
     seconds its process spent (every thread) beside the work the simulator gave it (forwards, backwards and
     optimizer steps at full speed): ``cpu_ratio`` above 1 is CPU the runtime spends that no prediction
