@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import multiprocessing as mp
-import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -355,73 +353,6 @@ def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
     (:func:`pipedream.sim.predict.profiled_composition`).
     """
     return _timed(step, settings)
-
-
-def host_contention(step: Callable[[], Any], processes: int, seconds: float = 2.0, rounds: int = 3,
-                    min_steps: int = 4) -> float:
-    """How much slower one training step runs when ``processes`` copies of it run at once: the mean step time of
-    the copies running together over that of one copy alone, divided by the share of a core each gets
-    (``max(1, processes / cores)``: what processor sharing already explains is not counted twice); >= 1 up
-    to noise.
-
-    The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a core
-    of its own, and copies taking turns on a core evict each other's caches; processor sharing
-    (:func:`pipedream.sim.predict.host_scale`) does not see that. Alone and together alternate ``rounds`` times
-    and the median of the rounds' ratios is kept, so a burst of other work on the host moves one round, not
-    the result. Each copy steps for ``seconds / rounds`` and at least ``min_steps`` times and reports its mean
-    step (total over steps: time slices of a shared core even out over several steps, where a median of two
-    or three steps of a 0.2 s step moved AWD-LM's two-per-core figure from 1.14 to 1.44 between profiles).
-    Each copy is a forked child (Linux) that steps after all have started; the caller should run it
-    single-threaded (``torch.set_num_threads(1)``), as the workers do.
-
-    Args:
-        step: one forward, loss and backward of the profiled minibatch.
-        processes: copies at once (the host's cores, or twice as many); below 2 there is nothing to measure: 1.0.
-        seconds: how long the copies step in all, s (and as long alone).
-        rounds: alternations of alone and together.
-        min_steps: fewest steps of each copy per round.
-    """
-    if processes < 2:
-        return 1.0
-    step()  # warm up this process (the copies inherit its allocator state)
-    window = seconds / rounds
-    share = max(1.0, processes / (os.cpu_count() or 1))
-    ratios = [_together_s(step, processes, window, min_steps) / _mean_step_s(step, window, min_steps) / share
-              for _ in range(rounds)]
-    return statistics.median(ratios)
-
-
-def _together_s(step: Callable[[], Any], processes: int, seconds: float, min_steps: int) -> float:
-    """Median over ``processes`` forked copies of their mean step time while all step at once."""
-    ctx = mp.get_context("fork")
-    results = ctx.Queue()
-    ready = ctx.Barrier(processes + 1)
-    children = [ctx.Process(target=_step_child, args=(step, seconds, min_steps, ready, results), daemon=True)
-                for _ in range(processes)]
-    for c in children:
-        c.start()
-    try:
-        ready.wait(timeout=60)
-        together = [results.get(timeout=seconds + 600) for _ in children]
-    finally:
-        for c in children:
-            c.join(timeout=5)
-            if c.is_alive():
-                c.kill()
-    return statistics.median(together)
-
-
-def _mean_step_s(step: Callable[[], Any], seconds: float, min_steps: int) -> float:
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() < t0 + seconds or n < min_steps:
-        step()
-        n += 1
-    return (time.perf_counter() - t0) / n
-
-
-def _step_child(step: Callable[[], Any], seconds: float, min_steps: int, ready: Any, results: Any) -> None:
-    ready.wait(timeout=60)
-    results.put(_mean_step_s(step, seconds, min_steps))
 
 
 # The optimizers the rate is timed for, built as the runtime builds them (pipedream.runtime.optim.make_optimizer)

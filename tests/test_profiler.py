@@ -10,7 +10,7 @@ from torch import nn
 
 from pipedream.graph import LayerGraph, read_meta
 from pipedream.models import build_model, example_input, layer_node_id
-from pipedream.profiler import ProfileSettings, host_contention, profile_module, whole_step_s, write_profile
+from pipedream.profiler import ProfileSettings, profile_module, whole_step_s, write_profile
 
 FAST = ProfileSettings(warmup=0, iters=1)
 
@@ -146,26 +146,6 @@ def test_whole_step_is_the_median_of_the_timed_calls() -> None:
     calls = iter([0.2, 0.2] + [0.01] * 5)
     step_s = whole_step_s(lambda: time.sleep(next(calls)), ProfileSettings(warmup=2, iters=5))
     assert 0.01 <= step_s < 0.05
-
-
-def test_host_contention_of_a_step_that_only_sleeps_is_one() -> None:
-    # two forked copies sleeping 5 ms a step contend for nothing: the ratio of their medians is 1 (up to jitter)
-    assert 0.8 < host_contention(lambda: time.sleep(0.005), 2, seconds=0.3) < 1.3
-    assert host_contention(lambda: None, 1) == 1.0  # one core: nothing to measure
-
-
-def test_host_contention_discounts_the_fair_share_of_oversubscribed_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Copies' mean step 2.4 ms together against 1 ms alone: with one copy per core (2 on 2 cores) that is all
-    contention, 2.4; with two per core (4 on 2 cores) each gets half a core, which processor sharing already
-    explains, so 2.4 / 2 = 1.2 is left; with 3 copies on 2 cores, 2.4 / 1.5 = 1.6."""
-    import pipedream.profiler as profiler
-
-    monkeypatch.setattr(profiler.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(profiler, "_together_s", lambda step, processes, seconds, min_steps: 2.4e-3)
-    monkeypatch.setattr(profiler, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
-    assert host_contention(lambda: None, 2) == pytest.approx(2.4)
-    assert host_contention(lambda: None, 4) == pytest.approx(1.2)
-    assert host_contention(lambda: None, 3) == pytest.approx(1.6)
 
 
 class Jittery(nn.Module):

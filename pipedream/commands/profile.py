@@ -4,8 +4,11 @@ parameter bytes) and write graph.txt in the original PipeDream format, plus grap
 from __future__ import annotations
 
 import argparse
+import copy
 import os
+import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
                         "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
                         "train accept both: the runtime cuts the model with torch.fx at the plan's nodes")
-    p.add_argument("--host-seconds", type=float, default=2.0,
-                   help="CPU, one thread: time one training step alone, with one copy per core at once and with two "
-                        "per core, for this many seconds each; the ratios (meta.json host.contention: shared memory "
-                        "bandwidth and caches; host.oversubscribed: copies taking turns on a core) slow the "
-                        "predicted compute of runs on this host; and time the CPU a message costs its two ranks "
+    p.add_argument("--host-seconds", type=float, default=4.0,
+                   help="CPU, one thread: time fresh copies of one training step with one copy per core at once and "
+                        "with two per core, then each alone, for about this many seconds each; the ratios "
+                        "(meta.json host.contention: shared memory bandwidth and caches; host.oversubscribed: "
+                        "copies taking turns on a core) slow the predicted compute of runs on this host, and each "
+                        "copy's time alone over this process's (host.placements: where a copy's tensors land in "
+                        "memory) is drawn for each rank; and time the CPU a message costs its two ranks "
                         "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
@@ -48,14 +53,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from pipedream.api import profile
-    from pipedream.capture import call_args, call_model, to_device
+    from pipedream.capture import call_args, to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
+    from pipedream.host_timing import host_contention
     from pipedream.models import get_spec
     from pipedream.profiler import (
         ProfileSettings,
         data_load_s,
-        host_contention,
         noise_warning,
         noisy_layers,
         optimizer_step_rates,
@@ -88,31 +93,41 @@ def run(args: argparse.Namespace) -> int:
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
 
-    def step() -> None:
-        task.criterion(call_model(task.model, x), y).backward()
+    def runtime_step(model: Any, xs: Any, ys: Any) -> Callable[[], None]:
+        """The whole step as a worker runs its stage: the forward on leaf aliases of the weights (a weight
+        version, pipedream.runtime.versions) through torch.func.functional_call, the gradients with autograd.grad."""
+        aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+        args_, kwargs_ = call_args(xs)
+        needed = [t for t in aliases.values() if t.requires_grad]
 
-    # the whole step as a worker runs its stage: the forward on leaf aliases of the weights (a weight version,
-    # pipedream.runtime.versions) through torch.func.functional_call, the gradients with autograd.grad
-    aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in task.model.named_parameters()}
-    args_, kwargs_ = call_args(x)
+        def run() -> None:
+            loss = task.criterion(torch.func.functional_call(model, aliases, args_, kwargs_), ys)
+            torch.autograd.grad(loss, needed, allow_unused=True)
 
-    def runtime_step() -> None:
-        loss = task.criterion(torch.func.functional_call(task.model, aliases, args_, kwargs_), y)
-        torch.autograd.grad(loss, [t for t in aliases.values() if t.requires_grad], allow_unused=True)
+        return run
 
-    step_s = whole_step_s(runtime_step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),
+    step = runtime_step(task.model, x, y)
+    step_s = whole_step_s(step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),
                                                         device=args.device))  # a step is noisier than a layer
     t = graph.totals()
     print(f"{args.model}: a whole training step takes {step_s * 1e3:.1f} ms, "
           f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
     host: dict[str, Any] = {"cores": cores, "contention": 1.0}
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        host["contention"] = contention = host_contention(step, cores, args.host_seconds)
-        print(f"{args.model}: a training step runs {contention:.2f}x slower with {cores} copies at once (one per core)")
+        def fresh() -> Callable[[], None]:  # the step on copies of the model and minibatch in new memory
+            return runtime_step(*copy.deepcopy((task.model, x, y)))
+
+        one = host_contention(step, fresh, cores, args.host_seconds)
+        print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
         # two copies per core: each gets half a core, and their switches evict each other's caches
-        host["oversubscribed"] = over = host_contention(step, 2 * cores, args.host_seconds)
-        print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {over:.2f}x twice its "
-              "time alone")
+        two = host_contention(step, fresh, 2 * cores, args.host_seconds)
+        print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
+              "its time alone")
+        placements = one.placements + two.placements
+        host.update(contention=one.slowdown, oversubscribed=two.slowdown, placements=[round(p, 4) for p in placements])
+        print(f"{args.model}: a fresh copy of the model steps in {min(placements):.2f}-{max(placements):.2f}x "
+              f"(mean {statistics.fmean(placements):.2f}x) this process's time; "
+              f"the copies alone {one.alone_s * 1e3:.1f} and {two.alone_s * 1e3:.1f} ms")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")

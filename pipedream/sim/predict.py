@@ -45,11 +45,15 @@ computing at ``t`` and ``k_s(t)`` those of stage ``s``).
 
 Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
 slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
-median step of the model with one single-threaded copy per core at once over that of one copy alone
-(``meta.json`` ``host.contention``, :func:`pipedream.profiler.host_contention`; 0.97-1.10 for the seven
+mean step of single-threaded copies of the model, one per core at once, over each copy's step alone
+(``meta.json`` ``host.contention``, :func:`pipedream.host_timing.host_contention`; 1.0-1.2 for the seven
 reduced models on the 2-core CI machine). :func:`host_scale` multiplies the sharing factor by it, taken linearly from
 1 with one thread computing to its full value with every core busy; a profile taken on a host with another
 core count has none (1.0).
+
+Placement. A copy's step time depends on where its tensors land in memory (0.8-1.4x between copies of the
+reduced S2VT and GNMT-8 on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its own,
+and replicas wait for their slowest (:mod:`pipedream.sim.placement`).
 
 Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
@@ -63,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +83,8 @@ from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
-from pipedream.sim.costs import recomputed, stage_costs
+from pipedream.sim import placement
+from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
@@ -171,7 +177,7 @@ def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 
     The first factor: ``n`` threads share ``cores`` cores, each gets ``cores / n`` of a core when that is
     below 1 (a fair-share scheduler such as Linux CFS). The second: threads on different cores still share
     memory bandwidth and caches; ``contention`` is the measured slowdown of one step with a copy on every core
-    (the profile's ``host.contention``, :func:`pipedream.profiler.host_contention`), taken linearly from 1
+    (the profile's ``host.contention``, :func:`pipedream.host_timing.host_contention`), taken linearly from 1
     with one thread computing to its full value with every core busy. Threads that take turns on a core also
     evict each other's caches at every switch: ``oversubscribed`` is the measured slowdown with two copies per
     core over their fair share (``host.oversubscribed``: the step's time with ``2 * cores`` copies over twice
@@ -244,7 +250,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
-                  composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0) -> Prediction:
+                  composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
+                  placements: tuple[float, ...] = ()) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -271,6 +278,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         message_s, message_s_per_byte: CPU one message end costs a rank on this host, s and s/byte
             (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards and backwards
             that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
+        placements: fresh copies' step over the profiled one's on this host (``host.placements``,
+            :mod:`pipedream.sim.placement`): their mean scales the layers like ``composition``; with two or more,
+            the epoch is the mean over :data:`pipedream.sim.placement.SAMPLES` simulations, each stage at its
+            slowest replica's draw (the per-stage figures are the mean copy's); (): none.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -278,16 +289,19 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                     warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
                        step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies)
+    typical, draws = placement.spread(placements)
+    composition *= typical
     if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
-        base = [dataclasses.replace(c, fwd_s=c.fwd_s * composition, bwd_s=c.bwd_s * composition,
-                                    buckets=[(t * composition, b) for t, b in c.buckets]) for c in base]
+        base = placement.scaled(base, [composition] * len(base))
     if shape.recompute:  # after the composition (a forward as a step runs it), before the data: not loaded again
         base = recomputed(base)
     if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
         base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
     compute = base  # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
-    if cores is not None:  # the workers share the host's cores with the transport's CPU
-        base = with_transport_cpu(base, message_s, message_s_per_byte)
+
+    def with_cpu(costs: list[StageCost]) -> list[StageCost]:  # the workers share the cores with the transport
+        return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte)
+
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:
@@ -301,8 +315,15 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def slowdown(n: int) -> float:
         return host_scale(n, threads, cores, contention, oversubscribed)  # type: ignore[arg-type]
 
-    res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=base, keep_trace=True,
-                          sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host, **kwargs)
+    def simulated(costs: list[StageCost], trace: bool) -> SimResult:
+        return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
+                               sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host, **kwargs)
+
+    res = simulated(compute, True)
+    epoch_s = res.epoch_time_s
+    if len(draws) > 1:  # each rank's copy is a draw: replicas wait for their slowest, a pipeline for its slowest stage
+        epoch_s = statistics.fmean(simulated(placement.scaled(compute, f), False).epoch_time_s
+                                   for f in placement.stage_factor_samples(draws, [len(rs) for rs in stage_ranks]))
     assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
     spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
@@ -321,7 +342,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     per_unit = units / traced if traced else 0.0
     work_s = [sum(sp.work_s for sp in spans if stage_of[sp.rank] == s) * per_unit / len(rs)
               for s, rs in enumerate(stage_ranks)]
-    return Prediction(epoch_s=res.epoch_time_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
+    return Prediction(epoch_s=epoch_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
                       work_s=work_s,
                       busy_ranks=sum(res.utilisation),
                       cores=cores, threads=threads, contention=contention, oversubscribed=oversubscribed,
@@ -358,13 +379,14 @@ def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
     return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
 
 
-def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, float | None]:
+def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     """The profile's measurements of its host (``meta``: its ``meta.json``, ``host``) as :func:`predict_epoch`'s
     keywords, if they were taken on a host of ``cores`` cores (taken as this host): ``contention`` and
-    ``oversubscribed`` (:func:`pipedream.profiler.host_contention`; at least 1.0, a measurement below 1 is noise:
-    other copies cannot speed a step up), ``message_s`` and ``message_s_per_byte``
-    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's
-    profiles) is no slowdown: contention 1.0, oversubscribed None, free messages."""
+    ``oversubscribed`` (:func:`pipedream.host_timing.host_contention`; at least 1.0, a measurement below 1 is
+    noise: other copies cannot speed a step up), ``placements`` (the same measurement's fresh copies, positive
+    ratios), ``message_s`` and ``message_s_per_byte`` (:mod:`pipedream.runtime.message_cost`; at least 0). What
+    is missing (another host, GPUs, the release's profiles) is no slowdown: contention 1.0, oversubscribed None,
+    no placements, free messages."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         host = {}
@@ -373,8 +395,11 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, float | 
         value = host.get(key)
         return max(floor, float(value)) if isinstance(value, int | float) else None
 
+    draws = host.get("placements")
+    placements = tuple(float(p) for p in draws if isinstance(p, int | float) and p > 0) if isinstance(draws, list) else ()
     return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
-            "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0}
+            "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
+            "placements": placements}
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,

@@ -1,0 +1,132 @@
+"""How a CPU host changes a training step's time: where its tensors land in memory, and copies sharing the cores
+(the profile's ``meta.json`` ``host``: ``contention``, ``oversubscribed``, ``placements``).
+
+Placement. On the 2-core CI machine (2 MiB of L2 per core) the same step of the reduced S2VT, timed in eight
+fresh copies of the model and its minibatch in one process, took 48-76 ms (GNMT-8 80-105 ms, VGG-16 32 ms in
+every copy); within one copy it moves by 2-3%. A copy's step time is a draw, set by which physical pages its
+weights and activations got (cache-set conflicts in a physically indexed cache), and every worker of a run is a
+draw of its own. The layer profile is one draw; :func:`host_contention` records each fresh copy's step over the
+profiled process's (``placements``) so that a prediction can draw each rank's copy
+(:func:`pipedream.sim.placement.placement_factors`) instead of taking the profiling process's as everyone's.
+
+Sharing. The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a
+core of its own, and copies taking turns on a core evict each other's caches at every switch; processor sharing
+(:func:`pipedream.sim.predict.host_scale`) does not see that. :func:`host_contention` times copies stepping at
+once against each copy's own time alone, so that the placement's draw cancels in the ratio (timed against the
+profiling process alone, as before, the reduced S2VT's two-copy figure came out 0.89-1.31 across profiles).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pipedream.errors import PipeDreamError
+
+Step = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """One :func:`host_contention` measurement.
+
+    Attributes:
+        slowdown: the copies' mean step together over each one's step alone, divided by the share of a core
+            each gets together (``max(1, processes / cores)``: what processor sharing explains is not counted
+            twice); the median over the rounds; >= 1 up to noise.
+        placements: every copy's step alone over the profiling process's step in the same round (dimensionless):
+            how much slower (> 1) or faster a fresh placement of the model runs than the profiled one.
+        alone_s: the copies' mean step alone, s.
+    """
+
+    slowdown: float
+    placements: tuple[float, ...]
+    alone_s: float
+
+
+def host_contention(step: Step, fresh: Callable[[], Step], processes: int, seconds: float = 2.0, rounds: int = 3,
+                    min_steps: int = 4) -> Sharing:
+    """Time ``processes`` fresh copies of a training step running at once, then each alone (module docstring).
+
+    Each round times ``step`` in this process alone, then forks ``processes`` children (Linux); each child
+    calls ``fresh()`` for a step on its own copy of the model and data (new memory: a placement of its own),
+    warms it up twice, steps with the others (they start together at a barrier) and then alone, one child at a
+    time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes + 2)`` and at
+    least ``min_steps`` steps (time slices of a shared core even out over several steps: with a median of two or
+    three steps of AWD-LM's 0.2 s step its two-per-core figure moved from 1.14 to 1.44 between profiles). The
+    caller should run single-threaded (``torch.set_num_threads(1)``), as the workers do.
+
+    Args:
+        step: one forward, loss and backward of the profiled minibatch on the profiled model.
+        fresh: returns such a step on new copies of the model and minibatch (called in each child).
+        processes: copies at once (the host's cores, or twice as many); below 2 nothing is measured
+            (slowdown 1.0, no placements).
+        seconds: about how long the measurement takes, s.
+        rounds: repetitions; the slowdown is the median of the rounds'.
+        min_steps: fewest steps of each timing.
+    Raises:
+        PipeDreamError: a child failed or did not report within its time.
+    """
+    if processes < 2:
+        return Sharing(1.0, (), 0.0)
+    step()  # warm up this process
+    window = seconds / rounds / (processes + 2)
+    share = max(1.0, processes / (os.cpu_count() or 1))
+    slowdowns, placements, alone_s = [], [], []
+    for _ in range(rounds):
+        mine = _mean_step_s(step, window, min_steps)
+        pairs = _together_then_alone(fresh, processes, window, min_steps)
+        slowdowns.append(statistics.fmean(together / alone for together, alone in pairs) / share)
+        placements += [alone / mine for _, alone in pairs]
+        alone_s += [alone for _, alone in pairs]
+    return Sharing(statistics.median(slowdowns), tuple(placements), statistics.fmean(alone_s))
+
+
+def _together_then_alone(fresh: Callable[[], Step], processes: int, seconds: float,
+                         min_steps: int) -> list[tuple[float, float]]:
+    """Per forked child ``(mean step s together, mean step s alone)`` on its own fresh copy."""
+    ctx = mp.get_context("fork")
+    results = ctx.Queue()
+    together, apart, turn = ctx.Barrier(processes + 1), ctx.Barrier(processes), ctx.Lock()
+    children = [ctx.Process(target=_child, args=(fresh, seconds, min_steps, together, apart, turn, results),
+                            daemon=True) for _ in range(processes)]
+    for c in children:
+        c.start()
+    try:
+        together.wait(timeout=120)
+        return [results.get(timeout=600) for _ in children]
+    except Exception as e:
+        raise PipeDreamError(f"timing {processes} copies of a step failed ({type(e).__name__}): run "
+                             "`pipedream profile` again, with --host-seconds 0 to skip the host's measurement") from e
+    finally:
+        for c in children:
+            c.join(timeout=5)
+            if c.is_alive():
+                c.kill()
+
+
+def _child(fresh: Callable[[], Step], seconds: float, min_steps: int, together: Any, apart: Any, turn: Any,
+           results: Any) -> None:
+    step = fresh()
+    step()
+    step()
+    together.wait(timeout=120)
+    shared = _mean_step_s(step, seconds, min_steps)
+    apart.wait(timeout=600)
+    with turn:
+        alone = _mean_step_s(step, seconds, min_steps)
+    results.put((shared, alone))
+
+
+def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:
+    """Mean seconds of ``step()`` over at least ``seconds`` and ``min_steps`` calls."""
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() < t0 + seconds or n < min_steps:
+        step()
+        n += 1
+    return (time.perf_counter() - t0) / n
