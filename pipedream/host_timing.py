@@ -1,13 +1,14 @@
 """How a CPU host changes a training step's time: where its tensors land in memory, and copies sharing the cores
 (the profile's ``meta.json`` ``host``: ``contention``, ``oversubscribed``, ``placements``).
 
-Placement. On the 2-core CI machine (2 MiB of L2 per core) the same step of the reduced S2VT, timed in eight
-fresh copies of the model and its minibatch in one process, took 48-76 ms (GNMT-8 80-105 ms, VGG-16 32 ms in
-every copy); within one copy it moves by 2-3%. A copy's step time is a draw, set by which physical pages its
-weights and activations got (cache-set conflicts in a physically indexed cache), and every worker of a run is a
-draw of its own. The layer profile is one draw; :func:`host_contention` records each fresh copy's step over the
-profiled process's (``placements``) so that a prediction can draw each rank's copy
-(:func:`pipedream.sim.placement.placement_factors`) instead of taking the profiling process's as everyone's.
+Placement. On the 2-core CI machine (2 MiB of L2 per core) the same step of the reduced S2VT took 48-76 ms in
+eight fresh copies of the model and its minibatch made in one process (GNMT-8 80-105 ms, VGG-16 32 ms in every
+copy), and 49-65 ms in six fresh processes; within one copy it moves by 2-3%. A copy's step time is a draw, set
+by where its weights and activations land in memory (cache-set conflicts in a physically indexed cache, as far
+as we can tell), and every worker of a run is a draw of its own. The layer profile is one draw;
+:func:`host_contention` records each fresh process's step over the profiled process's (``placements``) so that
+a prediction can draw each rank's (:mod:`pipedream.sim.placement`) instead of taking the profiling process's
+as everyone's.
 
 Sharing. The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a
 core of its own, and copies taking turns on a core evict each other's caches at every switch; processor sharing
@@ -36,9 +37,10 @@ class Sharing:
     """One :func:`host_contention` measurement.
 
     Attributes:
-        slowdown: the copies' mean step together over each one's step alone, divided by the share of a core
-            each gets together (``max(1, processes / cores)``: what processor sharing explains is not counted
-            twice); the median over the rounds; >= 1 up to noise.
+        slowdown: each copy's mean step together over its own step alone, their harmonic mean (the copies'
+            total throughput: one that got less of a shared core in a short window leaves more to the others),
+            divided by the share of a core each gets together (``max(1, processes / cores)``: what processor
+            sharing explains is not counted twice); the median over the rounds; >= 1 up to noise.
         placements: every copy's step alone over the profiling process's step in the same round (dimensionless):
             how much slower (> 1) or faster a fresh placement of the model runs than the profiled one.
         alone_s: the copies' mean step alone, s.
@@ -53,17 +55,20 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
                     min_steps: int = 4) -> Sharing:
     """Time ``processes`` fresh copies of a training step running at once, then each alone (module docstring).
 
-    Each round times ``step`` in this process alone, then forks ``processes`` children (Linux); each child
-    calls ``fresh()`` for a step on its own copy of the model and data (new memory: a placement of its own),
-    warms it up twice, steps with the others (they start together at a barrier) and then alone, one child at a
-    time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes + 2)`` and at
-    least ``min_steps`` steps (time slices of a shared core even out over several steps: with a median of two or
-    three steps of AWD-LM's 0.2 s step its two-per-core figure moved from 1.14 to 1.44 between profiles). The
-    caller should run single-threaded (``torch.set_num_threads(1)``), as the workers do.
+    Each round times ``step`` in this process alone, then starts ``processes`` fresh Python processes (spawned,
+    as the workers are). Each calls ``fresh()`` for a step on a model and data it builds itself, as a worker
+    does: a placement of its own. (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8
+    at 0.86-1.06x the profiling process where the workers ran it at 1.2-1.3x.) Each warms up twice, steps with
+    the others (they start together at a barrier; each keeps stepping until all have timed theirs), then alone,
+    one at a time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes +
+    2)`` and at least ``min_steps`` steps (time slices of a shared core even out over several steps: with a
+    median of two or three steps of AWD-LM's 0.2 s step its two-per-core figure moved from 1.14 to 1.44
+    between profiles). The caller should run single-threaded (``torch.set_num_threads(1)``), as the workers do.
 
     Args:
         step: one forward, loss and backward of the profiled minibatch on the profiled model.
-        fresh: returns such a step on new copies of the model and minibatch (called in each child).
+        fresh: returns such a step on a model and minibatch of its own (called in each child; picklable: a
+            module-level function or a ``functools.partial`` of one).
         processes: copies at once (the host's cores, or twice as many); below 2 nothing is measured
             (slowdown 1.0, no placements).
         seconds: about how long the measurement takes, s.
@@ -81,7 +86,7 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
     for _ in range(rounds):
         mine = _mean_step_s(step, window, min_steps)
         pairs = _together_then_alone(fresh, processes, window, min_steps)
-        slowdowns.append(statistics.fmean(together / alone for together, alone in pairs) / share)
+        slowdowns.append(statistics.harmonic_mean([together / alone for together, alone in pairs]) / share)
         placements += [alone / mine for _, alone in pairs]
         alone_s += [alone for _, alone in pairs]
     return Sharing(statistics.median(slowdowns), tuple(placements), statistics.fmean(alone_s))
@@ -90,15 +95,16 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
 def _together_then_alone(fresh: Callable[[], Step], processes: int, seconds: float,
                          min_steps: int) -> list[tuple[float, float]]:
     """Per forked child ``(mean step s together, mean step s alone)`` on its own fresh copy."""
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
     results = ctx.Queue()
     together, apart, turn = ctx.Barrier(processes + 1), ctx.Barrier(processes), ctx.Lock()
-    children = [ctx.Process(target=_child, args=(fresh, seconds, min_steps, together, apart, turn, results),
+    timed = ctx.Value("i", 0)
+    children = [ctx.Process(target=_child, args=(fresh, seconds, min_steps, together, timed, apart, turn, results),
                             daemon=True) for _ in range(processes)]
     for c in children:
         c.start()
     try:
-        together.wait(timeout=120)
+        together.wait(timeout=300)
         return [results.get(timeout=600) for _ in children]
     except Exception as e:
         raise PipeDreamError(f"timing {processes} copies of a step failed ({type(e).__name__}): run "
@@ -110,17 +116,25 @@ def _together_then_alone(fresh: Callable[[], Step], processes: int, seconds: flo
                 c.kill()
 
 
-def _child(fresh: Callable[[], Step], seconds: float, min_steps: int, together: Any, apart: Any, turn: Any,
-           results: Any) -> None:
+def _child(fresh: Callable[[], Step], seconds: float, min_steps: int, together: Any, timed: Any, apart: Any,
+           turn: Any, results: Any) -> None:
+    """One copy: warm up, time its steps with the others, keep stepping until every copy has its time (one
+    finishing early would leave the rest a less busy host), then time its steps alone, one copy at a time, and
+    leave when all have."""
     step = fresh()
     step()
     step()
-    together.wait(timeout=120)
+    together.wait(timeout=300)
     shared = _mean_step_s(step, seconds, min_steps)
+    with timed.get_lock():
+        timed.value += 1
+    while timed.value < apart.parties:
+        step()
     apart.wait(timeout=600)
     with turn:
         alone = _mean_step_s(step, seconds, min_steps)
     results.put((shared, alone))
+    apart.wait(timeout=600)  # exit together: a process tearing down slowed the next one's time alone by 5-30%
 
 
 def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -14,9 +15,13 @@ def _sleep() -> None:
     time.sleep(0.005)
 
 
+def _sleeper() -> Callable[[], None]:  # what each fresh process steps (module level: spawned processes import it)
+    return _sleep
+
+
 def test_copies_of_a_step_that_only_sleeps_contend_for_nothing() -> None:
-    """Forked copies sleeping 5 ms a step: together as fast as alone, and each as fast as this process."""
-    got = host_contention(_sleep, lambda: _sleep, 2, seconds=0.6, rounds=2)
+    """Fresh processes sleeping 5 ms a step: together as fast as alone, and each as fast as this process."""
+    got = host_contention(_sleep, _sleeper, 2, seconds=0.6, rounds=2)
     assert 0.8 < got.slowdown < 1.3
     assert len(got.placements) == 4  # two copies in each of two rounds
     assert all(0.7 < p < 1.4 for p in got.placements)
@@ -52,3 +57,15 @@ def test_the_rounds_median_keeps_a_burst_out(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(host_timing, "_together_then_alone",
                         lambda fresh, n, seconds, min_steps: [(next(rounds), 1.0)] * 1)
     assert host_contention(lambda: None, lambda: lambda: None, 2, rounds=3).slowdown == pytest.approx(1.2)
+
+
+def test_copies_that_got_unequal_shares_count_by_their_total_throughput(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4 copies on 2 cores, each 1 ms alone; in the window together one got a quarter of a core (4 ms a step), the
+    other three 0.5, 0.5 and 0.75 of a core (2, 2 and 1.33 ms). Their speeds add up to
+    0.25 + 0.5 + 0.5 + 0.75 = 2 cores: the host lost nothing, slowdown 1.0 (the mean of the ratios over the fair
+    share, (4 + 2 + 2 + 1.33) / 4 / 2 = 1.17, would count the scheduler's unevenness as contention)."""
+    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
+    monkeypatch.setattr(host_timing, "_together_then_alone", lambda fresh, n, seconds, min_steps:
+                        [(4e-3, 1e-3), (2e-3, 1e-3), (2e-3, 1e-3), (1e-3 / 0.75, 1e-3)])
+    assert host_contention(lambda: None, lambda: lambda: None, 4, rounds=1).slowdown == pytest.approx(1.0)

@@ -4,7 +4,7 @@ parameter bytes) and write graph.txt in the original PipeDream format, plus grap
 from __future__ import annotations
 
 import argparse
-import copy
+import functools
 import os
 import statistics
 import sys
@@ -48,12 +48,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
+def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: Any) -> Callable[[], None]:
+    """One whole training step as a worker runs its stage: the forward on leaf aliases of the weights (a weight
+    version, :mod:`pipedream.runtime.versions`) through ``torch.func.functional_call``, the loss, and the
+    gradients with ``torch.autograd.grad``."""
+    import torch
+
+    from pipedream.capture import call_args
+
+    aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    args_, kwargs_ = call_args(xs)
+    needed = [t for t in aliases.values() if t.requires_grad]
+
+    def run() -> None:
+        loss = criterion(torch.func.functional_call(model, aliases, args_, kwargs_), ys)
+        torch.autograd.grad(loss, needed, allow_unused=True)
+
+    return run
+
+
+def worker_step(cfg: Any, rows: Any, threads: int) -> Callable[[], None]:
+    """:func:`runtime_step` on the model and minibatch (``rows`` of the training set) that this process builds from
+    ``cfg`` (a :class:`~pipedream.runtime.config.TrainConfig`) as a worker does: for
+    :func:`pipedream.host_timing.host_contention`'s fresh processes."""
+    import torch
+
+    from pipedream.runtime.task import load_task
+
+    torch.set_num_threads(threads)
+    task = load_task(cfg)
+    x, y = task.train.batch(rows)
+    return runtime_step(task.model, task.criterion, x, y)
+
+
 def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
     import torch
 
     from pipedream.api import profile
-    from pipedream.capture import call_args, to_device
+    from pipedream.capture import to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.host_timing import host_contention
@@ -76,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
         raise PipeDreamError("--profiled-batch, --iters and --threads must be >= 1 and --warmup >= 0")
     torch.set_num_threads(args.threads)
     data = args.data or ("real" if args.preset == "reduced" else "synthetic")
-    task = load_task(TrainConfig(model=args.model, preset=args.preset, seed=args.seed, data=data,
-                                 batch_size=args.profiled_batch))
+    cfg = TrainConfig(model=args.model, preset=args.preset, seed=args.seed, data=data, batch_size=args.profiled_batch)
+    task = load_task(cfg)
     if len(task.train) < args.profiled_batch:
         raise PipeDreamError(f"{args.model}'s {data} training set has {len(task.train)} samples, fewer than "
                              f"--profiled-batch {args.profiled_batch}; give a smaller --profiled-batch")
@@ -93,20 +126,7 @@ def run(args: argparse.Namespace) -> int:
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = os.cpu_count() or 1
 
-    def runtime_step(model: Any, xs: Any, ys: Any) -> Callable[[], None]:
-        """The whole step as a worker runs its stage: the forward on leaf aliases of the weights (a weight
-        version, pipedream.runtime.versions) through torch.func.functional_call, the gradients with autograd.grad."""
-        aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
-        args_, kwargs_ = call_args(xs)
-        needed = [t for t in aliases.values() if t.requires_grad]
-
-        def run() -> None:
-            loss = task.criterion(torch.func.functional_call(model, aliases, args_, kwargs_), ys)
-            torch.autograd.grad(loss, needed, allow_unused=True)
-
-        return run
-
-    step = runtime_step(task.model, x, y)
+    step = runtime_step(task.model, task.criterion, x, y)
     step_s = whole_step_s(step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),
                                                         device=args.device))  # a step is noisier than a layer
     t = graph.totals()
@@ -114,9 +134,7 @@ def run(args: argparse.Namespace) -> int:
           f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
     host: dict[str, Any] = {"cores": cores, "contention": 1.0}
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        def fresh() -> Callable[[], None]:  # the step on copies of the model and minibatch in new memory
-            return runtime_step(*copy.deepcopy((task.model, x, y)))
-
+        fresh = functools.partial(worker_step, cfg, rows, args.threads)  # a worker's own model, in a new process
         one = host_contention(step, fresh, cores, args.host_seconds)
         print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
         # two copies per core: each gets half a core, and their switches evict each other's caches
