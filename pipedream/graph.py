@@ -14,12 +14,14 @@ In memory, times are seconds (``fwd_s``, ``bwd_s``) and sizes bytes.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import read_json_object, read_text
+from pipedream.tied import Tied, duplicate_bytes
 
 _NODE_RE = re.compile(
     r"^(?P<id>\S+) -- (?P<desc>.*) -- forward_compute_time=(?P<f>[^,]+), "
@@ -75,6 +77,9 @@ class LayerGraph:
             (per minibatch), whether it saves an input, whether it saves an output.
         spread: per node, the interquartile range of its timed forward and backward calls, seconds (our
             profiler's, in memory and in ``graph.json``; empty for a profile read from graph.txt).
+        tied: parameter tensors that several nodes use (:class:`pipedream.tied.Tied`; our profiler's
+            ``graph.json`` ``"tied"`` list; empty for the release's profiles and older ones). Each user's
+            ``param_bytes`` includes the tensor: :meth:`param_bytes_of` counts it once.
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -82,6 +87,7 @@ class LayerGraph:
     minibatch_size: int = 0
     saved: dict[str, tuple[float, bool, bool]] = field(default_factory=dict)
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
+    tied: list[Tied] = field(default_factory=list)
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""
@@ -137,14 +143,21 @@ class LayerGraph:
         outs = [s for s, _ in self.edges]
         return len(set(ins)) == len(ins) and len(set(outs)) == len(outs)
 
+    def param_bytes_of(self, nodes: Iterable[str]) -> float:
+        """Parameter bytes that one replica of a stage made of ``nodes`` (ids) holds: their ``param_bytes``, a
+        tensor several of them use (:attr:`tied`) counted once. Raises KeyError for an unknown id."""
+        ids = list(nodes)
+        return sum(self.nodes[n].param_bytes for n in ids) - duplicate_bytes(self.tied, ids)
+
     def totals(self) -> dict[str, float]:
-        """Sums over all nodes: ``fwd_s``, ``bwd_s``, ``activation_bytes``, ``param_bytes``, ``nodes``."""
+        """Sums over all nodes: ``fwd_s``, ``bwd_s``, ``activation_bytes``, ``param_bytes`` (each tied tensor
+        once, :meth:`param_bytes_of`), ``nodes``."""
         return {
             "nodes": float(len(self.nodes)),
             "fwd_s": sum(n.fwd_s for n in self.nodes.values()),
             "bwd_s": sum(n.bwd_s for n in self.nodes.values()),
             "activation_bytes": sum(n.output_bytes for n in self.nodes.values()),
-            "param_bytes": sum(n.param_bytes for n in self.nodes.values()),
+            "param_bytes": self.param_bytes_of(self.nodes),
         }
 
     def scaled(self, batch: int) -> LayerGraph:
@@ -164,21 +177,23 @@ class LayerGraph:
                               n.param_bytes, n.stage_id))
         out.edges = list(self.edges)
         out.saved = {k: (own * f, saves_in, saves_out) for k, (own, saves_in, saves_out) in self.saved.items()}
+        out.tied = list(self.tied)
         return out
 
     # ----------------------------------------------------------------------------------- I/O
 
     @classmethod
     def read(cls, path: str | Path, minibatch_size: int = 0) -> LayerGraph:
-        """Read a graph.txt file (and what each layer saves for its backward from the ``graph.json`` our
-        profiler writes beside it, when there is one: :attr:`saved`).
+        """Read a graph.txt file (and, from the ``graph.json`` our profiler writes beside it when there is one,
+        what each layer saves for its backward, :attr:`saved`, and the tied parameters, :attr:`tied`).
 
         Args:
             path: the file.
             minibatch_size: samples in the profiled minibatch, if known.
         Raises:
             PipeDreamError: on a missing file, a malformed line (names the line number), a duplicate
-                node, an edge to an unknown node, a cycle, or a ``graph.json`` that is not a JSON object.
+                node, an edge to an unknown node, a cycle, a ``graph.json`` that is not a JSON object, or a
+                tied-parameter record in it that is malformed or names a node graph.txt does not have.
         """
         path = Path(path)
         text = read_text(path, "profile", "the graph.txt file inside it", "a graph.txt profile",
@@ -190,6 +205,7 @@ class LayerGraph:
             for n in doc.get("nodes", []):
                 if "saved_bytes" in n and n.get("id") in graph.nodes:
                     graph.saved[n["id"]] = (float(n["saved_bytes"]), bool(n["saves_input"]), bool(n["saves_output"]))
+            graph.tied = [Tied.from_json(t, graph.nodes) for t in doc.get("tied", [])]
         return graph
 
     @classmethod

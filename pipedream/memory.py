@@ -155,7 +155,9 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
 
     ``A``, ``A'`` and ``I`` per (micro)batch as :func:`_activation_and_buffer_bytes` defines them: ``graph`` must
     be at the (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage;
-    ``recompute``: activation recomputation (:func:`stage_memory`).
+    ``recompute``: activation recomputation (:func:`stage_memory`). ``P`` counts a tensor that several of a
+    stage's layers use once (:meth:`pipedream.graph.LayerGraph.param_bytes_of`); every stage holding one of its
+    users keeps a copy, so each of them counts it.
 
     Raises:
         PipeDreamError: an unknown schedule or optimizer.
@@ -166,7 +168,7 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
         consumers.setdefault(a, []).append(b)
     out = []
     for s, nodes in enumerate(stages):
-        params = sum(graph.nodes[n].param_bytes for n in nodes)
+        params = graph.param_bytes_of(nodes)  # a tied tensor once per stage; each holding stage keeps a copy
         acts, recomputed, inputs, posted = _activation_and_buffer_bytes(graph, s, nodes, where, consumers,
                                                                         last=s == len(stages) - 1)
         n = in_flight(schedule, replicas, s, microbatches, warmup)

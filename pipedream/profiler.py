@@ -21,7 +21,10 @@ Each node is then timed in isolation on its recorded inputs:
   forward and starts its backward from it (over GNMT's and AWD-LM's vocabularies the log-softmax is a
   large part of the last stage);
 - activation bytes: bytes of each output tensor for the whole minibatch;
-- parameter bytes: bytes of the node's own parameters (4 per fp32 parameter).
+- parameter bytes: bytes of the node's own parameters (4 per fp32 parameter); a tensor several nodes use (tied
+  input and output embeddings) is in each of theirs and recorded once in :attr:`LayerGraph.tied`
+  (:func:`tied_parameters`; ``graph.json``'s ``"tied"`` list), so that a stage holding several of its users
+  counts it once (:mod:`pipedream.tied`).
 
 Besides the layers, :func:`optimizer_step_rates` times one optimizer step (SGD with momentum, Adam) over
 all the model's parameters after a forward and backward, as seconds per parameter byte: the simulator's
@@ -56,6 +59,7 @@ from pipedream.io import atomic_write_json
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.optim import make_optimizer
 from pipedream.runtime.split import OPS, node_ids, trace
+from pipedream.tied import Tied
 
 
 @dataclass
@@ -104,14 +108,32 @@ def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
     return describe(gm, node)
 
 
-def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
+def _held(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
+    """The tensors a node holds as weights, each once: a module's parameters, or the tensor a ``get_attr`` reads."""
     if node.op == "call_module":
-        mod = gm.get_submodule(str(node.target))
-        return sum(p.numel() * p.element_size() for p in mod.parameters())
+        return list(gm.get_submodule(str(node.target)).parameters())
     if node.op == "get_attr":
         t = getattr(gm, str(node.target), None)
-        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
-    return 0
+        return [t] if isinstance(t, torch.Tensor) else []
+    return []
+
+
+def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
+    return sum(t.numel() * t.element_size() for t in _held(gm, node))
+
+
+def tied_parameters(gm: fx.GraphModule, ids: dict[fx.Node, str]) -> list[Tied]:
+    """The parameters that more than one of ``gm``'s operation nodes hold (:func:`_held`; the same tensor object),
+    in order of first use: each with its first name in ``gm``, the ids of the nodes using it in graph order, and
+    its bytes. (A constant that two ``get_attr`` nodes read is not one: no gradient is summed for it.)"""
+    names = {id(p): name for name, p in gm.named_parameters()}
+    users: dict[int, tuple[torch.Tensor, list[fx.Node]]] = {}
+    for node in gm.graph.nodes:
+        if node.op in OPS:
+            for t in _held(gm, node):
+                users.setdefault(id(t), (t, []))[1].append(node)
+    return [Tied(names[key], tuple(ids[n] for n in nodes), float(t.numel() * t.element_size()))
+            for key, (t, nodes) in users.items() if key in names and len(nodes) > 1]
 
 
 def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[], Any] | None = None,
@@ -205,7 +227,8 @@ def profile_module(
             forward and backward seconds (:func:`profile_loss`) are added to the node producing the output.
     Returns:
         A :class:`LayerGraph` with ``minibatch_size`` set to the first input's batch dimension; node
-        times in seconds per minibatch, activations and parameters in bytes.
+        times in seconds per minibatch, activations and parameters in bytes; its tied parameters
+        (:func:`tied_parameters`) in ``tied``.
     Raises:
         PipeDreamError: if the model cannot be traced or the device is unavailable.
     """
@@ -256,6 +279,7 @@ def profile_module(
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
+    graph.tied = tied_parameters(gm, ids)
     if loss is not None:
         output = next(n for n in gm.graph.nodes if n.op == "output")
         sinks = [n for n in ops if n in output.all_input_nodes]
@@ -408,7 +432,9 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:
-    """Write ``graph.txt``, ``graph.json`` and ``meta.json`` (minibatch size, device, ...) into ``out_dir``."""
+    """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes and what it saves; the edges; the
+    tied parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`; and ``meta``) and ``meta.json`` (minibatch
+    size, device, ...) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
@@ -417,6 +443,7 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
          **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}
         for n in graph.nodes.values()
     ]
-    atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges, **meta})
+    atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges,
+                                               "tied": [t.to_json() for t in graph.tied], **meta})
     atomic_write_json(out_dir / "meta.json", {"minibatch_size": graph.minibatch_size, **meta})
     graph.write(out_dir / "graph.txt")  # last: the Snakemake output that marks completion

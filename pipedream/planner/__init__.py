@@ -66,6 +66,15 @@ The differences (default mode vs. the release) and why:
    activation transfer ``latency + a / B``. The release charges ``4 (n - 1) P / (B n)`` (every byte twice,
    as through a parameter server) and no latency; compat mode keeps those formulas, in
    :mod:`.compat` and nowhere else.
+10. Tied parameters (a tensor several layers use, :mod:`pipedream.tied`; the release's profiles have none): a
+   stage holding several of its users counts its bytes once, and each stage holding one counts them (each keeps
+   a copy); the dynamic program does so through per-state counts of each tensor's users
+   (:attr:`.states.StateGraph.tied_users`, :func:`.recurrence.segment_params`), compat mode counts it once per
+   user as the release does. In both modes the plan is for 1F1B, so no plan is returned whose stages holding one
+   tied tensor have different replica counts, which the runtime refuses (:func:`pipedream.tied.plan_conflict`,
+   the rule of :func:`pipedream.runtime.shared.check`): the re-ranking drops such candidates, and without it the
+   dynamic program's refused plan gives way to its straight pipeline or data parallelism, whichever it estimates
+   faster (the rule ties stages far apart, which the recurrence over consecutive stages cannot express).
 
 What compat mode cannot copy: the release numbers its states in a depth-first order that depends on
 Python's string hash seed; we use file order instead. Only difference 5 makes the predicted time depend

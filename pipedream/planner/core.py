@@ -7,12 +7,14 @@ per-stage numbers shown to the user.
 
 from __future__ import annotations
 
-from pipedream import costmodel, memory
+from typing import Any
+
+from pipedream import costmodel, memory, tied
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.compat import data_parallel_communication_time, transfer_time
-from pipedream.planner.hierarchy import Segment, Solution, level_rules, solve
+from pipedream.planner.hierarchy import Segment, Solution, data_parallel_time, level_rules, solve
 from pipedream.planner.placement import hierarchical_ranks
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states
@@ -33,6 +35,11 @@ def plan_pipeline(
 ) -> Plan:
     """Partition ``graph`` into replicated pipeline stages for ``cluster`` (paper §3.1).
 
+    Tied parameters (:attr:`LayerGraph.tied`): the plan is for 1F1B, so it never has stages holding one tied
+    tensor with different replica counts, which the runtime refuses (:func:`pipedream.tied.plan_conflict`):
+    the re-ranking drops such candidates, and without it a refused solver plan gives way to the faster of the
+    solver's straight pipeline and data parallelism (:func:`_runnable_solver_plan`).
+
     Args:
         graph: the layer profile; times are seconds per profiled minibatch, sizes bytes.
         cluster: levels innermost first, bandwidths in bytes/s, device memory in bytes.
@@ -52,7 +59,8 @@ def plan_pipeline(
         sample (seconds) and predicted data-parallel time per sample on all workers (seconds).
     Raises:
         PipeDreamError: on a bad minibatch size or ratio, a node without times, a cycle, a memory limit
-            that no plan fits, or a straight pipeline longer than the model.
+            that no plan fits, a straight pipeline longer than the model, or no plan the runtime can run
+            (tied parameters) that fits.
     """
     if memory_limit is None:
         memory_limit = not compat
@@ -63,7 +71,7 @@ def plan_pipeline(
     kwargs = {"model": model, "minibatch_size": minibatch_size, "compat": compat,
               "activation_compression_ratio": activation_compression_ratio}
     if not rerank:
-        return _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+        return _runnable_solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
     solver_plans: list[tuple[str, Plan]] = []
     variants = [(straight, memory_limit), (straight, False), (True, memory_limit)]
     errors = []
@@ -81,6 +89,38 @@ def plan_pipeline(
                         memory_limit=memory_limit, straight=straight)
 
 
+def _runnable_solver_plan(graph: LayerGraph, cluster: Cluster, *, memory_limit: bool, straight: bool,
+                          **kwargs: Any) -> Plan:
+    """The dynamic program's plan (:func:`_solver_plan`) if the runtime runs it under 1F1B; else, since the dynamic
+    program does not model the rule for tied parameters (:func:`pipedream.tied.plan_conflict`), the faster by
+    the solver's estimate of its straight pipeline and data parallelism, which never break it.
+
+    Raises:
+        PipeDreamError: those of :func:`_solver_plan`, or the plan is refused and neither alternative exists or
+            fits (naming the rule it breaks).
+    """
+    plan = _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+    why = tied.plan_conflict(graph.tied, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
+    if why is None:
+        return plan
+    alternatives = []
+    for make in (lambda: _solver_plan(graph, cluster, memory_limit=memory_limit, straight=True, **kwargs),
+                 lambda: _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, data_parallel=True,
+                                      **kwargs)):
+        try:
+            alternatives.append(make())
+        except PipeDreamError:  # a straight pipeline longer than the model, or nothing fits the memory
+            pass
+    if not alternatives:
+        raise PipeDreamError(f"the dynamic program's plan {plan.config} cannot run: {why}; neither a straight pipeline "
+                             "nor data parallelism fits this cluster: plan with the re-ranking (the default mode)")
+    best = min(alternatives, key=lambda p: p.time_per_sample_s)
+    best.extra.setdefault("warnings", []).append(
+        f"the dynamic program's plan {plan.config} was refused ({why}); this is the faster of its straight pipeline "
+        "and data parallelism")
+    return best
+
+
 def _solver_plan(
     graph: LayerGraph,
     cluster: Cluster,
@@ -91,16 +131,31 @@ def _solver_plan(
     straight: bool,
     compat: bool,
     activation_compression_ratio: float | None,
+    data_parallel: bool = False,
 ) -> Plan:
-    """The dynamic program's plan and estimate (see :func:`plan_pipeline`)."""
+    """The dynamic program's plan and estimate (see :func:`plan_pipeline`); with ``data_parallel``, its data
+    parallelism (one stage on every worker, its estimate the solver's data-parallel time).
+
+    Raises:
+        PipeDreamError: see :func:`plan_pipeline`; with ``data_parallel`` and the memory limit, also when the
+            whole model does not fit one device.
+    """
     if not isinstance(minibatch_size, int) or minibatch_size < 1:
         raise PipeDreamError(f"minibatch size {minibatch_size!r} must be a positive integer (samples per profiled minibatch)")
     if activation_compression_ratio is not None and not activation_compression_ratio > 0:
         raise PipeDreamError(f"activation compression ratio {activation_compression_ratio!r} must be > 0")
     states = build_states(graph)
     rules = level_rules(cluster, compat=compat, memory_limit=memory_limit, straight=straight, ratio=activation_compression_ratio)
-    solution = solve(states, cluster, rules, compat=compat)
+    if data_parallel:
+        dp_s = data_parallel_time(states, rules)
+        whole = Segment(0, states.n - 1, cluster.workers, [w for w, _ in cluster.levels], [0] * len(cluster.levels))
+        solution = Solution(dp_s, dp_s, [whole], rules)
+    else:
+        solution = solve(states, cluster, rules, compat=compat)
     stages, details = _stages(graph, states, solution, cluster)
+    if data_parallel and memory_limit and stages[0].memory_bytes > cluster.device_memory_bytes:
+        raise PipeDreamError(f"data parallelism needs {memory.format_bytes(stages[0].memory_bytes)} per device, more "
+                             f"than the {memory.format_bytes(cluster.device_memory_bytes)} of {cluster.name}")
     plan = Plan(
         model=model,
         cluster=cluster.name,
@@ -173,7 +228,7 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
     for idx, seg in enumerate(solution.segments):
         nodes = members[idx]
         compute = sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in nodes if not graph.nodes[n].is_input)
-        params = sum(graph.nodes[n].param_bytes for n in nodes)
+        params = graph.param_bytes_of(nodes)  # a tied tensor once per stage, in each stage holding a user
         sync, act = _comm_s(states, solution, idx, params, cluster)
         out.append(
             Stage(

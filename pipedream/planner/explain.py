@@ -120,7 +120,7 @@ def explain(plan: Plan, graph: LayerGraph, cluster: Cluster) -> str:
     per_mb = float(ex.get("bottleneck_time_per_minibatch_s", plan.time_per_sample_s * mb))
     dp_mb = float(ex.get("dp_time_per_minibatch_s", plan.dp_time_per_sample_s * mb))
     total = sum(n.fwd_s + n.bwd_s for n in graph.nodes.values() if not n.is_input)
-    weights = sum(n.param_bytes for n in graph.nodes.values())
+    weights = graph.param_bytes_of(graph.nodes)  # a tied tensor once
     n = plan.workers
     out = [f"Why {plan.config} won for {plan.model} on {cluster.name} ({n} workers, {ex.get('mode', 'default')} mode):"]
     compute_share = total / n
@@ -194,6 +194,8 @@ def _simulated(plan: Plan) -> list[str]:
     for c in ex.get("candidates", []):
         if not c.get("fits"):
             verdict = f"does not fit ({c['peak_memory_bytes'] / 1e9:.1f} GB on one device)"
+        elif c.get("refused"):
+            verdict = f"refused, the runtime would not run it: {c['refused']}"
         elif c.get("simulated_epoch_s"):
             verdict = f"{dp_epoch / c['simulated_epoch_s']:.3f}x"
             if c["simulated_epoch_s"] < ex.get("simulated_epoch_s", 0.0):

@@ -67,6 +67,14 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
         pos.setdefault(nid, 0)
     compute = np.concatenate([[0.0], np.cumsum([(graph.nodes[x].fwd_s + graph.nodes[x].bwd_s) * scale for x in order])])
     params = np.concatenate([[0.0], np.cumsum([graph.nodes[x].param_bytes for x in order])])
+    users = [(t.nbytes, np.concatenate([[0.0], np.cumsum([x in t.nodes for x in order])])) for t in graph.tied]
+
+    def stage_params(i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """Parameter bytes of positions ``(i, j]``, a tied tensor once (:meth:`LayerGraph.param_bytes_of`)."""
+        p = params[j] - params[i]
+        for nbytes, u in users:
+            p = p - nbytes * np.maximum(u[j] - u[i] - 1.0, 0.0)
+        return p
     # cut[c]: bytes of outputs of nodes at positions <= c consumed at positions > c
     last_use = {nid: max((pos[d] for d in graph.successors(nid)), default=pos[nid]) for nid in topo}
     delta = np.zeros(n + 2)
@@ -87,12 +95,12 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
     link_bw = [network.path(ranks[s][0], ranks[s + 1][0])[1] for s in range(k - 1)]
     best = np.full((k, n + 1), np.inf)
     back = np.zeros((k, n + 1), dtype=int)
-    best[0] = (compute + sync_s(0, params)) / replicas[0]
+    best[0] = (compute + sync_s(0, stage_params(0, np.arange(n + 1)))) / replicas[0]
     best[0][0] = np.inf
     for s in range(1, k):
         for j in range(s + 1, n + 1):
             i = np.arange(s, j)  # previous stage ends at i, this one is (i, j]
-            stage = (compute[j] - compute[i] + sync_s(s, params[j] - params[i])) / replicas[s]
+            stage = (compute[j] - compute[i] + sync_s(s, stage_params(i, j))) / replicas[s]
             cand = np.maximum(np.maximum(best[s - 1][i], stage), cut[i] / link_bw[s - 1])
             t = int(np.argmin(cand))
             best[s][j], back[s][j] = cand[t], i[t]

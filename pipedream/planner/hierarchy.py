@@ -85,11 +85,17 @@ def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
     """
     t = float(states.compute_s[-1])
     p = float(states.param_bytes[-1])
-    if rules and rules[0].compat:
+    if rules and rules[0].compat:  # the release counts a tied tensor once per user
         return data_parallel_total_time(t, p, [(lv.workers, lv.bandwidth_Bps, lv.group_init) for lv in rules])
+    p = model_param_bytes(states)
     for lv in rules:
         t = (t + float(weight_sync_s(lv, p, lv.workers, lv.group_init))) / lv.workers
     return t
+
+
+def model_param_bytes(states: StateGraph) -> float:
+    """The whole model's parameter bytes, each tied tensor once (what one data-parallel worker holds)."""
+    return float(states.param_bytes[-1] - states.tied_bytes @ np.maximum(states.tied_users[:, -1] - 1.0, 0.0))
 
 
 def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, compat: bool) -> Solution:
@@ -112,7 +118,10 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     inputs: list[LevelInput] = []
     # The split candidates (k, j) per level: at the innermost level stage times are functions of the
     # cumulative values, so dominated splits are dropped; above it every ancestor is a candidate.
-    keys = [states.compute_s, states.param_bytes]
+    # default mode counts a tied tensor once per segment (a segment's bytes then depend on how many of its users
+    # the segment holds: their counts are keys too); the release counts it once per user
+    tied = () if compat else (states.tied_users, states.tied_bytes)
+    keys = [states.compute_s, states.param_bytes, *(() if compat else states.tied_users)]
     if rules[0].memory_limit_bytes is not None:
         keys.append(states.activation_bytes)
     if rules[0].comm_ratio is not None:
@@ -121,7 +130,7 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     if len(rules) > 1:
         pairs += [all_pairs(states)] * (len(rules) - 1)
     for idx, lv in enumerate(rules):
-        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors)
+        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors, *tied)
         inputs.append(inp)
         if idx == len(rules) - 1:
             break
@@ -162,10 +171,11 @@ def _backtrack(row: RowSolution, start: int, end: int, workers: int) -> list[tup
 
 def _no_plan_message(states: StateGraph, cluster: Cluster, rules: list[LevelRules]) -> str:
     if rules[0].memory_limit_bytes is not None:
-        need = float(states.param_bytes[-1] + states.activation_bytes[-1])
+        params = model_param_bytes(states)
+        need = params + float(states.activation_bytes[-1])
         return (
             f"no plan fits the memory limit of {cluster.device_memory_bytes:.4g} bytes per device on cluster "
-            f"{cluster.name!r} (the model has {states.param_bytes[-1]:.4g} parameter bytes and "
+            f"{cluster.name!r} (the model has {params:.4g} parameter bytes and "
             f"{states.activation_bytes[-1]:.4g} activation bytes, {need:.4g} in all); drop --memory-limit or use "
             "a cluster with more memory"
         )

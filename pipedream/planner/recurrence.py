@@ -36,7 +36,7 @@ The rows are independent, so the final level solves row 0 only and a lower level
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -146,6 +146,10 @@ class LevelInput:
         acts: cumulative activation bytes per state, shape ``(n,)``.
         boundary: activation bytes crossing a split after each state, shape ``(n,)``.
         ancestors: ``ancestors[k, j]``: a split after ``k`` may end at ``j``, shape ``(n, n)``.
+        tied_users: per tied tensor, users in each state's ideal, shape ``(T, n)``
+            (:attr:`pipedream.planner.states.StateGraph.tied_users`); none by default. With them a segment's
+            parameter bytes count each tied tensor once (:func:`segment_params`).
+        tied_bytes: bytes of each tied tensor, shape ``(T,)``.
     """
 
     table: np.ndarray | ComputeTable
@@ -153,6 +157,8 @@ class LevelInput:
     acts: np.ndarray
     boundary: np.ndarray
     ancestors: np.ndarray
+    tied_users: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    tied_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:
@@ -164,6 +170,16 @@ def _prev(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], values))
 
 
+def segment_params(inp: LevelInput, rows: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+    """Parameter bytes of the segment after state ``rows - 1`` (row 0: from the start) up to state ``j``, each
+    tied tensor counted once however many of its users the segment holds (arrays broadcast as ``rows`` and
+    ``j`` do), bytes."""
+    p = inp.params[j] - _prev(inp.params)[rows]
+    for users, nbytes in zip(inp.tied_users, inp.tied_bytes, strict=True):
+        p = p - nbytes * np.maximum(users[j] - _prev(users)[rows] - 1.0, 0.0)
+    return p
+
+
 def initial_stage(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
     """``A[r, j, m]`` for the unsplit segment on ``m + 1`` replicas, shape ``(len(rows), n, M)``, seconds."""
     return initial_table(inp, rules, rows).transpose(2, 1, 0)
@@ -172,7 +188,7 @@ def initial_stage(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.nd
 def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
     """The unsplit values laid out as ``A[m, j, r]``, shape ``(M, n, len(rows))``, seconds."""
     n, big_m = inp.n, rules.workers
-    p = inp.params[:, None] - _prev(inp.params)[rows][None, :]
+    p = segment_params(inp, rows[None, :], np.arange(n)[:, None])
     mem = p + inp.acts[:, None] - _prev(inp.acts)[rows][None, :]
     inbound = _prev(inp.boundary)[rows][None, :]  # a segment after state r - 1 receives its boundary
     t = inp.table[rows].T
@@ -197,7 +213,7 @@ def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarr
     n = inp.n
     m = np.asarray(m)
     m_prime = np.asarray(m_prime, dtype=np.float64)
-    p = inp.params[j] - inp.params[k]
+    p = segment_params(inp, np.asarray(k) + 1, j)
     value = (inp.table[k + 1, j] + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
     if rules.memory_limit_bytes is not None:
         versions = np.ceil((rules.workers - (m + 1)) / m_prime)

@@ -22,7 +22,10 @@ models the gap decides the plan (the solver's VGG-16 plan for cluster A, 9-3-2-1
    parallelism, and the 29 GB first stage of VGG-16's 9-3-2-1-1 (release warm-up; 19.6 GB with ours) is.
    The bytes that do not depend on the profile's activations (weight copies, gradients, optimizer state)
    are exact, and for them the device memory is a hard limit: no candidate fits a device smaller than
-   that, and planning stops with one line naming the stage and its bytes;
+   that, and planning stops with one line naming the stage and its bytes. Candidates the runtime would refuse
+   are dropped too: under 1F1B, stages holding one tied parameter with different replica counts
+   (:func:`pipedream.tied.plan_conflict`, the rule of :func:`pipedream.runtime.shared.check`); data parallelism
+   and straight pipelines never break it, and if every candidate that fits does, planning stops with that rule;
 3. each remaining candidate is simulated with the event simulator exactly as ``pipedream simulate`` would
    simulate the written plan (:func:`pipedream.sim.simulate_plan`, schedule 1F1B-RR,
    :data:`pipedream.sim.DEFAULT_ALLREDUCE`, the runtime's default warm-up, overlapped allreduce, an
@@ -55,7 +58,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from pipedream import costmodel, memory
+from pipedream import costmodel, memory, tied
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage, config_string
@@ -83,6 +86,8 @@ class Candidate:
         fits: every stage fits the device memory (always True without the memory limit).
         epoch_s: simulated epoch time (None if not simulated).
         time_per_minibatch_s: simulated steady-state time per minibatch (None if not simulated).
+        bound_s: a lower bound on its epoch (:func:`compute_bound_s`), seconds.
+        refused: why the runtime would refuse it (:func:`pipedream.tied.plan_conflict`), or None.
     """
 
     plan: Plan
@@ -92,12 +97,13 @@ class Candidate:
     epoch_s: float | None = None
     time_per_minibatch_s: float | None = None
     bound_s: float = 0.0
+    refused: str | None = None
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready record for ``plan.extra["candidates"]``."""
         return {"config": self.plan.config, "source": self.source, "fits": self.fits,
                 "peak_memory_bytes": max(self.memory_bytes), "epoch_lower_bound_s": self.bound_s,
-                "simulated_epoch_s": self.epoch_s}
+                "simulated_epoch_s": self.epoch_s, **({"refused": self.refused} if self.refused else {})}
 
 
 def compute_bound_s(graph: LayerGraph, plan: Plan, dataset_size: int) -> float:
@@ -219,7 +225,8 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
         memory_limit: drop candidates with a stage that does not fit ``cluster.device_memory_bytes``.
         straight: only straight pipelines.
     Raises:
-        PipeDreamError: with the memory limit, no candidate fits.
+        PipeDreamError: with the memory limit, no candidate fits; or every candidate that fits is one the runtime
+            refuses (tied parameters on stages with different replica counts).
     """
     g = graph
     if g.minibatch_size != minibatch_size:
@@ -234,13 +241,19 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
         # weights, gradients and optimizer state are exact: a hard limit at the device's memory
         exact = [m.weights + m.gradients + m.optimizer for m in need]
         fits = not memory_limit or (max(m.total for m in need) <= limit and max(exact) <= device)
+        refused = tied.plan_conflict(g.tied, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
         cands.append(Candidate(plan, source, [m.total for m in need], fits,
-                               bound_s=compute_bound_s(g, plan, opts["dataset_size"])))
+                               bound_s=compute_bound_s(g, plan, opts["dataset_size"]), refused=refused))
         exact_bytes.append(exact)
-    fitting = sorted((c for c in cands if c.fits), key=lambda c: c.bound_s)
+    fitting = sorted((c for c in cands if c.fits and c.refused is None), key=lambda c: c.bound_s)
+    if not fitting and any(c.fits for c in cands):
+        why = next(c.refused for c in cands if c.fits)
+        raise PipeDreamError(f"no plan that fits {cluster.name} can run under 1F1B: every one that fits is refused, "
+                             f"e.g. {why}")
     if not fitting:
-        over = all(max(e) > device for e in exact_bytes)  # then name the candidate whose exact bytes are smallest
-        k = min(range(len(cands)), key=lambda i: max(exact_bytes[i]) if over else max(cands[i].memory_bytes))
+        runnable = [i for i, c in enumerate(cands) if c.refused is None] or list(range(len(cands)))
+        over = all(max(exact_bytes[i]) > device for i in runnable)  # then name the one whose exact bytes are smallest
+        k = min(runnable, key=lambda i: max(exact_bytes[i]) if over else max(cands[i].memory_bytes))
         least, worst = cands[k], max(range(len(exact_bytes[k])), key=lambda s: exact_bytes[k][s])
         if over:
             raise PipeDreamError(

@@ -54,7 +54,11 @@ class StateGraph:
         antichains: per state, the antichain (node ids), for explanations.
         compute_s: per state, forward+backward seconds of its ideal, cumulative.
         activation_bytes: per state, summed output bytes of its ideal, cumulative.
-        param_bytes: per state, summed parameter bytes of its ideal, cumulative.
+        param_bytes: per state, summed parameter bytes of its ideal, cumulative (a tied tensor once per user).
+        tied_users: per tied tensor of the graph (:attr:`LayerGraph.tied`) and state, how many of its users the
+            ideal holds, shape ``(T, n)``: a segment between two states holds ``U_j - U_k`` of them and counts
+            the tensor that many times in ``P_j - P_k``, once too often for each beyond the first.
+        tied_bytes: bytes of each tied tensor, shape ``(T,)``.
         boundary_bytes: per state, output bytes of its augmented antichain (release semantics).
         cut_bytes: per state, output bytes of the ideal's nodes that feed a node outside it
             (:func:`pipedream.cuts.crossing`, the definition the simulator's stage boundaries use too).
@@ -77,6 +81,8 @@ class StateGraph:
     ancestors: np.ndarray
     nested: np.ndarray
     edges: np.ndarray
+    tied_users: np.ndarray
+    tied_bytes: np.ndarray
 
     @property
     def n(self) -> int:
@@ -224,6 +230,9 @@ def build_states(graph: LayerGraph) -> StateGraph:
         ancestors=ancestors,
         nested=nested,
         edges=edge_array,
+        tied_users=(member @ np.array([[nid in t.nodes for t in graph.tied] for nid in node_ids],
+                                      dtype=float).reshape(v, len(graph.tied))).T,
+        tied_bytes=np.array([t.nbytes for t in graph.tied], dtype=float),
     )
 
 

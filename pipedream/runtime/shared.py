@@ -9,9 +9,9 @@ the same for its embeddings). The copies then stay equal: same gradient, same op
 The sum is taken at each ``STEP``: the ``k``-th step of every holding stage is the update of the same
 minibatches (one per step, or a round of ``r`` minibatches on stages replicated ``r`` times under 1F1B-RR),
 so every holding stage must step over the same minibatches: under 1F1B they need equal replica counts
-(:func:`check`). A replica's gradient is already its stage's (averaged or summed over the replicas by the
-``ALLREDUCE`` before the step), so each rank adds ``grad / replicas of its stage`` and the sum over the group
-is the sum over the stages.
+(:func:`check`; its rule, :func:`pipedream.tied.replica_conflict`, is the one the planner applies too). A
+replica's gradient is already its stage's (averaged or summed over the replicas by the ``ALLREDUCE`` before the
+step), so each rank adds ``grad / replicas of its stage`` and the sum over the group is the sum over the stages.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipedream.errors import PipeDreamError
+from pipedream.tied import replica_conflict
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,9 @@ def check(shared: list[Shared], replicas: list[int], schedule: str, clip_norm: f
             minibatches); gradient clipping per stage (each stage would scale the shared gradient differently).
     """
     for sh in shared:
-        reps = [replicas[s] for s in sh.stages]
-        if schedule == "1f1b" and len(set(reps)) > 1:
-            raise PipeDreamError(f"parameter {sh.names[0]} is used by stages {list(sh.stages)}, replicated {reps} times: "
-                                 "under 1F1B their steps cover different minibatches; plan them with equal replicas "
-                                 "or use --schedule gpipe or 2bw")
+        why = replica_conflict(sh.names[0], sh.stages, replicas, schedule)  # the planner drops such plans too
+        if why is not None:
+            raise PipeDreamError(why)
         if clip_norm > 0:
             raise PipeDreamError(f"parameter {sh.names[0]} is used by stages {list(sh.stages)}: --clip-norm clips each "
                                  "stage's gradients on its own, which would move its copies apart; leave --clip-norm out")

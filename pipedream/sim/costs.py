@@ -12,6 +12,11 @@ into gradient buckets by :func:`pipedream.costmodel.bucket_layers` (cap ``bucket
 default, the first bucket 1 MiB); a bucket is ready when the backward of its last layer ends, and each
 bucket is one allreduce. The optimizer step over the stage's parameters takes
 :func:`pipedream.costmodel.optimizer_step_s`.
+
+A tied tensor (:mod:`pipedream.tied`) counts once in a stage that holds several of its users: its gradient is
+complete, and joins a bucket, when the backward of its first user in the stage's order ends. A tied tensor that
+several stages hold is in each of their bytes, and before every step its gradients are summed over all the
+ranks of those stages (:attr:`StageCost.tied_sums`).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pipedream import costmodel
+from pipedream import costmodel, tied
 from pipedream.cuts import crossing
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
@@ -40,6 +45,9 @@ class StageCost:
         buckets: DDP gradient buckets in reduction order, each ``(seconds into the backward when its last
             gradient is ready, bucket bytes)``; the bytes sum to ``param_bytes``. One allreduce per bucket.
         step_s: seconds of one optimizer step over the stage's parameters on one worker.
+        tied_sums: the gradient sums of tied tensors this stage holds with other stages, each ``(the holding
+            stages, bytes)``: before each ``STEP`` one collective of those bytes over every rank of those stages
+            (:func:`pipedream.tied.gradient_sums`, as :class:`pipedream.runtime.shared.SharedGrads` runs it).
     """
 
     fwd_s: float
@@ -49,6 +57,7 @@ class StageCost:
     param_bytes: float
     buckets: list[tuple[float, float]] = field(default_factory=list)
     step_s: float = 0.0
+    tied_sums: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
 
 
 def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, int]:
@@ -75,6 +84,17 @@ def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, 
             raise PipeDreamError(f"plan puts node {dst!r} (stage {where[dst]}) before its producer {src!r} "
                                  f"(stage {where[src]}); stages must follow the graph's order")
     return where
+
+
+def _tied_again(graph: LayerGraph, nodes: list[str]) -> dict[str, float]:
+    """Per node of a stage (ids in the stage's order), the bytes of its ``param_bytes`` that are tied tensors an
+    earlier node of the stage also uses: the tensor is counted at its first user, whose backward completes its
+    gradient."""
+    again: dict[str, float] = {}
+    for t in graph.tied:
+        for n in [n for n in nodes if n in t.nodes][1:]:
+            again[n] = again.get(n, 0.0) + t.nbytes
+    return again
 
 
 def buckets_in_backward(grads: list[tuple[float, float]], bucket_bytes: float) -> list[tuple[float, float]]:
@@ -150,16 +170,19 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
     order = graph.topological_order()
     n_stages = len(stage_nodes)
     costs = []
+    sums = tied.gradient_sums(graph.tied, [[n for n in order if where[n] == s] for s in range(n_stages)])
     for s in range(n_stages):
         mine = [n for n in order if where[n] == s]
         compute = [graph.nodes[n] for n in mine if not graph.nodes[n].is_input]
         grads: list[tuple[float, float]] = []  # (ready into the backward, bytes) per layer, backward order
+        again = _tied_again(graph, [n.node_id for n in compute])
         elapsed = 0.0
         for node in reversed(compute):
             elapsed += node.bwd_s * scale
-            if node.param_bytes > 0:
-                grads.append((elapsed, node.param_bytes))
-        param_bytes = sum(n.param_bytes for n in compute)
+            nbytes = node.param_bytes - again.get(node.node_id, 0.0)
+            if nbytes > 0:
+                grads.append((elapsed, nbytes))
+        param_bytes = graph.param_bytes_of(n.node_id for n in compute)
         costs.append(StageCost(
             fwd_s=sum(n.fwd_s for n in compute) * scale,
             bwd_s=elapsed,
@@ -169,6 +192,7 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             buckets=buckets_in_backward(grads, bucket_bytes),
             step_s=optimizer_step(param_bytes, optimizer, step_s_per_param_byte, memory_Bps,
                                   copy_on_write=s < len(copies_on_write) and copies_on_write[s]),
+            tied_sums=[(stages, nbytes) for stages, nbytes in sums if s in stages],
         ))
     # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the
     # definition the planner's states use too); an input's bytes go forward, no gradient comes back

@@ -5,7 +5,10 @@ compute time; ``SEND_*`` are asynchronous (the rank goes on at once) and occupy 
 :mod:`pipedream.sim.network`); ``RECV_*`` block until the matching transfer has arrived; the k-th
 ``ALLREDUCE`` of every replica of a stage reduces the stage's gradient buckets (:mod:`pipedream.sim.costs`)
 and ends when the slowest replica's gradients have been reduced; ``STEP`` occupies the rank for the
-stage's optimizer step (``StageCost.step_s``). Ranks are advanced in global time order (a heap of ranks
+stage's optimizer step (``StageCost.step_s``), after the sums of its tied tensors' gradients
+(``StageCost.tied_sums``): the k-th ``STEP`` of every rank of the stages holding a tied tensor joins one
+collective of its bytes over all those ranks, in the stage's order of sums, as
+:class:`pipedream.runtime.shared.SharedGrads` runs them. Ranks are advanced in global time order (a heap of ranks
 keyed by their clocks), so links are booked in the order the sends are issued.
 
 Buckets, as PyTorch DistributedDataParallel and the runtime reduce them (DESIGN.md, "One fact, one
@@ -131,6 +134,9 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
     waiting: dict[tuple[str, int, int, int], int] = {}
     groups: dict[tuple[int, int], dict[int, float]] = {}
     ar_count = dict.fromkeys(order, 0)
+    tied_groups: dict[tuple[tuple[int, ...], int], dict[int, float]] = {}  # (holding stages, k) -> rank -> joined at
+    tied_count: dict[tuple[int, tuple[int, ...]], int] = {}  # (rank, holding stages) -> sums it has joined
+    tied_pos = dict.fromkeys(order, 0)  # sums of the current STEP done
     stamp = dict.fromkeys(order, 0)  # a rank's heap entries older than its latest are stale
     heap = [(0.0, r, 0) for r in sorted(order)]
     heapq.heapify(heap)
@@ -171,6 +177,18 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             pos[r] += 1
             wake(r, end)
 
+    def finish_tied_sum(stages: tuple[int, ...], nbytes: float, members: dict[int, float]) -> None:
+        ranks = sorted(members)
+        start, end = network.collective(ranks, nbytes, max(members.values()))
+        if record and end > start:
+            tr.collectives.append(Span(start, end, f"{'+'.join(map(str, stages))}TIED_SUM", ranks[0]))
+        tr.allreduce_bytes += network.allreduce_bytes(ranks, nbytes)
+        for q in ranks:
+            tr.allreduce_wait_s[q] += end - members[q]
+            clock[q] = end
+            tied_pos[q] += 1
+            wake(q, end)
+
     def compute(r: int, work_s: float, t: float) -> None:
         for end, q in cores.start(r, work_s, t):
             wake(q, end)
@@ -182,6 +200,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             wake(q, end)
         a = order[r][pos[r]]
         if a.kind == Kind.STEP:
+            tied_pos[r] = 0
             tr.step_s[r] += t - job.start_s
             if record:
                 tr.steps.append(Span(job.start_s, t, str(a), r, work_s=job.work_s))
@@ -254,10 +273,21 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                     del groups[(a.stage, ar_count[r] - 1)]
                     finish_allreduce(a.stage, members)
                 break
+            elif tied_pos[r] < len(cost.tied_sums):  # STEP, first: the next sum of tied gradients
+                stages, nbytes = cost.tied_sums[tied_pos[r]]
+                k = tied_count.get((r, stages), 0)
+                tied_count[(r, stages)] = k + 1
+                members = tied_groups.setdefault((stages, k), {})
+                members[r] = t
+                if len(members) == sum(len(schedule.stage_ranks[s]) for s in stages):
+                    del tied_groups[(stages, k)]
+                    finish_tied_sum(stages, nbytes, members)
+                break
             else:  # STEP: the optimizer step over the stage's parameters
                 if cost.step_s > 0:
                     compute(r, cost.step_s, t)
                     break
+                tied_pos[r] = 0
                 pos[r] += 1
         tr.makespan_s = max(tr.makespan_s, clock[r])
     stuck = {r: str(acts[pos[r]]) for r, acts in order.items() if pos[r] < len(acts)}

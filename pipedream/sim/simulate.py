@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pipedream import costmodel, memory, schedules
+from pipedream import costmodel, memory, schedules, tied
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
@@ -204,7 +204,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
     Raises:
-        PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster.
+        PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster, or a tied
+            parameter on stages the runtime refuses for the schedule (:func:`pipedream.tied.replica_conflict`).
     """
     if schedule not in SCHEDULES:
         raise PipeDreamError(f"unknown schedule {schedule!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
@@ -214,6 +215,9 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         raise PipeDreamError(f"dataset size and microbatches must be positive (got {dataset_size}, {microbatches})")
     batch = batch_size or graph.minibatch_size
     kind = SCHEDULES[schedule]
+    why = tied.plan_conflict(graph.tied, stage_nodes, [len(rs) for rs in stage_ranks], kind)
+    if why is not None:  # the runtime refuses it (pipedream.runtime.shared.check): its tied sums would deadlock
+        raise PipeDreamError(why)
     m = microbatches if kind in MICROBATCHED else 1
     if costs is None:
         replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]

@@ -262,7 +262,7 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
         g, ref_plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
     row["paper_config_predicted_speedup"] = dp.epoch_time_s / ref.epoch_time_s
     row["paper_config_period_s"] = ref.time_per_minibatch_s if ref.schedule != "dp" else math.nan
-    params = sum(n.param_bytes for n in g.nodes.values())
+    params = g.param_bytes_of(g.nodes)  # a tied tensor once
     row["param_bytes"] = params
     row["compute_s_per_minibatch"] = sum(n.fwd_s + n.bwd_s for n in g.nodes.values() if not n.is_input)
     # DP's weight sync as the simulator times it: one allreduce per DDP bucket, latency included
