@@ -8,10 +8,15 @@
     plan = pipedream.partition(graph, "2:1e9", model="mine")     # stages, replicas, ranks (a Plan)
     rows = pipedream.train(model, plan, (train, val), pipedream.TrainConfig(epochs=2, batch_size=16))
 
-``pipedream profile`` and ``pipedream plan`` call :func:`profile` and :func:`partition` (``pipedream.plan`` is
-the module of the :class:`Plan` record); :func:`train` runs the same
-workers as ``pipedream train`` (the PipeDream runtime, or DDP with ``mode="dp"``), started on this machine
-from a fork server instead of torchrun, without MLflow: it returns the metrics rows ``metrics.json`` holds.
+``pipedream profile``, ``pipedream plan`` and ``pipedream train`` call :func:`profile`, :func:`partition` and
+:func:`train` (``pipedream.plan`` is the module of the :class:`Plan` record). :func:`train` starts the workers
+(the PipeDream runtime, or DDP with ``mode="dp"``) and waits for them, with either launcher of
+:mod:`pipedream.runtime.launch`: ``"local"`` (default) forks them from a fork server on this machine and takes
+an ``nn.Module`` and datasets as Python objects; ``"torchrun"`` runs a supervised torchrun job (one node or
+several) whose workers build a registered model or ``package.module:function`` by name. It returns the rows
+``metrics.json`` holds and can hand each epoch to a callback as it ends. What ``pipedream train`` adds around
+the call (:mod:`pipedream.commands.train`): its checks, the staging folder (:mod:`pipedream.rundir`), the
+predicted epoch time, the MLflow run, the scoring of saved epochs, and ``run.json``.
 """
 
 from __future__ import annotations
@@ -146,47 +151,122 @@ def _pack(*objects: Any) -> bytes:
     return buffer.getvalue()
 
 
-def train(model: nn.Module, plan: Plan | None, datasets: tuple[Any, Any], config: TrainConfig | None = None, *,
-          mode: str = "pipedream", criterion: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
-          timeout_s: float = 1800.0) -> list[dict[str, float]]:
-    """Train ``model`` with PipeDream (``plan``'s pipeline) or data parallelism on local worker processes.
+def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tuple[Any, Any] | None = None,
+          config: TrainConfig | None = None, *, mode: str = "pipedream", launcher: str = "local",
+          workers: int | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
+          criterion: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, timeout_s: float = 1800.0,
+          on_epochs: Callable[[list[dict[str, float]]], None] | None = None) -> list[dict[str, float]]:
+    """Train ``model`` with PipeDream (``plan``'s pipeline) or data parallelism on worker processes; wait for them.
+
+    ``pipedream train`` is this function with ``launcher="torchrun"`` and MLflow around it.
 
     Args:
-        model: the model, as :func:`profile` took it; every worker starts from a copy of its weights.
-        plan: from :func:`partition` (its ``workers`` processes are started); ``mode="dp"`` takes only its worker count
-            (None: ``config``'s ``plan`` path, or one worker).
+        model: an ``nn.Module``, as :func:`profile` took it (every worker starts from a copy of its weights;
+            ``launcher="local"`` only), or the name of a registered model or ``"package.module:function"``
+            (:func:`pipedream.models.build_model`; it replaces ``config.model``), which each worker builds.
+        plan: from :func:`partition`, or the path of a plan JSON; its ``workers`` processes are started.
+            ``mode="dp"`` takes only its worker count. None: ``config.plan`` if set, else an even straight
+            split of the layers over ``workers``.
         datasets: ``(train, val)``: :class:`pipedream.data.base.SampleSet` s or sequences of ``(input, target)``
             samples (inputs: tensors, tuples or dicts of them); ``config.train_subset``/``val_subset`` draw
-            subsets of them.
-        config: the training options (:class:`TrainConfig`; ``out_dir`` default ``results/runs/<model>/<mode>``).
+            subsets of them. Needed with a module; with a model name, None means the model's own data
+            (``config.data``, ``config.data_dir``), the only choice under torchrun.
+        config: the training options (:class:`TrainConfig`; ``out_dir`` default ``results/runs/<model>/<mode>``);
+            not modified.
         mode: ``"pipedream"`` or ``"dp"``.
-        criterion: ``criterion(output, target) -> loss`` (default: cross-entropy of the logits).
+        launcher: ``"local"`` (processes forked from a fork server on this machine,
+            :func:`pipedream.runtime.launch.spawn_local`) or ``"torchrun"`` (a supervised torchrun job,
+            :func:`pipedream.runtime.launch.run_torchrun`: the workers' progress on stderr and in
+            ``<out_dir>/train.log``, and any failure kills every process it started).
+        workers: worker processes in all (default: the plan's, else 1); with several nodes, ``workers / nnodes``
+            a node.
+        nnodes, rdzv_endpoint: torchrun on several nodes: call this on every node with the same arguments and a
+            c10d rendezvous ``"host:port"``; ``out_dir`` should be on a shared file system.
+        criterion: ``criterion(output, target) -> loss`` (default: cross-entropy of the logits); local only.
         timeout_s: limit for the whole run, s.
+        on_epochs: called from a thread with every epoch's row so far each time an epoch ends (and once at the
+            end), e.g. to log them live (:func:`pipedream.runtime.launch.following`).
     Returns:
-        one row per epoch (``train_loss``, ``val_accuracy``, ``epoch_time_s``, ...), as in ``metrics.json``.
+        one row per epoch (``train_loss``, ``val_accuracy``, ``epoch_time_s``, ...), as in ``metrics.json``
+        (empty on a node of a multi-node run that does not see rank 0's ``metrics.json``).
     Raises:
-        PipeDreamError: bad settings, a plan that does not fit the model, or a worker that failed (its reason).
+        PipeDreamError: bad settings (named), a plan that does not fit the model or the workers, or a worker
+            that failed (one line: its rank and reason), or the timeout. No worker is left running.
     """
-    from pipedream.runtime.launch import spawn_local
+    from pipedream.runtime import launch as L
 
     if mode not in ("pipedream", "dp"):
         raise PipeDreamError(f"unknown mode {mode!r}; use 'pipedream' or 'dp'")
-    blob = _pack(model, tuple(datasets))
-    cfg = replace(config or TrainConfig(), model_factory=functools.partial(_unpack, blob, 0),
-                  datasets=functools.partial(_unpack, blob, 1), criterion=criterion)
-    if cfg.model == TrainConfig.model:  # the registry's default name: this is the caller's own model
-        cfg.model = "model"
+    cfg = _worker_config(model, datasets, config or TrainConfig(), criterion, launcher, nnodes)
+    if plan is None and cfg.plan:
+        plan = cfg.plan
+    plan_obj = Plan.load(Path(plan)) if isinstance(plan, (str, Path)) else plan
+    count = workers if workers is not None else plan_obj.workers if plan_obj is not None else 1
+    if count < 1 or timeout_s <= 0:
+        raise PipeDreamError(f"workers ({count}) and timeout_s ({timeout_s:g}) must be positive")
+    if plan_obj is not None and plan_obj.workers != count:
+        raise PipeDreamError(f"the plan is for {plan_obj.workers} workers, not {count}; start {plan_obj.workers} "
+                             f"workers or plan for a cluster of {count}")
+    L.check_nodes(count, nnodes, rdzv_endpoint)
+    cfg.validate()
     out_dir = cfg.run_dir(mode)
     out_dir.mkdir(parents=True, exist_ok=True)
-    workers = plan.workers if plan is not None else 1
-    if plan is not None and mode == "pipedream":
-        plan.save(out_dir / "plan.json")
-        cfg.plan = str(out_dir / "plan.json")
-    cfg.out_dir = str(out_dir)
-    cfg.validate()
-    if mode == "dp":
-        from pipedream.baselines.ddp import train as fn
+    cfg.out_dir, cfg.plan = str(out_dir), None  # DP workers take no plan
+    if plan_obj is not None and mode == "pipedream":
+        if isinstance(plan, (str, Path)):
+            cfg.plan = str(plan)
+        else:  # the workers read it from the run's folder
+            plan_obj.save(out_dir / "plan.json")
+            cfg.plan = str(out_dir / "plan.json")
+    metrics = out_dir / "metrics.json"
+    with L.following(metrics, on_epochs):
+        if launcher == "torchrun":
+            entry = L.WORKER_MODULE if mode == "pipedream" else L.DP_MODULE
+            cmd = L.torchrun_command(entry, cfg, count, nnodes, rdzv_endpoint, run_id=cfg.model)
+            L.run_torchrun(cmd, out_dir, timeout_s)
+        else:
+            if mode == "dp":
+                from pipedream.baselines.ddp import train as fn
+            else:
+                from pipedream.runtime.worker import train as fn
+            L.spawn_local(cfg, count, fn=fn, timeout_s=timeout_s)
+    if metrics.is_file():
+        return json.loads(metrics.read_text())
+    if nnodes > 1:  # rank 0 ran on another node, which does not share out_dir
+        return []
+    raise PipeDreamError(f"workers finished but wrote no {metrics}"
+                         + (f"; see {out_dir / 'train.log'}" if launcher == "torchrun" else ""))
+
+
+def _worker_config(model: nn.Module | str, datasets: tuple[Any, Any] | None, config: TrainConfig,
+                   criterion: Callable[[Any, torch.Tensor], torch.Tensor] | None, launcher: str,
+                   nnodes: int) -> TrainConfig:
+    """A copy of ``config`` that names or carries ``model`` (and ``datasets``, ``criterion``) for ``launcher``'s
+    workers: a module and Python objects only go to local workers, pickled (:func:`_pack`).
+
+    Raises:
+        PipeDreamError: an unknown launcher, a module without datasets, Python objects or several nodes for the
+            launcher that cannot take them.
+    """
+    from pipedream.runtime.launch import LAUNCHERS
+
+    if launcher not in LAUNCHERS:
+        raise PipeDreamError(f"unknown launcher {launcher!r}; use one of {', '.join(map(repr, LAUNCHERS))}")
+    cfg = replace(config, criterion=criterion if criterion is not None else config.criterion)
+    objects = not isinstance(model, str) or datasets is not None or cfg.model_factory or cfg.datasets or cfg.criterion
+    if launcher == "torchrun" and objects:
+        raise PipeDreamError("torchrun's workers build the model and its data from their names: give a registered "
+                             "model or 'package.module:function' and no datasets or criterion, or launcher='local'")
+    if launcher == "local" and nnodes != 1:
+        raise PipeDreamError(f"nnodes={nnodes}: several nodes need launcher='torchrun'")
+    if isinstance(model, str):
+        cfg.model = model
     else:
-        from pipedream.runtime.worker import train as fn
-    spawn_local(cfg, workers, fn=fn, timeout_s=timeout_s)
-    return json.loads((out_dir / "metrics.json").read_text())
+        if datasets is None:
+            raise PipeDreamError("a model given as a module needs datasets=(train, val)")
+        cfg.model_factory = functools.partial(_unpack, _pack(model), 0)
+        if cfg.model == TrainConfig.model:  # the registry's default name: this is the caller's own model
+            cfg.model = "model"
+    if datasets is not None:
+        cfg.datasets = functools.partial(_unpack, _pack(tuple(datasets)), 0)
+    return cfg

@@ -14,7 +14,7 @@ from pipedream.commands import train as train_cmd
 from pipedream.errors import PipeDreamError
 from pipedream.runtime.assemble import load_into
 from pipedream.runtime.config import TrainConfig
-from pipedream.runtime.launch import WORKER_MODULE, spawn_local, torchrun_command
+from pipedream.runtime.launch import WORKER_MODULE, run_torchrun, spawn_local, torchrun_command
 from pipedream.runtime.worker import FAULT_ENV
 from tests.tiny import build, tiny_dropout_model, tiny_model, write_data
 
@@ -73,7 +73,7 @@ def test_killed_rank_ends_the_job_quickly_with_a_clear_error(tmp_path: Path, mon
     cfg = train_cmd._config(_args(tmp_path, epochs=3))
     t0 = time.monotonic()
     with pytest.raises(PipeDreamError) as err:
-        train_cmd.launch(torchrun_command(WORKER_MODULE, cfg, 2), tmp_path / "run", timeout_s=120)
+        run_torchrun(torchrun_command(WORKER_MODULE, cfg, 2), tmp_path / "run", timeout_s=120)
     assert time.monotonic() - t0 < 60
     message = str(err.value)
     assert "training failed" in message and "\n" not in message

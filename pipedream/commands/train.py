@@ -1,12 +1,16 @@
 """Train a model with PipeDream (a plan's pipeline) or data parallelism on local worker processes.
 
-Launches ``python -m torch.distributed.run --standalone --nproc_per_node=W`` with the PipeDream worker
-(``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.ddp``), streams the workers'
-progress to stderr (and ``<out-dir>/train.log``) and logs each epoch to MLflow as the workers append it to
-``<out-dir>/metrics.json``; at the end it logs the final metrics and writes ``<out-dir>/run.json`` (the
-MLflow run and experiment ids and final metrics) last, as the completion marker. A failed or killed
-worker ends the whole job with one ``error:`` line and a non-zero exit, and its MLflow run is marked FAILED
-with the epochs it finished.
+A thin layer over :func:`pipedream.train` (:mod:`pipedream.api`). This module parses and checks the options
+(before anything is written), prepares the staging folder ``<out-dir>.partial`` (:mod:`pipedream.rundir`),
+predicts the epoch time and opens the MLflow run; then :func:`pipedream.train` with ``launcher="torchrun"``
+runs ``python -m torch.distributed.run --standalone --nproc_per_node=W`` (or its multi-node form) with the
+PipeDream worker (``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.ddp``), supervised
+(:func:`pipedream.runtime.launch.run_torchrun`: progress to stderr and ``<out-dir>/train.log``), and hands each
+epoch to MLflow as the workers append it to ``<out-dir>/metrics.json``. Back here, the saved epochs are scored,
+the final metrics logged and ``<out-dir>/run.json`` (the MLflow run and experiment ids and final metrics)
+written last, as the completion marker, before the staging folder replaces ``<out-dir>``. A failed or killed
+worker ends the whole job with one ``error:`` line and a non-zero exit (every process it started gone), and
+its MLflow run is marked FAILED with the epochs it finished.
 
 Time-to-accuracy is the first epoch's ``wall_time_s`` whose validation metric meets ``--threshold``. The
 workers measure top-1, token accuracy and perplexity every epoch. BLEU (``bleu``, ``bleu4``: the models'
@@ -32,13 +36,11 @@ import argparse
 import json
 import math
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_json
@@ -46,8 +48,6 @@ from pipedream.paths import CLUSTERS
 from pipedream.tracking import STORE_HELP
 
 HELP = "train with PipeDream (a plan's pipeline) or data parallelism on local processes; log to MLflow"
-# OMP_NUM_THREADS of every worker: W workers want W x this many cores (pipedream.sim.predict models sharing)
-WORKER_THREADS = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,99 +98,10 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return from_args(args)
 
 
-def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
-    """Copy a child's output to the terminal and the log as it comes (progress bars included)."""
-    while chunk := src.read1(4096):  # type: ignore[attr-defined]
-        for s in sinks:
-            s.write(chunk)
-            s.flush()
-
-
-def launch(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
-    """Run the torchrun command; the workers' stdout (progress) goes to the terminal and ``out_dir/train.log``,
-    everything else (warnings, tracebacks, torchrun's report) to ``train.log`` only.
-
-    Whatever ends the run (a worker's failure, the timeout, SIGINT/SIGTERM turned into
-    :class:`~pipedream.runtime.supervise.Interrupted`), every process it started is SIGKILLed and gone, and
-    the log is closed, before this returns or raises (:mod:`pipedream.runtime.supervise`).
-
-    Raises:
-        PipeDreamError: one line (at most :data:`ERROR_CHARS` with ``error: ``) naming the rank that failed
-            first and its signal or exit status, or the timeout.
-        KeyboardInterrupt: after the cleanup.
-    """
-    from pipedream.runtime import supervise as S
-
-    env = {**os.environ, "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1",
-           S.LAUNCHER_PID_ENV: str(os.getpid())}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / "train.log"
-    rc = None
-    with log_path.open("wb") as log:
-        # its own session (a terminal's Ctrl-C reaches only this process, which ends the job); dies with us
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
-                                preexec_fn=S.pdeathsig_kill)
-        pumps = [threading.Thread(target=_pump, args=(proc.stdout, [sys.stderr.buffer, log]), daemon=True),
-                 threading.Thread(target=_pump, args=(proc.stderr, [log]), daemon=True)]
-        for t in pumps:
-            t.start()
-        watch = S.Watch(proc.pid)
-        try:
-            rc = S.supervise(watch, proc.poll, time.monotonic() + timeout_s)
-        finally:
-            if rc is None:  # a failure torchrun is slow to end, the timeout, or an interrupt
-                watch.kill_all()
-                proc.wait()
-            for t in pumps:
-                t.join(timeout=5)
-    if rc == 0:
-        return
-    if rc is None and not watch.failures_seen:
-        raise PipeDreamError(_clip(f"training did not finish within --timeout-s {timeout_s:g} s", f"log: {log_path}"))
-    first = watch.first_failure(S.torchrun_summary(log_path.read_text(errors="replace")))
-    if first is None or (rc is not None and rc < 0):  # torchrun itself killed (its workers die with it)
-        how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with status {rc}"
-        raise PipeDreamError(_clip(f"training failed: torchrun {how}", f"log: {log_path}"))
-    reason = _worker_reason(out_dir, first.rank) if first.status not in (None, S.PEER_FAILED) else ""
-    raise PipeDreamError(_clip(f"training failed: rank {first.rank} {first.how()}", f"log: {log_path}", reason))
-
-
-ERROR_CHARS = 200  # the longest error line `pipedream train` prints, "error: " included
-
-
-def _clip(what: str, where: str, reason: str = "") -> str:
-    """``what[: reason]; where`` in at most ERROR_CHARS - len("error: ") characters, shortening the reason."""
-    room = ERROR_CHARS - len("error: ") - len(what) - len(where) - 2
-    if reason and room > 10:
-        reason = reason if len(reason) + 2 <= room else reason[:room - 5] + "..."
-        what = f"{what}: {reason}"
-    return f"{what}; {where}"[:ERROR_CHARS - len("error: ")]
-
-
-def _worker_reason(out_dir: Path, rank: int) -> str:
-    """The one-line reason rank ``rank`` wrote when it failed (``errors/rank<r>.txt``), without its prefix."""
-    try:
-        text = (out_dir / "errors" / f"rank{rank}.txt").read_text().strip()
-    except OSError:
-        return ""
-    return text.split(" ", 1)[-1].removeprefix(f"rank {rank} failed: ")
-
-
-def _watch(live, metrics_path: Path, stop: threading.Event, every_s: float = 2.0) -> None:  # type: ignore[no-untyped-def]
-    """Log each epoch to MLflow as the workers append it to ``metrics.json`` (written atomically)."""
-    while True:
-        stopping = stop.wait(every_s)
-        try:
-            rows = json.loads(metrics_path.read_text()) if metrics_path.is_file() else []
-            live.log_epochs(rows)
-        except (OSError, ValueError):
-            pass  # a later poll (or the final one) logs it
-        if stopping:
-            return
-
-
 def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def,type-arg]
     """MLflow parameters and tags of the run; PipeDream-only settings only on PipeDream runs."""
+    from pipedream.runtime.launch import WORKER_THREADS
+
     params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config, "cluster": cluster,
               "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
               "weight_decay": args.weight_decay, "optimizer": args.optimizer, "seed": args.seed,
@@ -293,6 +204,7 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
     """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
     a failure to predict is reported in one line, never raised (the run goes on)."""
     from pipedream.runtime.distributed import uses_cuda
+    from pipedream.runtime.launch import WORKER_THREADS
     from pipedream.sim.predict import predict_run, training_samples
 
     if plan is None or args.profile is None:
@@ -313,14 +225,15 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
 
 
 def run(args: argparse.Namespace) -> int:
-    """``pipedream train``: launch the workers while logging each epoch to MLflow, then log the final
-    metrics and write ``run.json``."""
+    """``pipedream train``: check the options, stage the run's folder, then train with :func:`pipedream.train`
+    (torchrun) while logging each epoch to MLflow; then score, log the final metrics and write ``run.json``."""
     from pipedream.plan import Plan
-    from pipedream.runtime.launch import DP_MODULE, WORKER_MODULE, torchrun_command
+    from pipedream.runtime.launch import check_nodes
 
     plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it
     if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0:
         raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive")
+    check_nodes(args.workers, args.nnodes, args.rdzv_endpoint)
     if args.mode == "dp" and (args.checkpoint or args.checkpoint_every is not None or args.resume):
         raise PipeDreamError("--mode dp does not checkpoint: --checkpoint, --checkpoint-every and --resume are "
                              "PipeDream options; leave them out of a data-parallel run")
@@ -355,16 +268,25 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = plan.config if plan is not None else "straight"
     cluster = plan.cluster if plan is not None else f"cpu{args.workers}"
-    entry = WORKER_MODULE if args.mode == "pipedream" else DP_MODULE
-    cmd = torchrun_command(entry, cfg, args.workers, args.nnodes, args.rdzv_endpoint, run_id=args.model)
     if args.node_rank != 0:
-        launch(cmd, out_dir, args.timeout_s)
+        _train(args, cfg, plan_file)
         print(f"node {args.node_rank}: workers finished; node 0 logs the run")
         return 0
     from pipedream.runtime.supervise import signals_raise
 
     with signals_raise():  # SIGINT/SIGTERM: the workers are stopped, the MLflow run ends KILLED
-        return _train_and_log(args, cfg, plan, plan_file, cmd, out_dir, final_dir, config, cluster)
+        return _train_and_log(args, cfg, plan, plan_file, out_dir, final_dir, config, cluster)
+
+
+def _train(args: argparse.Namespace, cfg, plan_file: Path | None,  # type: ignore[no-untyped-def]
+           on_epochs: Callable[[list[dict[str, float]]], None] | None = None) -> list[dict[str, float]]:
+    """The run itself: :func:`pipedream.train` on the parsed config under the supervised torchrun launcher
+    (the workers write into ``cfg.out_dir``, the staging folder); its errors are already one line."""
+    from pipedream import api
+
+    return api.train(args.model, plan_file, None, cfg, mode=args.mode, launcher="torchrun", workers=args.workers,
+                     nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.timeout_s,
+                     on_epochs=on_epochs)
 
 
 def run_name(args: argparse.Namespace) -> str:
@@ -374,14 +296,13 @@ def run_name(args: argparse.Namespace) -> str:
     return args.mode if args.mode == "dp" or args.schedule == "1f1b" else f"{args.mode}-{args.schedule}"
 
 
-def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, cmd: list[str], out_dir: Path,  # type: ignore[no-untyped-def]
+def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, out_dir: Path,  # type: ignore[no-untyped-def]
                    final_dir: Path, config: str, cluster: str) -> int:
-    """Node 0's part of :func:`run`: predict, launch while logging to MLflow, score, write ``run.json`` and put
-    ``out_dir`` (the staging folder) in place of ``final_dir``; any failure ends the MLflow run FAILED (KILLED
-    for an interrupt) with ``train.log`` attached."""
+    """Node 0's part of :func:`run`: predict, train (:func:`_train`) while logging each epoch to MLflow, score,
+    write ``run.json`` and put ``out_dir`` (the staging folder) in place of ``final_dir``; any failure ends the
+    MLflow run FAILED (KILLED for an interrupt) with ``train.log`` attached."""
     from pipedream.tracking import LiveRun
 
-    metrics_path = out_dir / "metrics.json"
     params, tags = _params_and_tags(args, cfg, config, cluster)
     prediction, why_not = _predict(args, cfg, plan)
     predicted = prediction.get("predicted_epoch_time_s")
@@ -394,17 +315,10 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
         tags["prediction_error"] = why_not or "unknown"
     t0 = time.time()
     live = LiveRun(args.experiment or f"{args.model}/{cluster}", run_name(args), params, tags, start_time_s=t0)
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch, args=(live, metrics_path, stop), daemon=True)
-    watcher.start()
     try:
-        launch(cmd, out_dir, args.timeout_s)
-        stop.set()
-        watcher.join(timeout=30)
+        _train(args, cfg, plan_file, on_epochs=live.log_epochs)  # each epoch logged as the workers write it
         return _finish(args, cfg, live, t0, prediction, why_not, plan_file, out_dir, final_dir, config, cluster)
     except BaseException as e:
-        stop.set()
-        watcher.join(timeout=30)
         if not live.ended:
             live.finish(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
                         artifacts=[out_dir / "train.log"])

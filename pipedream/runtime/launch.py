@@ -1,9 +1,17 @@
-"""Start the workers of a run: with torchrun (``pipedream train``), or from a fork server (tests, benchmarks).
+"""Start the workers of a run and wait for them: under torchrun, or from a fork server.
 
-:func:`torchrun_command` builds ``python -m torch.distributed.run --standalone --nproc_per_node=W -m
-<entry> <options>``; torchrun stops every worker as soon as one fails, so a crashed or killed rank
-ends the job. :func:`spawn_local` starts ``W`` processes from a ``forkserver`` (seconds faster than
-torchrun on a small machine) and accepts a ``model_factory`` that cannot go through a command line.
+:func:`pipedream.train` (and through it ``pipedream train``) starts every run here, with one of two launchers:
+
+* ``torchrun``: :func:`torchrun_command` builds ``python -m torch.distributed.run --standalone
+  --nproc_per_node=W -m <entry> <options>`` (or its multi-node form) and :func:`run_torchrun` runs it
+  supervised (:mod:`pipedream.runtime.supervise`): the workers' progress goes to stderr and
+  ``<out_dir>/train.log``, and whatever ends the run (a rank's failure, the timeout, an interrupt), every
+  process it started is killed, with one short line naming the rank that failed first. The model is a
+  name the workers build (a registered model or ``package.module:function``).
+* ``local``: :func:`spawn_local` starts ``W`` processes from a ``forkserver`` (seconds faster than
+  torchrun on a small machine) and accepts a ``model_factory`` that cannot go through a command line.
+
+:func:`following` calls back with a run's epochs as the workers append them to ``metrics.json``.
 
 Why not a plain ``fork`` of the caller: a process that has touched CUDA cannot be forked ("Cannot
 re-initialize CUDA in forked subprocess"), and one that has run a backward pass refuses too
@@ -16,12 +24,18 @@ each worker is forked from it. What is handed to a worker is pickled, so ``fn`` 
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 import torch.multiprocessing as mp
 
@@ -30,7 +44,11 @@ from pipedream.runtime.config import TrainConfig
 
 WORKER_MODULE = "pipedream.runtime.worker"
 DP_MODULE = "pipedream.baselines.ddp"
+LAUNCHERS = ("local", "torchrun")
 START_METHOD = "forkserver"
+# OMP_NUM_THREADS of every worker: W workers want W x this many cores (pipedream.sim.predict models sharing)
+WORKER_THREADS = 1
+ERROR_CHARS = 200  # the longest error line `pipedream train` prints, "error: " included
 # imported once by the fork server, not once per worker (optimizers import torch._dynamo lazily: seconds)
 PRELOAD = ["torch", "torch._dynamo", WORKER_MODULE]
 
@@ -45,16 +63,27 @@ def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: 
     Raises:
         PipeDreamError: if ``workers`` is not a multiple of ``nnodes`` or the endpoint is missing.
     """
+    check_nodes(workers, nnodes, rdzv_endpoint)
     if nnodes == 1:
         where = ["--standalone", f"--nproc_per_node={workers}"]
     else:
-        if workers % nnodes or not rdzv_endpoint:
-            raise PipeDreamError(f"--workers {workers} over --nnodes {nnodes} needs a whole number of workers "
-                                 "a node and --rdzv-endpoint HOST:PORT")
         where = [f"--nnodes={nnodes}", f"--nproc_per_node={workers // nnodes}", "--rdzv_backend=c10d",
                  f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={run_id}"]
     return [sys.executable, "-m", "torch.distributed.run", *where,
             "--monitor-interval=0.5", "-m", entry_module, *cfg.to_args()]
+
+
+def check_nodes(workers: int, nnodes: int, rdzv_endpoint: str | None) -> None:
+    """Refuse a multi-node layout torchrun cannot start: ``workers`` not a multiple of ``nnodes``, or no endpoint.
+
+    Raises:
+        PipeDreamError: naming the fix.
+    """
+    if nnodes < 1:
+        raise PipeDreamError(f"--nnodes must be positive, not {nnodes}")
+    if nnodes > 1 and (workers % nnodes or not rdzv_endpoint):
+        raise PipeDreamError(f"--workers {workers} over --nnodes {nnodes} needs a whole number of workers "
+                             "a node and --rdzv-endpoint HOST:PORT")
 
 
 def free_port() -> int:
@@ -72,7 +101,7 @@ def _child(index: int, fn: Callable[[TrainConfig], None], cfg: TrainConfig, worl
     die_with_parent()  # with the fork server, which dies with the caller's process
     os.environ.update(env)
     os.environ.update({"RANK": str(index), "WORLD_SIZE": str(world), "LOCAL_RANK": str(index),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": str(WORKER_THREADS)})
 
     def run() -> None:
         D.init(cfg.comm_timeout_s)
@@ -89,7 +118,8 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
     server: safe where the caller has used CUDA or autograd already.
 
     Raises:
-        PipeDreamError: a worker failed (its one-line reason from ``out_dir/errors``) or the run timed out.
+        PipeDreamError: a worker failed (its one-line reason from ``out_dir/errors``) or the run timed out
+            (``timeout_s``, seconds); every worker is gone before this (or an interrupt) propagates.
     """
     if fn is None:
         from pipedream.runtime.worker import train as fn
@@ -100,11 +130,15 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
     try:
         while not ctx.join(timeout=0.5):
             if time.monotonic() > deadline:
-                for proc in ctx.processes:
-                    proc.kill()
                 raise PipeDreamError(f"local run did not finish within {timeout_s:.0f} s")
     except (mp.ProcessExitedException, mp.ProcessRaisedException):
         raise PipeDreamError(_blame(ctx.processes, cfg.run_dir("pipedream"))) from None
+    finally:  # whatever ended the wait (a failure, the timeout, an interrupt), no worker is left running
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+        for proc in ctx.processes:
+            proc.join(timeout=5)
 
 
 def _blame(processes: list, out_dir: Path) -> str:  # type: ignore[type-arg]
@@ -126,3 +160,118 @@ def start_method() -> str:
     """Ask the fork server to preload :data:`PRELOAD` (takes effect when it starts); returns the method."""
     mp.get_context(START_METHOD).set_forkserver_preload(PRELOAD)
     return START_METHOD
+
+
+def run_torchrun(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
+    """Run the torchrun command ``cmd`` (:func:`torchrun_command`) and wait for it; the workers' stdout (progress)
+    goes to stderr and ``out_dir/train.log``, everything else (warnings, tracebacks, torchrun's report) to
+    ``train.log`` only.
+
+    Whatever ends the run (a worker's failure, the timeout of ``timeout_s`` seconds, SIGINT/SIGTERM turned into
+    :class:`~pipedream.runtime.supervise.Interrupted`), every process it started is SIGKILLed and gone, and
+    the log is closed, before this returns or raises (:mod:`pipedream.runtime.supervise`).
+
+    Raises:
+        PipeDreamError: one line (at most :data:`ERROR_CHARS` with ``error: ``) naming the rank that failed
+            first and its signal or exit status, or the timeout.
+        KeyboardInterrupt: after the cleanup.
+    """
+    from pipedream.runtime import supervise as S
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1",
+           S.LAUNCHER_PID_ENV: str(os.getpid())}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "train.log"
+    rc = None
+    with log_path.open("wb") as log:
+        # its own session (a terminal's Ctrl-C reaches only this process, which ends the job); dies with us
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+                                preexec_fn=S.pdeathsig_kill)
+        pumps = [threading.Thread(target=_pump, args=(proc.stdout, [sys.stderr.buffer, log]), daemon=True),
+                 threading.Thread(target=_pump, args=(proc.stderr, [log]), daemon=True)]
+        for t in pumps:
+            t.start()
+        watch = S.Watch(proc.pid)
+        try:
+            rc = S.supervise(watch, proc.poll, time.monotonic() + timeout_s)
+        finally:
+            if rc is None:  # a failure torchrun is slow to end, the timeout, or an interrupt
+                watch.kill_all()
+                proc.wait()
+            for t in pumps:
+                t.join(timeout=5)
+    if rc == 0:
+        return
+    if rc is None and not watch.failures_seen:
+        raise PipeDreamError(_clip(f"training did not finish within --timeout-s {timeout_s:g} s", f"log: {log_path}"))
+    first = watch.first_failure(S.torchrun_summary(log_path.read_text(errors="replace")))
+    if first is None or (rc is not None and rc < 0):  # torchrun itself killed (its workers die with it)
+        how = f"was killed by {signal.Signals(-rc).name}" if rc is not None and rc < 0 else f"exited with status {rc}"
+        raise PipeDreamError(_clip(f"training failed: torchrun {how}", f"log: {log_path}"))
+    reason = _worker_reason(out_dir, first.rank) if first.status not in (None, S.PEER_FAILED) else ""
+    raise PipeDreamError(_clip(f"training failed: rank {first.rank} {first.how()}", f"log: {log_path}", reason))
+
+
+def _pump(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
+    """Copy a child's output to the terminal and the log as it comes (progress bars included)."""
+    while chunk := src.read1(4096):  # type: ignore[attr-defined]
+        for s in sinks:
+            s.write(chunk)
+            s.flush()
+
+
+def _clip(what: str, where: str, reason: str = "") -> str:
+    """``what[: reason]; where`` in at most ERROR_CHARS - len("error: ") characters, shortening the reason."""
+    room = ERROR_CHARS - len("error: ") - len(what) - len(where) - 2
+    if reason and room > 10:
+        reason = reason if len(reason) + 2 <= room else reason[:room - 5] + "..."
+        what = f"{what}: {reason}"
+    return f"{what}; {where}"[:ERROR_CHARS - len("error: ")]
+
+
+def _worker_reason(out_dir: Path, rank: int) -> str:
+    """The one-line reason rank ``rank`` wrote when it failed (``errors/rank<r>.txt``), without its prefix."""
+    try:
+        text = (out_dir / "errors" / f"rank{rank}.txt").read_text().strip()
+    except OSError:
+        return ""
+    return text.split(" ", 1)[-1].removeprefix(f"rank {rank} failed: ")
+
+
+@contextmanager
+def following(metrics_path: Path, on_epochs: Callable[[list[dict[str, Any]]], None] | None,
+              every_s: float = 2.0) -> Iterator[None]:
+    """Within the block, call ``on_epochs(rows)`` from a thread with every row of ``metrics_path`` so far each
+    time it has grown (the workers rewrite it atomically at the end of each epoch), looking every ``every_s``
+    seconds and once more when the block ends, for whatever reason (the thread is joined before the block
+    is left). None: nothing is followed.
+
+    A file that cannot be read yet, or a callback that raises OSError or ValueError, is tried again at the next look.
+    """
+    if on_epochs is None:
+        yield
+        return
+    stop = threading.Event()
+    watcher = threading.Thread(target=_follow, args=(on_epochs, metrics_path, stop, every_s), daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+
+
+def _follow(on_epochs: Callable[[list[dict[str, Any]]], None], metrics_path: Path, stop: threading.Event,
+            every_s: float) -> None:
+    seen = 0  # rows handed over so far
+    while True:
+        stopping = stop.wait(every_s)
+        try:
+            rows = json.loads(metrics_path.read_text()) if metrics_path.is_file() else []
+            if len(rows) > seen:
+                on_epochs(rows)
+                seen = len(rows)
+        except (OSError, ValueError):
+            pass  # a later look (or the last one) hands them over
+        if stopping:
+            return
