@@ -1,19 +1,19 @@
 """How a CPU host changes a training step's time: where its tensors land in memory, and copies sharing the cores
-(the profile's ``meta.json`` ``host``: ``contention``, ``oversubscribed``, ``placements``).
+(the profile's ``meta.json`` ``host``: ``contention``, ``oversubscribed``, ``layouts``).
 
-Placement. On the 2-core CI machine (2 MiB of L2 per core) the same step of the reduced S2VT took 48-76 ms in
-eight fresh copies of the model and its minibatch made in one process (GNMT-8 80-105 ms, VGG-16 32 ms in every
-copy), and 49-65 ms in six fresh processes; within one copy it moves by 2-3%. A copy's step time is a draw, set
-by where its weights and activations land in memory (cache-set conflicts in a physically indexed cache, as far
-as we can tell), and every worker of a run is a draw of its own. The layer profile is one draw;
-:func:`host_contention` records each fresh process's step over the profiled process's (``placements``) so that
-a prediction can draw each rank's (:mod:`pipedream.sim.placement`) instead of taking the profiling process's
-as everyone's.
+Memory layout. On the 2-core CI machine (2 MiB of L2 per core) the same step of the reduced S2VT took 48-76 ms
+in eight fresh copies of the model and its minibatch made in one process (GNMT-8 80-105 ms, VGG-16 32 ms in
+every copy), and 49-65 ms in six fresh processes (GNMT-8 82-106 ms in five); within one copy it moves by 2-3%.
+A copy's step time is a draw, set by where its weights and activations land in memory (cache-set conflicts in
+a physically indexed cache, as far as we can tell), and every worker of a run is a draw of its own. The layer
+profile is one draw; :func:`host_contention` records each fresh process's step over the profiled process's
+(``layouts``) so that a prediction can draw each rank's (:mod:`pipedream.sim.layout`) instead of taking the
+profiling process's as everyone's.
 
 Sharing. The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a
 core of its own, and copies taking turns on a core evict each other's caches at every switch; processor sharing
 (:func:`pipedream.sim.predict.host_scale`) does not see that. :func:`host_contention` times copies stepping at
-once against each copy's own time alone, so that the placement's draw cancels in the ratio (timed against the
+once against each copy's own time alone, so that the layout's draw cancels in the ratio (timed against the
 profiling process alone, as before, the reduced S2VT's two-copy figure came out 0.89-1.31 across profiles).
 """
 
@@ -41,13 +41,13 @@ class Sharing:
             total throughput: one that got less of a shared core in a short window leaves more to the others),
             divided by the share of a core each gets together (``max(1, processes / cores)``: what processor
             sharing explains is not counted twice); the median over the rounds; >= 1 up to noise.
-        placements: every copy's step alone over the profiling process's step in the same round (dimensionless):
-            how much slower (> 1) or faster a fresh placement of the model runs than the profiled one.
+        layouts: every copy's step alone over the profiling process's step in the same round (dimensionless):
+            how much slower (> 1) or faster a fresh memory layout of the model runs than the profiled one.
         alone_s: the copies' mean step alone, s.
     """
 
     slowdown: float
-    placements: tuple[float, ...]
+    layouts: tuple[float, ...]
     alone_s: float
 
 
@@ -57,8 +57,9 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
 
     Each round times ``step`` in this process alone, then starts ``processes`` fresh Python processes (spawned,
     as the workers are). Each calls ``fresh()`` for a step on a model and data it builds itself, as a worker
-    does: a placement of its own. (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8
-    at 0.86-1.06x the profiling process where the workers ran it at 1.2-1.3x.) Each warms up twice, steps with
+    does: a memory layout of its own. (Copies made with ``copy.deepcopy`` in forked children ran the reduced
+    GNMT-8 at 0.86-1.06x the profiling process's step, where a 1-rank run's forwards and backwards took
+    1.15-1.25x it.) Each warms up twice, steps with
     the others (they start together at a barrier; each keeps stepping until all have timed theirs), then alone,
     one at a time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes +
     2)`` and at least ``min_steps`` steps (time slices of a shared core even out over several steps: with a
@@ -70,7 +71,7 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
         fresh: returns such a step on a model and minibatch of its own (called in each child; picklable: a
             module-level function or a ``functools.partial`` of one).
         processes: copies at once (the host's cores, or twice as many); below 2 nothing is measured
-            (slowdown 1.0, no placements).
+            (slowdown 1.0, no layouts).
         seconds: about how long the measurement takes, s.
         rounds: repetitions; the slowdown is the median of the rounds'.
         min_steps: fewest steps of each timing.
@@ -82,19 +83,19 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
     step()  # warm up this process
     window = seconds / rounds / (processes + 2)
     share = max(1.0, processes / (os.cpu_count() or 1))
-    slowdowns, placements, alone_s = [], [], []
+    slowdowns, layouts, alone_s = [], [], []
     for _ in range(rounds):
         mine = _mean_step_s(step, window, min_steps)
         pairs = _together_then_alone(fresh, processes, window, min_steps)
         slowdowns.append(statistics.harmonic_mean([together / alone for together, alone in pairs]) / share)
-        placements += [alone / mine for _, alone in pairs]
+        layouts += [alone / mine for _, alone in pairs]
         alone_s += [alone for _, alone in pairs]
-    return Sharing(statistics.median(slowdowns), tuple(placements), statistics.fmean(alone_s))
+    return Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s))
 
 
 def _together_then_alone(fresh: Callable[[], Step], processes: int, seconds: float,
                          min_steps: int) -> list[tuple[float, float]]:
-    """Per forked child ``(mean step s together, mean step s alone)`` on its own fresh copy."""
+    """Per spawned child ``(mean step s together, mean step s alone)`` on its own model."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     together, apart, turn = ctx.Barrier(processes + 1), ctx.Barrier(processes), ctx.Lock()
@@ -134,7 +135,7 @@ def _child(fresh: Callable[[], Step], seconds: float, min_steps: int, together: 
     with turn:
         alone = _mean_step_s(step, seconds, min_steps)
     results.put((shared, alone))
-    apart.wait(timeout=600)  # exit together: a process tearing down slowed the next one's time alone by 5-30%
+    apart.wait(timeout=600)  # exit together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
 
 
 def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:

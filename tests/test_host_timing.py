@@ -23,8 +23,8 @@ def test_copies_of_a_step_that_only_sleeps_contend_for_nothing() -> None:
     """Fresh processes sleeping 5 ms a step: together as fast as alone, and each as fast as this process."""
     got = host_contention(_sleep, _sleeper, 2, seconds=0.6, rounds=2)
     assert 0.8 < got.slowdown < 1.3
-    assert len(got.placements) == 4  # two copies in each of two rounds
-    assert all(0.7 < p < 1.4 for p in got.placements)
+    assert len(got.layouts) == 4  # two copies in each of two rounds
+    assert all(0.7 < p < 1.4 for p in got.layouts)
     assert 0.004 < got.alone_s < 0.008
 
 
@@ -37,7 +37,7 @@ def test_the_ratio_is_each_copy_against_itself_over_its_fair_share(monkeypatch: 
                                                                    processes: int, slowdown: float) -> None:
     """Copies that step 1.5 ms alone (this process: 1 ms) and 3.6 ms together: 2.4x themselves. With one copy per
     core (2 on 2 cores) that is all contention; with two per core (4 on 2) each gets half a core, which
-    processor sharing already explains: 2.4 / 2 = 1.2; 3 copies on 2 cores: 2.4 / 1.5 = 1.6. Their placement is
+    processor sharing already explains: 2.4 / 2 = 1.2; 3 copies on 2 cores: 2.4 / 1.5 = 1.6. Their memory layout is
     1.5x this process's, and does not enter the ratio."""
     monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
@@ -45,7 +45,7 @@ def test_the_ratio_is_each_copy_against_itself_over_its_fair_share(monkeypatch: 
                         lambda fresh, n, seconds, min_steps: [(3.6e-3, 1.5e-3)] * n)
     got = host_contention(lambda: None, lambda: lambda: None, processes, rounds=3)
     assert got.slowdown == pytest.approx(slowdown)
-    assert got.placements == pytest.approx((1.5,) * (3 * processes))
+    assert got.layouts == pytest.approx((1.5,) * (3 * processes))
     assert got.alone_s == pytest.approx(1.5e-3)
 
 

@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with two per core, then each alone, for about this many seconds each; the ratios "
                         "(meta.json host.contention: shared memory bandwidth and caches; host.oversubscribed: "
                         "copies taking turns on a core) slow the predicted compute of runs on this host, and each "
-                        "copy's time alone over this process's (host.placements: where a copy's tensors land in "
+                        "copy's time alone over this process's (host.layouts: where a copy's tensors land in "
                         "memory) is drawn for each rank; and time the CPU a message costs its two ranks "
                         "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
@@ -141,10 +141,10 @@ def run(args: argparse.Namespace) -> int:
         two = host_contention(step, fresh, 2 * cores, args.host_seconds)
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
               "its time alone")
-        placements = one.placements + two.placements
-        host.update(contention=one.slowdown, oversubscribed=two.slowdown, placements=[round(p, 4) for p in placements])
-        print(f"{args.model}: a fresh copy of the model steps in {min(placements):.2f}-{max(placements):.2f}x "
-              f"(mean {statistics.fmean(placements):.2f}x) this process's time; "
+        layouts = one.layouts + two.layouts
+        host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts])
+        print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
+              f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"the copies alone {one.alone_s * 1e3:.1f} and {two.alone_s * 1e3:.1f} ms")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()

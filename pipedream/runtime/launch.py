@@ -151,9 +151,8 @@ def _blame(processes: list, out_dir: Path) -> str:  # type: ignore[type-arg]
     first = min((e for e in ends if e.failed), key=lambda e: (e.blame_order(), e.rank), default=None)
     if first is None:
         return "a worker failed"
-    reason = (out_dir / "errors" / f"rank{first.rank}.txt")
-    text = reason.read_text().strip().split(" ", 1)[-1] if first.status == 1 and reason.is_file() else ""
-    return text or f"rank {first.rank} {first.how()}"
+    reason = _worker_reason(out_dir, first.rank) if first.status == 1 else ""
+    return f"rank {first.rank} failed: {reason}" if reason else f"rank {first.rank} {first.how()}"
 
 
 def start_method() -> str:

@@ -46,14 +46,14 @@ computing at ``t`` and ``k_s(t)`` those of stage ``s``).
 Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
 slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
 mean step of single-threaded copies of the model, one per core at once, over each copy's step alone
-(``meta.json`` ``host.contention``, :func:`pipedream.host_timing.host_contention`; 1.0-1.2 for the seven
+(``meta.json`` ``host.contention``, :func:`pipedream.host_timing.host_contention`; 1.02-1.12 for the seven
 reduced models on the 2-core CI machine). :func:`host_scale` multiplies the sharing factor by it, taken linearly from
 1 with one thread computing to its full value with every core busy; a profile taken on a host with another
 core count has none (1.0).
 
-Placement. A copy's step time depends on where its tensors land in memory (0.8-1.4x between copies of the
-reduced S2VT and GNMT-8 on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its own,
-and replicas wait for their slowest (:mod:`pipedream.sim.placement`).
+Memory layout. A copy's step time depends on where its tensors land in memory (the reduced S2VT took 49-65 ms
+and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its own,
+and replicas wait for their slowest (:mod:`pipedream.sim.layout`).
 
 Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
@@ -83,7 +83,7 @@ from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
-from pipedream.sim import placement
+from pipedream.sim import layout
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import with_transport_cpu
@@ -124,7 +124,8 @@ class Prediction:
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`);
             oversubscribed: with two threads per core, over their fair share (None: not measured).
-        composition: the factor on the layers' times (:func:`profiled_composition`).
+        composition: the factor on the layers' times (:func:`profiled_composition`, times the mean memory layout
+            of :mod:`pipedream.sim.layout`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
@@ -251,7 +252,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
-                  placements: tuple[float, ...] = ()) -> Prediction:
+                  layouts: tuple[float, ...] = ()) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -278,9 +279,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         message_s, message_s_per_byte: CPU one message end costs a rank on this host, s and s/byte
             (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards and backwards
             that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
-        placements: fresh copies' step over the profiled one's on this host (``host.placements``,
-            :mod:`pipedream.sim.placement`): their mean scales the layers like ``composition``; with two or more,
-            the epoch is the mean over :data:`pipedream.sim.placement.SAMPLES` simulations, each stage at its
+        layouts: fresh copies' step over the profiled one's on this host (``host.layouts``,
+            :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
+            the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each stage at its
             slowest replica's draw (the per-stage figures are the mean copy's); (): none.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
@@ -289,19 +290,23 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                     warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
                        step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies)
-    typical, draws = placement.spread(placements)
+    typical, draws = layout.spread(layouts)
     composition *= typical
     if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
-        base = placement.scaled(base, [composition] * len(base))
+        base = layout.scaled(base, [composition] * len(base))
     if shape.recompute:  # after the composition (a forward as a step runs it), before the data: not loaded again
         base = recomputed(base)
-    if data_s and graph.minibatch_size:  # the first stage loads its (micro)batch inside its forward
-        base[0] = dataclasses.replace(base[0], fwd_s=base[0].fwd_s + data_s * shape.batch_size / graph.minibatch_size)
-    compute = base  # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
+
+    def loaded(costs: list[StageCost]) -> list[StageCost]:  # the first stage loads its (micro)batch in its forward
+        if not (data_s and graph.minibatch_size):
+            return costs
+        extra = data_s * shape.batch_size / graph.minibatch_size
+        return [dataclasses.replace(costs[0], fwd_s=costs[0].fwd_s + extra), *costs[1:]]
 
     def with_cpu(costs: list[StageCost]) -> list[StageCost]:  # the workers share the cores with the transport
         return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte)
 
+    compute = loaded(base)  # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:
@@ -322,8 +327,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s
     if len(draws) > 1:  # each rank's copy is a draw: replicas wait for their slowest, a pipeline for its slowest stage
-        epoch_s = statistics.fmean(simulated(placement.scaled(compute, f), False).epoch_time_s
-                                   for f in placement.stage_factor_samples(draws, [len(rs) for rs in stage_ranks]))
+        epoch_s = statistics.fmean(simulated(loaded(layout.scaled(base, f)), False).epoch_time_s
+                                   for f in layout.stage_factor_samples(draws, [len(rs) for rs in stage_ranks]))
     assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
     spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
@@ -383,10 +388,10 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     """The profile's measurements of its host (``meta``: its ``meta.json``, ``host``) as :func:`predict_epoch`'s
     keywords, if they were taken on a host of ``cores`` cores (taken as this host): ``contention`` and
     ``oversubscribed`` (:func:`pipedream.host_timing.host_contention`; at least 1.0, a measurement below 1 is
-    noise: other copies cannot speed a step up), ``placements`` (the same measurement's fresh copies, positive
+    noise: other copies cannot speed a step up), ``layouts`` (the same measurement's fresh copies, positive
     ratios), ``message_s`` and ``message_s_per_byte`` (:mod:`pipedream.runtime.message_cost`; at least 0). What
     is missing (another host, GPUs, the release's profiles) is no slowdown: contention 1.0, oversubscribed None,
-    no placements, free messages."""
+    no layouts, free messages."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         host = {}
@@ -395,11 +400,11 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
         value = host.get(key)
         return max(floor, float(value)) if isinstance(value, int | float) else None
 
-    draws = host.get("placements")
-    placements = tuple(float(p) for p in draws if isinstance(p, int | float) and p > 0) if isinstance(draws, list) else ()
+    draws = host.get("layouts")
+    layouts = tuple(float(p) for p in draws if isinstance(p, int | float) and p > 0) if isinstance(draws, list) else ()
     return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
             "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
-            "placements": placements}
+            "layouts": layouts}
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
