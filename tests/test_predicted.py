@@ -22,13 +22,12 @@ from pipedream.sim import simulate_dp, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.predicted import (
     NO_PROFILE,
-    RELEASE_RUNS,
     _outer_scaled,
     build_table,
     find_profile,
     predict,
-    release_run_plan,
 )
+from pipedream.table1.release_runs import load_release_runs, release_run_plan
 from pipedream.table1.whatif import slug, whatif_table
 from pipedream.topology import Cluster, get_cluster
 from tests.conftest import REPO
@@ -111,7 +110,7 @@ def test_predicted_row_is_the_simulated_epoch_time_ratio(tmp_path: Path, tiny_pa
 
 def test_gnmt8_on_3_servers_is_explained_by_the_release_run_and_pipedreams_link_speed(tmp_path: Path) -> None:
     """Issue #13: GNMT-8 on A 3x4 predicts 7.45x against the paper's 2.95x. Our plan is the release optimizer's
-    own (hybrid_conf.json), but its driver ran mp_conf.json: the same 10 stages unreplicated on ranks 0-9. DP is
+    own (hybrid_conf.json), but its driver ran mp_conf.json: its 10 stage modules unreplicated on ranks 0-9. DP is
     bound by its allreduce, so the rest of the gap needs PipeDream's links slower than line rate."""
     from pipedream.planner import plan_pipeline
     from pipedream.sim import simulate_plan
@@ -123,7 +122,7 @@ def test_gnmt8_on_3_servers_is_explained_by_the_release_run_and_pipedreams_link_
     row = pd.Series({**predict("gnmt8", prof, cluster, 4_500_000, paper_config="straight", paper_speedup=2.95),
                      "paper_config": "straight", "paper_speedup": 2.95, "profile_hardware": prof.hardware,
                      "profiled_batch": prof.profiled_batch, "batch_per_gpu": prof.batch})
-    run = RELEASE_RUNS[("gnmt8", "A_3x4")]
+    run = load_release_runs()[("gnmt8", "A_3x4")]
     assert row["predicted_config"] == row["release_planned_config"] == run.planned
     # DP: 775 MB of gradients, a flat ring over 12 GPUs at 10 Gbps, 2 (n - 1) / n of them through each NIC, one
     # ring per DDP bucket (25 MiB, the first 1 MiB; a layer is never split), each paying 2 (n - 1) steps of the
@@ -139,9 +138,14 @@ def test_gnmt8_on_3_servers_is_explained_by_the_release_run_and_pipedreams_link_
     bw = row["pipedream_outer_Bps_matching_paper"]
     assert 0.2 * 1.25e9 < bw < 0.5 * 1.25e9
     ours = plan_pipeline(prof.graph, cluster, model="gnmt8", minibatch_size=prof.batch)
-    plan = release_run_plan(prof.graph, cluster, ours, run, prof.batch)
-    assert plan is not None and [s.ranks for s in plan.stages] == [[i] for i in range(10)]
-    assert [s.nodes for s in plan.stages] == [s.nodes for s in ours.stages]  # mp_conf: hybrid_conf's modules
+    plan = release_run_plan(run, cluster)
+    assert [s.ranks for s in plan.stages] == [[i] for i in range(10)]
+    # our planner splits the weighted layers as the release's modules do (mp_conf.json: hybrid_conf.json's
+    # modules); a dropout (node34) and zero-cost tuple items (e.g. node8 = node7[0]) sit across a boundary
+    def weighted(p: Plan) -> list[set[str]]:
+        return [{n for n in s.nodes if prof.graph.nodes[n].param_bytes > 0} for s in p.stages]
+
+    assert weighted(plan) == weighted(ours)
     slow = simulate_plan(prof.graph, plan, _outer_scaled(cluster, bw / 1.25e9), dataset_size=4_500_000)
     assert row["dp_epoch_time_s"] / slow.epoch_time_s == pytest.approx(2.95, rel=0.01)
     # or, links at line rate, 1.75x the profile's work per minibatch (e.g. 42-token sentences for its 24)

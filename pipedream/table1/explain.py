@@ -22,16 +22,21 @@ def _number(r: pd.Series, key: str) -> float | None:
 
 
 def _release_run(r: pd.Series) -> str:
-    """What the release's driver config ran for this row (:data:`pipedream.table1.predicted.RELEASE_RUNS`), or ''."""
+    """What the release's driver config ran for this row (:mod:`pipedream.table1.release_runs`), or ''."""
     speedup = _number(r, "release_run_speedup")
     if speedup is None:
         return ""
-    same = "ours too" if r["release_planned_config"] == r["predicted_config"] else f"ours is {r['predicted_config']}"
-    line = (f" The release's own planner output for this row is {r['release_planned_config']} ({same}), but its "
-            f"driver config ({r['release_run_source']}) ran {r['release_run_config']}, the 'straight' of this row, "
-            f"which simulates at {speedup:.2f}x")
+    planned = r.get("release_planned_config")
+    planned = planned if isinstance(planned, str) and planned else None
+    ran = (f"driver config ({r['release_run_source']}) ran {r['release_run_config']}, the '{r['paper_config']}' of "
+           f"this row, which simulates at {speedup:.2f}x")
+    if planned is None:  # no hybrid_conf.json beside the modules
+        line = f" The release's {ran}"
+    else:
+        same = "ours too" if planned == r["predicted_config"] else f"ours is {r['predicted_config']}"
+        line = f" The release's own planner output for this row is {planned} ({same}), but its {ran}"
     rel = _number(r, "release_warmup_speedup")
-    if rel is not None and r["release_planned_config"] == r["predicted_config"] and rel < speedup:
+    if rel is not None and planned == r["predicted_config"] and rel < speedup:
         line += f"; with the release runtime's warm-up counts ours would simulate at {rel:.2f}x, below that run"
     return line + "."
 
@@ -44,6 +49,7 @@ def _pipeline_slower(r: pd.Series, cluster: Cluster) -> str:
                 "DP was relatively faster, or its pipeline slower, than modelled (profile hardware, runtime overheads "
                 "the simulator does not charge).")
     line_rate = cluster.levels[-1][1]
+    where = "servers" if len(cluster.levels) > 1 else "GPUs"
     run = _number(r, "release_run_speedup")
     speedup, period = (run, r["release_run_period_s"]) if run is not None else (
         r["paper_config_predicted_speedup"], r["paper_config_period_s"])
@@ -61,7 +67,7 @@ def _pipeline_slower(r: pd.Series, cluster: Cluster) -> str:
             f"DP the paper's {r['paper_speedup']:.2f}x needs a pipeline period of "
             f"{period * speedup / r['paper_speedup'] * 1e3:.1f} ms per minibatch where {what} simulates at "
             f"{period * 1e3:.1f} ms, which the simulation reaches when PipeDream's links between "
-            f"{'servers' if len(cluster.levels) > 1 else 'GPUs'} carry {_gbps(bw)} ({bw / line_rate:.0%} of line rate; "
+            f"{where} carry {_gbps(bw)} ({bw / line_rate:.0%} of line rate; "
             f"DP kept at {_gbps(line_rate)})")
     k = _number(r, "tokens_scale_matching_paper")
     if k is not None:
@@ -69,7 +75,7 @@ def _pipeline_slower(r: pd.Series, cluster: Cluster) -> str:
                  f"compute and activations grow, weights do not)")
     line += ". Which it was, the release does not say"
     if run is not None:
-        line += ("; its PipeDream does send activations between servers through gloo, copied to the CPU and back "
+        line += (f"; its PipeDream does send activations between {where} through gloo, copied to the CPU and back "
                  "(runtime/communication.py; its DP driver configs use nccl), which this simulation charges at line rate")
     return line + "."
 

@@ -19,9 +19,10 @@ what that choice is worth: the release runtime's warm-up counts (``warmup="relea
 candidates with this simulator (:mod:`pipedream.planner.rerank`); ``dp_cost_model_speedup`` is what its
 dynamic program alone estimated for its own choice.
 
-Where the release's driver config ran something other than the paper's config string says
-(:data:`RELEASE_RUNS`: the multi-server GNMT rows, "straight" on fewer GPUs than the row has), that run is
-simulated too (``release_run_speedup``). Where the paper's config simulates faster than the paper measured,
+For the GNMT rows whose paper config is a pipeline, what the release's driver config ran is simulated too
+(``release_run_speedup``): its own stage modules on the ranks its stage map names
+(:mod:`pipedream.table1.release_runs`, ``experiments/release_runs.yaml``; on the multi-server rows "straight" on
+fewer GPUs than the row has). Where the paper's config simulates faster than the paper measured,
 ``pipedream_outer_Bps_matching_paper`` is the bandwidth between servers at which PipeDream (DP kept at line
 rate) would be as slow as measured, the counterpart of ``dp_outer_Bps_matching_paper``, and
 ``tokens_scale_matching_paper`` the work per minibatch (compute and activations, times the profile's) at which
@@ -53,12 +54,13 @@ from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.paths import RELEASE_PROFILES
-from pipedream.plan import Plan, Stage
+from pipedream.plan import Plan
 from pipedream.planner.fixed_split import replicas_of
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.table1.explain import THRESHOLD
+from pipedream.table1.release_runs import RELEASE_RUNS_FILE, ReleaseRun, load_release_runs, release_run_plan
 from pipedream.table1.table import read_paper_table
 from pipedream.topology import Cluster, get_cluster
 
@@ -76,34 +78,6 @@ NO_PROFILE = "no V100-scale profile"
 # GB at the paper's model size and batch"); without it a user profile (e.g. a reduced model's on the CPU) says
 # nothing about the paper's V100 runs
 V100_SCALE_KEY = "v100_scale"
-
-
-@dataclass(frozen=True)
-class ReleaseRun:
-    """What the release's driver config ran for a paper row, where the row's config string does not say it.
-
-    Attributes:
-        planned: the release optimizer's configuration for the row (its ``hybrid_conf.json``).
-        stages: the straight pipeline the driver config names (``mp_conf.json``): the same stage modules as
-            ``planned``, each on one rank, ranks ``0 .. stages - 1``; the release runtime gives work only to
-            ranks in the stage map, so the row's other GPUs do not train.
-        source: the driver config and the stage map it names, in msr-fiddle/pipedream.
-    """
-
-    planned: str
-    stages: int
-    source: str
-
-
-# Table 1's multi-server GNMT rows say "straight", but the release's GNMT modules have fewer stages than the
-# rows have GPUs; its driver configs run them unreplicated on the first ranks (gloo for PipeDream's transfers,
-# nccl in the DP driver configs gnmt_12dp.yml and gnmt_large_16dp.yml).
-RELEASE_RUNS = {
-    ("gnmt8", "A_3x4"): ReleaseRun("1-1-1-1-1-1-1-1-3-1", 10, "runtime/translation/driver_configs/"
-                                   "gnmt_12pipedream.yml -> models/gnmt/gpus=12/mp_conf.json"),
-    ("gnmt16", "A_4x4"): ReleaseRun("1-1-1-1-1-1-1-1-1-1-1-1-3-1", 14, "runtime/translation/driver_configs/"
-                                    "gnmt_large_16pipedream.yml -> models/gnmt_large/gpus=16/mp_conf.json"),
-}
 
 
 @dataclass
@@ -206,19 +180,6 @@ def tokens_scale_for(graph: LayerGraph, plan: Plan, cluster: Cluster, speedup: f
     return hi / graph.minibatch_size
 
 
-def release_run_plan(graph: LayerGraph, cluster: Cluster, plan: Plan, run: ReleaseRun, batch: int) -> Plan | None:
-    """The straight pipeline a :class:`ReleaseRun` names: ``plan``'s stages, unreplicated, when ``plan`` is the
-    release optimizer's config (its ``mp_conf.json`` shares the ``module_to_stage_map`` of ``hybrid_conf.json``),
-    else :mod:`pipedream.planner.fixed_split`'s split into ``run.stages``; on ranks ``0 .. run.stages - 1``."""
-    if plan.config == run.planned and len(plan.stages) == run.stages:
-        stages = [Stage(nodes=list(s.nodes), replicas=1, ranks=[i]) for i, s in enumerate(plan.stages)]
-        return Plan(model=plan.model, cluster=cluster.name, workers=run.stages, stages=stages, minibatch_size=batch,
-                    time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
-    from pipedream.planner.rerank import _split_plan
-
-    return _split_plan(graph, cluster, [1] * run.stages, plan.model, batch)
-
-
 def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_config: str | None = None,
             paper_speedup: float | None = None, plans_dir: Path | None = None) -> dict[str, Any]:
     """One predicted row: plan, simulate PipeDream and DP, the paper's config, and diagnostics."""
@@ -273,12 +234,12 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
     # bytes each rank sends in that ring (its link's share): the ring's total over its ranks
     row["dp_link_bytes"] = costmodel.ring_allreduce_bytes(params, cluster.workers) / cluster.workers
     row["dp_iteration_s"] = dp.time_per_minibatch_s * cluster.workers  # one minibatch per worker per iteration
-    run = RELEASE_RUNS.get((model, cluster.name))
-    run_plan = release_run_plan(g, cluster, plan, run, prof.batch) if run is not None else None
-    if run is not None and run_plan is not None:
+    run = release_run_of(model, prof, cluster)
+    run_plan = release_run_plan(run, cluster) if run is not None else None
+    if run is not None and run_plan is not None:  # every such row alike: the release's modules on its ranks
         run_res = simulate_plan(g, run_plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
-        row.update(release_planned_config=run.planned, release_run_source=run.source,
-                   release_run_config=f"straight on {run.stages} of {cluster.workers} GPUs (ranks 0-{run.stages - 1})",
+        row.update(release_planned_config=run.planned if run.planned is not None else math.nan,
+                   release_run_source=run.source, release_run_config=run.describe(cluster.workers),
                    release_run_speedup=dp.epoch_time_s / run_res.epoch_time_s,
                    release_run_period_s=run_res.time_per_minibatch_s)
     row["paper_config_bubble"] = ref.steady_bubble_fraction if ref.schedule != "dp" else math.nan
@@ -307,6 +268,22 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
         k = tokens_scale_for(g, target, cluster, paper_speedup, dataset) if slow and target is not None else None
         row["tokens_scale_matching_paper"] = k if k is not None else math.nan
     return row
+
+
+def release_run_of(model: str, prof: Profile, cluster: Cluster) -> ReleaseRun | None:
+    """What the release ran for the row ``(model, cluster)`` (:func:`pipedream.table1.release_runs.load_release_runs`)
+    if it has a run there and ``prof`` is the release profile the run's node ids refer to, else None.
+
+    Raises:
+        PipeDreamError: a malformed ``experiments/release_runs.yaml``, or a run whose batch is not the profile's.
+    """
+    run = load_release_runs().get((model, cluster.name))
+    if run is None or Path(prof.path).resolve() != (RELEASE_PROFILES / run.profile / "graph.txt").resolve():
+        return None
+    if run.batch_size != prof.batch:
+        raise PipeDreamError(f"release run of {model} {cluster.name} has batch {run.batch_size} per GPU but the "
+                             f"profile is simulated at {prof.batch}; fix {RELEASE_RUNS_FILE} or PAPER_MODELS")
+    return run
 
 
 def _config_plan(g: LayerGraph, cluster: Cluster, config: str, plan: Plan) -> Plan | None:

@@ -22,6 +22,7 @@ rule predicted:
     input:
         paper=config["paper_table"],
         clusters=config.get("clusters_file", "experiments/clusters.yaml"),
+        release_runs="experiments/release_runs.yaml",
         own_profiles=expand(f"{RESULTS}/profiles/{{model}}/graph.txt", model=OWN_PROFILE_MODELS),
     output:
         csv=f"{RESULTS}/table1_predicted.csv",
