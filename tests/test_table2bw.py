@@ -46,6 +46,28 @@ def test_measured_rows_and_files(tmp_path: Path) -> None:
     assert "19.28" in (tmp_path / "table_2bw.md").read_text()
 
 
+def test_loss_check_rows_compare_2bw_with_dp_per_optimizer(tmp_path: Path) -> None:
+    """The loss check's runs (<schedule>-<optimizer>) become rows of their own optimizer; 2BW's final validation
+    loss is compared with DP's of the same optimizer: 4.5 / 4.4 - 1 = +2.27% (outside 2%), 4.45 / 4.40 - 1 = +1.14%."""
+    runs = tmp_path / "runs_2bw" / "gpt"
+    _fake_run(runs / "2bw", 1000, 5.0, [5.0, 4.5], 2e6)
+    _fake_run(runs / "dp", 1000, 10.0, [5.0, 4.4], 3e6)
+    _fake_run(runs / "2bw-muon", 1000, 4.0, [4.9, 4.45], 2e6)
+    _fake_run(runs / "dp-muon", 1000, 8.0, [4.9, 4.40], 3e6)
+    rows, curve = table.measured_rows(runs, "gpt", 32, 4, 4, 4, "adam", "muon")
+    got = {(r["schedule"], r["optimizer"]): r for r in rows}
+    assert list(got) == [("2bw", "adam"), ("dp", "adam"), ("2bw", "muon"), ("dp", "muon")]
+    assert math.isclose(got["2bw", "adam"]["val_loss_vs_dp"], 4.5 / 4.4 - 1)
+    assert math.isclose(got["2bw", "muon"]["val_loss_vs_dp"], 4.45 / 4.40 - 1)
+    assert got["dp", "muon"]["val_loss_vs_dp"] == 0 and got["dp", "muon"]["twobw_speedup"] == 2  # 250 / 125
+    assert [(r["schedule"], r["optimizer"], r["epoch"]) for r in curve][-2:] == [("dp", "muon", 1), ("dp", "muon", 2)]
+    lines = table.loss_lines(rows)
+    assert len(lines) == 2 and "+2.3%; outside 2%" in lines[0] and "+1.1%; within 2%" in lines[1]
+    table.write(tmp_path, rows, curve)
+    assert "With muon" in (tmp_path / "table_2bw.md").read_text()
+    assert (tmp_path / "table_2bw_val_loss.csv").read_text().splitlines()[0].startswith("schedule,optimizer,epoch")
+
+
 def test_predicted_rows_at_paper_scale() -> None:
     from pipedream.topology import get_cluster
 
@@ -66,7 +88,9 @@ def test_workflow_dry_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     counts = _job_counts(proc.stdout)
     runnable = [s for s in cfg["twobw"]["schedules"] if s == "dp" or s in SCHEDULES]
-    n = len(runnable)
+    loss = cfg["twobw"].get("loss_check", {}).get("schedules", [])
+    n = len(runnable) + len([s for s in loss if s == "dp" or s in SCHEDULES])
+    assert n == len(runnable) + 2  # the loss check: 2bw-muon, dp-muon
     assert counts == {"profile": 1, "plan_2bw": 1, "train_2bw": n, "table_2bw": 1, "all": 1, "total": 4 + n}
 
 
@@ -78,3 +102,20 @@ def test_check_refuses_a_bad_twobw_section() -> None:
     assert "is not one of models" in twobw_problem({**cfg, "twobw": {**cfg["twobw"], "model": "vgg16"}})  # type: ignore[operator]
     assert "does not divide workers" in twobw_problem({**cfg, "twobw": {**cfg["twobw"], "depth": 3}})  # type: ignore[operator]
     assert "not a multiple of microbatch" in twobw_problem({**cfg, "twobw": {**cfg["twobw"], "microbatch": 5}})  # type: ignore[operator]
+
+
+def test_report_section_and_page_show_the_measured_rows_the_loss_gap_and_the_plot(tmp_path: Path) -> None:
+    """report.html's 2BW section (and report_2bw.html) carry the measured rows, 2BW's loss gap to DP per optimizer
+    (+2.3% for 4.5 vs 4.4) and the loss plot inlined; without table_2bw.csv there is no section."""
+    from pipedream.table2bw import html
+
+    assert html.section(tmp_path) == ""
+    runs = tmp_path / "runs_2bw" / "gpt"
+    _fake_run(runs / "2bw", 1000, 5.0, [5.0, 4.5], 2e6)
+    _fake_run(runs / "dp", 1000, 10.0, [5.0, 4.4], 3e6)
+    rows, curve = table.measured_rows(runs, "gpt", 32, 4, 4, 4, "adam")
+    table.write(tmp_path, rows, curve)
+    part = html.section(tmp_path)
+    assert "<td class='n'>+2.3%</td>" in part and "With adam: 2BW's final validation loss 4.500 vs DP's 4.400" in part
+    assert part.count("data:image/png;base64,") == 1 and "<td>2bw</td>" in part and "<td class='n'>2 MB</td>" in part
+    assert html.page(tmp_path).startswith("<!doctype html>") and part in html.page(tmp_path)

@@ -2,8 +2,10 @@
 
 Writes ``<results>/table_2bw.{csv,md}`` (columns: scope measured|predicted, model, batch, schedule, config,
 samples/s, the largest stage's peak memory, weight copies, paper numbers where known),
-``<results>/table_2bw_val_loss.csv`` and ``<results>/plots/2bw_val_loss.png`` (pipedream/table2bw/table.py).
-The measured rows come from the runs of ``make run-2bw`` (``<results>/runs_2bw/<model>/<schedule>/``); the
+``<results>/table_2bw_val_loss.csv``, ``<results>/plots/2bw_val_loss.png`` (pipedream/table2bw/table.py) and
+``<results>/report_2bw.html`` (pipedream/table2bw/html.py; report.html has the same section when it is built after).
+The measured rows come from the runs of ``make run-2bw`` (``<results>/runs_2bw/<model>/<schedule>/``, and
+``<schedule>-<optimizer>/`` for the config's ``twobw.loss_check``); the
 predicted rows plan and simulate the paper's GPT models from FLOP counts on its cluster::
 
     pipedream table2bw --config experiments/2bw.yaml              # both scopes, after make run-2bw
@@ -34,8 +36,10 @@ def run(args: argparse.Namespace) -> int:
 
     from pipedream.errors import PipeDreamError
     from pipedream.experiment import load_config
+    from pipedream.io import atomic_write_text
     from pipedream.paths import CLUSTERS
     from pipedream.table2bw import table
+    from pipedream.table2bw.html import page
     from pipedream.table2bw.paper import PAPER_BATCHES, PAPER_CLUSTER
     from pipedream.topology import get_cluster
 
@@ -49,12 +53,15 @@ def run(args: argparse.Namespace) -> int:
         model = tb["model"]
         batch = cfg["models"][model]["train"]["batch_size"]  # B = b M: M microbatches of b in all pipelines
         rows, curve = table.measured_rows(results / "runs_2bw" / model, model, batch, cfg["workers"], tb["depth"],
-                                          batch // tb["microbatch"])
+                                          batch // tb["microbatch"], cfg["models"][model]["train"].get("optimizer", ""),
+                                          tb.get("loss_check", {}).get("optimizer"))
     if not args.no_predicted:
         pred = tb.get("predicted", {})
         cluster = get_cluster(pred.get("cluster", PAPER_CLUSTER), args.clusters or cfg.get("clusters_file", CLUSTERS))
         rows += table.predicted_rows(cluster, pred.get("batches", PAPER_BATCHES))
     written = table.write(results, rows, curve, plots=not args.no_plots)
+    atomic_write_text(results / "report_2bw.html", page(results))
+    written.append(results / "report_2bw.html")
     print(table.to_markdown(rows))
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

@@ -18,6 +18,7 @@ import pandas as pd
 
 from pipedream.table1.prediction import BAND, PLOT_NAME, summary
 from pipedream.table1.table import row_label
+from pipedream.table2bw.table import PLOT as TWOBW_PLOT
 
 HEADLINE_PLOT = "table1_speedups.png"
 # plots of the predicted step (pipedream.table1.predicted.write) -> caption; any other PNG gets its file name
@@ -85,7 +86,8 @@ def data_uri(png: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
 
 
-def _figure(png: Path, caption: str) -> str:
+def figure(png: Path, caption: str) -> str:
+    """A ``<figure>`` with ``png`` inlined (:func:`data_uri`) and its caption."""
     return (f"<figure id='fig-{escape(png.stem)}'><img src='{data_uri(png)}' alt='{escape(caption)}'>"
             f"<figcaption>{escape(caption, quote=False)}</figcaption></figure>")
 
@@ -96,14 +98,15 @@ def _plots(plots: list[Path], models: list[str]) -> str:
     curves = [by_name.pop(f"{m}_accuracy_vs_time.png") for m in models if f"{m}_accuracy_vs_time.png" in by_name]
     by_name.pop(HEADLINE_PLOT, None)
     by_name.pop(PLOT_NAME, None)  # in its own section (_prediction_check)
+    by_name.pop(TWOBW_PLOT, None)  # in the 2BW section (pipedream.table2bw.html)
     out = []
     if curves:
         out.append("<h3>Measured: validation accuracy against wall time (reduced models, CPU)</h3><div class='grid'>")
-        out += [_figure(p, p.stem.replace("_", " ")) for p in curves]
+        out += [figure(p, p.stem.replace("_", " ")) for p in curves]
         out.append("</div>")
     if by_name:
         out.append("<h3>Predicted at paper scale</h3>")
-        out += [_figure(p, PREDICTED_PLOTS.get(name, p.stem.replace("_", " "))) for name, p in sorted(by_name.items())]
+        out += [figure(p, PREDICTED_PLOTS.get(name, p.stem.replace("_", " "))) for name, p in sorted(by_name.items())]
     return "".join(out)
 
 
@@ -246,16 +249,16 @@ def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
              f"predicted</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
              f"<p>{s['within']} of {s['runs']} runs within ±{BAND:.0%} of their prediction; median |ratio − 1| "
              f"{median}.</p>")
-    figure = "".join(_figure(p, "Every run: measured mean epoch time against the epoch time predicted before it "
+    figures = "".join(figure(p, "Every run: measured mean epoch time against the epoch time predicted before it "
                                 f"started (log-log; the line is y = x, the band ±{BAND:.0%})")
                      for p in plots if p.name == PLOT_NAME)
-    return table + figure
+    return table + figures
 
 
 def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provenance: dict[str, str] | None = None,
                 explanations: dict[str, list[str]] | None = None, calibration: pd.DataFrame | None = None,
                 runs: dict[str, list[tuple[str, str, str | None]]] | None = None,
-                prediction_check: pd.DataFrame | None = None) -> str:
+                prediction_check: pd.DataFrame | None = None, sections: tuple[str, ...] = ()) -> str:
     """The whole page as one string: every PNG under ``<results>/plots`` inlined as a ``data:`` URI.
 
     Args:
@@ -269,6 +272,7 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
         runs: model -> ``(mode, run_id, url)`` of its MLflow runs (:func:`pipedream.table1.measured.mlflow_runs`).
         prediction_check: every run's measured and predicted epoch time
             (:func:`pipedream.table1.prediction.prediction_rows`); None leaves the section out.
+        sections: more sections' HTML, before the plots (e.g. :func:`pipedream.table2bw.html.section`).
     """
     explanations = explanations or {}
     plots = sorted((results / "plots").glob("*.png"))
@@ -288,7 +292,7 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
         "line rate = DP at the links' line rate; calibrated, LOO = DP between servers at the fraction of line rate "
         "fitted on the other rows of the cluster (<a href='#calibration'>below</a>); "
         f"— = not available. MLflow links open once the UI runs: <code>{UI_COMMAND}</code>.</p>",
-        *(_figure(p, "Epoch-time speedup over DP per Table 1 row: paper, predicted, measured") for p in top),
+        *(figure(p, "Epoch-time speedup over DP per Table 1 row: paper, predicted, measured") for p in top),
         "<h2 id='calibration'>DP's effective link speed, fitted leave-one-out</h2>",
         _calibration(table, calibration),
         "<h2 id='why'>Why predictions differ from the paper</h2>",
@@ -303,6 +307,7 @@ def html_report(table: pd.DataFrame, notes: list[str], results: Path, *, provena
             "cluster, link throttle and host cores (<code>pipedream/sim/predict.py</code>); the ratio is the measured "
             "mean epoch time over that prediction (<code>prediction_check.csv</code>).</p>",
             _prediction_check(prediction_check, plots)) if prediction_check is not None else ()),
+        *sections,
         "<h2>Plots</h2>",
         _plots(plots, list(dict.fromkeys(str(m) for m in table["model"]))),
         "<h2 id='mlflow'>MLflow runs</h2>",

@@ -188,6 +188,7 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     from pipedream.table1.memory_check import write_memory_check
     from pipedream.table1.prediction import write_prediction_check
     from pipedream.table1.provenance import collect
+    from pipedream.table2bw.html import section
 
     results = Path(cfg["results_dir"])
     df = build_table(cfg)
@@ -204,6 +205,7 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     atomic_write_text(results / "table1.md", to_markdown(df, "Table 1: PipeDream vs data parallelism", notes(cfg)))
     page = html_report(df, notes(cfg), results, provenance=collect(cfg, config_path),
                        explanations=read_explanations(results), calibration=read_calibration(results),
-                       runs={m: mlflow_runs(results / "runs" / m) for m in cfg["models"]}, prediction_check=check)
+                       runs={m: mlflow_runs(results / "runs" / m) for m in cfg["models"]}, prediction_check=check,
+                       sections=(section(results),))
     atomic_write_text(results / "report.html", page)
     return df

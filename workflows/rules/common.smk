@@ -32,11 +32,18 @@ def train_extra_args(model):
 TWOBW = config.get("twobw", {})
 # schedules this checkout can train: pipeline schedules its runtime has, and dp
 TWOBW_SCHEDULES = [s for s in TWOBW.get("schedules", []) if s == "dp" or s in RUNTIME_SCHEDULES]
-TWOBW_OUTPUTS = [f"{RESULTS}/table_2bw.md", f"{RESULTS}/table_2bw.csv", f"{RESULTS}/table_2bw_val_loss.csv"]
+# the loss check (twobw.loss_check): some schedules trained again with another optimizer, run folders <schedule>-<opt>
+TWOBW_LOSS = TWOBW.get("loss_check", {})
+TWOBW_LOSS_RUNS = [f"{s}-{TWOBW_LOSS['optimizer']}" for s in TWOBW_LOSS.get("schedules", [])
+                   if s == "dp" or s in RUNTIME_SCHEDULES]
+TWOBW_OUTPUTS = [f"{RESULTS}/table_2bw.md", f"{RESULTS}/table_2bw.csv", f"{RESULTS}/table_2bw_val_loss.csv",
+                 f"{RESULTS}/report_2bw.html"]
 
 
 def twobw_train_args(schedule):
-    """`pipedream train` flags of one schedule: the same batch per update for all (see experiments/2bw.yaml)."""
+    """`pipedream train` flags of one schedule (a run folder name: ``2bw``, or ``2bw-muon`` for the loss check; the
+    optimizer flag is twobw_optimizer_args'): the same batch per update for all (see experiments/2bw.yaml)."""
+    schedule = schedule.split("-")[0]
     model = TWOBW["model"]
     batch = config["models"][model]["train"]["batch_size"]
     if schedule == "dp":
@@ -44,3 +51,14 @@ def twobw_train_args(schedule):
     if schedule == "1f1b":
         return "--mode pipedream --schedule 1f1b"
     return f"--mode pipedream --schedule {schedule} --microbatches {batch // TWOBW['microbatch']}"
+
+
+def twobw_optimizer_args(run):
+    """The loss check's flags of a 2BW-table run folder name: ``--optimizer muon`` and its own MLflow experiment
+    (``<model>/2bw-muon``) for ``2bw-muon``, so it does not retire the config optimizer's run of the same name;
+    the default experiment ``<model>/2bw`` otherwise."""
+    model = TWOBW["model"]
+    if "-" not in run:
+        return f"--experiment {model}/2bw"
+    optimizer = run.split("-")[1]
+    return f"--optimizer {optimizer} --experiment {model}/2bw-{optimizer}"

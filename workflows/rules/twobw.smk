@@ -27,7 +27,8 @@ rule plan_2bw:
 
 
 rule train_2bw:
-    """Train the 2BW table's model with one schedule (or DP); logged to MLflow as <model>/2bw, run name per schedule."""
+    """Train the 2BW table's model with one schedule (or DP); logged to MLflow as <model>/2bw, run name per schedule
+    (the loss check's runs, e.g. 2bw-muon, as <model>/2bw-muon)."""
     input:
         plan=f"{RESULTS}/plans_2bw/{{model}}/{CLUSTER}.json",
         profile=f"{RESULTS}/profiles/{{model}}/graph.txt",
@@ -37,7 +38,7 @@ rule train_2bw:
     log:
         f"{RESULTS}/logs/train_2bw/{{model}}_{{schedule}}.log",
     wildcard_constraints:
-        schedule="2bw|gpipe|pipedream_flush|1f1b|dp",
+        schedule="(2bw|gpipe|pipedream_flush|1f1b|dp)(-(sgd|adam|muon))?",
     params:
         pd=PD,
         preset=lambda w: config["models"][w.model]["preset"],
@@ -45,6 +46,7 @@ rule train_2bw:
         schedule=lambda w: twobw_train_args(w.schedule),
         train=lambda w: flags_from_experiment(config["models"][w.model]["train"]),
         extra=lambda w: train_extra_args(w.model),
+        optimizer=lambda w: twobw_optimizer_args(w.schedule),
     conda:
         "../../environment.yml"
     threads: workflow.cores
@@ -53,18 +55,19 @@ rule train_2bw:
     shell:
         "{params.pd} train {params.schedule} --model {wildcards.model} --preset {params.preset} --plan {input.plan} "
         "--profile {input.profile} --clusters {input.clusters} --workers {params.workers} {params.train} "
-        "--experiment {wildcards.model}/2bw {params.extra} --no-progress --out-dir $(dirname {output}) > {log} 2>&1"
+        "{params.optimizer} {params.extra} --no-progress --out-dir $(dirname {output}) > {log} 2>&1"
 
 
 rule table_2bw:
     """PipeDream-2BW's table: the measured runs beside the paper-scale predictions."""
     input:
-        runs=expand(f"{RESULTS}/runs_2bw/{TWOBW.get('model', 'none')}/{{schedule}}/run.json", schedule=TWOBW_SCHEDULES),
+        runs=expand(f"{RESULTS}/runs_2bw/{TWOBW.get('model', 'none')}/{{schedule}}/run.json", schedule=TWOBW_SCHEDULES + TWOBW_LOSS_RUNS),
         clusters=config.get("clusters_file", "experiments/clusters.yaml"),
     output:
         md=f"{RESULTS}/table_2bw.md",
         csv=f"{RESULTS}/table_2bw.csv",
         curve=f"{RESULTS}/table_2bw_val_loss.csv",
+        page=f"{RESULTS}/report_2bw.html",
     log:
         f"{RESULTS}/logs/table_2bw.log",
     params:
