@@ -194,7 +194,8 @@ def test_2bw_pipeline_of_the_gpt_equals_its_update_rule_with_muon(tmp_path) -> N
     1.2% on a block's matrix, 0.2% on the embedding), where the rule without the delay, W(t+1) = W(t) - lr *
     step(grad f_t(W(t))), ends 13-23% from it."""
     final, reference = _2bw_run_and_replay(tmp_path, "muon")
-    initial = dict(build_model("tests.test_transformer:gpt_without_dropout", "reduced", 0).named_parameters())
+    model = build_model("tests.test_transformer:gpt_without_dropout", "reduced", 0)
+    initial = {n: p.detach() for n, p in model.named_parameters()}
     assert final.keys() == reference.keys()
     for n, w in final.items():
         moved = float((reference[n] - initial[n]).norm())
