@@ -40,8 +40,12 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 DEFAULT_STEP_LATENCY_S = 20e-6
 # Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors), zeroing the gradients after it
 # included (1): SGD with momentum reads weight, gradient and momentum and writes weight and momentum (5 + 1);
-# Adam reads weight, gradient and both moments and writes weight and both moments (7 + 1).
-STEP_TRAFFIC = {"sgd": 6.0, "adam": 8.0}
+# Adam reads weight, gradient and both moments and writes weight and both moments (7 + 1). Muon (Adam on the
+# parameters that are not hidden matrices, pipedream.runtime.optim) defaults to Adam's traffic: its hidden-matrix
+# update moves about as many bytes (weight, gradient and momentum, plus the Newton-Schulz iterates), and its five
+# Newton-Schulz iterations are matrix products, compute that no traffic count holds, so the default is a floor;
+# the profiler measures Muon's step like the others' (meta.json optimizer_step_s_per_param_byte["muon"]).
+STEP_TRAFFIC = {"sgd": 6.0, "adam": 8.0, "muon": 8.0}
 # Bytes copy on write adds per parameter byte: a step first copies the weights it changes when an in-flight
 # minibatch still needs them (weight stashing, 2BW; pipedream.runtime.versions), reading and writing each once.
 COPY_TRAFFIC = 2.0

@@ -80,6 +80,9 @@ class LayerGraph:
         tied: parameter tensors that several nodes use (:class:`pipedream.tied.Tied`; our profiler's
             ``graph.json`` ``"tied"`` list; empty for the release's profiles and older ones). Each user's
             ``param_bytes`` includes the tensor: :meth:`param_bytes_of` counts it once.
+        hidden: per node, the bytes of its parameters that are hidden matrices (the ``nn.Linear`` weights but the
+            output layer's, which Muon updates: :func:`pipedream.runtime.optim.hidden_matrices`); our profiler's
+            ``graph.json`` ``hidden_bytes``; empty for the release's profiles and older ones.
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -88,6 +91,7 @@ class LayerGraph:
     saved: dict[str, tuple[float, bool, bool]] = field(default_factory=dict)
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
     tied: list[Tied] = field(default_factory=list)
+    hidden: dict[str, float] = field(default_factory=dict)
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""
@@ -149,6 +153,15 @@ class LayerGraph:
         ids = list(nodes)
         return sum(self.nodes[n].param_bytes for n in ids) - duplicate_bytes(self.tied, ids)
 
+    def hidden_bytes_of(self, nodes: Iterable[str]) -> float | None:
+        """Bytes of hidden matrices (:attr:`hidden`) that one replica of a stage made of ``nodes`` holds, at most
+        its :meth:`param_bytes_of` (a hidden matrix two of its nodes use is in both records); None when a node
+        has no record (a profile taken before they were recorded)."""
+        ids = list(nodes)
+        if not all(n in self.hidden for n in ids):
+            return None
+        return min(sum(self.hidden[n] for n in ids), self.param_bytes_of(ids))
+
     def totals(self) -> dict[str, float]:
         """Sums over all nodes: ``fwd_s``, ``bwd_s``, ``activation_bytes``, ``param_bytes`` (each tied tensor
         once, :meth:`param_bytes_of`), ``nodes``."""
@@ -178,6 +191,7 @@ class LayerGraph:
         out.edges = list(self.edges)
         out.saved = {k: (own * f, saves_in, saves_out) for k, (own, saves_in, saves_out) in self.saved.items()}
         out.tied = list(self.tied)
+        out.hidden = dict(self.hidden)
         return out
 
     # ----------------------------------------------------------------------------------- I/O
@@ -185,7 +199,8 @@ class LayerGraph:
     @classmethod
     def read(cls, path: str | Path, minibatch_size: int = 0) -> LayerGraph:
         """Read a graph.txt file (and, from the ``graph.json`` our profiler writes beside it when there is one,
-        what each layer saves for its backward, :attr:`saved`, and the tied parameters, :attr:`tied`).
+        what each layer saves for its backward, :attr:`saved`, the tied parameters, :attr:`tied`, and the bytes of
+        hidden matrices, :attr:`hidden`).
 
         Args:
             path: the file.
@@ -205,6 +220,8 @@ class LayerGraph:
             for n in doc.get("nodes", []):
                 if "saved_bytes" in n and n.get("id") in graph.nodes:
                     graph.saved[n["id"]] = (float(n["saved_bytes"]), bool(n["saves_input"]), bool(n["saves_output"]))
+                if "hidden_bytes" in n and n.get("id") in graph.nodes:
+                    graph.hidden[n["id"]] = float(n["hidden_bytes"])
             graph.tied = [Tied.from_json(t, graph.nodes) for t in doc.get("tied", [])]
         return graph
 

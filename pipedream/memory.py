@@ -9,7 +9,9 @@ A replica of a stage with ``P`` parameter bytes that holds ``n`` (micro)batches 
   and one per version an in-flight minibatch still needs under weight stashing, the newest being the
   live weights, so ``n`` (PipeDream §3.3: the input stage stashes NOAM versions);
 * gradients: ``P`` (one buffer the backward accumulates into);
-* optimizer state: ``k * P``, ``k`` = 1 for SGD with momentum, 0 without, 2 for Adam (its two moments);
+* optimizer state: ``k * P``, ``k`` = 1 for SGD with momentum, 0 without, 2 for Adam (its two moments); for Muon
+  ``H + 2 (P - H)``, ``H`` the bytes of the stage's hidden matrices (one momentum buffer each) and Adam's two
+  moments for the rest (:func:`optimizer_state_bytes`; Adam's 4-byte ``step`` scalars are not counted);
 * activations: ``n * A``, ``A`` the activation bytes its forward stashes for one (micro)batch; with
   activation recomputation only ``A'``, the activations of the one (micro)batch being recomputed in its
   backward (``A`` plus its sent output, saved again by the recomputation; :func:`plan_memory`), since the
@@ -33,7 +35,9 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, warmup_count
 
-OPTIMIZER_STATES = {"sgd": 1, "adam": 2}  # state tensors of the weights' size per optimizer (SGD: momentum)
+# state tensors of the weights' size per optimizer, (per hidden matrix, per other parameter): SGD its momentum, Adam
+# its two moments, Muon a momentum buffer per hidden matrix and Adam's two moments for the rest
+OPTIMIZER_STATES = {"sgd": (1, 1), "adam": (2, 2), "muon": (1, 2)}
 SCHEDULES = ("1f1b", "vertical", "gpipe", "2bw", "pipedream_flush", "dp")
 
 
@@ -57,15 +61,43 @@ class StageMemory:
         return {**asdict(self), "total": self.total}
 
 
-def optimizer_states(optimizer: str, momentum: float = 0.9) -> int:
-    """Optimizer state tensors of the weights' size: SGD 1 with momentum (0 without), Adam 2.
+def optimizer_states(optimizer: str, momentum: float = 0.9, hidden: bool = False) -> int:
+    """Optimizer state tensors of a parameter's size: SGD 1 with momentum (0 without), Adam 2, Muon 1 for a hidden
+    matrix (``hidden``) and 2 for another parameter (Adam's).
 
     Raises:
         PipeDreamError: an unknown optimizer.
     """
     if optimizer not in OPTIMIZER_STATES:
         raise PipeDreamError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZER_STATES)}")
-    return 0 if optimizer == "sgd" and momentum == 0 else OPTIMIZER_STATES[optimizer]
+    return 0 if optimizer == "sgd" and momentum == 0 else OPTIMIZER_STATES[optimizer][0 if hidden else 1]
+
+
+def optimizer_state_bytes(optimizer: str, param_bytes: float, hidden_bytes: float | None = None,
+                          momentum: float = 0.9) -> float:
+    """Bytes of optimizer state a stage holds: :func:`optimizer_states` of a hidden matrix times ``hidden_bytes``
+    plus that of another parameter times the rest, ``k_h H + k (P - H)`` (Muon ``H + 2 (P - H)``, SGD and Adam
+    ``k P``). The one place the memory model, the planners and ``pipedream check`` count it.
+
+    Args:
+        optimizer: ``sgd``, ``adam`` or ``muon``.
+        param_bytes: the stage's parameters, bytes (``P``).
+        hidden_bytes: those of them that are hidden matrices, bytes (``H``, :meth:`LayerGraph.hidden_bytes_of`);
+            None when the profile does not say (needed only where the two kinds differ: Muon).
+        momentum: SGD's (0: no state).
+    Raises:
+        PipeDreamError: an unknown optimizer, or Muon without ``hidden_bytes`` (a profile taken before they were
+            recorded: profile again).
+    """
+    per_hidden, per_other = optimizer_states(optimizer, momentum, True), optimizer_states(optimizer, momentum)
+    if per_hidden == per_other:
+        return per_other * param_bytes
+    if hidden_bytes is None:
+        raise PipeDreamError(f"--optimizer {optimizer} keeps less state for hidden weight matrices, but the profile "
+                             "does not say which bytes are hidden matrices (graph.json has no 'hidden_bytes'; "
+                             "profiles taken before they were recorded, and the release's, lack them): re-run "
+                             "`pipedream profile` for this model")
+    return per_hidden * hidden_bytes + per_other * (param_bytes - hidden_bytes)
 
 
 def in_flight(schedule: str, replicas: Sequence[int], stage: int, microbatches: int = 1,
@@ -125,7 +157,7 @@ def copies_on_write(schedule: str, replicas: Sequence[int], microbatches: int = 
 
 def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float, *, schedule: str,
                  in_flight_count: int, optimizer: str = "sgd", momentum: float = 0.9,
-                 recompute: bool = False, posted_bytes: float = 0.0) -> StageMemory:
+                 recompute: bool = False, posted_bytes: float = 0.0, hidden_bytes: float | None = None) -> StageMemory:
     """Bytes one replica of a stage holds at its peak.
 
     Args:
@@ -139,11 +171,12 @@ def stage_memory(param_bytes: float, activation_bytes: float, input_bytes: float
         optimizer, momentum: the optimizer (:func:`optimizer_states`).
         recompute: activation recomputation: the activations of one (micro)batch, not of ``in_flight_count``.
         posted_bytes: receive buffers posted ahead of any (micro)batch in flight, bytes (``I_in``).
+        hidden_bytes: the stage's hidden matrices, bytes (``H``, :func:`optimizer_state_bytes`; Muon needs it).
     Raises:
-        PipeDreamError: an unknown schedule or optimizer.
+        PipeDreamError: an unknown schedule or optimizer, or Muon without ``hidden_bytes``.
     """
     return StageMemory(weights=weight_copies(schedule, in_flight_count) * param_bytes, gradients=param_bytes,
-                       optimizer=optimizer_states(optimizer, momentum) * param_bytes,
+                       optimizer=optimizer_state_bytes(optimizer, param_bytes, hidden_bytes, momentum),
                        activations=(1 if recompute else in_flight_count) * activation_bytes,
                        buffers=in_flight_count * input_bytes + posted_bytes)
 
@@ -157,10 +190,11 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
     be at the (micro)batch size the stage runs. ``stages`` are node ids per stage, ``replicas`` per stage;
     ``recompute``: activation recomputation (:func:`stage_memory`). ``P`` counts a tensor that several of a
     stage's layers use once (:meth:`pipedream.graph.LayerGraph.param_bytes_of`); every stage holding one of its
-    users keeps a copy, so each of them counts it.
+    users keeps a copy, so each of them counts it. ``H`` (Muon's hidden matrices) from the profile's
+    :meth:`pipedream.graph.LayerGraph.hidden_bytes_of`.
 
     Raises:
-        PipeDreamError: an unknown schedule or optimizer.
+        PipeDreamError: an unknown schedule or optimizer, or Muon on a profile without hidden-matrix bytes.
     """
     where = {n: s for s, nodes in enumerate(stages) for n in nodes}
     consumers: dict[str, list[str]] = {}
@@ -174,7 +208,7 @@ def plan_memory(graph: LayerGraph, stages: Sequence[Sequence[str]], replicas: Se
         n = in_flight(schedule, replicas, s, microbatches, warmup)
         out.append(stage_memory(params, recomputed if recompute else acts, inputs, schedule=schedule,
                                 in_flight_count=n, optimizer=optimizer, momentum=momentum, recompute=recompute,
-                                posted_bytes=posted))
+                                posted_bytes=posted, hidden_bytes=graph.hidden_bytes_of(nodes)))
     return out
 
 

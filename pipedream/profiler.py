@@ -24,9 +24,12 @@ Each node is then timed in isolation on its recorded inputs:
 - parameter bytes: bytes of the node's own parameters (4 per fp32 parameter); a tensor several nodes use (tied
   input and output embeddings) is in each of theirs and recorded once in :attr:`LayerGraph.tied`
   (:func:`tied_parameters`; ``graph.json``'s ``"tied"`` list), so that a stage holding several of its users
-  counts it once (:mod:`pipedream.tied`).
+  counts it once (:mod:`pipedream.tied`);
+- hidden-matrix bytes: bytes of the node's parameters that are hidden matrices, the ``nn.Linear`` weights but the
+  output layer's (:func:`pipedream.runtime.optim.hidden_matrices`, decided on the whole model), which Muon updates
+  with one state tensor where Adam keeps two (:attr:`LayerGraph.hidden`, ``graph.json``'s ``hidden_bytes``).
 
-Besides the layers, :func:`optimizer_step_rates` times one optimizer step (SGD with momentum, Adam) over
+Besides the layers, :func:`optimizer_step_rates` times one optimizer step (SGD with momentum, Adam, Muon) over
 all the model's parameters after a forward and backward, as seconds per parameter byte: the simulator's
 optimizer-step cost on this host (:func:`pipedream.costmodel.optimizer_step_s`).
 
@@ -57,7 +60,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.io import atomic_write_json
 from pipedream.runtime.config import TrainConfig
-from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.optim import hidden_matrices, make_optimizer
 from pipedream.runtime.split import OPS, node_ids, trace
 from pipedream.tied import Tied
 
@@ -228,7 +231,7 @@ def profile_module(
     Returns:
         A :class:`LayerGraph` with ``minibatch_size`` set to the first input's batch dimension; node
         times in seconds per minibatch, activations and parameters in bytes; its tied parameters
-        (:func:`tied_parameters`) in ``tied``.
+        (:func:`tied_parameters`) in ``tied``; the bytes of each node's hidden matrices in ``hidden``.
     Raises:
         PipeDreamError: if the model cannot be traced or the device is unavailable.
     """
@@ -251,8 +254,10 @@ def profile_module(
         values[ph] = x
         suffix = str(k) if len(placeholders) > 1 else ""
         graph.add_node(Node(ids[ph], f"Input{suffix}", 0.0, 0.0, (float(x.numel() * x.element_size()),), 0.0))
+        graph.hidden[ids[ph]] = 0.0
     ops = [n for n in gm.graph.nodes if n.op in OPS]
     params = {p.untyped_storage().data_ptr() for p in (*gm.parameters(), *gm.buffers())}  # held as weights
+    hidden = {id(p) for p in hidden_matrices(model, example_input)}  # gm holds the model's parameter objects
     trained = {id(p) for p in gm.parameters() if p.requires_grad}
     needs_grad: set[fx.Node] = set()  # nodes whose output depends on a parameter: the runtime differentiates it
     for node in _progress(ops, f"profile {name}"):
@@ -277,6 +282,7 @@ def profile_module(
         acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
         graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
+        graph.hidden[ids[node]] = float(sum(t.numel() * t.element_size() for t in _held(gm, node) if id(t) in hidden))
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
     graph.tied = tied_parameters(gm, ids)
@@ -380,8 +386,9 @@ def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
 
 
 # The optimizers the rate is timed for, built as the runtime builds them (pipedream.runtime.optim.make_optimizer)
-# at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas.
-STEP_OPTIMIZERS = ("sgd", "adam")
+# at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas, Muon on the hidden
+# matrices with Adam on the rest.
+STEP_OPTIMIZERS = ("sgd", "adam", "muon")
 
 
 def optimizer_step_rates(model: nn.Module, example_input: Any,
@@ -395,10 +402,12 @@ def optimizer_step_rates(model: nn.Module, example_input: Any,
     step of the reduced VGG-16 ran 2.5x faster than inside a training loop on the same host). ``max(1,
     warmup)`` untimed iterations (the first step creates the momentum or moment buffers), then the median of
     ``iters`` timed steps, divided by the parameter bytes. The step is memory bound
-    (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the parameters.
+    (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the parameters;
+    Muon's Newton-Schulz iterations are compute on the hidden matrices, so its rate carries over to stages whose
+    parameters hold about the model's share of hidden matrices.
 
     Returns:
-        ``{"sgd": s_per_byte, "adam": s_per_byte}``; empty for a model without parameters.
+        ``{"sgd": s_per_byte, "adam": s_per_byte, "muon": s_per_byte}``; empty for a model without parameters.
     """
     settings = settings or ProfileSettings()
     device = torch.device(settings.device)
@@ -413,7 +422,7 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
     """Seconds per parameter byte of ``optimizer``'s step on ``net``, each timed step right after a forward and
     backward (:func:`optimizer_step_rates`)."""
     params = [p for p in net.parameters() if p.requires_grad]
-    opt = make_optimizer(TrainConfig(optimizer=optimizer), params)
+    opt = make_optimizer(TrainConfig(optimizer=optimizer), params, hidden_matrices(net, inputs))
 
     def forward_backward() -> None:
         opt.zero_grad(set_to_none=False)
@@ -432,14 +441,15 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:
-    """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes and what it saves; the edges; the
-    tied parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`; and ``meta``) and ``meta.json`` (minibatch
-    size, device, ...) into ``out_dir``."""
+    """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes, hidden-matrix bytes and what it
+    saves; the edges; the tied parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`; and ``meta``) and
+    ``meta.json`` (minibatch size, device, ...) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
          **dict(zip(("fwd_iqr_s", "bwd_iqr_s"), graph.spread.get(n.node_id, ()), strict=False)),
          "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes,
+         **({"hidden_bytes": graph.hidden[n.node_id]} if n.node_id in graph.hidden else {}),
          **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}
         for n in graph.nodes.values()
     ]

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path: Path, **kw) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     data = write_data(tmp_path / "data")
+    settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, **kw}
     cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), out_dir=str(tmp_path / "out"),
-                      batch_size=8, lr=0.1, momentum=0.9, weight_decay=5e-4, max_minibatches=6, progress=False,
-                      debug_dump=True, comm_timeout_s=30, **kw)
+                      batch_size=8, max_minibatches=6, progress=False, debug_dump=True, comm_timeout_s=30, **settings)
     spawn_local(cfg, 2, fn=train)
     d0, d1 = (torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(2))
     for n, p in d0["params"].items():
@@ -93,3 +93,24 @@ def test_a_dp_worker_counts_one_copy_of_weights_gradients_and_momentum(tmp_path:
     assert got == {"weights": w, "versions": 0, "gradients": w, "optimizer": w, "buffers": 8 * 3 * 32 * 32 * 4 + 8 * 8}
     assert row["peak_activations_bytes_stage0"] > 0
     assert row["peak_memory_bytes_stage0"] == sum(got.values()) + row["peak_activations_bytes_stage0"]
+
+
+def test_dp_trains_with_muon_as_one_process_does(tmp_path: Path) -> None:
+    """``--optimizer muon`` on DDP (global minibatches of 8, 4 + 4 a worker): the replicas stay equal and end where
+    one process with the optimizer the runtime builds ends (Muon on the two hidden Linear weights, Adam on the
+    convolution, the biases and the output layer), within 3% of the distance each tensor moved (Muon's
+    Newton-Schulz runs in bfloat16, so DDP's averaged gradients, equal to the last bits, may round apart)."""
+    from pipedream.runtime.optim import hidden_matrices, make_optimizer
+
+    d0 = _run(tmp_path, optimizer="muon", lr=1e-2, weight_decay=0.0, dp_batch="global")
+    batches = reference_batches(tmp_path / "data", 8, 0, 0)[:6]
+    model, initial = build(tiny_model), build(tiny_model).state_dict()
+    hidden = hidden_matrices(model, batches[0][0])
+    assert [p.shape for p in hidden] == [(16, 256), (16, 16)]
+    opt = make_optimizer(TrainConfig(optimizer="muon", lr=1e-2, weight_decay=0.0), model.parameters(), hidden)
+    for x, y in batches:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    for n, p in model.state_dict().items():
+        assert float((d0["params"][n] - p).norm()) <= 0.03 * float((p - initial[n]).norm()), n

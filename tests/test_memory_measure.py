@@ -90,6 +90,37 @@ def test_single_stage_peak_by_hand(optimizer: str, state_bytes: int) -> None:
     assert ex.saved.by_unit == {}  # every backward dropped its unit's saved tensors
 
 
+def test_a_muon_stage_holds_the_optimizer_state_the_memory_model_counts() -> None:
+    """A small GPT (width 16, 2 blocks, vocabulary 50, 8 tokens) trained as one stage with Muon: the meter's
+    optimizer bytes are Muon's momentum for the blocks' 2 x 12 x 16^2 matrix parameters and Adam's two moments for
+    the other parameters, plus Adam's 4-byte step scalar for each of its 21 tensors (8 a block, 2 embeddings, the
+    head's LayerNorm and projection), which the memory model leaves out; the memory model, from the profile, has
+    the rest."""
+    from pipedream.memory import plan_memory
+    from pipedream.models.transformer import TransformerConfig, build_transformer, lm_loss
+    from pipedream.profiler import ProfileSettings, profile_module
+    from pipedream.runtime.optim import hidden_matrices
+
+    gpt = TransformerConfig(vocab=50, seq=8, hidden=16, heads=2, layers=2, causal=True, dropout=0.0)
+    torch.manual_seed(0)
+    model = build_transformer(gpt)
+    x = torch.randint(0, gpt.vocab, (B, gpt.seq))
+    stages = build_stages(model, straight_plan("t", 4, [4]), x)
+    module = stages.modules[0]
+    versions = WeightVersions(module, Policy.STASH)
+    opt = make_optimizer(TrainConfig(model="t", optimizer="muon", lr=1e-3), versions.master, hidden_matrices(model, x))
+    ex = StageExecutor(0, 1, module, versions, opt, P2P(10.0, torch.device("cpu")), None, stages.boundaries[0],
+                       criterion=lm_loss, measure_memory=True)
+    sched = schedules.build("1f1b", [[0]], 2)
+    ex.run(sched.order[0], sched, StageData(inputs=lambda m, j: x, labels=lambda m, j: x), B)
+    hidden, params = 4 * 2 * 12 * 16**2, 4 * gpt.parameters()
+    assert ex.memory is not None
+    assert ex.memory.category_max["optimizer"] == hidden + 2 * (params - hidden) + 4 * 21
+    graph = profile_module(model, x, ProfileSettings(warmup=0, iters=1))
+    (need,) = plan_memory(graph, [list(graph.nodes)], [1], optimizer="muon")
+    assert need.optimizer == hidden + 2 * (params - hidden)
+
+
 def test_single_stage_recomputation_by_hand() -> None:
     """With recomputation the forward saves only its input (a buffer); the loss, outside the checkpoint, saves
     the output (B x OUT). Each backward is counted once more, when the recomputed first-layer output (B x HID) is

@@ -105,6 +105,32 @@ def test_plan_memory_with_recomputation_by_hand() -> None:
     assert (plain[1].activations, again[1].activations) == (40, 40)
 
 
+def test_muon_keeps_one_state_per_hidden_matrix_byte_and_adams_two_for_the_rest() -> None:
+    """P = 100 bytes of which H = 60 are hidden matrices: Muon's momentum 60, Adam's moments 2 x 40."""
+    assert memory.optimizer_state_bytes("muon", 100, 60) == 60 + 2 * 40
+    assert memory.optimizer_state_bytes("adam", 100, 60) == memory.optimizer_state_bytes("adam", 100) == 200
+    assert memory.optimizer_state_bytes("sgd", 100) == 100 and memory.optimizer_state_bytes("sgd", 100, momentum=0) == 0
+    assert memory.stage_memory(100, 0, 0, schedule="2bw", in_flight_count=1, optimizer="muon",
+                               hidden_bytes=60).as_dict() == {"weights": 200, "gradients": 100, "optimizer": 140,
+                                                              "activations": 0, "buffers": 0, "total": 440}
+
+
+def test_plan_memory_takes_the_hidden_bytes_from_the_profile_or_asks_for_a_new_one() -> None:
+    """Two stages of a chain input -> l1 (P 30, H 20) -> l2 (P 50, H 0, the output layer)."""
+    g = LayerGraph(minibatch_size=1)
+    for nid, p in (("node0", 0.0), ("node1", 30.0), ("node2", 50.0)):
+        g.add_node(Node(nid, "Input" if nid == "node0" else "Linear", 1e-3, 1e-3, (4.0,), p))
+    g.add_edge("node0", "node1")
+    g.add_edge("node1", "node2")
+    stages = [["node0", "node1"], ["node2"]]
+    with pytest.raises(PipeDreamError, match="re-run `pipedream profile`"):
+        memory.plan_memory(g, stages, [1, 1], schedule="2bw", microbatches=2, optimizer="muon")
+    assert [m.optimizer for m in memory.plan_memory(g, stages, [1, 1], optimizer="adam")] == [60, 100]
+    g.hidden = {"node0": 0.0, "node1": 20.0, "node2": 0.0}
+    need = memory.plan_memory(g, stages, [1, 1], schedule="2bw", microbatches=2, optimizer="muon")
+    assert [m.optimizer for m in need] == [20 + 2 * 10, 2 * 50]
+
+
 def test_unknown_schedule_or_optimizer_is_named() -> None:
     with pytest.raises(PipeDreamError, match="unknown schedule 'pipe'"):
         memory.in_flight("pipe", [1], 0)

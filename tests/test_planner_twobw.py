@@ -194,3 +194,23 @@ def test_paper_scale_depths() -> None:
         assert max(c.memory_bytes) <= 16e9 and c.width * c.depth == 64
         depths[name] = c.depth
     assert depths["gpt_3.8b"] >= depths["gpt_2.2b"] and math.log2(depths["gpt_2.2b"]).is_integer()
+
+
+def test_muon_holds_one_state_per_hidden_matrix_byte() -> None:
+    """GPT-2.2B costed from FLOPs (its blocks' 12 h^2 matrices are hidden, :func:`transformer_graph`): at the same
+    plan, Muon's optimizer state is Adam's less one state per hidden-matrix byte; a graph without the hidden bytes
+    cannot be planned for Muon."""
+    from pipedream.models.transformer import config_of
+    from pipedream.table2bw.paper import transformer_graph
+
+    cfg = config_of("gpt_2.2b", "full")
+    g = transformer_graph(cfg)
+    nodes = twobw.stage_nodes(twobw.find_blocks(g), 8)
+    memory = {opt: twobw.stage_memory(g, nodes, 8, 4, 4, False, twobw.Settings(batch_size=512, optimizer=opt))
+              for opt in ("adam", "muon")}
+    hidden = [g.hidden_bytes_of(stage) for stage in nodes]
+    assert hidden[1] == 4 * 12 * cfg.hidden**2 * len([n for n in nodes[1] if g.nodes[n].desc.startswith("Block")])
+    assert memory["muon"] == pytest.approx([a - h for a, h in zip(memory["adam"], hidden, strict=True)])
+    g.hidden = {}
+    with pytest.raises(PipeDreamError, match="re-run `pipedream profile`"):
+        twobw.stage_memory(g, nodes, 8, 4, 4, False, twobw.Settings(batch_size=512, optimizer="muon"))

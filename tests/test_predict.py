@@ -179,7 +179,7 @@ def test_optimizer_step_rates_leave_the_model_alone() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 10))
     before = [p.detach().clone() for p in model.parameters()]
     rates = optimizer_step_rates(model, torch.randn(4, 256))
-    assert set(rates) == {"sgd", "adam"}
+    assert set(rates) == {"sgd", "adam", "muon"}
     assert all(math.isfinite(r) and r > 0 for r in rates.values())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert optimizer_step_rates(torch.nn.ReLU(), torch.randn(4, 3)) == {}

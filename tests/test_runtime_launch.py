@@ -90,13 +90,16 @@ def _same_weights_and_metrics(run: Path, reference: Path) -> tuple[list[dict], l
     return json.loads((run / "metrics.json").read_text()), json.loads((reference / "metrics.json").read_text())
 
 
-def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("optimizer", ["sgd", "muon"])
+def test_resume_from_checkpoint_is_bitwise_identical(tmp_path: Path, optimizer: str) -> None:
+    """Also with Muon and Adam as one optimizer (its momentum buffers and Adam's moments and steps restored)."""
     data = write_data(tmp_path / "data")
 
     def cfg(out: str, epochs: int, resume: bool = False) -> TrainConfig:
         return TrainConfig(model="tiny", model_factory=tiny_dropout_model, data_dir=str(data), epochs=epochs,
                            out_dir=str(tmp_path / out), batch_size=8, lr=0.05, momentum=0.9, max_minibatches=6,
-                           checkpoint=True, resume=resume, progress=False, debug_dump=True, comm_timeout_s=30)
+                           optimizer=optimizer, checkpoint=True, resume=resume, progress=False, debug_dump=True,
+                           comm_timeout_s=30)
 
     spawn_local(cfg("straight", 3), 2)
     spawn_local(cfg("resumed", 1), 2)  # "interrupted" after epoch 1

@@ -44,7 +44,7 @@ from pipedream.runtime import distributed as D
 from pipedream.runtime.buckets import EmulatedLink
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, tensors_in
-from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.optim import hidden_matrices, make_optimizer
 from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
 
@@ -100,6 +100,7 @@ def train(cfg: TrainConfig) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
     task = load_task(cfg)
+    hidden = hidden_matrices(task.model, task.example) if cfg.optimizer == "muon" else []  # Muon's matrices
     model = task.model.to(device)
     # bucket_cap_mb=None is DDP's default (25 MiB, first bucket 1 MiB); an explicit cap applies to every bucket
     cap_mb = None if cfg.bucket_bytes == DDP_BUCKET_CAP_BYTES else cfg.bucket_bytes / 2**20
@@ -109,7 +110,7 @@ def train(cfg: TrainConfig) -> None:
                                   bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
     if cfg.emulate_bandwidth_Bps:
         ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
-    optimizer = make_optimizer(cfg, list(model.parameters()))
+    optimizer = make_optimizer(cfg, list(model.parameters()), hidden)
     train_split, val_split = task.train, task.val
     per_worker = cfg.dp_batch == "per_worker"
     if not per_worker and cfg.batch_size % world:

@@ -86,12 +86,29 @@ def dp_memory_problem(name: str, model_cfg: dict[str, Any], cluster: Any) -> str
         model = build_model(name, preset, 0)
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     need = memory.stage_memory(param_bytes, 0, 0, schedule="dp", in_flight_count=1, optimizer=optimizer,
-                               momentum=momentum).total
+                               momentum=momentum, hidden_bytes=_hidden_bytes(name, preset, model, optimizer)).total
     if need <= cluster.device_memory_bytes:
         return None
     return (f"{name} ({preset}) holds {memory.format_bytes(need)} of weights, gradients and {optimizer} state on "
             f"every DP worker, more than a device of cluster {cluster.name!r} has "
             f"({memory.format_bytes(cluster.device_memory_bytes)}); use a cluster with more device memory")
+
+
+def _hidden_bytes(name: str, preset: str, model: Any, optimizer: str) -> float | None:
+    """Bytes of ``model``'s hidden matrices (:func:`pipedream.runtime.optim.hidden_matrices`, found by a forward on
+    the meta device) for ``--optimizer muon``, else None; 0 (Muon's state counted as Adam's, an upper bound) for a
+    model whose forward the meta device cannot run (GNMT's packed LSTMs)."""
+    if optimizer != "muon":
+        return None
+    from pipedream.capture import to_device
+    from pipedream.models import example_input
+    from pipedream.runtime.optim import hidden_matrices
+
+    try:
+        hidden = hidden_matrices(model, to_device(example_input(name, 1, preset, 0), "meta"))
+    except (NotImplementedError, RuntimeError):
+        return 0.0
+    return float(sum(p.numel() * p.element_size() for p in hidden))
 
 
 def twobw_problem(cfg: dict[str, Any]) -> str | None:

@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", default="2bw", choices=("2bw", "gpipe", "pipedream_flush"),
                    help="the schedule to plan for (gpipe and pipedream_flush flush every batch); pipedream_flush "
                         "where this checkout has it")
-    g.add_argument("--optimizer", default="adam", choices=("sgd", "adam"), help="optimizer state held and stepped")
+    g.add_argument("--optimizer", default="adam", choices=("sgd", "adam", "muon"),
+                   help="optimizer state held and stepped (muon: Muon on the hidden matrices, Adam on the rest)")
     g.add_argument("--max-microbatch", type=int, default=64, help="largest microbatch tried (powers of two)")
     g.add_argument("--depth", type=int, nargs="+", help="only these depths")
     g.add_argument("--microbatch", type=int, nargs="+", help="only these microbatch sizes")

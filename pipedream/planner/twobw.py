@@ -202,7 +202,7 @@ class Settings:
     Attributes:
         batch_size: samples per update ``B`` over all pipelines.
         schedule: one of :data:`SCHEDULES` (default ``2bw``).
-        optimizer: sets the optimizer state held (:func:`pipedream.memory.optimizer_states`) and the step time.
+        optimizer: sets the optimizer state held (:func:`pipedream.memory.optimizer_state_bytes`) and the step time.
         max_microbatch: largest ``b`` tried (powers of two from 1).
         depths, microbatch_sizes, recompute: restrict the search to these values (None: all).
         step_s_per_param_byte: measured optimizer step rate (the profile's ``meta.json``); None: memory bound on

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 SCHEDULES = ("1f1b", "gpipe", "2bw", "pipedream_flush")
 WEIGHT_SYNC = ("stash", "vertical")
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "muon")
 LR_POLICIES = ("constant", "polynomial", "step")
 DP_BATCH = ("per_worker", "global")
 STAGE_LR = ("sgd", "all", "none")
@@ -60,7 +60,8 @@ class TrainConfig:
         stage_lr: which optimizers get the release's per-stage learning rate under 1F1B-RR,
             ``lr x replicas(s) / replicas(0)`` (:func:`pipedream.runtime.lr.stage_lr_factor`): ``"sgd"``
             (default), ``"all"`` or ``"none"``.
-        epochs, batch_size, lr, momentum, weight_decay, optimizer, seed: training hyper-parameters;
+        epochs, batch_size, lr, momentum, weight_decay, optimizer, seed: training hyper-parameters (``optimizer``:
+            :func:`pipedream.runtime.optim.make_optimizer`);
             ``batch_size`` is the minibatch of one pipeline (PipeDream) or of one worker (DP).
         train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).
         max_minibatches: cap on training minibatches per epoch (tests, smoke runs).
@@ -122,7 +123,10 @@ class TrainConfig:
     lr: float = _opt(0.01, "learning rate")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(5e-4, "L2 weight decay")
-    optimizer: str = _opt("sgd", "optimizer", OPTIMIZERS)
+    optimizer: str = _opt("sgd", "sgd (with --momentum), adam, or muon: torch.optim.Muon on the hidden weight "
+                                 "matrices (every nn.Linear weight but the output layer's) and Adam on the rest "
+                                 "(embeddings, biases, norms, the output layer), both at --lr; robust to 2BW's "
+                                 "one-step delay (Zmushko et al., ICML 2026)", OPTIMIZERS)
     seed: int = _opt(0, "seed of the weights, the subsets and the data order")
     lr_policy: str = _opt("constant", "learning-rate policy over the epochs: constant, polynomial "
                                       "(lr * (1 - p/epochs)^lr_power) or step (x0.1 every lr_step_epochs)", LR_POLICIES)

@@ -34,7 +34,7 @@ from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.memory_meter import CATEGORIES
-from pipedream.runtime.optim import make_optimizer
+from pipedream.runtime.optim import hidden_matrices, make_optimizer
 from pipedream.runtime.shared import SharedGrads
 from pipedream.runtime.stage import build_stages, straight_plan
 from pipedream.runtime.supervise import die_with_parent
@@ -174,6 +174,9 @@ def train(cfg: TrainConfig) -> None:
     replicas = [s.replicas for s in plan.stages]
     stage_ranks = [list(s.ranks) for s in plan.stages]
     s = plan.stage_of_rank(rank)
+    # Muon's matrices are chosen on the whole model, so every stage splits its parameters alike; the stage modules
+    # share the model's parameter objects
+    hidden = hidden_matrices(model, task.example) if cfg.optimizer == "muon" else []
     stages = build_stages(model, plan, example)
     shared.check(stages.shared, replicas, cfg.schedule, cfg.clip_norm)
     shapes, module, held = stages.boundaries, stages.modules[s].to(device), stages.shared
@@ -181,7 +184,7 @@ def train(cfg: TrainConfig) -> None:
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
     shared_grads = SharedGrads(held, s, module, stage_ranks, cfg.comm_timeout_s) if held else None
     versions = WeightVersions(module, policy_of(cfg, replicas))
-    optimizer = make_optimizer(cfg, versions.master)
+    optimizer = make_optimizer(cfg, versions.master, hidden)
     # NCCL matches point-to-point operations in issue order: one batch per step of the schedule
     batched = dist.get_backend() == "nccl" or os.environ.get(BATCHED_ENV) == "1"
     p2p = P2P(cfg.comm_timeout_s, device, cfg.emulate_bandwidth_Bps, batched=batched, log=cfg.debug_dump)

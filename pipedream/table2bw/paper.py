@@ -68,11 +68,14 @@ def transformer_graph(cfg: TransformerConfig, samples: int = 1,
     """A chain profile of ``cfg`` (input, embedding, ``cfg.layers`` blocks, head; node ids as the registered
     model's, :func:`pipedream.models.layer_node_id`) for ``samples`` sequences per profiled minibatch, from the
     FLOP counts and byte counts of the module docstring; ``saved`` carries what each layer keeps for its
-    backward, so :func:`pipedream.memory.plan_memory` counts it."""
+    backward, so :func:`pipedream.memory.plan_memory` counts it; ``hidden`` the bytes of each block's four weight
+    matrices (``12 h^2`` parameters: QKV, output projection, MLP; the head's projection is the output layer), which
+    Muon updates (:func:`pipedream.runtime.optim.hidden_matrices`)."""
     s, h, v = cfg.seq, cfg.hidden, cfg.vocab
     hidden_bytes = ACTIVATION_BYTES * samples * s * h
     g = LayerGraph(minibatch_size=samples)
     g.add_node(Node("node0", "Input0", 0.0, 0.0, (TOKEN_BYTES * samples * s,), 0.0))
+    g.hidden["node0"] = 0.0
     layers: list[tuple[str, float, float, float, float]] = [  # desc, forward FLOPs, output bytes, params, saved
         (f"Embedding(vocab={v}, seq={s}, hidden={h})", 0.0, hidden_bytes, (v + s) * h, samples * s * h)]
     block = (f"Block(hidden={h}, heads={cfg.heads}, causal={cfg.causal})", block_forward_flops(cfg, samples),
@@ -87,5 +90,6 @@ def transformer_graph(cfg: TransformerConfig, samples: int = 1,
         g.add_node(Node(nid, desc, fwd, 2 * fwd, (out_bytes,), PARAMETER_BYTES * params))
         g.add_edge(prev, nid)
         g.saved[nid] = (saved, False, False)
+        g.hidden[nid] = PARAMETER_BYTES * 12 * h * h if desc.startswith("Block") else 0.0
         prev = nid
     return g
