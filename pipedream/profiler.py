@@ -257,7 +257,6 @@ def profile_module(
         graph.hidden[ids[ph]] = 0.0
     ops = [n for n in gm.graph.nodes if n.op in OPS]
     params = {p.untyped_storage().data_ptr() for p in (*gm.parameters(), *gm.buffers())}  # held as weights
-    hidden = {id(p) for p in hidden_matrices(model, example_input)}  # gm holds the model's parameter objects
     trained = {id(p) for p in gm.parameters() if p.requires_grad}
     needs_grad: set[fx.Node] = set()  # nodes whose output depends on a parameter: the runtime differentiates it
     for node in _progress(ops, f"profile {name}"):
@@ -282,10 +281,14 @@ def profile_module(
         acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
         graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
-        graph.hidden[ids[node]] = float(sum(t.numel() * t.element_size() for t in _held(gm, node) if id(t) in hidden))
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
     graph.tied = tied_parameters(gm, ids)
+    # after the layers ran one by one, so that a layer that fails is named (a whole forward would not say which);
+    # gm holds the model's parameter objects
+    hidden = {id(p) for p in hidden_matrices(model, example_input)}
+    for node in ops:
+        graph.hidden[ids[node]] = float(sum(t.numel() * t.element_size() for t in _held(gm, node) if id(t) in hidden))
     if loss is not None:
         output = next(n for n in gm.graph.nodes if n.op == "output")
         sinks = [n for n in ops if n in output.all_input_nodes]
