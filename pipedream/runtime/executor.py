@@ -34,6 +34,7 @@ its peer is waiting for.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -85,6 +86,10 @@ class EpochStats:
     compute_s: float = 0.0
     wait_s: float = 0.0
     cpu_s: float = 0.0  # CPU seconds of the whole process over the pass, every thread (gloo's included)
+    # context switches of the whole process over the pass (getrusage: ru_nvcsw, a thread blocked, e.g. on a receive;
+    # ru_nivcsw, a thread preempted by another on its core)
+    voluntary_switches: float = 0.0
+    involuntary_switches: float = 0.0
     losses: list[tuple[int, int, float]] = field(default_factory=list)  # (minibatch, micro, loss)
 
 
@@ -185,7 +190,7 @@ class StageExecutor:
         plan = issue_plan(actions, self.p2p.batched)
         window = (memory_window(actions, self.memory_minibatches) if self.memory_minibatches
                   else len(actions)) if phase == 0 and self.memory is not None else 0
-        cpu0 = time.process_time()
+        cpu0, use0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         for i, a in enumerate(actions):
             self._counting = i < window
             if plan[i]:
@@ -200,6 +205,9 @@ class StageExecutor:
                 self._count_memory(a)
         self.p2p.drain()
         self.stats.cpu_s = time.process_time() - cpu0
+        use = resource.getrusage(resource.RUSAGE_SELF)
+        self.stats.voluntary_switches = float(use.ru_nvcsw - use0.ru_nvcsw)
+        self.stats.involuntary_switches = float(use.ru_nivcsw - use0.ru_nivcsw)
         if phase == 0:
             self.stats_history.append(self.stats.losses)
         return self.stats

@@ -228,7 +228,7 @@ def train(cfg: TrainConfig) -> None:
         resumed = epoch == start_epoch and start_mb > 0
         # this rank's running sums of the epoch: loss, loss count, samples, training seconds
         sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
-        busy = [0.0, 0.0, 0.0]  # this rank's compute, wait and CPU seconds of the epoch's training (not checkpointed)
+        busy = [0.0] * 5  # this rank's compute, wait and CPU seconds and context switches of the epoch's training
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         if bar is not None:
             bar.reset(total=backwards)
@@ -247,7 +247,8 @@ def train(cfg: TrainConfig) -> None:
                                  minibatch_offset=epoch * nb + m0)
             sums = [a + b for a, b in zip(sums, [stats.loss_sum, stats.loss_count, stats.samples, 0.0], strict=True)]
             sums[3] += time.time() - t0
-            busy = [busy[0] + stats.compute_s, busy[1] + stats.wait_s, busy[2] + stats.cpu_s]
+            busy = [b + x for b, x in zip(busy, (stats.compute_s, stats.wait_s, stats.cpu_s, stats.voluntary_switches,
+                                                 stats.involuntary_switches), strict=True)]
             if cfg.checkpoint_every and k + 1 < len(segments):
                 ckpt.save_stage(out_dir, (epoch, segments[k + 1][0]), s, rank, stage_ranks, module, optimizer,
                                 versions, log.rows, sums)
@@ -290,7 +291,9 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
 
     * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`) and
       ``wait_s_stage<s>`` (blocked on receives and allreduces) and ``cpu_s_stage<s>`` (CPU seconds of the
-      whole process, every thread, :attr:`EpochStats.cpu_s`), seconds, mean over the stage's replicas;
+      whole process, every thread, :attr:`EpochStats.cpu_s`), seconds, and ``voluntary_switches_stage<s>`` and
+      ``involuntary_switches_stage<s>`` (the process's context switches: blocked, preempted;
+      :attr:`EpochStats.voluntary_switches`), mean over the stage's replicas;
     * with ``measure_memory``: ``peak_memory_bytes_stage<s>``, the categories at that peak as
       ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory_meter.CATEGORIES`) and on CUDA
       ``cuda_max_allocated_bytes_stage<s>``, bytes, of the stage's largest replica.
@@ -310,11 +313,13 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
         row[f"compute_s_stage{s}"] = sum(got[q][0] for q in ranks) / len(ranks)
         row[f"wait_s_stage{s}"] = sum(got[q][1] for q in ranks) / len(ranks)
         row[f"cpu_s_stage{s}"] = sum(got[q][2] for q in ranks) / len(ranks)
+        row[f"voluntary_switches_stage{s}"] = sum(got[q][3] for q in ranks) / len(ranks)
+        row[f"involuntary_switches_stage{s}"] = sum(got[q][4] for q in ranks) / len(ranks)
         if rec is None:
             continue
-        peak = got[max(ranks, key=lambda q: got[q][3])]
-        row[f"peak_memory_bytes_stage{s}"] = peak[3]
-        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, peak[4:-1], strict=True)})
+        peak = got[max(ranks, key=lambda q: got[q][5])]
+        row[f"peak_memory_bytes_stage{s}"] = peak[5]
+        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, peak[6:-1], strict=True)})
         if rec["cuda_max_allocated_bytes"] is not None:
             row[f"cuda_max_allocated_bytes_stage{s}"] = max(got[q][-1] for q in ranks)
     return row
