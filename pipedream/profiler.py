@@ -425,7 +425,8 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
     """Seconds per parameter byte of ``optimizer``'s step on ``net``, each timed step right after a forward and
     backward (:func:`optimizer_step_rates`)."""
     params = [p for p in net.parameters() if p.requires_grad]
-    opt = make_optimizer(TrainConfig(optimizer=optimizer), params, hidden_matrices(net, inputs))
+    hidden = hidden_matrices(net, inputs) if optimizer == "muon" else ()  # only Muon splits its parameters
+    opt = make_optimizer(TrainConfig(optimizer=optimizer), params, hidden)
 
     def forward_backward() -> None:
         opt.zero_grad(set_to_none=False)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.errors import PipeDreamError
+from pipedream.experiment import load_yaml
 from pipedream.graph import LayerGraph
 from pipedream.paths import RELEASE_PROFILES, shipped
 from pipedream.plan import Plan, Stage, config_string
@@ -174,8 +175,6 @@ def _run(d: Any, i: int, graphs: dict[str, LayerGraph], profiles_dir: Path) -> R
 
 @functools.lru_cache(maxsize=8)
 def _load(path: Path, profiles_dir: Path) -> tuple[ReleaseRun, ...]:
-    from pipedream.experiment import load_yaml
-
     doc = load_yaml(path, "release runs file")
     if not isinstance(doc, dict) or not isinstance(doc.get("runs"), list):
         raise PipeDreamError(f"release runs file {path}: expected a top-level 'runs:' list")

@@ -22,6 +22,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
 from pipedream.paths import shipped
 from pipedream.table1.measured import MODES, measured_speedup, read_metrics, run_threshold
+from pipedream.table2bw.html import section
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
                      "rel_error": "predicted_rel_error", "loo_fraction": "predicted_loo_dp_fraction",
@@ -188,7 +189,6 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     from pipedream.table1.memory_check import write_memory_check
     from pipedream.table1.prediction import write_prediction_check
     from pipedream.table1.provenance import collect
-    from pipedream.table2bw.html import section
 
     results = Path(cfg["results_dir"])
     df = build_table(cfg)

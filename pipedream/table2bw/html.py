@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from pipedream import memory
-from pipedream.table1.html import CSS, figure
+from pipedream.html_page import CSS, figure
 from pipedream.table2bw.table import PLOT, loss_lines
 
 MEASURED = ["schedule", "optimizer", "config", "samples_per_s", "predicted_samples_per_s", "twobw_speedup",

@@ -112,7 +112,6 @@ def measured_rows(runs_dir: Path, model: str, batch_size: int, workers: int, dep
     every worker) trained with ``optimizer``, then those of ``runs_dir/<schedule>-<loss_optimizer>/`` (the loss
     check's runs), and the per-epoch validation losses of every run."""
     rows, curve = [], []
-    width = workers // depth
     for opt, suffix in [(optimizer, "")] + ([(loss_optimizer, f"-{loss_optimizer}")] if loss_optimizer else []):
         group = []
         for schedule in MEASURED_SCHEDULES:
@@ -120,7 +119,7 @@ def measured_rows(runs_dir: Path, model: str, batch_size: int, workers: int, dep
             if found is None:
                 continue
             run, epochs = found
-            group.append(_measured_row(run, epochs, model, schedule, opt, batch_size, workers, width, microbatches))
+            group.append(_measured_row(run, epochs, model, schedule, opt, batch_size, workers, depth, microbatches))
             curve += [{"schedule": schedule, "optimizer": opt, "epoch": e["epoch"], "wall_time_s": e["wall_time_s"],
                        "val_loss": e["val_loss"], "train_loss": e["train_loss"]} for e in epochs]
         dp = next((r["final_val_loss"] for r in group if r["schedule"] == "dp"), math.nan)
@@ -129,13 +128,13 @@ def measured_rows(runs_dir: Path, model: str, batch_size: int, workers: int, dep
 
 
 def _measured_row(run: dict[str, Any], epochs: list[dict[str, Any]], model: str, schedule: str, optimizer: str,
-                  batch_size: int, workers: int, width: int, microbatches: int) -> dict[str, Any]:
+                  batch_size: int, workers: int, depth: int, microbatches: int) -> dict[str, Any]:
     """One ``measured`` row from a run's ``run.json`` and ``metrics.json`` rows (see :func:`measured_rows`)."""
     peaks = [v for k, v in run.items() if k.startswith("measured_memory_bytes_stage")]
     needs = [v for k, v in run.items() if k.startswith("predicted_memory_bytes_stage")]
     flushed = schedule in ("2bw", "gpipe", "pipedream_flush")
     micro = microbatches if flushed else 1
-    depth = workers // width
+    width = workers // depth
     replicas = [workers] if schedule == "dp" else [width] * depth
     config = (f"dp x{workers}, {batch_size // workers} each" if schedule == "dp"
               else f"w={width} d={depth} b={batch_size // micro if flushed else batch_size // width}")
