@@ -7,7 +7,7 @@ import pytest
 from pipedream.runtime.message_cost import message_end_cpu_s
 from pipedream.sim.costs import StageCost
 from pipedream.sim.predict import EpochShape, predict_epoch, profiled_host
-from pipedream.sim.transport_cpu import with_transport_cpu
+from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster
 from tests.test_predict import chain
 
@@ -15,7 +15,7 @@ from tests.test_predict import chain
 def test_each_action_pays_the_message_ends_it_sends_and_receives() -> None:
     """3 stages sending 100 / 50 bytes forward and 40 / 30 back; a message end costs 1 ms + 10 us/byte. Stage 1's
     forward receives 100 and sends 50, its backward receives 30 and sends 40; its step (after a gradient
-    allreduce whose CPU overlaps the allreduce's own link time) is unchanged."""
+    allreduce, whose CPU the simulator runs beside the actions: allreduce_cpu_s) is unchanged."""
     costs = [StageCost(1.0, 2.0, 100.0, 0.0, 0.0), StageCost(1.0, 2.0, 50.0, 40.0, 1000.0, [(0.5, 1000.0)], 0.25),
              StageCost(1.0, 2.0, 0.0, 30.0, 0.0)]
     got = with_transport_cpu(costs, 1e-3, 1e-5)
@@ -67,3 +67,10 @@ def test_the_probe_measures_a_positive_cost_through_the_runtimes_transport() -> 
     costs some CPU (gloo's threads included), well under the 0.1 s that would mean the probe waited on a timeout."""
     cost = message_end_cpu_s(256, messages=50, timeout_s=60.0)
     assert 0.0 < cost < 0.1
+
+
+def test_a_ring_allreduce_costs_each_member_four_n_minus_one_chunk_ends() -> None:
+    """3 replicas, 3 MB: reduce-scatter and all-gather take 2 steps each, every step one send and one receive
+    of a 1 MB chunk: 8 ends of (50 us + 1e6 B * 1 ns) = 8.4 ms; one replica reduces nothing."""
+    assert allreduce_cpu_s(3, 3e6, 50e-6, 1e-9) == pytest.approx(8 * 1.05e-3)
+    assert allreduce_cpu_s(1, 3e6, 50e-6, 1e-9) == 0.0

@@ -356,7 +356,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
              "first_epoch_time_s": epochs[0]["epoch_time_s"], "launch_to_finish_s": total_s}
     if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks"), on the warmed-up epochs
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["steady_epoch_time_s"] / predicted)
-    work = prediction.get("work_s") or []
+    work, scale = prediction.get("work_s") or [], prediction.get("compute_scale") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
         final[f"predicted_compute_s_stage{k}"] = busy
@@ -367,6 +367,10 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if cpu and k < len(work):  # CPU the runtime spends beyond the predicted work (CPU hosts)
             final[f"measured_cpu_s_stage{k}"] = sum(cpu) / len(cpu)
             final[f"predicted_work_s_stage{k}"] = work[k]
+        compute_cpu = [e[f"compute_cpu_s_stage{k}"] for e in steady if f"compute_cpu_s_stage{k}" in e]
+        if compute_cpu and k < len(scale) and scale[k] > 0:  # the compute's CPU against its work at full speed
+            final[f"measured_compute_cpu_s_stage{k}"] = sum(compute_cpu) / len(compute_cpu)
+            final[f"predicted_compute_work_s_stage{k}"] = busy / scale[k]
     for k, need in enumerate(prediction.get("memory_bytes") or []):  # the check of the memory model
         final[f"predicted_memory_bytes_stage{k}"] = need["total"]
         measured = max((e.get(f"peak_memory_bytes_stage{k}", 0.0) for e in epochs), default=0.0)

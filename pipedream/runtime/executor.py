@@ -84,6 +84,9 @@ class EpochStats:
     counted: int = 0  # predictions compared for accuracy (tokens for sequence models)
     samples: int = 0
     compute_s: float = 0.0
+    # CPU seconds of this rank's main thread in those forwards and backwards (time.thread_time): below compute_s
+    # by the time the rank waited for a core; above the profile's work by what sharing the host costs the compute
+    compute_cpu_s: float = 0.0
     wait_s: float = 0.0
     cpu_s: float = 0.0  # CPU seconds of the whole process over the pass, every thread (gloo's included)
     # context switches of the whole process over the pass (getrusage: ru_nvcsw, a thread blocked, e.g. on a receive;
@@ -272,7 +275,7 @@ class StageExecutor:
         return msg
 
     def _do_f(self, a: Action) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         unit = self.units.setdefault(a.key, {})
         m, j = a.key
         if self.is_first:
@@ -306,6 +309,7 @@ class StageExecutor:
             if self.trace is not None:
                 self.trace.append(("F", self.stage, m, j, v))
         self.stats.compute_s += time.perf_counter() - t0
+        self.stats.compute_cpu_s += time.thread_time() - c0
 
     def _recomputable(self, key: tuple[int, int], params: dict[str, torch.Tensor]) -> Callable[..., Any]:
         """The stage's forward on ``params`` for ``torch.utils.checkpoint``. Its first call is the forward; a later
@@ -343,7 +347,7 @@ class StageExecutor:
             unit["output"] = out
 
     def _do_b(self, a: Action, overlap: bool = False) -> None:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         self._comm_event("B_start", a.key, -1, t0)
         unit = self.units[a.key]
         params = unit.pop("params")
@@ -387,6 +391,7 @@ class StageExecutor:
             del self.units[a.key]
         t1 = time.perf_counter()
         self.stats.compute_s += t1 - t0
+        self.stats.compute_cpu_s += time.thread_time() - c0
         self._comm_event("B_end", a.key, -1, t1)
         if self.on_backward is not None:
             self.on_backward(*a.key)

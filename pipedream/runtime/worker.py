@@ -42,6 +42,9 @@ from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
 FAULT_ENV = D.FAULT_ENV
+# the EpochStats fields each rank sums over the epoch's training and rank 0 logs per stage (``<name>_stage<s>``,
+# mean over the stage's replicas; :func:`_stage_row`)
+BUSY = ("compute_s", "compute_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches")
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 # the memory meter counts over the first 2 x stages + 2 minibatches of each training pass: past the warm-up
 # (at most `stages` in flight) the schedule repeats itself (pipedream.runtime.actions.memory_window)
@@ -228,7 +231,7 @@ def train(cfg: TrainConfig) -> None:
         resumed = epoch == start_epoch and start_mb > 0
         # this rank's running sums of the epoch: loss, loss count, samples, training seconds
         sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
-        busy = [0.0] * 5  # this rank's compute, wait and CPU seconds and context switches of the epoch's training
+        busy = [0.0] * len(BUSY)  # this rank's compute, wait and CPU seconds and context switches of the epoch's training
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         if bar is not None:
             bar.reset(total=backwards)
@@ -247,8 +250,7 @@ def train(cfg: TrainConfig) -> None:
                                  minibatch_offset=epoch * nb + m0)
             sums = [a + b for a, b in zip(sums, [stats.loss_sum, stats.loss_count, stats.samples, 0.0], strict=True)]
             sums[3] += time.time() - t0
-            busy = [b + x for b, x in zip(busy, (stats.compute_s, stats.wait_s, stats.cpu_s, stats.voluntary_switches,
-                                                 stats.involuntary_switches), strict=True)]
+            busy = [b + getattr(stats, name) for b, name in zip(busy, BUSY, strict=True)]
             if cfg.checkpoint_every and k + 1 < len(segments):
                 ckpt.save_stage(out_dir, (epoch, segments[k + 1][0]), s, rank, stage_ranks, module, optimizer,
                                 versions, log.rows, sums)
@@ -289,7 +291,8 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
     """Every stage's figures of the epoch's training for rank 0's metrics row, gathered in one collective
     (every rank calls it):
 
-    * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`) and
+    * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`),
+      ``compute_cpu_s_stage<s>`` (the main thread's CPU seconds in them, :attr:`EpochStats.compute_cpu_s`),
       ``wait_s_stage<s>`` (blocked on receives and allreduces) and ``cpu_s_stage<s>`` (CPU seconds of the
       whole process, every thread, :attr:`EpochStats.cpu_s`), seconds, and ``voluntary_switches_stage<s>`` and
       ``involuntary_switches_stage<s>`` (the process's context switches: blocked, preempted;
@@ -309,17 +312,14 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
     flat = D.allreduce_sum(slots, timeout_s, "per-stage time and memory gather")
     got = [flat[q * n:(q + 1) * n] for q in range(world)]
     row: dict[str, float] = {}
+    k = len(BUSY)
     for s, ranks in enumerate(stage_ranks):
-        row[f"compute_s_stage{s}"] = sum(got[q][0] for q in ranks) / len(ranks)
-        row[f"wait_s_stage{s}"] = sum(got[q][1] for q in ranks) / len(ranks)
-        row[f"cpu_s_stage{s}"] = sum(got[q][2] for q in ranks) / len(ranks)
-        row[f"voluntary_switches_stage{s}"] = sum(got[q][3] for q in ranks) / len(ranks)
-        row[f"involuntary_switches_stage{s}"] = sum(got[q][4] for q in ranks) / len(ranks)
+        row.update({f"{name}_stage{s}": sum(got[q][i] for q in ranks) / len(ranks) for i, name in enumerate(BUSY)})
         if rec is None:
             continue
-        peak = got[max(ranks, key=lambda q: got[q][5])]
-        row[f"peak_memory_bytes_stage{s}"] = peak[5]
-        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, peak[6:-1], strict=True)})
+        peak = got[max(ranks, key=lambda q: got[q][k])]
+        row[f"peak_memory_bytes_stage{s}"] = peak[k]
+        row.update({f"peak_{c}_bytes_stage{s}": v for c, v in zip(CATEGORIES, peak[k + 1:-1], strict=True)})
         if rec["cuda_max_allocated_bytes"] is not None:
             row[f"cuda_max_allocated_bytes_stage{s}"] = max(got[q][-1] for q in ranks)
     return row

@@ -8,6 +8,12 @@ scheduler (Linux CFS gives each of ``n`` runnable single-threaded processes ``co
 ``n > cores``), with ``slowdown`` from :func:`pipedream.sim.predict.host_scale`. A rank blocked in a receive or
 an allreduce computes nothing and takes no share. Every start and end on a host changes the speed of the
 others there, so each returns the new end times of the actions it moved.
+
+Background work. A collective's own CPU (gloo's socket copies and reductions,
+:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, ``collective_cpu``) runs on a thread of its own while the
+rank waits for the link, and takes a share of the host like any action: the simulator starts it as a job under
+a key of its own (a negative number, :meth:`Cores.start` with ``host``), so a rank's backward or another
+rank's forward computing beside it slows down.
 """
 
 from __future__ import annotations
@@ -35,11 +41,16 @@ class Cores:
         slowdown: ``slowdown(n)`` >= 1, how much slower each of ``n`` actions computing at once on one host
             runs than alone; None: no sharing (each rank has its own device).
         host_of: the host of a rank (default: all on host 0).
+        collective_cpu: ``collective_cpu(replicas, nbytes)``, CPU seconds each member of an allreduce of
+            ``nbytes`` over ``replicas`` ranks spends on it (module docstring); None: none (GPUs, or not
+            measured). Only used with ``slowdown``.
     """
 
     def __init__(self, slowdown: Callable[[int], float] | None = None,
-                 host_of: Callable[[int], int] | None = None) -> None:
+                 host_of: Callable[[int], int] | None = None,
+                 collective_cpu: Callable[[int, float], float] | None = None) -> None:
         self.slowdown, self.host_of = slowdown, host_of or (lambda rank: 0)
+        self.collective_cpu = collective_cpu if slowdown is not None else None
         self.jobs: dict[int, Job] = {}
         self._since: dict[int, float] = {}  # host -> time its jobs' left_s were last brought up to date
 
@@ -47,10 +58,11 @@ class Cores:
         """The action ``rank`` is computing, if any."""
         return self.jobs.get(rank)
 
-    def start(self, rank: int, work_s: float, t: float) -> list[tuple[float, int]]:
+    def start(self, rank: int, work_s: float, t: float, host: int | None = None) -> list[tuple[float, int]]:
         """``rank`` starts ``work_s`` seconds of work at ``t`` (the simulator's current time); returns
-        ``(end time, rank)`` of every action whose end is now different, the new one included."""
-        host = self.host_of(rank)
+        ``(end time, rank)`` of every action whose end is now different, the new one included. ``host``:
+        where a background job (a negative ``rank``, module docstring) runs; default ``host_of(rank)``."""
+        host = self.host_of(rank) if host is None else host
         if self.slowdown is None:
             self.jobs[rank] = Job(rank, host, work_s, work_s, t)
             return [(t + work_s, rank)]

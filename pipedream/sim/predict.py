@@ -23,7 +23,9 @@ What is modelled, term by term:
 * the transport's CPU (CPU hosts): every activation or gradient a rank sends or receives costs it the
   profile's measured ``host.message_s + host.message_s_per_byte * bytes`` of CPU
   (:mod:`pipedream.sim.transport_cpu`, :mod:`pipedream.runtime.message_cost`), added to the forward or
-  backward that sends or receives it;
+  backward that sends or receives it; each member of a gradient allreduce spends ``4 (n - 1)`` message ends of
+  ``1/n`` of each bucket beside its actions, from the bucket's start, sharing the cores with them
+  (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, :mod:`pipedream.sim.cores`);
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
   with the copy of the weights first where the schedule stashes versions
@@ -86,7 +88,7 @@ from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim import layout
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
-from pipedream.sim.transport_cpu import with_transport_cpu
+from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -134,8 +136,9 @@ class Prediction:
             backward of each (micro)batch it takes (the epoch's, dealt round robin over the stage's ranks) at
             its ``f_s``; what the runtime logs as ``compute_s_stage<s>``.
         work_s: per stage, the seconds of work at full speed one of its ranks does in the simulated epoch
-            (forwards, backwards and optimizer steps, mean over the stage's ranks): the CPU seconds it would
-            spend if nothing else cost any, against which the runtime's ``cpu_s_stage<s>`` is compared.
+            (forwards, backwards, optimizer steps and its share of the allreduces' CPU, mean over the stage's
+            ranks): the CPU seconds it would spend if nothing else cost any, against which the runtime's
+            ``cpu_s_stage<s>`` is compared.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
@@ -320,9 +323,13 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def slowdown(n: int) -> float:
         return host_scale(n, threads, cores, contention, oversubscribed)  # type: ignore[arg-type]
 
+    def collective_cpu(replicas: int, nbytes: float) -> float:  # gloo's own CPU, beside the rank's actions
+        return allreduce_cpu_s(replicas, nbytes, message_s, message_s_per_byte)
+
     def simulated(costs: list[StageCost], trace: bool) -> SimResult:
         return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
-                               sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host, **kwargs)
+                               sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
+                               collective_cpu=collective_cpu if message_s or message_s_per_byte else None, **kwargs)
 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s
@@ -345,7 +352,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     # each run one forward and one backward of
     traced = sum(len(res.trace.compute[r]) for r in stage_ranks[0]) / 2
     per_unit = units / traced if traced else 0.0
-    work_s = [sum(sp.work_s for sp in spans if stage_of[sp.rank] == s) * per_unit / len(rs)
+    work_s = [sum(sp.work_s for sp in spans + res.trace.background if stage_of[sp.rank] == s) * per_unit / len(rs)
               for s, rs in enumerate(stage_ranks)]
     return Prediction(epoch_s=epoch_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
                       work_s=work_s,

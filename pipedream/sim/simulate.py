@@ -134,13 +134,14 @@ def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCo
                     minibatches: int, microbatches: int = 1, overlap: bool = True,
                     allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
-                    sharing: Callable[[int], float] | None = None, host_of: Callable[[int], int] | None = None) -> Trace:
+                    sharing: Callable[[int], float] | None = None, host_of: Callable[[int], int] | None = None,
+                    collective_cpu: Callable[[int, float], float] | None = None) -> Trace:
     """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
     (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`) and fresh cores
-    (``sharing``, ``host_of``: :class:`pipedream.sim.cores.Cores`)."""
+    (``sharing``, ``host_of``, ``collective_cpu``: :class:`pipedream.sim.cores.Cores`)."""
     sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
     return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync,
-               cores=Cores(sharing, host_of))
+               cores=Cores(sharing, host_of, collective_cpu))
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -167,7 +168,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     step_s_per_param_byte: float | None = None,
                     memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
                     sharing: Callable[[int], float] | None = None,
-                    host_of: Callable[[int], int] | None = None, recompute: bool = False) -> SimResult:
+                    host_of: Callable[[int], int] | None = None, recompute: bool = False,
+                    collective_cpu: Callable[[int, float], float] | None = None) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -201,6 +203,9 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
             :mod:`pipedream.sim.cores`; :func:`pipedream.sim.predict.host_scale`); None: none.
         host_of: a rank's host (default: one host).
+        collective_cpu: CPU seconds each member of an allreduce of ``nbytes`` over ``n`` ranks spends on it,
+            run beside the rank's actions with ``sharing`` (:mod:`pipedream.sim.cores`,
+            :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`); None: none.
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
     Raises:
@@ -230,7 +235,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
 
     def sim(n: int, record: bool = False) -> Trace:
         return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
-                               contention=contention, sync=sync, warmup=warmup, sharing=sharing, host_of=host_of)
+                               contention=contention, sync=sync, warmup=warmup, sharing=sharing, host_of=host_of,
+                               collective_cpu=collective_cpu)
 
     first = sim(n0, record=keep_trace)
     n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)

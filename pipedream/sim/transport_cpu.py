@@ -9,10 +9,19 @@ This module charges it where it costs the run time:
 * activations and gradients (:mod:`pipedream.runtime.comm`): a forward of stage ``s`` receives its input
   (``s > 0``) and sends its output (all but the last stage), a backward receives its output's gradient and
   sends its input's; each is one message end of the boundary's bytes;
-* not the gradient allreduce: gloo's ring does its socket work while the link throttle holds the collective
-  (:mod:`pipedream.runtime.buckets`; at the emulated 1 Gbps a bucket's link time is far longer than its CPU),
-  so its CPU overlaps the allreduce's own time. Charged to the step after it, as a first version of this
-  model did, it made every DP prediction 10-30% too slow (AlexNet DP 0.72 measured/predicted).
+* the gradient allreduce: a ring over ``n`` replicas (reduce-scatter, then all-gather: ``2 (n - 1)`` steps,
+  each sending one ``1/n`` chunk of the bucket and receiving another) costs each member ``4 (n - 1)`` message
+  ends of ``nbytes / n`` bytes (:func:`allreduce_cpu_s`). gloo does that work on a thread of its own while the
+  rank waits for the link (:mod:`pipedream.runtime.buckets`), so it is not added to the rank's actions: the
+  simulator runs it beside them as background work that takes a share of the host's cores
+  (:class:`pipedream.sim.cores.Cores` ``collective_cpu``), from the bucket's start on. It slows whatever
+  computes then (in a pipeline, the other stages; in DP, whose ranks all wait for the link together, mostly
+  nothing), and it does not hold the allreduce itself: at the emulated 1 Gbps a bucket's link time is several
+  times its CPU. (Charged to the step after the allreduce instead, as a first version of this model did, it
+  made every DP prediction 10-30% too slow, AlexNet DP 0.72 measured/predicted.) Measured on the 2-core CI
+  machine: the replicated stage of VGG-16's 3-1 pipeline spent 0.18 s of CPU outside its forwards and
+  backwards per epoch where the transport of its activations predicted 0.08 s, S2VT's four replicas 0.29 s
+  where 0.09 s (``compute_cpu_s_stage<s>`` against ``cpu_s_stage<s>``).
 
 On GPUs (no shared cores) nothing is charged: the prediction's compute is the GPU's.
 """
@@ -27,6 +36,18 @@ from pipedream.sim.costs import StageCost
 def message_end_s(nbytes: float, fixed_s: float, per_byte_s: float) -> float:
     """CPU seconds one end of one message of ``nbytes`` bytes costs its rank."""
     return fixed_s + per_byte_s * nbytes
+
+
+def allreduce_cpu_s(replicas: int, nbytes: float, fixed_s: float, per_byte_s: float) -> float:
+    """CPU seconds each of ``replicas`` ranks spends on a ring allreduce of ``nbytes`` bytes: ``4 (n - 1)``
+    message ends of ``nbytes / n`` bytes (module docstring); 0 for a single rank.
+
+    >>> allreduce_cpu_s(4, 4e6, 1e-4, 1e-9)  # 12 ends of 1 MB: 12 * (100 us + 1 ms)
+    0.0132
+    """
+    if replicas < 2:
+        return 0.0
+    return 4 * (replicas - 1) * message_end_s(nbytes / replicas, fixed_s, per_byte_s)
 
 
 def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float) -> list[StageCost]:

@@ -23,7 +23,8 @@ BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1
 COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s"]
 CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
-                   "measured_cpu_s", "predicted_work_s", "cpu_ratio"]
+                   "measured_cpu_s", "predicted_work_s", "cpu_ratio", "measured_compute_cpu_s",
+                   "predicted_compute_work_s", "compute_cpu_ratio"]
 COMPUTE_CSV_NAME = "compute_check.csv"
 PLOT_NAME = "prediction_check.png"
 
@@ -55,8 +56,13 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
     the prediction's
     (``predicted_compute_s_stage<s>``), the seconds it waited on receives and allreduces, and the CPU
     seconds its process spent (every thread) beside the work the simulator gave it (forwards, backwards and
-    optimizer steps at full speed): ``cpu_ratio`` above 1 is CPU the runtime spends that no prediction
-    counts. DDP runs log no per-stage times. Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured /
+    optimizer steps at full speed, and its share of the allreduces' CPU): ``cpu_ratio`` above 1 is CPU the
+    runtime spends that no prediction counts. ``compute_cpu_ratio`` splits it: the CPU of the main thread in the
+    forwards and backwards (``measured_compute_cpu_s_stage<s>``) over their work at full speed
+    (``predicted_compute_work_s_stage<s>``: the predicted compute seconds over the stage's ``f_s``), what
+    sharing the host costs the compute itself beyond the wait for a core (caches evicted at every switch; the
+    prediction assumes the profile's ``host.oversubscribed`` at most). DDP runs log no per-stage times.
+    Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured /
     predicted compute; NaN where a run logged no CPU seconds)."""
     rows = []
     for model, mode, run in finished_runs(results, models):
@@ -70,6 +76,10 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
                          "wait_s": _number(run.get(f"wait_s_stage{stage}"))})
             cpu, work = (_number(run.get(f"{k}_stage{stage}")) for k in ("measured_cpu_s", "predicted_work_s"))
             rows[-1].update(measured_cpu_s=cpu, predicted_work_s=work, cpu_ratio=cpu / work if work > 0 else math.nan)
+            ccpu, cwork = (_number(run.get(f"{k}_stage{stage}"))
+                           for k in ("measured_compute_cpu_s", "predicted_compute_work_s"))
+            rows[-1].update(measured_compute_cpu_s=ccpu, predicted_compute_work_s=cwork,
+                            compute_cpu_ratio=ccpu / cwork if cwork > 0 else math.nan)
             stage += 1
     return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
 
