@@ -59,6 +59,19 @@ def test_the_rounds_median_keeps_a_burst_out(monkeypatch: pytest.MonkeyPatch) ->
     assert host_contention(lambda: None, lambda: lambda: None, 2, rounds=3).slowdown == pytest.approx(1.2)
 
 
+def test_five_rounds_keep_two_bursts_out_and_record_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default five rounds measure 1.1, 3.0, 1.2, 2.5 and 1.15: the median 1.2 ignores both bursts (of three
+    rounds, two bursts would have set it), and every round is kept, in order."""
+    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1.0)
+    rounds = iter([1.1, 3.0, 1.2, 2.5, 1.15])
+    monkeypatch.setattr(host_timing, "_together_then_alone",
+                        lambda fresh, n, seconds, min_steps: [(next(rounds), 1.0)] * 1)
+    got = host_contention(lambda: None, lambda: lambda: None, 2)
+    assert got.slowdown == pytest.approx(1.2)
+    assert got.rounds == pytest.approx((1.1, 3.0, 1.2, 2.5, 1.15))
+
+
 def test_copies_that_got_unequal_shares_count_by_their_total_throughput(monkeypatch: pytest.MonkeyPatch) -> None:
     """4 copies on 2 cores, each 1 ms alone; in the window together one got a quarter of a core (4 ms a step), the
     other three 0.5, 0.5 and 0.75 of a core (2, 2 and 1.33 ms). Their speeds add up to

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
                         "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
                         "train accept both: the runtime cuts the model with torch.fx at the plan's nodes")
-    p.add_argument("--host-seconds", type=float, default=4.0,
+    p.add_argument("--host-seconds", type=float, default=6.0,
                    help="CPU, one thread: time fresh copies of one training step with one copy per core at once and "
                         "with two per core, then each alone, for about this many seconds each; the ratios "
                         "(meta.json host.contention: shared memory bandwidth and caches; host.oversubscribed: "
@@ -140,9 +140,11 @@ def run(args: argparse.Namespace) -> int:
         # two copies per core: each gets half a core, and their switches evict each other's caches
         two = host_contention(step, fresh, 2 * cores, args.host_seconds)
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
-              "its time alone")
+              f"its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
         layouts = one.layouts + two.layouts
-        host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts])
+        host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts],
+                    contention_rounds=[round(x, 4) for x in one.rounds],
+                    oversubscribed_rounds=[round(x, 4) for x in two.rounds])
         print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"the copies alone {one.alone_s * 1e3:.1f} and {two.alone_s * 1e3:.1f} ms")
