@@ -20,7 +20,7 @@ Buckets hold ``cfg.bucket_bytes`` (DDP's ``bucket_cap_mb``; left to DDP's own de
 first bucket, when it is the default 25 MiB). With ``emulate_bandwidth_Bps`` the buckets' allreduces share
 one emulated link, one after the other, by the rule of the PipeDream runtime
 (:class:`pipedream.runtime.buckets.EmulatedLink`): bucket ``k`` completes no earlier than
-``max(the last replica's launch_k, completion_{k-1}) + ring_allreduce_s(bucket bytes, W, bandwidth_Bps)``.
+``max(launch_k, completion_{k-1}) + ring_allreduce_s(bucket bytes, W, bandwidth_Bps)``.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
-from pipedream.runtime.buckets import EmulatedLink, latest_launch
+from pipedream.runtime.buckets import EmulatedLink
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, tensors_in
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
@@ -51,31 +51,23 @@ from pipedream.runtime.task import load_task
 
 def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
     """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows
-    (:class:`~pipedream.runtime.buckets.EmulatedLink`: buckets one after the other on one link, each from the
-    last replica's launch, :func:`~pipedream.runtime.buckets.latest_launch`). Each bucket's completion waits
-    for the previous bucket's, so the link's chain is computed in bucket order whatever order gloo's threads
-    finish the collectives in."""
+    (:class:`~pipedream.runtime.buckets.EmulatedLink`: buckets one after the other on one link)."""
     link = EmulatedLink(bandwidth_Bps)
-    previous: list[torch.futures.Future] = []  # the last bucket's throttled future
 
     # no annotations: DDP compares them with dist.GradBucket at run time, and this module's
     # `from __future__ import annotations` would turn them into strings that fail that check
     def hook(state, bucket):  # type: ignore[no-untyped-def]
         buf = bucket.buffer()
-        nbytes = buf.numel() * buf.element_size()
-        stamp, latest = latest_launch(None, buf.device)
+        done_s = link.finish_s(time.perf_counter(), buf.numel() * buf.element_size(), world)
         fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
-        waits = [latest.get_future(), fut, *previous[-1:]]
 
-        def finish(_: torch.futures.Future) -> torch.Tensor:
-            delay = link.finish_s(float(stamp.item()), nbytes, world) - time.time()
+        def finish(f: torch.futures.Future) -> torch.Tensor:
+            delay = done_s - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            return fut.value()[0]
+            return f.value()[0]
 
-        done = torch.futures.collect_all(waits).then(finish)
-        previous[:] = [done]
-        return done
+        return fut.then(finish)
 
     return hook
 

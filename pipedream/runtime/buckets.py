@@ -23,25 +23,19 @@ buffers by the schedule's reduce divisor. Earlier backwards of a minibatch (GPip
 only accumulate into the same buffers.
 
 Emulated link (``bandwidth_Bps``, ``--emulate-bandwidth-Bps``): the replicas' allreduces share one link,
-one bucket after the other. With ``L_k`` the time the *last* replica launched bucket ``k`` (each replica's
-``time.time()`` at its launch, exchanged by a MAX allreduce of one float64 issued just before the bucket's
-own, :func:`latest_launch`), ``S_k`` its bytes and ``n`` the stage's replicas, the link's emulated completion
-of bucket ``k`` is
+one bucket after the other. With ``L_k`` the time bucket ``k`` is launched (``time.perf_counter()``),
+``S_k`` its bytes and ``n`` the stage's replicas, the link's emulated completion of bucket ``k`` is
 
     ``E_k = max(L_k, E_{k-1}) + ring_allreduce_s(S_k, n, bandwidth_Bps)``
 
 with :func:`pipedream.costmodel.ring_allreduce_s` at latency 0, i.e. ``2 (n - 1) / n * S_k / bandwidth_Bps``
 (the emulation adds bandwidth; the real latency of the loopback collective is paid for real), and
 ``E_{-1}`` the emulated completion of the link's previous allreduce (the last bucket of an earlier step,
-in the past by the time the next backward launches, since its ``ALLREDUCE`` waited for it). No replica's
-allreduce completes before the last replica's gradients could have crossed the link, as on a real one and
-as the simulator times it (:mod:`pipedream.sim.engine`: a bucket starts once every replica's gradients are
-ready). (Timed from each replica's own launch instead, as a first version did, a replica that finished its
-backward early resumed before the last one had launched, and GNMT's DP runs measured 0.77-0.94 of their
-predictions.) Bucket ``k`` is complete at ``max(E_k, when its real all_reduce returned)``: the ``ALLREDUCE``
-waits for the buckets in order and sleeps until each one's ``E_k``; it ends at the last bucket's completion.
-The DDP baseline's comm hook (:mod:`pipedream.baselines.ddp`) throttles its buckets by the same rule
-(:class:`EmulatedLink`).
+in the past by the time the next backward launches, since its ``ALLREDUCE`` waited for it). The chain uses
+emulated times only, so a simulator computes it from launch times alone. Bucket ``k`` is complete at
+``max(E_k, when its real all_reduce returned)``: the ``ALLREDUCE`` waits for the buckets in order and
+sleeps until each one's ``E_k``; it ends at the last bucket's completion. The DDP baseline's comm hook
+(:mod:`pipedream.baselines.ddp`) throttles its buckets by the same rule (:class:`EmulatedLink`).
 """
 
 from __future__ import annotations
@@ -79,14 +73,6 @@ def backward_layers(names: Sequence[str]) -> list[tuple[str, list[int]]]:
     return list(layers.items())
 
 
-def latest_launch(group: dist.ProcessGroup | None, device: torch.device) -> tuple[torch.Tensor, dist.Work]:
-    """This replica's launch time (``time.time()``, s) in a one-element float64 tensor on ``device``, and the
-    asynchronous MAX allreduce over ``group`` that makes it every replica's latest launch once it completes
-    (module docstring). Issue it just before the bucket's own allreduce, on every replica in the same order."""
-    stamp = torch.tensor([time.time()], dtype=torch.float64, device=device)
-    return stamp, dist.all_reduce(stamp, op=dist.ReduceOp.MAX, group=group, async_op=True)  # type: ignore[arg-type]
-
-
 class EmulatedLink:
     """One emulated link shared by consecutive allreduces (see the module docstring for the rule).
 
@@ -99,9 +85,9 @@ class EmulatedLink:
         self.free_s = float("-inf")  # when the previous allreduce on the link completed (a clock time, s)
 
     def finish_s(self, launch_s: float, nbytes: int, replicas: int) -> float:
-        """Emulated completion time of an allreduce of ``nbytes`` over ``replicas`` whose last replica launched
-        it at ``launch_s``: ``max(launch_s, the previous one's emulated completion) + ring_allreduce_s(nbytes,
-        replicas, bandwidth)`` (seconds on the ``time.time()`` clock, one clock per link)."""
+        """Emulated completion time of an allreduce of ``nbytes`` over ``replicas`` launched at ``launch_s``:
+        ``max(launch_s, the previous one's emulated completion) + ring_allreduce_s(nbytes, replicas, bandwidth)``
+        (seconds on the caller's clock, one clock per link)."""
         self.free_s = max(launch_s, self.free_s) + ring_allreduce_s(nbytes, replicas, self.bandwidth_Bps)
         return self.free_s
 
@@ -198,7 +184,7 @@ class BucketReducer:
 
     def _reset(self) -> None:
         self.works: list[dist.Work | None] = []
-        self.stamps: list[tuple[torch.Tensor, dist.Work]] = []  # with a link: each launched bucket's latest_launch
+        self.finish_s: list[float] = []  # emulated completion time of each launched bucket (perf_counter clock)
         self.missing = [len(b.names) for b in self.buckets.buckets]  # gradients each bucket still waits for
 
     def overlap(self, params: dict[str, torch.Tensor], master: dict[str, torch.Tensor]) -> list:
@@ -227,9 +213,8 @@ class BucketReducer:
     def _launch(self, k: int) -> None:
         bucket = self.buckets.buckets[k]
         t = time.perf_counter()
-        if self.link is not None:
-            self.stamps.append(latest_launch(self.group, bucket.buffer.device))
         self.works.append(dist.all_reduce(bucket.buffer, group=self.group, async_op=True))  # type: ignore[arg-type]
+        self.finish_s.append(self.link.finish_s(t, bucket.nbytes, self.replicas) if self.link else t)
         if self.on_event is not None:
             self.on_event("launch", k, t)
 
@@ -250,14 +235,9 @@ class BucketReducer:
         """
         self.missing = [0] * len(self.missing)
         self._launch_ready()
-        for k, work in enumerate(self.works):
-            finish = None
-            if self.link is not None:  # in order: the link's chain of completions
-                stamp, latest = self.stamps[k]
-                wait_or_raise(latest, self.timeout_s, f"{what}, bucket {k}'s launch time")
-                finish = self.link.finish_s(float(stamp.item()), self.buckets.buckets[k].nbytes, self.replicas)
+        for k, (work, finish) in enumerate(zip(self.works, self.finish_s, strict=True)):
             wait_or_raise(work, self.timeout_s, f"{what}, bucket {k}")
-            delay = 0.0 if finish is None else finish - time.time()
+            delay = finish - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             if self.on_event is not None:
