@@ -141,8 +141,8 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
     tied_count: dict[tuple[int, tuple[int, ...]], int] = {}  # (rank, holding stages) -> sums it has joined
     tied_pos = dict.fromkeys(order, 0)  # sums of the current STEP done
     stamp = dict.fromkeys(order, 0)  # a rank's heap entries older than its latest are stale
-    pending_bg: dict[int, tuple[int, float]] = {}  # background job key -> (host, work s), until it starts
-    owner: dict[int, int] = {}  # background job key -> the rank whose collective it is
+    pending_bg: dict[int, float] = {}  # background job key -> its work, s, until it starts
+    owner: dict[int, int] = {}  # background job key -> the rank whose collective it is (its host's)
     heap = [(0.0, r, 0) for r in sorted(order)]
     heapq.heapify(heap)
 
@@ -183,8 +183,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 continue
             for r in ranks:
                 key = -1 - len(owner)  # a background job's key: negative, one per job
-                owner[key] = r
-                pending_bg[key] = (cores.host_of(r), work)
+                owner[key], pending_bg[key] = r, work
                 stamp[key] = 0
                 wake(key, max(start, now))
 
@@ -246,8 +245,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             continue  # a stale entry
         if r < 0:  # a background job starts or ends
             if r in pending_bg:
-                host, work = pending_bg.pop(r)
-                for end, q in cores.start(r, work, t, host):
+                for end, q in cores.start(r, pending_bg.pop(r), t, cores.host_of(owner[r])):
                     wake(q, end)
             else:
                 job, moved = cores.finish(r, t)
