@@ -13,8 +13,9 @@ from torch import nn
 from pipedream import schedules
 from pipedream.costmodel import DDP_FIRST_BUCKET_BYTES
 from pipedream.errors import PipeDreamError
-from pipedream.runtime.buckets import EmulatedLink, GradBuckets, backward_layers, layer_of
+from pipedream.runtime.buckets import GradBuckets, backward_layers, layer_of
 from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.launch_board import link_finish_s
 from pipedream.runtime.stage import straight_plan
 from tests.test_runtime_pipeline import _replay, reference, run
 from tests.tiny import bucket_model, build, reference_batches, stage_params
@@ -85,11 +86,13 @@ def test_emulated_link_reduces_buckets_one_after_the_other() -> None:
     """Ring over 4 replicas at 1 MB/s: 2 (4 - 1) / 4 = 1.5 s per MB. Bucket 0 (1 MB) launched at t = 10 ends
     at 11.5; bucket 1 (0.5 MB) launched at 10.2 waits for the link: 11.5 + 0.75; bucket 2 launched later
     than that starts at its launch."""
-    link = EmulatedLink(1e6)
-    assert link.finish_s(10.0, 1_000_000, 4) == pytest.approx(11.5)
-    assert link.finish_s(10.2, 500_000, 4) == pytest.approx(12.25)
-    assert link.finish_s(20.0, 1_000_000, 4) == pytest.approx(21.5)
-    assert link.finish_s(30.0, 1_000_000, 1) == pytest.approx(30.0)  # one replica: nothing to move
+    assert link_finish_s([10.0], [1_000_000], 4, 1e6) == pytest.approx(11.5)
+    assert link_finish_s([10.0, 10.2], [1_000_000, 500_000], 4, 1e6) == pytest.approx(12.25)
+    assert link_finish_s([10.0, 10.2, 20.0], [1_000_000, 500_000, 1_000_000], 4, 1e6) == pytest.approx(21.5)
+    assert link_finish_s([20.0], [1_000_000], 4, 1e6, free_s=12.25) == pytest.approx(21.5)  # the chain goes on
+    assert link_finish_s([11.0], [1_000_000], 4, 1e6, free_s=12.25) == pytest.approx(13.75)  # the link was busy
+    assert link_finish_s([30.0], [1_000_000], 1, 1e6) == pytest.approx(30.0)  # one replica: nothing to move
+    assert link_finish_s([], [], 4, 1e6, free_s=5.0) == 5.0
 
 
 def test_bucket_bytes_is_validated() -> None:

@@ -19,8 +19,9 @@ as the PipeDream workers do.
 Buckets hold ``cfg.bucket_bytes`` (DDP's ``bucket_cap_mb``; left to DDP's own default, with its 1 MiB
 first bucket, when it is the default 25 MiB). With ``emulate_bandwidth_Bps`` the buckets' allreduces share
 one emulated link, one after the other, by the rule of the PipeDream runtime
-(:class:`pipedream.runtime.buckets.EmulatedLink`): bucket ``k`` completes no earlier than
-``max(launch_k, completion_{k-1}) + ring_allreduce_s(bucket bytes, W, bandwidth_Bps)``.
+(:func:`pipedream.runtime.launch_board.link_finish_s`): bucket ``k`` completes no earlier than
+``max(the last replica's launch_k, completion_{k-1}) + ring_allreduce_s(bucket bytes, W, bandwidth_Bps)``,
+the last replica's launch read from a :class:`~pipedream.runtime.launch_board.LaunchBoard`.
 """
 
 from __future__ import annotations
@@ -41,27 +42,41 @@ from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
-from pipedream.runtime.buckets import EmulatedLink
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.launch_board import LaunchBoard, link_finish_s
 from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, tensors_in
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
 from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
 
 
-def _throttled_allreduce(bandwidth_Bps: float, world: int):  # type: ignore[no-untyped-def]
+def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ignore[no-untyped-def]
     """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows
-    (:class:`~pipedream.runtime.buckets.EmulatedLink`: buckets one after the other on one link)."""
-    link = EmulatedLink(bandwidth_Bps)
+    (:func:`~pipedream.runtime.launch_board.link_finish_s`: buckets one after the other on one link, each from
+    the last replica's launch, posted on ``board``; a step is a round of the board).
+
+    DDP launches a step's buckets in index order, but gloo's threads may finish them in another, so bucket
+    ``k``'s completion is computed from the launches of buckets ``0 .. k`` of its step (the chain restarts
+    each step: the previous step's last completion came before this step's first launch on every replica)."""
+    world = board.replicas
+    launched: list[int] = []  # this step's bucket sizes, bytes, by index
+    rounds = [-1]  # the step: its round on the board
 
     # no annotations: DDP compares them with dist.GradBucket at run time, and this module's
     # `from __future__ import annotations` would turn them into strings that fail that check
     def hook(state, bucket):  # type: ignore[no-untyped-def]
-        buf = bucket.buffer()
-        done_s = link.finish_s(time.perf_counter(), buf.numel() * buf.element_size(), world)
+        buf, k = bucket.buffer(), bucket.index()
+        if k == 0:
+            rounds[0] += 1
+            launched.clear()
+        step = rounds[0]
+        launched.append(buf.numel() * buf.element_size())
+        sizes = launched[:k + 1]
+        board.post(step, k, time.perf_counter())
         fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
 
         def finish(f: torch.futures.Future) -> torch.Tensor:
+            done_s = link_finish_s([board.latest(step, j) for j in range(len(sizes))], sizes, world, bandwidth_Bps)
             delay = done_s - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
@@ -109,7 +124,8 @@ def train(cfg: TrainConfig) -> None:
     ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index],
                                   bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
     if cfg.emulate_bandwidth_Bps:
-        ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, world))
+        board = LaunchBoard(None, len(list(model.parameters())))  # DDP's buckets hold a parameter at least
+        ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, board))
     optimizer = make_optimizer(cfg, list(model.parameters()), hidden)
     train_split, val_split = task.train, task.val
     per_worker = cfg.dp_batch == "per_worker"

@@ -23,19 +23,20 @@ buffers by the schedule's reduce divisor. Earlier backwards of a minibatch (GPip
 only accumulate into the same buffers.
 
 Emulated link (``bandwidth_Bps``, ``--emulate-bandwidth-Bps``): the replicas' allreduces share one link,
-one bucket after the other. With ``L_k`` the time bucket ``k`` is launched (``time.perf_counter()``),
-``S_k`` its bytes and ``n`` the stage's replicas, the link's emulated completion of bucket ``k`` is
+one bucket after the other. With ``L_k`` the time the *last* replica launched bucket ``k``
+(:class:`pipedream.runtime.launch_board.LaunchBoard`: each replica posts its ``time.perf_counter()`` before
+launching, and reads the others' after the bucket's real allreduce returned), ``S_k`` its bytes and ``n`` the
+stage's replicas, the link's emulated completion of bucket ``k`` is
 
     ``E_k = max(L_k, E_{k-1}) + ring_allreduce_s(S_k, n, bandwidth_Bps)``
 
-with :func:`pipedream.costmodel.ring_allreduce_s` at latency 0, i.e. ``2 (n - 1) / n * S_k / bandwidth_Bps``
-(the emulation adds bandwidth; the real latency of the loopback collective is paid for real), and
-``E_{-1}`` the emulated completion of the link's previous allreduce (the last bucket of an earlier step,
-in the past by the time the next backward launches, since its ``ALLREDUCE`` waited for it). The chain uses
-emulated times only, so a simulator computes it from launch times alone. Bucket ``k`` is complete at
-``max(E_k, when its real all_reduce returned)``: the ``ALLREDUCE`` waits for the buckets in order and
-sleeps until each one's ``E_k``; it ends at the last bucket's completion. The DDP baseline's comm hook
-(:mod:`pipedream.baselines.ddp`) throttles its buckets by the same rule (:class:`EmulatedLink`).
+(:func:`pipedream.runtime.launch_board.link_finish_s`), with ``E_{-1}`` the emulated completion of the
+link's previous allreduce (the last bucket of an earlier step, in the past by the time the next backward
+launches, since its ``ALLREDUCE`` waited for it). No replica's allreduce completes before the last replica's
+gradients could have crossed the link, as on a real one and as the simulator times it. Bucket ``k`` is
+complete at ``max(E_k, when its real all_reduce returned)``: the ``ALLREDUCE`` waits for the buckets in order
+and sleeps until each one's ``E_k``; it ends at the last bucket's completion. The DDP baseline's comm hook
+(:mod:`pipedream.baselines.ddp`) throttles its buckets by the same rule.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pipedream.costmodel import bucket_layers, ring_allreduce_s
+from pipedream.costmodel import bucket_layers
 from pipedream.errors import PipeDreamError
 from pipedream.runtime.comm import wait_or_raise
+from pipedream.runtime.launch_board import LaunchBoard, link_finish_s
 
 
 def layer_of(name: str) -> str:
@@ -71,25 +73,6 @@ def backward_layers(names: Sequence[str]) -> list[tuple[str, list[int]]]:
     for i in reversed(range(len(names))):
         layers.setdefault(layer_of(names[i]), []).append(i)
     return list(layers.items())
-
-
-class EmulatedLink:
-    """One emulated link shared by consecutive allreduces (see the module docstring for the rule).
-
-    Args:
-        bandwidth_Bps: the link's bandwidth, bytes/s.
-    """
-
-    def __init__(self, bandwidth_Bps: float) -> None:
-        self.bandwidth_Bps = bandwidth_Bps
-        self.free_s = float("-inf")  # when the previous allreduce on the link completed (a clock time, s)
-
-    def finish_s(self, launch_s: float, nbytes: int, replicas: int) -> float:
-        """Emulated completion time of an allreduce of ``nbytes`` over ``replicas`` launched at ``launch_s``:
-        ``max(launch_s, the previous one's emulated completion) + ring_allreduce_s(nbytes, replicas, bandwidth)``
-        (seconds on the caller's clock, one clock per link)."""
-        self.free_s = max(launch_s, self.free_s) + ring_allreduce_s(nbytes, replicas, self.bandwidth_Bps)
-        return self.free_s
 
 
 @dataclass
@@ -171,7 +154,8 @@ class BucketReducer:
         buckets: the stage's buckets.
         group: the process group of the stage's replicas.
         timeout_s: longest wait for one bucket's allreduce, s.
-        bandwidth_Bps: emulated link bandwidth (bytes/s), None for the raw link.
+        bandwidth_Bps: emulated link bandwidth (bytes/s), None for the raw link. With it, building the
+            reducer is a collective over ``group`` (its :class:`~pipedream.runtime.launch_board.LaunchBoard`).
         on_event: called with ``("launch" | "done", bucket, perf_counter time)`` (tracing), or None.
     """
 
@@ -179,12 +163,14 @@ class BucketReducer:
                  on_event: Event | None = None) -> None:
         self.buckets, self.group, self.timeout_s, self.on_event = buckets, group, timeout_s, on_event
         self.replicas = dist.get_world_size(group)  # type: ignore[arg-type]
-        self.link = EmulatedLink(bandwidth_Bps) if bandwidth_Bps else None
+        self.bandwidth_Bps = bandwidth_Bps
+        self.board = LaunchBoard(group, len(buckets.buckets)) if bandwidth_Bps else None  # type: ignore[arg-type]
+        self.round = 0  # ALLREDUCEs completed: the board's round
+        self.link_free_s = float("-inf")  # the emulated link's last completion (perf_counter clock), s
         self._reset()
 
     def _reset(self) -> None:
         self.works: list[dist.Work | None] = []
-        self.finish_s: list[float] = []  # emulated completion time of each launched bucket (perf_counter clock)
         self.missing = [len(b.names) for b in self.buckets.buckets]  # gradients each bucket still waits for
 
     def overlap(self, params: dict[str, torch.Tensor], master: dict[str, torch.Tensor]) -> list:
@@ -213,8 +199,9 @@ class BucketReducer:
     def _launch(self, k: int) -> None:
         bucket = self.buckets.buckets[k]
         t = time.perf_counter()
+        if self.board is not None:
+            self.board.post(self.round, k, t)
         self.works.append(dist.all_reduce(bucket.buffer, group=self.group, async_op=True))  # type: ignore[arg-type]
-        self.finish_s.append(self.link.finish_s(t, bucket.nbytes, self.replicas) if self.link else t)
         if self.on_event is not None:
             self.on_event("launch", k, t)
 
@@ -235,11 +222,15 @@ class BucketReducer:
         """
         self.missing = [0] * len(self.missing)
         self._launch_ready()
-        for k, (work, finish) in enumerate(zip(self.works, self.finish_s, strict=True)):
+        for k, work in enumerate(self.works):
             wait_or_raise(work, self.timeout_s, f"{what}, bucket {k}")
-            delay = finish - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
+            if self.board is not None:  # in bucket order: the link's chain of completions
+                self.link_free_s = link_finish_s([self.board.latest(self.round, k)], [self.buckets.buckets[k].nbytes],
+                                                 self.replicas, self.bandwidth_Bps, self.link_free_s)  # type: ignore[arg-type]
+                delay = self.link_free_s - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
             if self.on_event is not None:
                 self.on_event("done", k, time.perf_counter())
+        self.round += 1
         self._reset()
