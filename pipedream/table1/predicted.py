@@ -55,10 +55,13 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.plan import Plan
+from pipedream.planner import plan_pipeline
 from pipedream.planner.fixed_split import replicas_of
+from pipedream.planner.rerank import _split_plan
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
+from pipedream.table1 import calibration
 from pipedream.table1.explain import THRESHOLD
 from pipedream.table1.release_runs import RELEASE_RUNS_FILE, ReleaseRun, load_release_runs, release_run_plan
 from pipedream.table1.table import read_paper_table
@@ -118,8 +121,6 @@ def get_plan(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None
         path = plans_dir / model / f"{cluster.name}.json"
         if path.is_file():
             return Plan.load(path), str(path)
-    from pipedream.planner import plan_pipeline
-
     return plan_pipeline(prof.graph, cluster, model=model, minibatch_size=prof.batch), "planner"
 
 
@@ -294,8 +295,6 @@ def _config_plan(g: LayerGraph, cluster: Cluster, config: str, plan: Plan) -> Pl
         return None
     if reps == [s.replicas for s in plan.stages]:
         return plan
-    from pipedream.planner.rerank import _split_plan
-
     ref = _split_plan(g, cluster, reps, plan.model, g.minibatch_size)  # as `pipedream simulate` would run it
     if ref is None:
         raise PipeDreamError(f"config {config!r} has more stages than {plan.model} has layers")
@@ -324,8 +323,6 @@ def build_tables(paper_table: Path, clusters_path: Path, profiles_dir: Path, pla
     """Every row of the paper's Table 1 (``models`` only, if given), predicted where a V100-scale profile exists,
     with the leave-one-out calibration of DP's link speed (:mod:`pipedream.table1.calibration`); and that
     calibration's per-cluster summary (:func:`pipedream.table1.calibration.group_summary`)."""
-    from pipedream.table1 import calibration
-
     paper = read_paper_table(paper_table)
     rows, speedup_at = [], {}
     for _, p in paper.iterrows():
@@ -392,8 +389,8 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         if plots:
             P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
         return df
-    df, calibration = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)
-    write_predicted(df, out_dir, clusters_path, calibration=calibration)
+    df, summary = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)
+    write_predicted(df, out_dir, clusters_path, calibration=summary)
     if plots:
         have = df[df["predicted_config"] != NO_PROFILE]
         P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")

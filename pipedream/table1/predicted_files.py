@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipedream.io import atomic_write_text
+from pipedream.table1.calibration import markdown_section, within_counts
 from pipedream.table1.explain import THRESHOLD, calibrated, explain
 from pipedream.table1.predicted import NO_PROFILE, V100_SCALE_KEY
 from pipedream.table1.table import to_markdown
@@ -80,8 +81,6 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
         return
     notes = []
     if calibration is not None:
-        from pipedream.table1.calibration import markdown_section, within_counts
-
         atomic_write_text(out_dir / "table1_calibration.csv", calibration.to_csv(index=False))
         notes += markdown_section(calibration, within_counts(df))
     notes += ["", f"## Mismatches above {THRESHOLD:.0%}", ""]
