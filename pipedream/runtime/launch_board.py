@@ -11,7 +11,7 @@ The launch times ride on no collective of their own. Each replica writes its lau
 table in shared memory (a memory-mapped file that every replica on the host maps) *before* it launches the
 bucket's real allreduce, and reads the table only *after* that allreduce has returned, which cannot happen
 before every replica has entered it, so every replica's entry is written by then. (A MAX allreduce of the
-launch times issued beside each bucket, tried first, cost ~20 ms a step with 4 ranks on 2 cores.) The
+launch times beside each bucket, tried first, doubled the collectives a step.) The
 table keeps two rounds (a round is one ``ALLREDUCE`` of a stage, one DDP step): a replica cannot post round
 ``r + 2`` before every replica has read round ``r``, because it would first have to complete round
 ``r + 1``, whose allreduces every replica joins only after it has finished waiting for round ``r``.
