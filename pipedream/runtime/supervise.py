@@ -243,6 +243,8 @@ def supervise(watch: Watch, poll: Callable[[], int | None], deadline_s: float, g
     """Poll torchrun (``poll``: its ``Popen.poll``) and its workers (``watch``) until torchrun exits, or it
     has not ended the job ``grace_s`` seconds after a worker failed (``unknown_grace_s`` after one ended with a
     status not seen: at the end of a good run all end together), or ``deadline_s`` (``time.monotonic()``) passes.
+    A worker seen stopped (SIGSTOP) ends the wait at once: torchrun's SIGTERM cannot reach it, so torchrun
+    would only wait out its own 30 s grace.
 
     Returns:
         torchrun's exit status, or None if it is still running.
@@ -258,7 +260,8 @@ def supervise(watch: Watch, poll: Callable[[], int | None], deadline_s: float, g
             failed_at = now
         if ended_at is None and watch.ends:
             ended_at = now
-        late = (failed_at is not None and now - failed_at > grace_s) or (
+        stopped = any(e.stopped for e in watch.ends.values())
+        late = stopped or (failed_at is not None and now - failed_at > grace_s) or (
             ended_at is not None and now - ended_at > unknown_grace_s)
         if late or now > deadline_s:
             watch.failures_seen = late
