@@ -71,7 +71,7 @@ def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ign
             launched.clear()
         step = rounds[0]
         launched.append(buf.numel() * buf.element_size())
-        sizes = launched[:k + 1]
+        sizes = list(launched)  # buckets 0 .. k
         board.post(step, k, time.perf_counter())
         fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
 

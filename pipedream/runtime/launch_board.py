@@ -64,10 +64,11 @@ def link_finish_s(launch_s: Sequence[float], nbytes: Sequence[float], replicas: 
 class LaunchBoard:
     """The launch times of one process group's bucket allreduces, ``(round % 2, bucket, replica)``.
 
-    Built collectively by every member of ``group`` (two small object collectives under the group's
+    Built collectively by every member of ``group`` (an object all-gather and a barrier, under the group's
     timeout): the group's first replica creates the table's file in the temporary directory and names it
     to the others with every replica's host; when all are on one host, each maps the file and, once all have
-    (the second collective), the file's name is removed, so nothing is left behind however the run ends.
+    (the barrier), the first replica removes its name, so a run that gets past building its reducers leaves
+    no file behind however it ends.
 
     Args:
         group: the replicas' process group (None: the world).
@@ -77,25 +78,22 @@ class LaunchBoard:
     def __init__(self, group: dist.ProcessGroup | None, buckets: int) -> None:
         self.replicas = dist.get_world_size(group)
         self.index = dist.get_rank(group)
-        mine = None
+        mine = ""
         if self.index == 0:
             fd, mine = tempfile.mkstemp(prefix="pipedream-launches-")
             os.close(fd)
-        seen: list[tuple[str, str | None] | None] = [None] * self.replicas
+        seen: list[tuple[str, str]] = [("", "")] * self.replicas  # (host, the table's file) per replica
         dist.all_gather_object(seen, (socket.gethostname(), mine), group=group)
-        hosts = {s[0] for s in seen if s is not None}
-        path = seen[0][1] if seen[0] is not None else None
-        self.shared = len(hosts) == 1 and path is not None
+        path = seen[0][1]
+        self.shared = len({host for host, _ in seen}) == 1
         size = ROUNDS * max(buckets, 1) * self.replicas
         if self.shared:
-            flat = torch.from_file(str(path), shared=True, size=size, dtype=torch.float64)
+            flat = torch.from_file(path, shared=True, size=size, dtype=torch.float64)
             dist.barrier(group=group)  # every replica has mapped it
-            if self.index == 0:
-                Path(str(path)).unlink(missing_ok=True)
         else:
-            if mine is not None:
-                Path(mine).unlink(missing_ok=True)
             flat = torch.zeros(size, dtype=torch.float64)
+        if mine:
+            Path(mine).unlink(missing_ok=True)
         self.table = flat.view(ROUNDS, max(buckets, 1), self.replicas)
 
     def post(self, round_: int, bucket: int, t: float) -> None:
