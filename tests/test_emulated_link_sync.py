@@ -44,6 +44,7 @@ def _worker(rank: int, init: str, which: str, out: str) -> None:
 
             buf = torch.ones(NUMEL)
             hook = _throttled_allreduce(BANDWIDTH, LaunchBoard(None, 1))
+        dist.barrier()  # the first replica removes the board's file after building's own barrier, before this one
         leftovers = list(Path(out).glob("pipedream-launches-*"))
         for r in range(ROUNDS):
             dist.barrier()
