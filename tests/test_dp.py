@@ -95,6 +95,18 @@ def test_a_dp_worker_counts_one_copy_of_weights_gradients_and_momentum(tmp_path:
     assert row["peak_memory_bytes_stage0"] == sum(got.values()) + row["peak_activations_bytes_stage0"]
 
 
+def test_a_dp_worker_logs_its_compute_apart_from_the_wait_for_the_emulated_link(tmp_path: Path) -> None:
+    """The tiny model's 18664 bytes of gradients in one bucket, ring-reduced over 2 workers at 186640 B/s, take
+    2 (2 - 1) / 2 * 18664 / 186640 = 0.1 s on the emulated link: an epoch of 3 steps waits 0.3 s for it inside
+    ``loss.backward()``, which the compute (a few ms of a tiny model) must not count."""
+    _run(tmp_path, emulate_bandwidth_Bps=186640.0)
+    for row in json.loads((tmp_path / "out" / "metrics.json").read_text()):
+        assert 0.3 - 0.02 <= row["wait_s_stage0"] < 0.3 + 0.15
+        assert 0.0 < row["compute_s_stage0"] < 0.1
+        assert 0.0 < row["compute_cpu_s_stage0"] <= row["compute_s_stage0"] + 1e-3  # one thread: CPU within wall
+        assert row["cpu_s_stage0"] >= row["compute_cpu_s_stage0"]
+
+
 def test_dp_trains_with_muon_as_one_process_does(tmp_path: Path) -> None:
     """``--optimizer muon`` on DDP (global minibatches of 8, 4 + 4 a worker): the replicas stay equal and end where
     one process with the optimizer the runtime builds ends (Muon on the two hidden Linear weights, Adam on the

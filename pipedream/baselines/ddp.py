@@ -31,6 +31,8 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -61,6 +63,7 @@ def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ign
     world = board.replicas
     launched: list[int] = []  # this step's bucket sizes, bytes, by index
     rounds = [-1]  # the step: its round on the board
+    launch_s = [0.0]  # when this replica launched its latest bucket (perf_counter): where its backward's compute ended
 
     # no annotations: DDP compares them with dist.GradBucket at run time, and this module's
     # `from __future__ import annotations` would turn them into strings that fail that check
@@ -72,7 +75,8 @@ def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ign
         step = rounds[0]
         launched.append(buf.numel() * buf.element_size())
         sizes = list(launched)  # buckets 0 .. k
-        board.post(step, k, time.perf_counter())
+        launch_s[0] = time.perf_counter()
+        board.post(step, k, launch_s[0])
         fut = dist.all_reduce(buf.div_(world), async_op=True).get_future()
 
         def finish(f: torch.futures.Future) -> torch.Tensor:
@@ -84,7 +88,50 @@ def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ign
 
         return fut.then(finish)
 
+    hook.launch_s = launch_s  # type: ignore[attr-defined]
     return hook
+
+
+@dataclass
+class Busy:
+    """Where a DP worker's epoch goes, as a pipeline stage's :class:`~pipedream.runtime.executor.EpochStats`
+    counts it, so that ``compute_check.csv`` has a row for DP beside the prediction's compute (the simulator's
+    forwards and backwards: loading the minibatch, the forward, the loss, the backward; not the optimizer step).
+
+    Attributes:
+        compute_s: wall seconds of the forwards and backwards; a backward ends where its compute does, at the
+            launch of its last bucket when the link is emulated (the rest of ``loss.backward()`` is the wait
+            for the link), at ``loss.backward()``'s return otherwise.
+        compute_cpu_s: CPU seconds of the main thread in them (:func:`time.thread_time`; it computes the
+            backward and blocks while waiting for the allreduce).
+        wait_s: wall seconds inside ``loss.backward()`` after the last bucket's launch (with the emulated link).
+        cpu_s: CPU seconds of the whole process over the epoch's training, every thread (gloo's included).
+    """
+
+    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "compute_cpu_s", "wait_s", "cpu_s")
+    compute_s: float = 0.0
+    compute_cpu_s: float = 0.0
+    wait_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def add_forward(self, wall0: float, cpu0: float) -> None:
+        """A forward (with its minibatch's loading and the loss) began at ``wall0`` (perf_counter) and
+        ``cpu0`` (thread_time) and has just ended."""
+        self.compute_s += time.perf_counter() - wall0
+        self.compute_cpu_s += time.thread_time() - cpu0
+
+    def add_backward(self, wall0: float, cpu0: float, last_launch_s: float | None) -> None:
+        """A backward began at ``wall0``/``cpu0`` and ``loss.backward()`` has just returned; its last bucket
+        was launched at ``last_launch_s`` (perf_counter; None: not known, no wait counted)."""
+        end = time.perf_counter()
+        done = end if last_launch_s is None or last_launch_s < wall0 else last_launch_s
+        self.compute_s += done - wall0
+        self.wait_s += end - done
+        self.compute_cpu_s += time.thread_time() - cpu0
+
+    def values(self) -> list[float]:
+        """The figures in the order of :attr:`NAMES`."""
+        return [getattr(self, k) for k in self.NAMES]
 
 
 def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, world: int) -> tuple[int, int]:
@@ -123,9 +170,12 @@ def train(cfg: TrainConfig) -> None:
     # (the memory model's), not the gradients and a bucket copy of them
     ddp = DistributedDataParallel(model, device_ids=None if device.type == "cpu" else [device.index],
                                   bucket_cap_mb=cap_mb, gradient_as_bucket_view=True)
+    launch_s = None  # with the throttle: when the latest bucket was launched (the backward's compute ended)
     if cfg.emulate_bandwidth_Bps:
         board = LaunchBoard(None, len(list(model.parameters())))  # DDP's buckets hold a parameter at least
-        ddp.register_comm_hook(None, _throttled_allreduce(cfg.emulate_bandwidth_Bps, board))
+        hook = _throttled_allreduce(cfg.emulate_bandwidth_Bps, board)
+        launch_s = hook.launch_s
+        ddp.register_comm_hook(None, hook)
     optimizer = make_optimizer(cfg, list(model.parameters()), hidden)
     train_split, val_split = task.train, task.val
     per_worker = cfg.dp_batch == "per_worker"
@@ -157,15 +207,21 @@ def train(cfg: TrainConfig) -> None:
         if meter is not None:
             meter.reset()
         loss_sum, count = 0.0, 0
+        busy = Busy()
+        cpu0 = time.process_time()
         mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
         for i, rows in enumerate(mine):
+            w0, c0 = time.perf_counter(), time.thread_time()
             x, y = (to_device(t, device) for t in train_split.batch(rows))
             with saved.hooks(i) if meter is not None else nullcontext():
                 loss = task.criterion(call_model(ddp, x), y)
+            busy.add_forward(w0, c0)
             if meter is not None:  # the peak: every activation saved, and the gradients and state kept
                 meter.count(held(model, optimizer, [x, y], saved.tensors_of(i)), copies=1)
             optimizer.zero_grad(set_to_none=False)
+            w0, c0 = time.perf_counter(), time.thread_time()
             loss.backward()
+            busy.add_backward(w0, c0, launch_s[0] if launch_s is not None else None)
             saved.drop(i)
             lr.before_step(cfg, optimizer, list(model.parameters()), epoch + i / steps, scale)
             optimizer.step()
@@ -179,7 +235,9 @@ def train(cfg: TrainConfig) -> None:
                 bar.update(1)
             if fault is not None and epoch * steps + i >= fault[0]:
                 os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
-        loss_total, n = D.allreduce_sum([loss_sum, count], cfg.comm_timeout_s, "end-of-epoch loss reduction")
+        busy.cpu_s = time.process_time() - cpu0
+        loss_total, n, *spent = D.allreduce_sum([loss_sum, count, *busy.values()], cfg.comm_timeout_s,
+                                                "end-of-epoch loss and time reduction")
         epoch_time = time.time() - t0
         model.eval()
         correct = counted = 0
@@ -198,7 +256,8 @@ def train(cfg: TrainConfig) -> None:
                                                       "validation reduction")
         row = {"epoch": epoch + 1, "epoch_time_s": epoch_time, "train_loss": loss_total / max(n, 1),
                "val_accuracy": correct / max(counted, 1), "val_loss": vloss / max(vn, 1), "samples_per_s": n / epoch_time,
-               "wall_time_s": time.time() - wall0, "train_samples": n}
+               "wall_time_s": time.time() - wall0, "train_samples": n,
+               **{f"{k}_stage0": v / world for k, v in zip(Busy.NAMES, spent, strict=True)}}  # replicas' mean
         if meter is not None:  # rank 0's count (every worker holds the same); as a pipeline's one stage
             rec = meter.record()
             row["peak_memory_bytes_stage0"] = float(rec["peak_bytes"])

@@ -51,7 +51,7 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
 
 
 def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
-    """Where an epoch's time goes, per stage of every finished PipeDream run: the compute seconds one of its
+    """Where an epoch's time goes, per stage of every finished run (DP: one stage): the compute seconds one of its
     ranks measured (``measured_compute_s_stage<s>``, mean over the epochs after the first and over replicas) beside
     the prediction's
     (``predicted_compute_s_stage<s>``), the seconds it waited on receives and allreduces, and the CPU
@@ -61,7 +61,9 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
     forwards and backwards (``measured_compute_cpu_s_stage<s>``) over their work at full speed
     (``predicted_compute_work_s_stage<s>``: the predicted compute seconds over the stage's ``f_s``), what
     sharing the host costs the compute itself beyond the wait for a core (caches evicted at every switch; the
-    prediction assumes the profile's ``host.oversubscribed`` at most). DDP runs log no per-stage times.
+    prediction assumes the profile's ``host.oversubscribed`` at most). A DDP run is one stage: its forwards and
+    backwards up to the last bucket's launch, the rest of the backward its wait for the link
+    (:class:`pipedream.baselines.ddp.Busy`).
     Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured /
     predicted compute; NaN where a run logged no CPU seconds)."""
     rows = []
