@@ -60,7 +60,7 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
     (tmp_path / "experiments").symlink_to(REPO / "experiments")  # a user runs from a checkout
     cfg = yaml.safe_load((REPO / "experiments" / "ci.yaml").read_text())
     cfg["results_dir"] = "results"
-    cfg["profile"].update(warmup=0, iters=1)
+    cfg["profile"].update(warmup=0, iters=1, host_seconds=0)  # no host probe: its spawned copies take a minute
     cfg["models"] = {"vgg16": {"preset": "reduced", "train": {
         "epochs": 1, "batch_size": 16, "lr": 0.01, "train_subset": 256, "val_subset": 64, "max_minibatches": 8}}}
     config = tmp_path / "tiny.yaml"
