@@ -103,7 +103,8 @@ def test_a_dp_worker_logs_its_compute_apart_from_the_wait_for_the_emulated_link(
     for row in json.loads((tmp_path / "out" / "metrics.json").read_text()):
         assert 0.3 - 0.02 <= row["wait_s_stage0"] < 0.3 + 0.15
         assert 0.0 < row["compute_s_stage0"] < 0.1
-        assert 0.0 < row["compute_cpu_s_stage0"] <= row["compute_s_stage0"] + 1e-3  # one thread: CPU within wall
+        # one thread: its CPU within the wall it was measured over (the backward's to loss.backward()'s return)
+        assert 0.0 < row["compute_cpu_s_stage0"] <= row["compute_s_stage0"] + row["wait_s_stage0"] + 1e-3
         assert row["cpu_s_stage0"] >= row["compute_cpu_s_stage0"]
 
 

@@ -102,8 +102,9 @@ class Busy:
         compute_s: wall seconds of the forwards and backwards; a backward ends where its compute does, at the
             launch of its last bucket when the link is emulated (the rest of ``loss.backward()`` is the wait
             for the link), at ``loss.backward()``'s return otherwise.
-        compute_cpu_s: CPU seconds of the main thread in them (:func:`time.thread_time`; it computes the
-            backward and blocks while waiting for the allreduce).
+        compute_cpu_s: CPU seconds of the main thread in them (:func:`time.thread_time`), the backward's up to
+            ``loss.backward()``'s return: what DDP does after the last launch counts, the blocked wait for the
+            allreduce costs none (so it can exceed ``compute_s``, never ``compute_s + wait_s``).
         wait_s: wall seconds inside ``loss.backward()`` after the last bucket's launch (with the emulated link).
         cpu_s: CPU seconds of the whole process over the epoch's training, every thread (gloo's included).
     """

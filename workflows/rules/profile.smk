@@ -12,9 +12,9 @@ rule profile:
         warmup=config["profile"]["warmup"],
         iters=config["profile"]["iters"],
         device=config["profile"]["device"],
-        # the host probe's seconds (`pipedream profile --host-seconds`; 0 skips it: predictions then count no
-        # contention beyond processor sharing)
-        host_seconds=config["profile"].get("host_seconds", 6.0),
+        # the host probe's seconds, when the config sets them (`pipedream profile --host-seconds`, whose default
+        # holds otherwise; 0 skips it: predictions then count no contention beyond processor sharing)
+        host=f"--host-seconds {config['profile']['host_seconds']}" if "host_seconds" in config["profile"] else "",
     conda:
         "../../environment.yml"
     # alone on the host: the layers' times, and the contention of one step per core (meta.json host), are the
@@ -22,5 +22,5 @@ rule profile:
     threads: workflow.cores
     shell:
         "{params.pd} profile --model {wildcards.model} --preset {params.preset} --profiled-batch {params.batch} "
-        "--warmup {params.warmup} --iters {params.iters} --device {params.device} --host-seconds {params.host_seconds} "
+        "--warmup {params.warmup} --iters {params.iters} --device {params.device} {params.host} "
         "--out-dir $(dirname {output.graph}) > {log} 2>&1"
