@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # planning does not import torch
 
 def profile(model: nn.Module, example: Any, target: torch.Tensor | None = None,
             criterion: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, *, granularity: str = "layer",
-            warmup: int = 2, iters: int = 5, device: str = "cpu", name: str = "model") -> LayerGraph:
+            warmup: int = 2, iters: int = 5, device: str = "cpu", name: str = "model",
+            in_situ: bool = True) -> LayerGraph:
     """Per-layer forward and backward seconds, activation and parameter bytes of ``model`` on one minibatch.
 
     Args:
@@ -55,6 +56,8 @@ def profile(model: nn.Module, example: Any, target: torch.Tensor | None = None,
         granularity: ``"layer"`` or ``"op"`` (:func:`pipedream.runtime.split.trace`).
         warmup, iters: untimed and timed calls per layer (the median is kept).
         device: ``"cpu"`` or ``"cuda"``.
+        in_situ: on the CPU, each layer's times inside whole steps (:mod:`pipedream.in_situ`; its times alone
+            kept in ``isolated``); False: its times alone.
     Returns:
         the layer graph (times per minibatch in seconds, sizes in bytes, ``minibatch_size`` set), which
         :meth:`LayerGraph.write` saves as graph.txt.
@@ -68,7 +71,7 @@ def profile(model: nn.Module, example: Any, target: torch.Tensor | None = None,
     from pipedream.models import classification_loss
     from pipedream.profiler import ProfileSettings, noise_warning, profile_module
 
-    settings = ProfileSettings(warmup=warmup, iters=iters, device=device)
+    settings = ProfileSettings(warmup=warmup, iters=iters, device=device, in_situ=in_situ)
     loss = None
     if target is not None:
         y, crit = to_device(target, device), criterion or classification_loss

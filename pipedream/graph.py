@@ -83,6 +83,9 @@ class LayerGraph:
         hidden: per node, the bytes of its parameters that are hidden matrices (the ``nn.Linear`` weights but the
             output layer's, which Muon updates: :func:`pipedream.runtime.optim.hidden_matrices`); our profiler's
             ``graph.json`` ``hidden_bytes``; empty for the release's profiles and older ones.
+        isolated: per node, its forward and backward seconds timed alone (our profiler's ``graph.json``, where
+            ``fwd_s`` and ``bwd_s`` are the times inside whole steps, :mod:`pipedream.in_situ`); empty when the
+            node times are the isolated ones.
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -92,6 +95,7 @@ class LayerGraph:
     spread: dict[str, tuple[float, float]] = field(default_factory=dict)
     tied: list[Tied] = field(default_factory=list)
     hidden: dict[str, float] = field(default_factory=dict)
+    isolated: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""

@@ -46,6 +46,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ from torch import fx, nn
 from pipedream.capture import batch_size, call_model, describe, first_line, flat_inputs, shapes, to_device
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
+from pipedream.in_situ import in_situ_times
 from pipedream.io import atomic_write_json
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
@@ -73,11 +75,14 @@ class ProfileSettings:
         warmup: untimed calls before timing each node.
         iters: timed calls per node; their median is kept.
         device: ``"cpu"`` or ``"cuda"``.
+        in_situ: on the CPU, keep each node's times inside whole steps (:mod:`pipedream.in_situ`), the times
+            alone in :attr:`LayerGraph.isolated`; False (and on CUDA): the times alone.
     """
 
     warmup: int = 2
     iters: int = 5
     device: str = "cpu"
+    in_situ: bool = True
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -284,11 +289,6 @@ def profile_module(
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
     graph.tied = tied_parameters(gm, ids)
-    # after the layers ran one by one, so that a layer that fails is named (a whole forward would not say which);
-    # gm holds the model's parameter objects
-    hidden = {id(p) for p in hidden_matrices(model, example_input)}
-    for node in ops:
-        graph.hidden[ids[node]] = float(sum(t.numel() * t.element_size() for t in _held(gm, node) if id(t) in hidden))
     if loss is not None:
         output = next(n for n in gm.graph.nodes if n.op == "output")
         sinks = [n for n in ops if n in output.all_input_nodes]
@@ -296,7 +296,34 @@ def profile_module(
             fwd_s, bwd_s = profile_loss(fx.node.map_arg(output.args[0], lambda a: values[a]), loss, settings)
             sink = graph.nodes[ids[sinks[-1]]]
             graph.nodes[sink.node_id] = dataclasses.replace(sink, fwd_s=sink.fwd_s + fwd_s, bwd_s=sink.bwd_s + bwd_s)
+    if settings.in_situ and not settings.device.startswith("cuda"):
+        _time_in_situ(gm, {n: ids[n] for n in ops}, inputs, loss, settings, graph)
+    # after the layers ran one by one, so that a layer that fails is named (a whole forward would not say which);
+    # gm holds the model's parameter objects
+    hidden = {id(p) for p in hidden_matrices(model, example_input)}
+    for node in ops:
+        graph.hidden[ids[node]] = float(sum(t.numel() * t.element_size() for t in _held(gm, node) if id(t) in hidden))
     return graph
+
+
+def _time_in_situ(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], loss: Callable[[Any], torch.Tensor] | None,
+                  settings: ProfileSettings, graph: LayerGraph) -> None:
+    """Replace every node's times by its times inside whole steps (:func:`pipedream.in_situ.in_situ_times`), keeping
+    the isolated ones in ``graph.isolated``; a model the interpreter cannot step keeps its isolated times, with a
+    warning naming why."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    sinks = [n for n in ids if n in output.all_input_nodes]
+    sink = ids[sinks[-1]] if sinks else list(ids.values())[-1]
+    try:
+        situ = in_situ_times(gm, ids, inputs, sink, loss, settings.warmup, settings.iters)
+    except Exception as e:  # the layers' own times still stand
+        print(f"warning: layer times inside whole steps failed ({type(e).__name__}: {first_line(e)}); "
+              "keeping each layer's time alone", file=sys.stderr)
+        return
+    for nid, (fwd_s, bwd_s) in situ.items():
+        node = graph.nodes[nid]
+        graph.isolated[nid] = (node.fwd_s, node.bwd_s)
+        graph.nodes[nid] = dataclasses.replace(node, fwd_s=fwd_s, bwd_s=bwd_s)
 
 
 def profile_loss(output: Any, loss: Callable[[Any], torch.Tensor], settings: ProfileSettings) -> tuple[float, float]:
@@ -452,6 +479,7 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
          **dict(zip(("fwd_iqr_s", "bwd_iqr_s"), graph.spread.get(n.node_id, ()), strict=False)),
+         **dict(zip(("isolated_fwd_s", "isolated_bwd_s"), graph.isolated.get(n.node_id, ()), strict=False)),
          "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes,
          **({"hidden_bytes": graph.hidden[n.node_id]} if n.node_id in graph.hidden else {}),
          **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}

@@ -26,6 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads to time with (torch.set_num_threads); default 1, what every `pipedream train` "
                         "worker runs with (OMP_NUM_THREADS=1), so the profile times what the workers compute at")
+    p.add_argument("--isolated", action="store_true",
+                   help="keep each layer's time alone (timed over and over on its own inputs, its weights warm in the "
+                        "caches), as the release's profiler did. Default on the CPU: each layer's time inside whole "
+                        "training steps, where the layers before it have evicted its data (pipedream/in_situ.py), "
+                        "the times alone kept in graph.json (isolated_fwd_s, isolated_bwd_s)")
     p.add_argument("--seed", type=int, default=0, help="seed of weights and input")
     p.add_argument("--data", choices=["real", "synthetic"], default=None,
                    help="what the profiled minibatch is: real: the first minibatch a run trains on (epoch 1's "
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     x, y = (to_device(t, args.device) for t in task.train.batch(rows))
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
     graph = profile(task.model, x, y, task.criterion, granularity=args.granularity, warmup=args.warmup,
-                    iters=args.iters, device=args.device, name=args.model)
+                    iters=args.iters, device=args.device, name=args.model, in_situ=not args.isolated)
     noise = noise_warning(graph)
     if noise:
         print(f"warning: {noise}", file=sys.stderr)
@@ -119,7 +124,9 @@ def run(args: argparse.Namespace) -> int:
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
-            "iters": args.iters, "seed": args.seed, "granularity": args.granularity, "threads": args.threads, "data": data,
+            "iters": args.iters, "seed": args.seed,
+            "layer_times": "isolated" if args.isolated or args.device == "cuda" else "in situ",
+            "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
             "optimizer_step_s_per_param_byte": rates,
             "host": host,

@@ -1,0 +1,110 @@
+"""Every layer's forward and backward seconds inside whole training steps (CPU), as a stage computes them.
+
+The profiler first times each layer alone, over and over, on its recorded inputs (:mod:`pipedream.profiler`); its
+weights and activations stay in the caches between the calls. In a training step, and in a stage of a pipeline,
+each layer finds them evicted by the layers before it, and by how much depends on the layer: on the 2-core CI
+machine (512 KiB of L2 a core) the reduced VGG-16's convolutions took 0.99x their isolated times inside whole
+steps and its classifier 0.80x, ResNet-50's first quarter 1.53x and its third 1.03x, GNMT-16's second quarter 0.73x
+and its last 1.16x. A single factor for the whole model (``meta.json`` ``whole_step_s`` over the layers' sum,
+:func:`pipedream.sim.predict.profiled_composition`) cannot give each stage its share, and the stages of one
+``make run`` measured exactly this pattern: their forwards' and backwards' CPU seconds over the prediction's
+(``compute_check.csv``) were VGG-16's 0.96 and 0.80, AlexNet's 1.44 and 1.64 (in situ 1.19 and 1.36), GNMT-8's
+0.94, 0.80 and 1.12 (in situ 0.80, 0.67 and 0.81).
+
+:func:`in_situ_times` runs whole steps through the traced model (``torch.fx.Interpreter``), stamping the clock
+around every node's forward, and in the backward whenever the gradient of a node's output is ready (a tensor hook):
+a node's backward runs from its output's gradient to the next stamp (the backward of a chain goes layer by layer in
+reverse; in a DAG the engine's order decides, and each interval goes to the node whose gradient opened it). The loss
+goes to the node that produces the model's output, as in the isolated profile. Per node, the median over the steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx
+
+LOSS = "<loss>"  # the stamp that opens the loss's backward
+
+
+def _first_grad_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    for item in items:
+        found = _first_grad_tensor(item)
+        if found is not None:
+            return found
+    return None
+
+
+class _Stamped(fx.Interpreter):
+    """Runs the graph, timing each of ``ids``' nodes' forward and hooking its output for the backward's stamps."""
+
+    def __init__(self, gm: fx.GraphModule, ids: dict[fx.Node, str], fwd: dict[str, float],
+                 stamps: list[tuple[float, str]]) -> None:
+        super().__init__(gm)
+        self.ids, self.fwd, self.stamps = ids, fwd, stamps
+
+    def run_node(self, n: fx.Node) -> Any:
+        start = time.perf_counter()
+        out = super().run_node(n)
+        if n in self.ids:
+            self.fwd[self.ids[n]] = time.perf_counter() - start
+            t = _first_grad_tensor(out)
+            if t is not None:
+                nid = self.ids[n]
+                t.register_hook(lambda grad: self.stamps.append((time.perf_counter(), nid)))
+        return out
+
+
+def one_step(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], sink: str,
+             loss: Callable[[Any], torch.Tensor] | None) -> tuple[dict[str, float], dict[str, float]]:
+    """One whole step through ``gm`` on ``inputs`` (its placeholders' values): ``(forward s, backward s)`` per node
+    id of ``ids`` (module docstring); ``sink`` (the node producing the output) also takes the loss's forward and
+    backward. Without ``loss`` the backward starts from random gradients of the outputs, as the isolated profile's."""
+    fwd: dict[str, float] = {}
+    stamps: list[tuple[float, str]] = []
+    out = _Stamped(gm, ids, fwd, stamps).run(*inputs)
+    start = time.perf_counter()
+    if loss is not None:
+        value = loss(out)
+        fwd[sink] = fwd.get(sink, 0.0) + time.perf_counter() - start
+        stamps.append((time.perf_counter(), LOSS))
+        value.backward()
+    else:
+        outs = [t for t in _flat(out) if t.requires_grad]
+        grads = [torch.randn_like(t) for t in outs]
+        stamps.append((time.perf_counter(), LOSS))
+        if outs:
+            torch.autograd.backward(outs, grads)
+    end = time.perf_counter()
+    gm.zero_grad(set_to_none=True)
+    bwd: dict[str, float] = defaultdict(float)
+    ordered = sorted(stamps)
+    for (t0, nid), (t1, _) in zip(ordered, [*ordered[1:], (end, "")], strict=True):
+        bwd[sink if nid == LOSS else nid] += t1 - t0
+    return fwd, dict(bwd)
+
+
+def _flat(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    return [t for item in items for t in _flat(item)]
+
+
+def in_situ_times(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], sink: str,
+                  loss: Callable[[Any], torch.Tensor] | None, warmup: int, iters: int) -> dict[str, tuple[float, float]]:
+    """Per node id of ``ids``: the median ``(forward s, backward s)`` over ``iters`` whole steps (:func:`one_step`)
+    after ``warmup`` untimed ones; a node a step did not time (no gradient reaches it) counts 0 there."""
+    for _ in range(warmup):
+        one_step(gm, ids, inputs, sink, loss)
+    steps = [one_step(gm, ids, inputs, sink, loss) for _ in range(max(1, iters))]
+    return {nid: (statistics.median(f.get(nid, 0.0) for f, _ in steps),
+                  statistics.median(b.get(nid, 0.0) for _, b in steps)) for nid in ids.values()}
