@@ -198,30 +198,19 @@ def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
     if check.empty:
         return "<p class='muted'>No finished runs to check.</p>"
     s = summary(check)
-
-    def ratio(value: float) -> str:
-        if math.isnan(value):
-            return "—"
-        return f"{value:.2f}{' ✓' if abs(value - 1) <= BAND else ' ✗'}"
-
     rows = []
     for r in check.itertuples(index=False):
+        err = abs(r.ratio - 1) if not math.isnan(r.ratio) else math.nan
+        mark = "" if math.isnan(err) else (" ✓" if err <= BAND else " ✗")
         rows.append(f"<tr><td>{_text(r.model)}</td><td>{_text(r.mode)}</td><td>{_text(r.config)}</td>"
                     f"<td class='n'>{_num(r.measured_epoch_s, 's')}</td><td class='n'>{_num(r.predicted_epoch_s, 's')}</td>"
-                    f"<td class='n'>{ratio(r.ratio)}</td>"
-                    f"<td class='n'>{'—' if math.isnan(r.host_speed) else f'{r.host_speed:.2f}'}</td>"
-                    f"<td class='n'>{ratio(r.profiled_ratio)}</td></tr>")
+                    f"<td class='n'>{'—' if math.isnan(r.ratio) else f'{r.ratio:.2f}'}{mark}</td></tr>")
     median = "—" if math.isnan(s["median_abs_error"]) else f"{s['median_abs_error']:.1%}"
-    alone = summary(check.assign(ratio=check["profiled_ratio"]))
-    profiled = ("" if not alone["runs"] else
-                f" From the profile alone (without the host's speed at launch): {alone['within']} of {alone['runs']} "
-                f"within, median |ratio − 1| {alone['median_abs_error']:.1%}.")
     table = ("<div class='scroll'><table id='prediction-check-table'><thead><tr><th>model</th><th>mode</th><th>config</th>"
              "<th class='n'>measured epoch (s)</th><th class='n'>predicted epoch (s)</th><th class='n'>measured / "
-             "predicted</th><th class='n'>host's step at launch / profile's</th><th class='n'>measured / predicted "
-             f"from the profile alone</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
+             f"predicted</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
              f"<p>{s['within']} of {s['runs']} runs within ±{BAND:.0%} of their prediction; median |ratio − 1| "
-             f"{median}.{profiled}</p>")
+             f"{median}.</p>")
     figures = "".join(figure(p, "Every run: measured mean epoch time against the epoch time predicted before it "
                                 f"started (log-log; the line is y = x, the band ±{BAND:.0%})")
                      for p in plots if p.name == PLOT_NAME)
