@@ -108,17 +108,16 @@ def profiled_steps(meta: dict[str, Any], minibatch: int, copies: int) -> list[St
 
 
 def step_times(steps: list[Step], seconds: float, min_steps: int = 3) -> tuple[float, ...]:
-    """Each step's median seconds back to back, as the profile times its steps: the steps take turns (so a change
-    of the host's speed during the measurement reaches all alike), and in each turn a step is called twice and
-    the second call timed (the first brings its weights back into the caches after the others' turns); for about
-    ``seconds`` and at least ``min_steps`` turns, after one more untimed call of each."""
+    """Each step's median seconds, the steps called in turns (so a change of the host's speed during the
+    measurement reaches all alike) for about ``seconds`` and at least ``min_steps`` turns, after two untimed
+    calls of each."""
     for s in steps:
+        s()
         s()
     times: list[list[float]] = [[] for _ in steps]
     start = time.perf_counter()
     while len(times[0]) < min_steps or time.perf_counter() < start + seconds:
         for s, kept in zip(steps, times, strict=True):
-            s()
             t0 = time.perf_counter()
             s()
             kept.append(time.perf_counter() - t0)
@@ -142,7 +141,7 @@ def expected_copy_s(meta: dict[str, Any], cores: int) -> float | None:
 
 
 def speed_now(meta: dict[str, Any], minibatch: int, cores: int, threads: int, seconds: float = 2.0,
-              copies: int = 3) -> Speed | None:
+              copies: int = 4) -> Speed | None:
     """Time the profile's training step on this host now (module docstring) and compare it with the profile's.
 
     Args:

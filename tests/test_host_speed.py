@@ -42,12 +42,11 @@ class FakeClock:
 
 
 def test_copies_step_in_turns_and_each_keeps_its_median(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two copies costing 10 and 30 ms a step, one timed call of the second 90 ms (a burst): after an untimed call
-    each, they take turns of an untimed and a timed call for 0.2 s of the fake clock, and each keeps the median
-    of its timed calls, 10 and 30 ms."""
+    """Two copies costing 10 and 30 ms a step, one call of the second 90 ms (a burst): timed in turns for 0.2 s of
+    the fake clock after two untimed calls each, each keeps its median, 10 and 30 ms."""
     clock = FakeClock()
     monkeypatch.setattr(host_speed.time, "perf_counter", lambda: clock.now)
-    costs = iter([0.03, 0.03, 0.09] + [0.03] * 100)  # b: warm-up, then the first turn's untimed and timed calls
+    costs = iter([0.03, 0.03, 0.09] + [0.03] * 100)
     a = clock.step("a", 0.01)
     b_calls = clock.step("b", 0.0)
 
@@ -57,10 +56,9 @@ def test_copies_step_in_turns_and_each_keeps_its_median(monkeypatch: pytest.Monk
 
     got = step_times([a, b], seconds=0.2, min_steps=3)
     assert got == pytest.approx((0.01, 0.03))
-    assert clock.calls[:2] == ["a", "b"]  # warm-up
-    turns = (len(clock.calls) - 2) // 4
-    assert clock.calls[2:] == ["a", "a", "b", "b"] * turns
-    assert turns == 3  # 0.14 s the first turn, 0.08 s the next: past 0.2 s after 2, and at least min_steps 3
+    assert clock.calls[:4] == ["a", "a", "b", "b"]  # warm-up
+    assert clock.calls[4:] == ["a", "b"] * ((len(clock.calls) - 4) // 2)  # then in turns
+    assert (len(clock.calls) - 4) // 2 == 4  # 100 ms for the burst's turn, then 40 ms a turn: 0.22 s after 4
 
 
 def test_speed_is_the_copies_mean_now_over_the_profiles_copy(monkeypatch: pytest.MonkeyPatch) -> None:
