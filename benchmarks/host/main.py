@@ -27,8 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipedream.data.fashion_mnist import minibatch_indices  # noqa: E402
 from pipedream.host_speed import worker_step  # noqa: E402
+from pipedream.data.fashion_mnist import minibatch_indices  # noqa: E402
 from pipedream.runtime.config import TrainConfig  # noqa: E402
 from pipedream.runtime.task import load_task  # noqa: E402
 
