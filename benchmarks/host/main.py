@@ -3,7 +3,7 @@
 A run's ranks compute in bursts between waits (DP's replicas for the link, a pipeline's stages for their
 receives), where the profile's layers and its host probe (:func:`pipedream.host_timing.host_contention`) step
 back to back. Each copy here is a fresh process stepping ``--steps`` times the reduced model's forward, loss
-and backward (:func:`pipedream.host_speed.worker_step`, the host probe's step), every step starting at a
+and backward (:func:`pipedream.commands.profile.worker_step`, the host probe's step), every step starting at a
 barrier of the copies and followed by a sleep of ``gap`` seconds; it reports its main thread's CPU seconds a
 step (:func:`time.thread_time`, median over the steps after two). CPU seconds, not wall: the share of a core
 each copy gets is processor sharing's and does not enter. The table prints each case's mean over the copies
@@ -27,7 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pipedream.host_speed import worker_step  # noqa: E402
+from pipedream.commands.profile import worker_step  # noqa: E402
 from pipedream.data.fashion_mnist import minibatch_indices  # noqa: E402
 from pipedream.runtime.config import TrainConfig  # noqa: E402
 from pipedream.runtime.task import load_task  # noqa: E402

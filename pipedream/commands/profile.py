@@ -8,6 +8,7 @@ import functools
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
+def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: Any) -> Callable[[], None]:
+    """One whole training step as a worker runs its stage: the forward on leaf aliases of the weights (a weight
+    version, :mod:`pipedream.runtime.versions`) through ``torch.func.functional_call``, the loss, and the
+    gradients with ``torch.autograd.grad``."""
+    import torch
+
+    from pipedream.capture import call_args
+
+    aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in model.named_parameters()}
+    args_, kwargs_ = call_args(xs)
+    needed = [t for t in aliases.values() if t.requires_grad]
+
+    def run() -> None:
+        loss = criterion(torch.func.functional_call(model, aliases, args_, kwargs_), ys)
+        torch.autograd.grad(loss, needed, allow_unused=True)
+
+    return run
+
+
+def worker_step(cfg: Any, rows: Any, threads: int) -> Callable[[], None]:
+    """:func:`runtime_step` on the model and minibatch (``rows`` of the training set) that this process builds from
+    ``cfg`` (a :class:`~pipedream.runtime.config.TrainConfig`) as a worker does: for
+    :func:`pipedream.host_timing.host_contention`'s fresh processes."""
+    import torch
+
+    from pipedream.runtime.task import load_task
+
+    torch.set_num_threads(threads)
+    task = load_task(cfg)
+    x, y = task.train.batch(rows)
+    return runtime_step(task.model, task.criterion, x, y)
+
+
 def run(args: argparse.Namespace) -> int:
     """Profile and write; returns 0."""
     import torch
@@ -60,7 +94,6 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.capture import to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
-    from pipedream.host_speed import runtime_step, worker_step
     from pipedream.host_timing import host_contention
     from pipedream.models import get_spec
     from pipedream.profiler import (
@@ -124,8 +157,7 @@ def run(args: argparse.Namespace) -> int:
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
-            "iters": args.iters, "seed": args.seed,
-            "layer_times": "isolated" if args.isolated or args.device == "cuda" else "in situ",
+            "iters": args.iters, "layer_times": "isolated" if args.isolated or args.device == "cuda" else "in situ",
             "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
             "optimizer_step_s_per_param_byte": rates,

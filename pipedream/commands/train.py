@@ -66,12 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--profile", type=Path,
                      help="the profile the plan came from (attached to the MLflow run; the epoch time is predicted "
                           "from it)")
-    run.add_argument("--host-probe-seconds", type=float, default=2.0,
-                     help="CPU: before the workers start, time the profiled training step again on this host for "
-                          "about this many seconds (fresh copies of the model in turns) and scale the predicted "
-                          "compute by its time now over the profile's (pipedream/host_speed.py: a shared machine's "
-                          "speed drifts between the profile and the run); only with a profile taken with its host "
-                          "probe on as many cores. 0: predict from the profile as it is")
     run.add_argument("--clusters", default=CLUSTERS,
                      help="clusters YAML the plan's cluster is read from, for the predicted epoch time")
     run.add_argument("--threshold", type=float,
@@ -217,43 +211,17 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
         return {}, "no --plan and --profile to predict the epoch time from"
     cores = None if uses_cuda() else os.cpu_count() or 1  # on GPUs the workers do not share the CPU's cores
     try:
-        speed = _host_speed(args, cores)
-
-        def predicted(factor: float):  # type: ignore[no-untyped-def]
-            return predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters,
-                               num_samples=training_samples(cfg), cores=cores, threads=WORKER_THREADS,
-                               hosts=args.nnodes, speed=factor)
-
-        pred = predicted(1.0 if speed is None else speed.factor)
-        out = pred.to_dict()
-        if speed is not None:  # beside it, the profile's prediction as it was (the report shows both)
-            out.update(host_speed=speed.to_dict(), predicted_epoch_time_profiled_s=predicted(1.0).epoch_s)
+        pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
+                           cores=cores, threads=WORKER_THREADS, hosts=args.nnodes)
     except Exception as e:  # any failure of the model must leave the run itself alone
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
         return {}, why
     scales = "/".join(f"{f:.2f}" for f in pred.compute_scale)
     ranks = "/".join(f"{c:.2f}" for c in pred.concurrency)
-    now = "" if speed is None else (f"; the host steps at {speed.factor:.2f}x the profile's time now, "
-                                    f"{out['predicted_epoch_time_profiled_s']:.2f} s as profiled")
     print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "
-          f"{pred.cores or 'their own'} cores{now})", file=sys.stderr)
-    return out, None
-
-
-def _host_speed(args: argparse.Namespace, cores: int | None):  # type: ignore[no-untyped-def]
-    """:func:`pipedream.host_speed.speed_now` for the run's profile on this CPU host, or None (GPUs,
-    ``--host-probe-seconds 0``, a profile without its host probe on as many cores)."""
-    from pipedream.graph import profiled_batch, read_meta
-    from pipedream.host_speed import speed_now
-    from pipedream.runtime.launch import WORKER_THREADS
-
-    if cores is None or args.host_probe_seconds <= 0:
-        return None
-    meta = read_meta(args.profile)
-    if "model" not in meta:
-        return None
-    return speed_now(meta, profiled_batch(args.profile), cores, WORKER_THREADS, args.host_probe_seconds)
+          f"{pred.cores or 'their own'} cores)", file=sys.stderr)
+    return pred.to_dict(), None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -388,11 +356,6 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
              "first_epoch_time_s": epochs[0]["epoch_time_s"], "launch_to_finish_s": total_s}
     if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks"), on the warmed-up epochs
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["steady_epoch_time_s"] / predicted)
-    profiled = prediction.get("predicted_epoch_time_profiled_s")
-    if profiled:  # the same check without the host's speed at launch (pipedream/host_speed.py)
-        final.update(predicted_epoch_time_profiled_s=profiled,
-                     prediction_ratio_profiled=final["steady_epoch_time_s"] / profiled,
-                     host_speed=prediction["host_speed"]["factor"])
     work, scale = prediction.get("work_s") or [], prediction.get("compute_scale") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]

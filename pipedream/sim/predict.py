@@ -141,8 +141,6 @@ class Prediction:
             ``cpu_s_stage<s>`` is compared.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
-        speed: the factor on the profile's CPU costs for the host's speed when the run starts
-            (:func:`predict_run`'s ``speed``); 1: the host as profiled.
     """
 
     epoch_s: float
@@ -161,7 +159,6 @@ class Prediction:
     memory: list[dict[str, float]] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     work_s: list[float] = field(default_factory=list)
-    speed: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
@@ -171,7 +168,7 @@ class Prediction:
                 "oversubscribed": self.oversubscribed, "composition": self.composition,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
-                "compute_s": self.compute_s, "work_s": self.work_s, "speed": self.speed}
+                "compute_s": self.compute_s, "work_s": self.work_s}
 
 
 def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0,
@@ -418,7 +415,7 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
-                num_samples: int, cores: int | None, threads: int, hosts: int = 1, speed: float = 1.0) -> Prediction:
+                num_samples: int, cores: int | None, threads: int, hosts: int = 1) -> Prediction:
     """Predict the epoch time of a ``pipedream train`` run before it starts.
 
     Args:
@@ -431,9 +428,6 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         num_samples: training samples of the run (``len(task.train)``).
         cores: cores per host (None: the workers compute on GPUs, no sharing); threads: threads per worker;
             hosts: hosts the workers are spread over.
-        speed: the host's step now over the profile's (:func:`pipedream.host_speed.speed_now`, measured before
-            the run); it scales every CPU cost the profile timed: the layers (the composition factor), loading
-            the data and the optimizer step. 1: the host as profiled.
     Raises:
         PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
     """
@@ -450,14 +444,12 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         plan.validate()
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
     meta = read_meta(profile)
-    rate = step_rate(meta, cfg.optimizer)
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
-                         optimizer=cfg.optimizer, step_s_per_param_byte=None if rate is None else rate * speed,
+                         optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
-                         data_s=profiled_data_s(meta) * speed, composition=profiled_composition(meta, graph) * speed,
+                         data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
                          **profiled_host(meta, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
-    pred.speed = speed
     return pred
 
 

@@ -20,8 +20,7 @@ from pipedream.table1.measured import finished_runs
 from pipedream.table1.plots import predicted_vs_measured
 
 BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
-COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s",
-           "host_speed", "profiled_epoch_s", "profiled_ratio"]
+COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s"]
 CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
                    "measured_cpu_s", "predicted_work_s", "cpu_ratio", "measured_compute_cpu_s",
@@ -38,22 +37,16 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
     """One row per finished run (``<results>/runs/<model>/<mode>/run.json``) of ``models``, in order.
 
     A run without a prediction (``prediction_error`` in its ``run.json``) keeps its row with NaN predicted
-    and ratio. Columns: :data:`COLUMNS` (seconds; ratio = measured / predicted). ``host_speed`` is the host's
-    step when the run started over the profile's (:mod:`pipedream.host_speed`), which the prediction includes;
-    ``profiled_epoch_s`` and ``profiled_ratio`` are the prediction without it, from the profile alone (NaN where
-    the run did not time its host).
+    and ratio. Columns: :data:`COLUMNS` (seconds; ratio = measured / predicted).
     """
     rows = []
     for model, mode, run in finished_runs(results, models):
         measured = _number(run.get("steady_epoch_time_s", run.get("mean_epoch_time_s")))  # older runs: the mean
         predicted = _number(run.get("predicted_epoch_time_s"))
         ratio = measured / predicted if predicted > 0 else math.nan
-        profiled = _number(run.get("predicted_epoch_time_profiled_s"))
         rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
                      "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio,
-                     "first_epoch_s": _number(run.get("first_epoch_time_s")),
-                     "host_speed": _number(run.get("host_speed")), "profiled_epoch_s": profiled,
-                     "profiled_ratio": measured / profiled if profiled > 0 else math.nan})
+                     "first_epoch_s": _number(run.get("first_epoch_time_s"))})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
