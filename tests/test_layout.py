@@ -59,3 +59,6 @@ def test_layouts_come_from_a_profile_of_this_host_only() -> None:
     assert profiled_host(meta, 2)["layouts"] == (0.9, 1.2)
     assert profiled_host(meta, 4)["layouts"] == ()
     assert profiled_host({}, 2)["layouts"] == ()
+    # with the copies' mean step in the profile (the composition's step), only their spread is drawn: over their mean
+    typical = {"host": {"cores": 2, "layouts": [0.9, 1.2], "copy_step_s": 0.1}}
+    assert profiled_host(typical, 2)["layouts"] == pytest.approx((0.9 / 1.05, 1.2 / 1.05))

@@ -111,6 +111,9 @@ def test_composition_scales_the_layers_not_the_step_nor_the_data() -> None:
     g = chain(2, 1.0, 2.0)
     assert profiled_composition({"whole_step_s": 7.5}, g) == pytest.approx(1.25)
     assert profiled_composition({}, g) == 1.0
+    # the host probe's copies stepped 9 s on average over all its rounds: their step, not the one 7.5 s window
+    assert profiled_composition({"whole_step_s": 7.5, "host": {"copy_step_s": 9.0}}, g) == pytest.approx(1.5)
+    assert profiled_composition({"whole_step_s": 7.5, "host": {"cores": 2}}, g) == pytest.approx(1.25)
     shape = EpochShape("1f1b", 8, 1, 6, 48)
     run = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
                         composition=1.25, data_s=0.5)

@@ -8,11 +8,13 @@ it is checked against.
 
 What is modelled, term by term:
 
-* compute: the profile's per-layer forward and backward seconds, scaled linearly to the samples of an
-  action (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a whole training
-  step over the layers' sum, ``meta.json`` ``whole_step_s``, :func:`profiled_composition`: the layers were
-  timed one at a time with warm caches) and the host-sharing factor below; with ``--recompute`` every
-  backward also runs its stage's forward again (:func:`pipedream.sim.costs.recomputed`);
+* compute: the profile's per-layer forward and backward seconds (on the CPU each layer's share of whole
+  training steps, :mod:`pipedream.in_situ`), scaled linearly to the samples of an action
+  (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a training step over the
+  layers' sum, :func:`profiled_composition`: the mean step of the fresh copies the host probe timed alone over
+  all its rounds, ``host.copy_step_s``, else the profiling process's ``whole_step_s``) and the host-sharing
+  factor below; with ``--recompute`` every backward also runs its stage's forward again
+  (:func:`pipedream.sim.costs.recomputed`);
 * links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
   every transfer and allreduce to that bandwidth, :mod:`pipedream.runtime.comm`); otherwise the cluster's;
 * allreduce: a ring over the stage's replicas in gradient buckets of ``cfg.bucket_bytes``
@@ -383,9 +385,17 @@ def profiled_data_s(meta: dict[str, Any]) -> float:
 
 def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
     """A whole training step's time over the sum of the profile's layer times (forward and backward, at the
-    profiled minibatch): ``meta.json`` ``whole_step_s`` (:func:`pipedream.profiler.whole_step_s`) over
-    ``graph``'s totals; 1.0 if absent (the release's profiles) or the layers sum to nothing."""
-    value = meta.get("whole_step_s")
+    profiled minibatch); 1.0 without a step (the release's profiles) or when the layers sum to nothing.
+
+    The step is ``meta.json`` ``host.copy_step_s`` where the profile has it: the mean step of every fresh copy the
+    host probe timed alone, over all its rounds (:mod:`pipedream.host_timing`; a minute or more of the profile,
+    where a shared machine's speed drifts by tens of percent within seconds: on the 2-core CI machine the reduced
+    VGG-16's ``whole_step_s``, one 2.5 s window, was 123 ms and its copies' mean 109 ms, and the runs of one ``make
+    run`` agreed with the copies). Else ``whole_step_s``, the profiling process's own step
+    (:func:`pipedream.profiler.whole_step_s`)."""
+    host = meta.get("host")
+    copy = host.get("copy_step_s") if isinstance(host, dict) else None
+    value = copy if isinstance(copy, int | float) and copy > 0 else meta.get("whole_step_s")
     t = graph.totals()
     layers = t["fwd_s"] + t["bwd_s"]
     return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
@@ -396,9 +406,10 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     keywords, if they were taken on a host of ``cores`` cores (taken as this host): ``contention`` and
     ``oversubscribed`` (:func:`pipedream.host_timing.host_contention`; at least 1.0, a measurement below 1 is
     noise: other copies cannot speed a step up), ``layouts`` (the same measurement's fresh copies, positive
-    ratios), ``message_s`` and ``message_s_per_byte`` (:mod:`pipedream.runtime.message_cost`; at least 0). What
-    is missing (another host, GPUs, the release's profiles) is no slowdown: contention 1.0, oversubscribed None,
-    no layouts, free messages."""
+    ratios; over their mean where the profile has ``copy_step_s``, which :func:`profiled_composition` already
+    takes as the typical copy's step), ``message_s`` and ``message_s_per_byte``
+    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's
+    profiles) is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         host = {}
@@ -409,6 +420,8 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
 
     draws = host.get("layouts")
     layouts = tuple(float(p) for p in draws if isinstance(p, int | float) and p > 0) if isinstance(draws, list) else ()
+    if layouts and isinstance(host.get("copy_step_s"), int | float):  # the typical copy is in the composition
+        layouts = layout.spread(layouts)[1]
     return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
             "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
             "layouts": layouts}
