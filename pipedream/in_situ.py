@@ -28,19 +28,14 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.utils import _pytree as pytree
 
 LOSS = "<loss>"  # the stamp that opens the loss's backward
 
 
-def _first_grad_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value if value.requires_grad else None
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
-    for item in items:
-        found = _first_grad_tensor(item)
-        if found is not None:
-            return found
-    return None
+def _leaf_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested) node value, in order (torch's pytree leaves)."""
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 class _Stamped(fx.Interpreter):
@@ -56,7 +51,7 @@ class _Stamped(fx.Interpreter):
         out = super().run_node(n)
         if n in self.ids:
             self.fwd[self.ids[n]] = time.perf_counter() - start
-            t = _first_grad_tensor(out)
+            t = next((t for t in _leaf_tensors(out) if t.requires_grad), None)
             if t is not None:
                 nid = self.ids[n]
                 t.register_hook(lambda grad: self.stamps.append((time.perf_counter(), nid)))
@@ -78,7 +73,7 @@ def one_step(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], sin
         stamps.append((time.perf_counter(), LOSS))
         value.backward()
     else:
-        outs = [t for t in _flat(out) if t.requires_grad]
+        outs = [t for t in _leaf_tensors(out) if t.requires_grad]
         grads = [torch.randn_like(t) for t in outs]
         stamps.append((time.perf_counter(), LOSS))
         if outs:
@@ -90,13 +85,6 @@ def one_step(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], sin
     for (t0, nid), (t1, _) in zip(ordered, [*ordered[1:], (end, "")], strict=True):
         bwd[sink if nid == LOSS else nid] += t1 - t0
     return fwd, dict(bwd)
-
-
-def _flat(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
-    return [t for item in items for t in _flat(item)]
 
 
 def in_situ_times(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], sink: str,
