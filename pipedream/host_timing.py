@@ -37,6 +37,16 @@ Step = Callable[[], Any]
 ROUNDS = 5
 
 
+def host_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where the platform has no
+    affinity), at least 1. Not the machine's count: a run started under ``taskset``, a cgroup cpuset or a
+    batch scheduler's allocation has only its own cores for its workers, and children inherit the set."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 @dataclass(frozen=True)
 class Sharing:
     """One :func:`host_contention` measurement.
@@ -89,7 +99,7 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
         return Sharing(1.0, (), 0.0)
     step()  # warm up this process
     window = seconds / rounds / (processes + 2)
-    share = max(1.0, processes / (os.cpu_count() or 1))
+    share = max(1.0, processes / host_cores())
     slowdowns, layouts, alone_s = [], [], []
     for _ in range(rounds):
         mine = _mean_step_s(step, window, min_steps)

@@ -28,6 +28,18 @@ def test_copies_of_a_step_that_only_sleeps_contend_for_nothing() -> None:
     assert 0.004 < got.alone_s < 0.008
 
 
+def test_the_host_has_the_cores_this_process_may_run_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under taskset or a cpuset of 4 of a machine's 16 cores a run has 4 cores for its workers, not 16; where the
+    platform has no affinity, the machine's count; never 0."""
+    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(host_timing.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert host_timing.host_cores() == 4
+    monkeypatch.delattr(host_timing.os, "sched_getaffinity")
+    assert host_timing.host_cores() == 16
+    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: None)
+    assert host_timing.host_cores() == 1
+
+
 def test_one_copy_measures_nothing() -> None:
     assert host_contention(_sleep, lambda: _sleep, 1) == Sharing(1.0, (), 0.0)
 
@@ -39,7 +51,7 @@ def test_the_ratio_is_each_copy_against_itself_over_its_fair_share(monkeypatch: 
     core (2 on 2 cores) that is all contention; with two per core (4 on 2) each gets half a core, which
     processor sharing already explains: 2.4 / 2 = 1.2; 3 copies on 2 cores: 2.4 / 1.5 = 1.6. Their memory layout is
     1.5x this process's, and does not enter the ratio."""
-    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
     monkeypatch.setattr(host_timing, "_together_then_alone",
                         lambda fresh, n, seconds, min_steps: [(3.6e-3, 1.5e-3)] * n)
@@ -51,7 +63,7 @@ def test_the_ratio_is_each_copy_against_itself_over_its_fair_share(monkeypatch: 
 
 def test_the_rounds_median_keeps_a_burst_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three rounds measure 1.1, 3.0 (another process burst in) and 1.2: the slowdown is 1.2."""
-    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1.0)
     rounds = iter([1.1, 3.0, 1.2])
     monkeypatch.setattr(host_timing, "_together_then_alone",
@@ -62,7 +74,7 @@ def test_the_rounds_median_keeps_a_burst_out(monkeypatch: pytest.MonkeyPatch) ->
 def test_five_rounds_keep_two_bursts_out_and_record_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default five rounds measure 1.1, 3.0, 1.2, 2.5 and 1.15: the median 1.2 ignores both bursts (of three
     rounds, two bursts would have set it), and every round is kept, in order."""
-    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1.0)
     rounds = iter([1.1, 3.0, 1.2, 2.5, 1.15])
     monkeypatch.setattr(host_timing, "_together_then_alone",
@@ -77,7 +89,7 @@ def test_copies_that_got_unequal_shares_count_by_their_total_throughput(monkeypa
     other three 0.5, 0.5 and 0.75 of a core (2, 2 and 1.33 ms). Their speeds add up to
     0.25 + 0.5 + 0.5 + 0.75 = 2 cores: the host lost nothing, slowdown 1.0 (the mean of the ratios over the fair
     share, (4 + 2 + 2 + 1.33) / 4 / 2 = 1.17, would count the scheduler's unevenness as contention)."""
-    monkeypatch.setattr(host_timing.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
     monkeypatch.setattr(host_timing, "_together_then_alone", lambda fresh, n, seconds, min_steps:
                         [(4e-3, 1e-3), (2e-3, 1e-3), (2e-3, 1e-3), (1e-3 / 0.75, 1e-3)])

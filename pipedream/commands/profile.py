@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pipedream.host_timing import host_cores
 
 HELP = "profile a model per layer and write graph.txt"
 
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {noise}", file=sys.stderr)
     rates = optimizer_step_rates(task.model, x, settings)
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
-    cores = os.cpu_count() or 1
+    cores = host_cores()
 
     step = runtime_step(task.model, task.criterion, x, y)
     step_s = whole_step_s(step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.errors import PipeDreamError
+from pipedream.host_timing import host_cores
 from pipedream.io import atomic_write_json
 from pipedream.paths import CLUSTERS
 from pipedream.tracking import STORE_HELP
@@ -109,7 +109,7 @@ def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -
               "val_subset": args.val_subset or "all",
               "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
               "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none",
-              "threads_per_worker": WORKER_THREADS, "host_cores": os.cpu_count() or 0}
+              "threads_per_worker": WORKER_THREADS, "host_cores": host_cores()}
     params.update(lr_policy=args.lr_policy, lr_warmup_epochs=args.lr_warmup_epochs, clip_norm=args.clip_norm)
     if args.mode == "pipedream":
         from pipedream.runtime.lr import stage_lr_applies
@@ -209,7 +209,7 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
 
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"
-    cores = None if uses_cuda() else os.cpu_count() or 1  # on GPUs the workers do not share the CPU's cores
+    cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
     try:
         pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
                            cores=cores, threads=WORKER_THREADS, hosts=args.nnodes)

@@ -266,7 +266,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         stage_ranks: ranks per stage in round-robin order (DP: one list of all ranks).
         cluster: links as the run pays them (:func:`emulated_cluster`).
         shape: the epoch (:func:`epoch_shape`).
-        cores: cores of each host (``os.cpu_count()``); None when the ranks do not compute on shared cores
+        cores: cores of each host (:func:`pipedream.host_timing.host_cores`); None when the ranks do not compute on shared cores
             (one GPU each): no host sharing. threads: threads per worker.
         hosts: hosts the ranks are spread over evenly (``--nnodes``); each host's cores are shared by its
             ranks, so the concurrency per host is ``C / hosts``.

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
-import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from pipedream.host_timing import host_cores
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # the code that builds the report
 
@@ -75,11 +76,11 @@ def collect(cfg: dict[str, Any], config_path: str | None) -> dict[str, str]:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "config": config_path or "unknown",
         "scale": str(cfg.get("scale", "unknown")),
-        "workers": _workers(cfg.get("workers"), os.cpu_count()),
+        "workers": _workers(cfg.get("workers"), host_cores()),
         "cluster": str(cfg.get("cluster", "unknown")),
         "emulated bandwidth": _bandwidth(cfg.get("emulate_bandwidth_Bps")),
         "host": platform.node() or "unknown",
-        "CPUs": str(os.cpu_count() or "unknown"),
+        "CPUs": str(host_cores()),
         "torch": torch_version,
         "CUDA device": cuda,
     }
