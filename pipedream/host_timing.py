@@ -72,13 +72,16 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
                     min_steps: int = 4) -> Sharing:
     """Time ``processes`` fresh copies of a training step running at once, then each alone (module docstring).
 
-    Each round times ``step`` in this process alone, then starts ``processes`` fresh Python processes (spawned,
-    as the workers are). Each calls ``fresh()`` for a step on a model and data it builds itself, as a worker
-    does: a memory layout of its own. (Copies made with ``copy.deepcopy`` in forked children ran the reduced
-    GNMT-8 at 0.86-1.06x the profiling process's step, where a 1-rank run's forwards and backwards took
-    1.15-1.25x it.) Each warms up twice, steps with
-    the others (they start together at a barrier; each keeps stepping until all have timed theirs), then alone,
-    one at a time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes +
+    ``processes`` fresh Python processes are started once (spawned, as the workers are). In every round each
+    calls ``fresh()`` for a step on a model and data it builds itself, as a worker does: a memory layout of its
+    own, built while its last round's copy still holds its memory, so the new one cannot take its place.
+    (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8 at 0.86-1.06x the profiling
+    process's step, where a 1-rank run's forwards and backwards took 1.15-1.25x it.) Starting the processes
+    once, not every round, saves their imports and data loading: 5-9 s each on the 2-core CI machine (GNMT-8:
+    torch 1.9 s, fairseq 2.9 s, its data 3.9 s), which were most of a profile's time. Each round times ``step``
+    in this process alone while the copies wait blocked, then each copy warms up twice, steps with the others
+    (they start together at a barrier; each keeps stepping until all have timed theirs), then alone, one at a
+    time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes +
     2)`` and at least ``min_steps`` steps (time slices of a shared core even out over several steps: with a
     median of two or three steps of AWD-LM's 0.2 s step its two-per-core figure moved from 1.14 to 1.44
     between profiles). The caller should run single-threaded (``torch.set_num_threads(1)``), as the workers do.
@@ -100,30 +103,38 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
     step()  # warm up this process
     window = seconds / rounds / (processes + 2)
     share = max(1.0, processes / host_cores())
+    mine: list[float] = []  # this process's step, timed before each round while the copies wait
+    per_round = _together_then_alone(fresh, processes, rounds, window, min_steps,
+                                     before_round=lambda: mine.append(_mean_step_s(step, window, min_steps)))
     slowdowns, layouts, alone_s = [], [], []
-    for _ in range(rounds):
-        mine = _mean_step_s(step, window, min_steps)
-        pairs = _together_then_alone(fresh, processes, window, min_steps)
+    for own, pairs in zip(mine, per_round, strict=True):
         slowdowns.append(statistics.harmonic_mean([together / alone for together, alone in pairs]) / share)
-        layouts += [alone / mine for _, alone in pairs]
+        layouts += [alone / own for _, alone in pairs]
         alone_s += [alone for _, alone in pairs]
     return Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns))
 
 
-def _together_then_alone(fresh: Callable[[], Step], processes: int, seconds: float,
-                         min_steps: int) -> list[tuple[float, float]]:
-    """Per spawned child ``(mean step s together, mean step s alone)`` on its own model."""
+def _together_then_alone(fresh: Callable[[], Step], processes: int, rounds: int, seconds: float, min_steps: int,
+                         before_round: Callable[[], None]) -> list[list[tuple[float, float]]]:
+    """Per round, per spawned child ``(mean step s together, mean step s alone)`` on its own model; the children
+    are started once and build a new model every round; ``before_round()`` runs while they wait blocked."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    together, apart, turn = ctx.Barrier(processes + 1), ctx.Barrier(processes), ctx.Lock()
+    ready, together = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1)
+    apart, turn = ctx.Barrier(processes), ctx.Lock()
     timed = ctx.Value("i", 0)
-    children = [ctx.Process(target=_child, args=(fresh, seconds, min_steps, together, timed, apart, turn, results),
-                            daemon=True) for _ in range(processes)]
+    children = [ctx.Process(target=_child, args=(fresh, rounds, seconds, min_steps, ready, together, timed, apart,
+                                                  turn, results), daemon=True) for _ in range(processes)]
     for c in children:
         c.start()
     try:
-        together.wait(timeout=300)
-        return [results.get(timeout=600) for _ in children]
+        out = []
+        for _ in range(rounds):
+            ready.wait(timeout=600)  # every copy built and warmed up (the first round: started, imported, loaded)
+            before_round()
+            together.wait(timeout=300)
+            out.append([results.get(timeout=600) for _ in children])
+        return out
     except Exception as e:
         raise PipeDreamError(f"timing {processes} copies of a step failed ({type(e).__name__}): run "
                              "`pipedream profile` again, with --host-seconds 0 to skip the host's measurement") from e
@@ -134,25 +145,28 @@ def _together_then_alone(fresh: Callable[[], Step], processes: int, seconds: flo
                 c.kill()
 
 
-def _child(fresh: Callable[[], Step], seconds: float, min_steps: int, together: Any, timed: Any, apart: Any,
-           turn: Any, results: Any) -> None:
-    """One copy: warm up, time its steps with the others, keep stepping until every copy has its time (one
-    finishing early would leave the rest a less busy host), then time its steps alone, one copy at a time, and
-    leave when all have."""
-    step = fresh()
-    step()
-    step()
-    together.wait(timeout=300)
-    shared = _mean_step_s(step, seconds, min_steps)
-    with timed.get_lock():
-        timed.value += 1
-    while timed.value < apart.parties:
+def _child(fresh: Callable[[], Step], rounds: int, seconds: float, min_steps: int, ready: Any, together: Any,
+           timed: Any, apart: Any, turn: Any, results: Any) -> None:
+    """One copy, every round: build a new step, warm up, time its steps with the others, keep stepping until
+    every copy has its time (one finishing early would leave the rest a less busy host), then time its steps
+    alone, one copy at a time, and go on to the next round when all have."""
+    step = None
+    for r in range(rounds):
+        step = fresh()  # the last round's step is released only once this one holds its own memory
         step()
-    apart.wait(timeout=600)
-    with turn:
-        alone = _mean_step_s(step, seconds, min_steps)
-    results.put((shared, alone))
-    apart.wait(timeout=600)  # exit together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
+        step()
+        ready.wait(timeout=600)
+        together.wait(timeout=300)
+        shared = _mean_step_s(step, seconds, min_steps)
+        with timed.get_lock():
+            timed.value += 1
+        while timed.value < (r + 1) * apart.parties:
+            step()
+        apart.wait(timeout=600)
+        with turn:
+            alone = _mean_step_s(step, seconds, min_steps)
+        results.put((shared, alone))
+        apart.wait(timeout=600)  # go on together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
 
 
 def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:

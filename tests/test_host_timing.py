@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,17 @@ def _sleep() -> None:
 
 def _sleeper() -> Callable[[], None]:  # what each fresh process steps (module level: spawned processes import it)
     return _sleep
+
+
+def _rounds(pairs: Callable[[int], list[tuple[float, float]]]):  # type: ignore[no-untyped-def]
+    """A stand-in for the children's rounds: each round runs ``before_round`` then gives ``pairs(n)``."""
+    def fake(fresh, n, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
+        out = []
+        for _ in range(rounds):
+            before_round()
+            out.append(pairs(n))
+        return out
+    return fake
 
 
 def test_copies_of_a_step_that_only_sleeps_contend_for_nothing() -> None:
@@ -40,6 +54,26 @@ def test_the_host_has_the_cores_this_process_may_run_on(monkeypatch: pytest.Monk
     assert host_timing.host_cores() == 1
 
 
+def _logged_sleeper(log: str) -> Callable[[], None]:  # each call appends this process's pid to ``log``
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return _sleep
+
+
+def test_the_copies_start_once_and_build_a_new_step_every_round(tmp_path: Path) -> None:
+    """3 rounds of 2 copies: 2 processes (their imports and data loading paid once), each building its step 3
+    times (a new memory layout every round); this process's own timing runs once before each round."""
+    log = tmp_path / "fresh.log"
+    calls: list[int] = []
+    rounds = host_timing._together_then_alone(functools.partial(_logged_sleeper, str(log)), 2, 3, 0.02, 2,
+                                              before_round=lambda: calls.append(len(log.read_text().split())))
+    pids = log.read_text().split()
+    assert len(set(pids)) == 2 and len(pids) == 6 and all(pids.count(p) == 3 for p in set(pids))
+    assert calls == [2, 4, 6]  # before each round, after the copies built that round's step
+    assert len(rounds) == 3 and all(len(r) == 2 for r in rounds)
+    assert all(0.004 < t < 0.05 and 0.004 < a < 0.05 for r in rounds for t, a in r)
+
+
 def test_one_copy_measures_nothing() -> None:
     assert host_contention(_sleep, lambda: _sleep, 1) == Sharing(1.0, (), 0.0)
 
@@ -53,8 +87,7 @@ def test_the_ratio_is_each_copy_against_itself_over_its_fair_share(monkeypatch: 
     1.5x this process's, and does not enter the ratio."""
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
-    monkeypatch.setattr(host_timing, "_together_then_alone",
-                        lambda fresh, n, seconds, min_steps: [(3.6e-3, 1.5e-3)] * n)
+    monkeypatch.setattr(host_timing, "_together_then_alone", _rounds(lambda n: [(3.6e-3, 1.5e-3)] * n))
     got = host_contention(lambda: None, lambda: lambda: None, processes, rounds=3)
     assert got.slowdown == pytest.approx(slowdown)
     assert got.layouts == pytest.approx((1.5,) * (3 * processes))
@@ -66,8 +99,7 @@ def test_the_rounds_median_keeps_a_burst_out(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1.0)
     rounds = iter([1.1, 3.0, 1.2])
-    monkeypatch.setattr(host_timing, "_together_then_alone",
-                        lambda fresh, n, seconds, min_steps: [(next(rounds), 1.0)] * 1)
+    monkeypatch.setattr(host_timing, "_together_then_alone", _rounds(lambda n: [(next(rounds), 1.0)] * 1))
     assert host_contention(lambda: None, lambda: lambda: None, 2, rounds=3).slowdown == pytest.approx(1.2)
 
 
@@ -77,8 +109,7 @@ def test_five_rounds_keep_two_bursts_out_and_record_every_round(monkeypatch: pyt
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1.0)
     rounds = iter([1.1, 3.0, 1.2, 2.5, 1.15])
-    monkeypatch.setattr(host_timing, "_together_then_alone",
-                        lambda fresh, n, seconds, min_steps: [(next(rounds), 1.0)] * 1)
+    monkeypatch.setattr(host_timing, "_together_then_alone", _rounds(lambda n: [(next(rounds), 1.0)] * 1))
     got = host_contention(lambda: None, lambda: lambda: None, 2)
     assert got.slowdown == pytest.approx(1.2)
     assert got.rounds == pytest.approx((1.1, 3.0, 1.2, 2.5, 1.15))
@@ -91,6 +122,6 @@ def test_copies_that_got_unequal_shares_count_by_their_total_throughput(monkeypa
     share, (4 + 2 + 2 + 1.33) / 4 / 2 = 1.17, would count the scheduler's unevenness as contention)."""
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
-    monkeypatch.setattr(host_timing, "_together_then_alone", lambda fresh, n, seconds, min_steps:
-                        [(4e-3, 1e-3), (2e-3, 1e-3), (2e-3, 1e-3), (1e-3 / 0.75, 1e-3)])
+    monkeypatch.setattr(host_timing, "_together_then_alone", _rounds(lambda n:
+                        [(4e-3, 1e-3), (2e-3, 1e-3), (2e-3, 1e-3), (1e-3 / 0.75, 1e-3)]))
     assert host_contention(lambda: None, lambda: lambda: None, 4, rounds=1).slowdown == pytest.approx(1.0)
