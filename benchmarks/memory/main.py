@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -74,6 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="limit for one run, s")
     parser.add_argument("--out", help="also write the measured bytes to this JSON file")
     args = parser.parse_args(argv)
+    # every run here is on the CPU, GPUs or not: on the H200 machine 4 workers on its one GPU failed ("local rank 1
+    # needs GPU 1 but this node has 1"); the workers inherit this
+    os.environ["PIPEDREAM_FORCE_GLOO"] = "1"
     results: dict[str, list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.schedules.split(","):
