@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipedream.errors import PipeDreamError
+from pipedream.runtime.supervise import pdeathsig_kill
 
 Step = Callable[[], Any]
 # rounds of :func:`host_contention`, each with fresh copies: the median of 5 rather than 3. On the 2-core CI
@@ -149,7 +150,9 @@ def _child(fresh: Callable[[], Step], rounds: int, seconds: float, min_steps: in
            timed: Any, apart: Any, turn: Any, results: Any) -> None:
     """One copy, every round: build a new step, warm up, time its steps with the others, keep stepping until
     every copy has its time (one finishing early would leave the rest a less busy host), then time its steps
-    alone, one copy at a time, and go on to the next round when all have."""
+    alone, one copy at a time, and go on to the next round when all have. It dies with the profiling process
+    (a profile killed mid-round leaves no copy waiting at a barrier)."""
+    pdeathsig_kill()
     step = None
     for r in range(rounds):
         step = fresh()  # the last round's step is released only once this one holds its own memory

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 import pipedream.host_timing as host_timing
 from pipedream.host_timing import Sharing, host_contention
+from pipedream.paths import REPO
 
 
 def _sleep() -> None:
@@ -72,6 +76,37 @@ def test_the_copies_start_once_and_build_a_new_step_every_round(tmp_path: Path) 
     assert calls == [2, 4, 6]  # before each round, after the copies built that round's step
     assert len(rounds) == 3 and all(len(r) == 2 for r in rounds)
     assert all(0.004 < t < 0.05 and 0.004 < a < 0.05 for r in rounds for t, a in r)
+
+
+@pytest.mark.slow
+def test_the_copies_die_with_the_profiling_process(tmp_path: Path) -> None:
+    """A profile killed while its copies time 30 s windows leaves none of them behind."""
+    log = tmp_path / "fresh.log"
+    code = ("import functools; from pipedream.host_timing import host_contention; "
+            "from tests.test_host_timing import _logged_sleeper, _sleep; "
+            f"host_contention(_sleep, functools.partial(_logged_sleeper, {str(log)!r}), 2, seconds=600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        while len(log.read_text().split() if log.exists() else []) < 2:
+            assert time.monotonic() < deadline and parent.poll() is None, "the copies did not start"
+            time.sleep(0.1)
+        time.sleep(0.5)  # in their rounds now
+    finally:
+        parent.kill()
+        parent.wait()
+    pids = [int(p) for p in log.read_text().split()]
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 10
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(gone(p) for p in pids)
 
 
 def test_one_copy_measures_nothing() -> None:
