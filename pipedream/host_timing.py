@@ -31,7 +31,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.runtime.supervise import pdeathsig_kill
 
 Step = Callable[[], Any]
-# rounds of :func:`host_contention`, each with fresh copies: the median of 5 rather than 3. On the 2-core CI
+# rounds of :func:`host_contention`, each with a new model in every copy: the median of 5 rather than 3. On the 2-core CI
 # machine one profile of AWD-LM measured 1.25 with two copies per core where four repeats of the same 4 s
 # measurement right after gave 1.06-1.09 (and the run agreed with them); two disturbed rounds of three set the
 # median, two of five do not.
@@ -78,8 +78,8 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
     own, built while its last round's copy still holds its memory, so the new one cannot take its place.
     (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8 at 0.86-1.06x the profiling
     process's step, where a 1-rank run's forwards and backwards took 1.15-1.25x it.) Starting the processes
-    once, not every round, saves their imports and data loading: 5-9 s each on the 2-core CI machine (GNMT-8:
-    torch 1.9 s, fairseq 2.9 s, its data 3.9 s), which were most of a profile's time. Each round times ``step``
+    once, not every round, saves their imports and data loading, most of a profile's time (the reduced GNMT-8 on
+    the 2-core CI machine, one process alone: torch 1.9 s, fairseq and pipedream 2.9 s, its data 3.9 s). Each round times ``step``
     in this process alone while the copies wait blocked, then each copy warms up twice, steps with the others
     (they start together at a barrier; each keeps stepping until all have timed theirs), then alone, one at a
     time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes +
@@ -153,7 +153,6 @@ def _child(fresh: Callable[[], Step], rounds: int, seconds: float, min_steps: in
     alone, one copy at a time, and go on to the next round when all have. It dies with the profiling process
     (a profile killed mid-round leaves no copy waiting at a barrier)."""
     pdeathsig_kill()
-    step = None
     for r in range(rounds):
         step = fresh()  # the last round's step is released only once this one holds its own memory
         step()

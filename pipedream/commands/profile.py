@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipedream.host_timing import host_cores
+from pipedream.host_timing import host_contention, host_cores
 
 HELP = "profile a model per layer and write graph.txt"
 
@@ -95,7 +95,6 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.capture import to_device
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
-    from pipedream.host_timing import host_contention
     from pipedream.models import get_spec
     from pipedream.profiler import (
         ProfileSettings,
