@@ -120,3 +120,29 @@ def test_the_check_compares_the_epochs_after_the_first(tmp_path: Path) -> None:
     assert df[["measured_epoch_s", "ratio", "first_epoch_s"]].iloc[0].tolist() == pytest.approx([5.0, 1.25, 7.0])
     assert df[["measured_epoch_s", "ratio"]].iloc[1].tolist() == pytest.approx([6.0, 1.2])
     assert math.isnan(df["first_epoch_s"].iloc[1])
+
+
+def test_the_check_shows_how_old_each_runs_profile_was(tmp_path: Path) -> None:
+    """``profile_age_s``: from the profile's end (``meta.json`` ``profiled_at_unix_s``) to the run's launch, logged
+    in ``run.json`` and shown beside the ratio; a profile that does not say its time (the release's) gives none."""
+    from pipedream.commands.train import profile_age_s
+
+    prof = tmp_path / "profiles" / "vgg16"
+    prof.mkdir(parents=True)
+    (prof / "meta.json").write_text(json.dumps({"minibatch_size": 32, "profiled_at_unix_s": 1000.0}))
+    assert profile_age_s(prof / "graph.txt", 1150.5) == pytest.approx(150.5)
+    (prof / "meta.json").write_text(json.dumps({"minibatch_size": 32}))
+    assert profile_age_s(prof / "graph.txt", 1150.5) is None
+    assert profile_age_s(None, 1150.5) is None
+    assert profile_age_s(tmp_path / "nowhere" / "graph.txt", 1150.5) is None
+    d = tmp_path / "runs" / "vgg16" / "dp"
+    d.mkdir(parents=True)
+    (d / "run.json").write_text(json.dumps({"steady_epoch_time_s": 5.0, "predicted_epoch_time_s": 4.0,
+                                            "profile_age_s": 150.5}))
+    df = prediction_rows(tmp_path, ["vgg16"])
+    assert df["profile_age_s"].tolist() == [150.5]
+    table = pd.DataFrame(columns=["task", "model", "hardware", "paper_config", "paper_speedup_epoch_time",
+                                  "paper_speedup_tta"])
+    page = html_report(table, [], tmp_path, prediction_check=df)
+    assert "profile's age at launch (min)" in page
+    assert "<td class='n'>2.5</td>" in page  # minutes

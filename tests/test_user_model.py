@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -90,10 +91,12 @@ def user_dir(tmp_path: Path) -> Path:
 
 def test_user_model_profile_plan_train_pipedream_and_dp(user_dir: Path) -> None:
     model = "blobs_model:make"
+    before = time.time()
     proc = _cli("profile", "--model", model, "--profiled-batch", "16", "--iters", "1", "--warmup", "0",
                 "--out-dir", "profiles/blobs", cwd=user_dir)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads((user_dir / "profiles/blobs/meta.json").read_text())["minibatch_size"] == 16
+    meta = json.loads((user_dir / "profiles/blobs/meta.json").read_text())
+    assert meta["minibatch_size"] == 16 and before < meta["profiled_at_unix_s"] < time.time()  # when it ended
     proc = _cli("plan", "--profile", "profiles/blobs/graph.txt", "--cluster", "2:1e9", "--straight", "--out", "plan.json",
                 cwd=user_dir)
     assert proc.returncode == 0, proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -73,6 +74,8 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
                 "table1_predicted.md", "plots/vgg16_accuracy_vs_time.png", "plots/table1_speedups.png"):
         assert (res / rel).is_file(), rel
     assert sum(1 for _ in (res / "logs").rglob("*.log")) == 7  # one log per job (all has none)
+    for mode in ("pipedream", "dp"):  # each run says how long before its launch its profile ended
+        assert 0 < json.loads((res / f"runs/vgg16/{mode}/run.json").read_text())["profile_age_s"] < 900
 
     again = _snakemake("--cores", "2", "--configfile", str(config), "--dry-run", cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr
@@ -96,3 +99,18 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
     # DP carries no PipeDream-only artifacts or params, and the same cluster tag as PipeDream
     assert "metrics.json" in dp_run and "cpu4_1gbps.json" not in dp_run and "graph.txt" not in dp_run
     assert "'schedule'" not in dp_run and "'weight_sync'" not in dp_run and dp_run.endswith("True")
+
+
+def test_a_models_plan_and_runs_go_before_the_next_profile() -> None:
+    """Depth first (workflows/rules/common.smk, PRIORITY): among ready jobs snakemake prefers the higher
+    priority, so a model trains right after its own profile, not after every model's profile."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings, StorageSettings
+
+    with SnakemakeApi(OutputSettings(quiet=True)) as api:
+        wf = api.workflow(resource_settings=ResourceSettings(cores=2),
+                          config_settings=ConfigSettings(configfiles=[REPO / "experiments" / "ci.yaml"]),
+                          storage_settings=StorageSettings(), snakefile=REPO / "Snakefile", workdir=REPO)
+        priority = {r.name: r.priority for r in wf._workflow.rules}
+    assert priority["train"] > priority["plan"] > priority["profile"]
+    assert priority["train_2bw"] > priority["plan_2bw"] > priority["profile"]

@@ -325,6 +325,22 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
         raise
 
 
+def profile_age_s(profile: str | Path | None, at_unix_s: float) -> float | None:
+    """Seconds from the end of the profile a run's prediction stands on (``meta.json`` ``profiled_at_unix_s``,
+    written by ``pipedream profile``) to ``at_unix_s`` (the run's launch, ``time.time()``); None where the profile
+    does not say (older profiles, the release's). On a CPU host whose speed drifts, a run long after its profile
+    is predicted at the host's speed back then (``results/prediction_check.csv`` shows it beside the ratio)."""
+    from pipedream.graph import read_meta
+
+    if profile is None:
+        return None
+    try:
+        at = read_meta(profile).get("profiled_at_unix_s")
+    except PipeDreamError:
+        return None
+    return at_unix_s - at if isinstance(at, int | float) and not isinstance(at, bool) else None
+
+
 def steady_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The epochs a prediction is checked against: all but the first when there are several. The simulator
     predicts an epoch of a warmed-up run; the first also pays one-time costs (GNMT-8's last stage took 195k
@@ -356,6 +372,9 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
              "first_epoch_time_s": epochs[0]["epoch_time_s"], "launch_to_finish_s": total_s}
     if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks"), on the warmed-up epochs
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["steady_epoch_time_s"] / predicted)
+    age = profile_age_s(args.profile, t0)
+    if age is not None:
+        final["profile_age_s"] = age
     work, scale = prediction.get("work_s") or [], prediction.get("compute_scale") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]

@@ -4,7 +4,9 @@ for it before it started (``pipedream train`` writes both to ``run.json``; :mod:
 ``results/prediction_check.csv`` has one row per run (``model, mode, config, measured_epoch_s,
 predicted_epoch_s, ratio``, ratio = measured / predicted); the report plots predicted against measured (the
 paper's real-versus-predicted figure) and summarises the ratios: the median ``|ratio - 1|`` and how many
-runs lie within :data:`BAND` of their prediction.
+runs lie within :data:`BAND` of their prediction. Beside them: the first epoch's time (``first_epoch_s``; the
+check uses the epochs after it) and how long before the run its profile ended (``profile_age_s``: on a CPU host
+whose speed drifts, an old profile predicts at the host's speed back then).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pipedream.table1.measured import finished_runs
 from pipedream.table1.plots import predicted_vs_measured
 
 BAND = 0.15  # a run "agrees" with its prediction when |measured / predicted - 1| <= BAND (issue #18's goal)
-COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s"]
+COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s",
+           "profile_age_s"]
 CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
                    "measured_cpu_s", "predicted_work_s", "cpu_ratio", "measured_compute_cpu_s",
@@ -46,7 +49,8 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
         ratio = measured / predicted if predicted > 0 else math.nan
         rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
                      "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio,
-                     "first_epoch_s": _number(run.get("first_epoch_time_s"))})
+                     "first_epoch_s": _number(run.get("first_epoch_time_s")),
+                     "profile_age_s": _number(run.get("profile_age_s"))})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

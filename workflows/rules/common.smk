@@ -4,6 +4,14 @@ from pipedream.runtime.config import flags_from_experiment
 from pipedream.experiment import THRESHOLD_METRICS
 from pipedream.runtime.config import SCHEDULES as RUNTIME_SCHEDULES
 
+# The order of jobs among those ready: depth first, each model's plan and then its training runs before the
+# next model's profile (snakemake's `priority`; profile and the rest keep 0). Every run predicts its epoch time
+# from its profile, and a CPU host's speed drifts (the 2-core CI VM, 2026-11-27: the reduced VGG-16's fresh
+# copies stepped in 99 ms in its profile; the CPU of a step in 2-worker DP runs afterwards, 79-121 ms in the first
+# 6 minutes, 119-140 ms 11-20 minutes later). Breadth first, all seven profiles ran before the first training, up
+# to half an hour before the runs that read them. A model's results also land as soon as its runs finish.
+PRIORITY = {"plan": 1, "train": 2}
+
 
 def train_extra_args(model):
     """`pipedream train` flags that come from the config's top level: data, link throttle, launch, run limit,

@@ -12,6 +12,8 @@ rule plan:
     conda:
         "../../environment.yml"
     threads: 1
+    # depth first: a model's plan and training runs go before the next model's profile (PRIORITY in common.smk)
+    priority: PRIORITY["plan"]
     shell:
         "{params.pd} plan --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
         "--model {wildcards.model} --out {output} > {log} 2>&1"

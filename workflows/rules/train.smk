@@ -22,6 +22,7 @@ rule train:
     conda:
         "../../environment.yml"
     threads: workflow.cores
+    priority: PRIORITY["train"]
     resources:
         workers=config["workers"],
         nodes=config.get("launch", {}).get("nnodes", 1),

@@ -20,6 +20,7 @@ rule plan_2bw:
     conda:
         "../../environment.yml"
     threads: 1
+    priority: PRIORITY["plan"]
     shell:
         "{params.pd} plan --planner 2bw --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
         "--model {wildcards.model} --batch-size {params.batch} --depth {params.depth} --microbatch {params.microbatch} "
@@ -50,6 +51,7 @@ rule train_2bw:
     conda:
         "../../environment.yml"
     threads: workflow.cores
+    priority: PRIORITY["train"]
     resources:
         workers=config["workers"],
     shell:
