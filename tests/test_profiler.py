@@ -157,6 +157,32 @@ def test_the_loss_is_timed_into_the_node_that_produces_the_output() -> None:
     assert all(n.fwd_s < 0.005 and n.bwd_s < 0.005 for n in list(g.nodes.values())[:3])  # microseconds each
 
 
+def test_a_slow_call_is_timed_fewer_times_within_a_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a budget of 2 s (the optimizer steps'): a call of 8 s is warmed up once and timed twice (3 calls,
+    not 2 + 10); a call of 0.1 s keeps its 2 warm-ups and 10 timed calls (1 s in all, under the budget); calls
+    of 0.5 s stop at the fourth timed one (2 s). Fake clock."""
+    from pipedream import profiler
+
+    clock, calls = [0.0], [0]
+
+    def timed(seconds: float) -> float:
+        calls[0] = 0
+
+        def call() -> None:
+            calls[0] += 1
+            clock[0] += seconds
+
+        return profiler._timed(call, profiler.ProfileSettings(warmup=2, iters=10), budget_s=2.0)
+
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
+    assert timed(8.0) == 8.0 and calls[0] == 3
+    assert timed(0.1) == pytest.approx(0.1) and calls[0] == 12
+    assert timed(0.5) == 0.5 and calls[0] == 6
+    calls[0] = 0
+    assert profiler._timed(lambda: calls.__setitem__(0, calls[0] + 1) or clock.__setitem__(0, clock[0] + 8.0),
+                           profiler.ProfileSettings(warmup=2, iters=10)) == 8.0 and calls[0] == 12  # no budget
+
+
 def test_whole_step_is_the_median_of_the_timed_calls() -> None:
     """A step that sleeps 10 ms after 2 warm-up calls that sleep 200 ms: the median of 5 timed calls, not the
     warm-up (scheduler slack allowed above)."""
