@@ -14,7 +14,6 @@ import torch
 from pipedream.commands.train import _predict
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
-from pipedream.profiler import optimizer_step_rates
 from pipedream.runtime.config import TrainConfig
 from pipedream.sim.predict import (
     EpochShape,
@@ -27,6 +26,7 @@ from pipedream.sim.predict import (
     profiled_composition,
     step_rate,
 )
+from pipedream.step_rates import optimizer_step_rates
 from pipedream.topology import Cluster
 
 

@@ -102,13 +102,13 @@ def run(args: argparse.Namespace) -> int:
         data_load_s,
         noise_warning,
         noisy_layers,
-        optimizer_step_rates,
         whole_step_s,
         write_profile,
     )
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
+    from pipedream.step_rates import optimizer_step_rates
 
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:

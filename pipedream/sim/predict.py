@@ -29,7 +29,7 @@ What is modelled, term by term:
   ``1/n`` of each bucket beside its actions, from the bucket's start, sharing the cores with them
   (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, :mod:`pipedream.sim.cores`);
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
-  (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.profiler.optimizer_step_rates`),
+  (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.step_rates.optimizer_step_rates`),
   with the copy of the weights first where the schedule stashes versions
   (:func:`pipedream.memory.copies_on_write`), shared like any compute;
 * the epoch: exactly the minibatches the run trains (:func:`pipedream.runtime.worker.minibatches_per_epoch`,
@@ -369,7 +369,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
 
 def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
     """The profile's measured optimizer-step seconds per parameter byte for ``optimizer`` (``meta``: its
-    ``meta.json``, ``optimizer_step_s_per_param_byte``, :func:`pipedream.profiler.optimizer_step_rates`); None
+    ``meta.json``, ``optimizer_step_s_per_param_byte``, :func:`pipedream.step_rates.optimizer_step_rates`); None
     if absent."""
     rates = meta.get("optimizer_step_s_per_param_byte") or {}
     value = rates.get(optimizer) if isinstance(rates, dict) else None

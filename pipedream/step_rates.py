@@ -1,0 +1,75 @@
+"""How fast an optimizer steps on this host: seconds per parameter byte of SGD's, Adam's and Muon's step, timed
+as a worker steps (``meta.json`` ``optimizer_step_s_per_param_byte``; read back by
+:func:`pipedream.sim.predict.step_rate`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipedream.capture import call_model, to_device
+from pipedream.profiler import ProfileSettings, _tensors, _timed
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.optim import hidden_matrices, make_optimizer
+
+# The optimizers the rate is timed for, built as the runtime builds them (pipedream.runtime.optim.make_optimizer)
+# at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas, Muon on the hidden
+# matrices with Adam on the rest.
+STEP_OPTIMIZERS = ("sgd", "adam", "muon")
+# seconds of timed steps per optimizer after which a slow one stops (at least two timed; :func:`_timed`): SGD's and
+# Adam's steps on the reduced models take milliseconds and keep all their iterations, Muon's take seconds on a CPU
+STEP_BUDGET_S = 2.0
+
+
+def optimizer_step_rates(model: nn.Module, example_input: Any,
+                         settings: ProfileSettings | None = None) -> dict[str, float]:
+    """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
+
+    Each optimizer of :data:`STEP_OPTIMIZERS` steps on a copy of the model (``model`` is left as it is), right
+    after a forward and backward of ``example_input`` (loss: the sum of the floating-point outputs), as in
+    training: the backward leaves the caches full of activations, so the step reads its weights, gradients
+    and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the
+    step of the reduced VGG-16 ran 2.5x faster than inside a training loop on the same host). ``max(1,
+    warmup)`` untimed iterations (the first step creates the momentum or moment buffers), then the median of
+    ``iters`` timed steps, divided by the parameter bytes. The step is memory bound
+    (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the parameters;
+    Muon's Newton-Schulz iterations are compute on the hidden matrices, so its rate carries over to stages whose
+    parameters hold about the model's share of hidden matrices.
+
+    Returns:
+        ``{"sgd": s_per_byte, "adam": s_per_byte, "muon": s_per_byte}``; empty for a model without parameters.
+    """
+    settings = settings or ProfileSettings()
+    device = torch.device(settings.device)
+    inputs = to_device(example_input, device)
+    timing = ProfileSettings(**{**vars(settings), "warmup": max(1, settings.warmup)})  # the first step makes state
+    if not any(p.requires_grad for p in model.parameters()):
+        return {}
+    return {name: _step_rate(copy.deepcopy(model).to(device).train(), inputs, name, timing) for name in STEP_OPTIMIZERS}
+
+
+def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSettings) -> float:
+    """Seconds per parameter byte of ``optimizer``'s step on ``net``, each timed step right after a forward and
+    backward (:func:`optimizer_step_rates`)."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    hidden = hidden_matrices(net, inputs) if optimizer == "muon" else ()  # only Muon splits its parameters
+    opt = make_optimizer(TrainConfig(optimizer=optimizer), params, hidden)
+
+    def forward_backward() -> None:
+        opt.zero_grad(set_to_none=False)
+        outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
+        if outs:
+            torch.autograd.backward([t.float().sum() for t in outs])
+        for p in params:
+            if p.grad is None or not outs:
+                p.grad = torch.randn_like(p)
+
+    def step(_: None) -> None:  # what a worker's STEP does besides copy on write: update, then zero the gradients
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    return (_timed(step, timing, prepare=forward_backward, budget_s=STEP_BUDGET_S)
+            / sum(p.numel() * p.element_size() for p in params))
