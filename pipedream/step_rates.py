@@ -34,7 +34,8 @@ def optimizer_step_rates(model: nn.Module, example_input: Any,
     and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the
     step of the reduced VGG-16 ran 2.5x faster than inside a training loop on the same host). ``max(1,
     warmup)`` untimed iterations (the first step creates the momentum or moment buffers), then the median of
-    ``iters`` timed steps, divided by the parameter bytes. The step is memory bound
+    ``iters`` timed steps (fewer, at least two, for a step slower than :data:`STEP_BUDGET_S` in all), divided by
+    the parameter bytes. The step is memory bound
     (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the parameters;
     Muon's Newton-Schulz iterations are compute on the hidden matrices, so its rate carries over to stages whose
     parameters hold about the model's share of hidden matrices.
