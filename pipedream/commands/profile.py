@@ -123,12 +123,21 @@ def run(args: argparse.Namespace) -> int:
     rows = minibatch_indices(len(task.train), args.profiled_batch, args.seed, 0)[0]
     x, y = (to_device(t, args.device) for t in task.train.batch(rows))
     settings = ProfileSettings(warmup=args.warmup, iters=args.iters, device=args.device)
+    phases: dict[str, float] = {}  # wall seconds of each part of the profile, printed at the end
+    clock = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        phases[name], clock[0] = now - clock[0], now
+
     graph = profile(task.model, x, y, task.criterion, granularity=args.granularity, warmup=args.warmup,
                     iters=args.iters, device=args.device, name=args.model, in_situ=not args.isolated)
     noise = noise_warning(graph)
     if noise:
         print(f"warning: {noise}", file=sys.stderr)
+    lap("layers")
     rates = optimizer_step_rates(task.model, x, settings)
+    lap("optimizer steps")
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = host_cores()
 
@@ -138,13 +147,16 @@ def run(args: argparse.Namespace) -> int:
     t = graph.totals()
     print(f"{args.model}: a whole training step takes {step_s * 1e3:.1f} ms, "
           f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
+    lap("data and whole step")
     host: dict[str, Any] = {"cores": cores, "contention": 1.0}
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
         fresh = functools.partial(worker_step, cfg, rows, args.threads)  # a worker's own model, in a new process
         one = host_contention(step, fresh, cores, args.host_seconds)
+        lap(f"{cores} copies")
         print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
         # two copies per core: each gets half a core, and their switches evict each other's caches
         two = host_contention(step, fresh, 2 * cores, args.host_seconds)
+        lap(f"{2 * cores} copies")
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
               f"its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
         layouts = one.layouts + two.layouts
@@ -160,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
               "in all (the step the predictions take)")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
+        lap("messages")
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "layer_times": "isolated" if args.isolated or args.device == "cuda" else "in situ",
@@ -171,4 +184,6 @@ def run(args: argparse.Namespace) -> int:
     write_profile(graph, args.out_dir, meta)
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
           f"per minibatch of {args.profiled_batch}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
+    print(f"{args.model}: profiled in {sum(phases.values()):.0f} s after loading ("
+          + ", ".join(f"{name} {s:.1f} s" for name, s in phases.items()) + ")")
     return 0
