@@ -74,8 +74,9 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
     """Time ``processes`` fresh copies of a training step running at once, then each alone (module docstring).
 
     ``processes`` fresh Python processes are started once (spawned, as the workers are). In every round each
-    calls ``fresh()`` for a step on a model and data it builds itself, as a worker does: a memory layout of its
-    own, built while its last round's copy still holds its memory, so the new one cannot take its place.
+    calls ``fresh()`` for a step on a model and minibatch it builds itself, as a worker does (the profile's
+    ``fresh`` loads the data sets once per process, :func:`pipedream.commands.profile.worker_step`): a memory
+    layout of its own, built while its last round's copy still holds its memory, so the new one cannot take its place.
     (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8 at 0.86-1.06x the profiling
     process's step, where a 1-rank run's forwards and backwards took 1.15-1.25x it.) Starting the processes
     once, not every round, saves their imports and data loading, most of a profile's time (the reduced GNMT-8 on

@@ -5,30 +5,34 @@ as a worker steps (``meta.json`` ``optimizer_step_s_per_param_byte``; read back 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from pipedream.capture import call_model, to_device
+from pipedream.errors import PipeDreamError
 from pipedream.profiler import ProfileSettings, _tensors, _timed
-from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.config import OPTIMIZERS, TrainConfig
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
 
-# The optimizers the rate is timed for, built as the runtime builds them (pipedream.runtime.optim.make_optimizer)
-# at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas, Muon on the hidden
-# matrices with Adam on the rest.
-STEP_OPTIMIZERS = ("sgd", "adam", "muon")
+# The optimizers the rate is timed for: every one the runtime trains with, built as it builds them
+# (pipedream.runtime.optim.make_optimizer) at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam
+# with PyTorch's betas, Muon on the hidden matrices with Adam on the rest.
+STEP_OPTIMIZERS = OPTIMIZERS
 # seconds of timed steps per optimizer after which a slow one stops (at least two timed; :func:`_timed`): SGD's and
 # Adam's steps on the reduced models take milliseconds and keep all their iterations, Muon's take seconds on a CPU
 STEP_BUDGET_S = 2.0
 
 
-def optimizer_step_rates(model: nn.Module, example_input: Any,
-                         settings: ProfileSettings | None = None) -> dict[str, float]:
+def optimizer_step_rates(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,
+                         optimizers: Sequence[str] = STEP_OPTIMIZERS) -> dict[str, float]:
     """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
 
-    Each optimizer of :data:`STEP_OPTIMIZERS` steps on a copy of the model (``model`` is left as it is), right
+    Each of ``optimizers`` (default all of :data:`STEP_OPTIMIZERS`; a workflow times only those its runs train
+    with: Muon's step alone took 18 of the reduced AlexNet's 19 s of profile after loading, one timed step per
+    layer) steps on a copy of the model (``model`` is left as it is), right
     after a forward and backward of ``example_input`` (loss: the sum of the floating-point outputs), as in
     training: the backward leaves the caches full of activations, so the step reads its weights, gradients
     and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the
@@ -41,15 +45,22 @@ def optimizer_step_rates(model: nn.Module, example_input: Any,
     parameters hold about the model's share of hidden matrices.
 
     Returns:
-        ``{"sgd": s_per_byte, "adam": s_per_byte, "muon": s_per_byte}``; empty for a model without parameters.
+        ``{"sgd": s_per_byte, "adam": s_per_byte, "muon": s_per_byte}`` (the keys are ``optimizers``); empty for a
+        model without parameters.
+    Raises:
+        PipeDreamError: an optimizer outside :data:`STEP_OPTIMIZERS`.
     """
+    unknown = [name for name in optimizers if name not in STEP_OPTIMIZERS]
+    if unknown:
+        raise PipeDreamError(f"no optimizer-step rate for {', '.join(unknown)}: the profile times "
+                             f"{', '.join(STEP_OPTIMIZERS)}")
     settings = settings or ProfileSettings()
     device = torch.device(settings.device)
     inputs = to_device(example_input, device)
     timing = ProfileSettings(**{**vars(settings), "warmup": max(1, settings.warmup)})  # the first step makes state
     if not any(p.requires_grad for p in model.parameters()):
         return {}
-    return {name: _step_rate(copy.deepcopy(model).to(device).train(), inputs, name, timing) for name in STEP_OPTIMIZERS}
+    return {name: _step_rate(copy.deepcopy(model).to(device).train(), inputs, name, timing) for name in optimizers}
 
 
 def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSettings) -> float:

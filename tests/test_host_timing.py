@@ -160,3 +160,34 @@ def test_copies_that_got_unequal_shares_count_by_their_total_throughput(monkeypa
     monkeypatch.setattr(host_timing, "_together_then_alone", _rounds(lambda n:
                         [(4e-3, 1e-3), (2e-3, 1e-3), (2e-3, 1e-3), (1e-3 / 0.75, 1e-3)]))
     assert host_contention(lambda: None, lambda: lambda: None, 4, rounds=1).slowdown == pytest.approx(1.0)
+
+
+def test_a_copy_builds_a_new_model_and_minibatch_every_round_on_data_loaded_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pipedream profile`'s fresh step (commands/profile.worker_step, called by each copy every round): a new
+    model and minibatch each call (a memory layout of its own), the data sets loaded by the first call only."""
+    import torch
+
+    import pipedream.runtime.task as task_module
+    from pipedream.commands import profile as profile_cmd
+    from pipedream.runtime.config import TrainConfig
+
+    loads: list[int] = []
+    real = task_module.load_datasets
+
+    def counted(cfg):  # type: ignore[no-untyped-def]
+        loads.append(1)
+        return real(cfg)
+
+    monkeypatch.setattr(task_module, "load_datasets", counted)
+    monkeypatch.setattr(profile_cmd, "_DATASETS", {})
+    cfg = TrainConfig(model="alexnet", preset="reduced", data="synthetic", train_subset=8, val_subset=4,
+                      batch_size=4)
+    built: list[object] = []
+    monkeypatch.setattr(profile_cmd, "runtime_step", lambda model, criterion, x, y: built.append((model, x)))
+    for _ in range(3):
+        profile_cmd.worker_step(cfg, [0, 1, 2, 3], 1)
+    assert loads == [1] and len(built) == 3
+    models, inputs = [m for m, _ in built], [x for _, x in built]
+    assert len({id(m) for m in models}) == 3 and len({x.data_ptr() for x in inputs}) == 3
+    assert all(torch.equal(x, inputs[0]) for x in inputs)  # the same rows of the same data

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pipedream.commands.train import _predict
+from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
 from pipedream.runtime.config import TrainConfig
@@ -21,6 +22,7 @@ from pipedream.sim.predict import (
     emulated_cluster,
     epoch_shape,
     host_scale,
+    missing_step_rate,
     predict_epoch,
     predict_memory,
     profiled_composition,
@@ -186,6 +188,19 @@ def test_optimizer_step_rates_leave_the_model_alone() -> None:
     assert all(math.isfinite(r) and r > 0 for r in rates.values())
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert optimizer_step_rates(torch.nn.ReLU(), torch.randn(4, 3)) == {}
+
+
+def test_optimizer_step_rates_time_only_the_optimizers_asked_for(tmp_path: Path) -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 10))
+    rates = optimizer_step_rates(model, torch.randn(4, 64), optimizers=["adam"])
+    assert list(rates) == ["adam"] and rates["adam"] > 0
+    with pytest.raises(PipeDreamError, match="no optimizer-step rate for lamb"):
+        optimizer_step_rates(model, torch.randn(4, 64), optimizers=["sgd", "lamb"])
+    # a run whose optimizer the profile did not time is predicted without its step, and `train` says so
+    (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8, "optimizer_step_s_per_param_byte": rates}))
+    assert missing_step_rate(tmp_path / "graph.txt", "sgd") and not missing_step_rate(tmp_path / "graph.txt", "adam")
+    (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8}))  # the release's profiles time none
+    assert not missing_step_rate(tmp_path / "graph.txt", "sgd")
 
 
 def test_a_failed_prediction_is_one_line_not_an_error(tmp_path: Path) -> None:

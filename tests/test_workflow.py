@@ -27,7 +27,8 @@ def _dry_run(cfg: dict, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     for key in ("clusters_file", "paper_table"):
         cfg[key] = str(REPO / cfg[key])
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
-    return _snakemake("--dry-run", "--cores", "2", "--configfile", str(tmp_path / "c.yaml"), "--directory", str(REPO))
+    return _snakemake("--dry-run", "--printshellcmds", "--cores", "2", "--configfile", str(tmp_path / "c.yaml"),
+                      "--directory", str(REPO))
 
 
 def _job_counts(out: str) -> dict[str, int]:
@@ -54,6 +55,27 @@ def test_dry_run(config: str, models: int | None, trains: int | None, tmp_path: 
     assert counts["speedup"] == n and counts["predicted"] == 1 and counts["report"] == 1 and counts["all"] == 1
     if models is not None:
         assert (n, counts["train"]) == (models, trains)
+
+
+@pytest.mark.parametrize("config", ["experiments/ci.yaml", "experiments/2bw.yaml"])
+def test_profiles_time_only_the_optimizers_their_runs_train_with(config: str, tmp_path: Path) -> None:
+    """Each profile times the optimizer step of its model's runs (train.optimizer, sgd where unset) and of the
+    2BW loss check (muon) for the 2BW model, no other: Muon's step takes seconds on a CPU."""
+    cfg = yaml.safe_load((REPO / config).read_text())
+    proc = _dry_run(cfg, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    timed = {}
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        if "profile" in words and "--optimizers" in words:
+            rest = words[words.index("--optimizers") + 1:]
+            timed[words[words.index("--model") + 1]] = rest[:next(i for i, w in enumerate(rest) if w.startswith("--"))]
+    expected = {m: [c.get("train", {}).get("optimizer", "sgd")] for m, c in cfg["models"].items()}
+    if "twobw" in cfg:
+        expected[cfg["twobw"]["model"]].append(cfg["twobw"]["loss_check"]["optimizer"])
+    assert timed == expected
+    if config.endswith("ci.yaml"):  # hand-checked against experiments/ci.yaml
+        assert timed["resnet50"] == ["sgd"] and timed["vgg16"] == ["adam"]
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.host_timing import host_contention, host_cores
+from pipedream.runtime.config import OPTIMIZERS
 
 HELP = "profile a model per layer and write graph.txt"
 
@@ -52,6 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "copy's time alone over this process's (host.layouts: where a copy's tensors land in "
                         "memory) is drawn for each rank; and time the CPU a message costs its two ranks "
                         "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
+    p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS, metavar="OPT",
+                   help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
+                        "prediction charges a run): any of %(choices)s; default all. A run with an optimizer the "
+                        "profile did not time is predicted without its step (a warning says so). The workflow "
+                        "passes the optimizers its runs train with: Muon's step takes seconds on a CPU")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
@@ -74,16 +80,24 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
     return run
 
 
+# this process's data sets of a config (its repr), loaded by the first :func:`worker_step` and reused by the next
+_DATASETS: dict[str, tuple[Any, Any]] = {}
+
+
 def worker_step(cfg: Any, rows: Any, threads: int) -> Callable[[], None]:
     """:func:`runtime_step` on the model and minibatch (``rows`` of the training set) that this process builds from
     ``cfg`` (a :class:`~pipedream.runtime.config.TrainConfig`) as a worker does: for
-    :func:`pipedream.host_timing.host_contention`'s fresh processes."""
+    :func:`pipedream.host_timing.host_contention`'s fresh processes, which call it every round. The data sets are
+    loaded on the first call and kept: each round's copy is a new model and a new minibatch (a memory layout of
+    its own) on the same data (loading it again each round took 3.9 s of the reduced GNMT-8's data on the 2-core
+    CI machine, five rounds in every copy)."""
     import torch
 
     from pipedream.runtime.task import load_task
 
     torch.set_num_threads(threads)
-    task = load_task(cfg)
+    task = load_task(cfg, _DATASETS.get(repr(cfg)))
+    _DATASETS[repr(cfg)] = task.train, task.val
     x, y = task.train.batch(rows)
     return runtime_step(task.model, task.criterion, x, y)
 
@@ -136,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     if noise:
         print(f"warning: {noise}", file=sys.stderr)
     lap("layers")
-    rates = optimizer_step_rates(task.model, x, settings)
+    rates = optimizer_step_rates(task.model, x, settings, list(dict.fromkeys(args.optimizers)))
     lap("optimizer steps")
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = host_cores()

@@ -205,7 +205,7 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
     a failure to predict is reported in one line, never raised (the run goes on)."""
     from pipedream.runtime.distributed import uses_cuda
     from pipedream.runtime.launch import WORKER_THREADS
-    from pipedream.sim.predict import predict_run, training_samples
+    from pipedream.sim.predict import missing_step_rate, predict_run, training_samples
 
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"
@@ -217,6 +217,10 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
         return {}, why
+    if pred.sim_kwargs.get("step_s_per_param_byte") is None and missing_step_rate(Path(args.profile), cfg.optimizer):
+        print(f"warning: the profile timed no {cfg.optimizer} step (meta.json optimizer_step_s_per_param_byte): the "
+              f"prediction leaves the optimizer step out; profile again with --optimizers {cfg.optimizer}",
+              file=sys.stderr)
     scales = "/".join(f"{f:.2f}" for f in pred.compute_scale)
     ranks = "/".join(f"{c:.2f}" for c in pred.concurrency)
     print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "

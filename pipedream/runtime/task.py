@@ -90,9 +90,10 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
     return fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
 
 
-def load_task(cfg: TrainConfig) -> Task:
+def load_task(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Task:
     """Build the task of ``cfg`` (the same on every rank): the model from ``cfg.seed``, then its data
-    (:func:`load_datasets`).
+    (:func:`load_datasets`), or ``datasets`` (``(train, val)`` of an earlier task of the same ``cfg``: a new
+    model on data already loaded).
 
     Raises:
         PipeDreamError: unknown model, missing data set (naming how to install it).
@@ -100,7 +101,7 @@ def load_task(cfg: TrainConfig) -> Task:
     if cfg.model_factory is not None:
         torch.manual_seed(cfg.seed)
         model = cfg.model_factory()
-        train, val = load_datasets(cfg)
+        train, val = datasets or load_datasets(cfg)
         from pipedream.models import classification_loss
 
         return Task(model, train.batch(torch.tensor([0]))[0], train, val, cfg.criterion or classification_loss)
@@ -108,7 +109,7 @@ def load_task(cfg: TrainConfig) -> Task:
 
     spec = get_spec(cfg.model)
     model = build_model(cfg.model, cfg.preset, cfg.seed)
-    train, val = load_datasets(cfg)
+    train, val = datasets or load_datasets(cfg)
     own_data = cfg.data == "synthetic" or (getattr(spec, "make_datasets", None) is not None and not cfg.data_dir)
     example = train.batch([0])[0] if own_data else example_input(cfg.model, 1, cfg.preset, cfg.seed)
     criterion = getattr(spec, "criterion", None) or F.cross_entropy

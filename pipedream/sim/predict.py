@@ -376,6 +376,14 @@ def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
+def missing_step_rate(profile: str | Path, optimizer: str) -> bool:
+    """Whether the profile at ``profile`` timed some optimizers' steps but not ``optimizer``'s (``pipedream profile
+    --optimizers``): a prediction then leaves the step out. False for a profile that times none (the release's)."""
+    meta = read_meta(profile)
+    rates = meta.get("optimizer_step_s_per_param_byte")
+    return isinstance(rates, dict) and bool(rates) and step_rate(meta, optimizer) is None
+
+
 def profiled_data_s(meta: dict[str, Any]) -> float:
     """The profile's seconds to load one profiled minibatch (``meta``: its ``meta.json``, ``data_s``,
     :func:`pipedream.profiler.data_load_s`); 0.0 if absent (the release's profiles)."""

@@ -14,6 +14,7 @@ rule profile:
         device=config["profile"]["device"],
         # the host probe's seconds, when the config sets them (`pipedream profile --host-seconds`, whose default
         # holds otherwise; 0 skips it: predictions then count no contention beyond processor sharing)
+        optimizers=lambda w: profile_optimizers(w.model),
         host=f"--host-seconds {config['profile']['host_seconds']}" if "host_seconds" in config["profile"] else "",
     conda:
         "../../environment.yml"
@@ -23,4 +24,5 @@ rule profile:
     shell:
         "{params.pd} profile --model {wildcards.model} --preset {params.preset} --profiled-batch {params.batch} "
         "--warmup {params.warmup} --iters {params.iters} --device {params.device} {params.host} "
+        "--optimizers {params.optimizers} "
         "--out-dir $(dirname {output.graph}) > {log} 2>&1"
