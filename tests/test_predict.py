@@ -15,6 +15,7 @@ from pipedream.commands.train import _predict
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
+from pipedream.profiler import write_profile
 from pipedream.runtime.config import TrainConfig
 from pipedream.sim.predict import (
     EpochShape,
@@ -201,6 +202,22 @@ def test_optimizer_step_rates_time_only_the_optimizers_asked_for(tmp_path: Path)
     assert missing_step_rate(tmp_path / "graph.txt", "sgd") and not missing_step_rate(tmp_path / "graph.txt", "adam")
     (tmp_path / "meta.json").write_text(json.dumps({"minibatch_size": 8}))  # the release's profiles time none
     assert not missing_step_rate(tmp_path / "graph.txt", "sgd")
+
+
+def test_a_run_whose_optimizer_the_profile_did_not_time_says_so(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    write_profile(chain(2, 1e-3, 2e-3, param_bytes=4e3), tmp_path, {"optimizer_step_s_per_param_byte": {"adam": 1e-9}})
+    plan = Plan(model="alexnet", cluster="cpu4", workers=1, minibatch_size=8, time_per_sample_s=1.0,
+                dp_time_per_sample_s=1.0, stages=[Stage(nodes=["node0", "node1", "node2"], replicas=1, ranks=[0])])
+    args = argparse.Namespace(mode="dp", profile=tmp_path / "graph.txt", clusters="experiments/clusters.yaml",
+                              nnodes=1)
+    for optimizer, warned in (("sgd", True), ("adam", False)):
+        prediction, why = _predict(args, _cfg(data="synthetic", train_subset=64, val_subset=32, optimizer=optimizer),
+                                   plan)
+        assert why is None and prediction["predicted_epoch_time_s"] > 0
+        err = capsys.readouterr().err
+        assert ("warning: the profile timed no sgd step" in err) is warned, err
+        assert ("profile again with --optimizers sgd" in err) is warned
 
 
 def test_a_failed_prediction_is_one_line_not_an_error(tmp_path: Path) -> None:

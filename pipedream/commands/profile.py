@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS, metavar="OPT",
                    help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
-                        "prediction charges a run): any of %(choices)s; default all. A run with an optimizer the "
+                        "prediction charges a run): any of %(choices)s. A run with an optimizer the "
                         "profile did not time is predicted without its step (a warning says so). The workflow "
                         "passes the optimizers its runs train with: Muon's step takes seconds on a CPU")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
