@@ -17,22 +17,21 @@ from pipedream.profiler import ProfileSettings, _tensors, _timed
 from pipedream.runtime.config import OPTIMIZERS, TrainConfig
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
 
-# The optimizers the rate is timed for: every one the runtime trains with, built as it builds them
-# (pipedream.runtime.optim.make_optimizer) at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam
-# with PyTorch's betas, Muon on the hidden matrices with Adam on the rest.
-STEP_OPTIMIZERS = OPTIMIZERS
 # seconds of timed steps per optimizer after which a slow one stops (at least two timed; :func:`_timed`): SGD's and
 # Adam's steps on the reduced models take milliseconds and keep all their iterations, Muon's take seconds on a CPU
 STEP_BUDGET_S = 2.0
 
 
 def optimizer_step_rates(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,
-                         optimizers: Sequence[str] = STEP_OPTIMIZERS) -> dict[str, float]:
+                         optimizers: Sequence[str] = OPTIMIZERS) -> dict[str, float]:
     """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
 
-    Each of ``optimizers`` (default all of :data:`STEP_OPTIMIZERS`; a workflow times only those its runs train
-    with: Muon's step alone took 18 of the reduced AlexNet's 19 s of profile after loading, one timed step per
-    layer) steps on a copy of the model (``model`` is left as it is), right
+    Each of ``optimizers`` (default every one the runtime trains with,
+    :data:`pipedream.runtime.config.OPTIMIZERS`, built as :func:`pipedream.runtime.optim.make_optimizer` builds them
+    at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas, Muon on the
+    hidden matrices with Adam on the rest; a workflow times only those its runs train
+    with: in `make run` on the 2-core CI VM the three steps took 26 s of the reduced AlexNet's 76 s of profile after
+    loading, Adam's alone 0.7 s) steps on a copy of the model (``model`` is left as it is), right
     after a forward and backward of ``example_input`` (loss: the sum of the floating-point outputs), as in
     training: the backward leaves the caches full of activations, so the step reads its weights, gradients
     and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the
@@ -48,12 +47,12 @@ def optimizer_step_rates(model: nn.Module, example_input: Any, settings: Profile
         ``{"sgd": s_per_byte, "adam": s_per_byte, "muon": s_per_byte}`` (the keys are ``optimizers``); empty for a
         model without parameters.
     Raises:
-        PipeDreamError: an optimizer outside :data:`STEP_OPTIMIZERS`.
+        PipeDreamError: an optimizer the runtime does not have.
     """
-    unknown = [name for name in optimizers if name not in STEP_OPTIMIZERS]
+    unknown = [name for name in optimizers if name not in OPTIMIZERS]
     if unknown:
         raise PipeDreamError(f"no optimizer-step rate for {', '.join(unknown)}: the profile times "
-                             f"{', '.join(STEP_OPTIMIZERS)}")
+                             f"{', '.join(OPTIMIZERS)}")
     settings = settings or ProfileSettings()
     device = torch.device(settings.device)
     inputs = to_device(example_input, device)

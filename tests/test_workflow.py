@@ -76,6 +76,8 @@ def test_profiles_time_only_the_optimizers_their_runs_train_with(config: str, tm
     assert timed == expected
     if config.endswith("ci.yaml"):  # hand-checked against experiments/ci.yaml
         assert timed["resnet50"] == ["sgd"] and timed["vgg16"] == ["adam"]
+    else:  # experiments/2bw.yaml: the GPT trains with Adam, and its loss check with Muon
+        assert timed == {"gpt": ["adam", "muon"]}
 
 
 @pytest.mark.slow

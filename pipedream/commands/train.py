@@ -217,7 +217,7 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
         return {}, why
-    if pred.sim_kwargs.get("step_s_per_param_byte") is None and missing_step_rate(Path(args.profile), cfg.optimizer):
+    if missing_step_rate(Path(args.profile), cfg.optimizer):
         print(f"warning: the profile timed no {cfg.optimizer} step (meta.json optimizer_step_s_per_param_byte): the "
               f"prediction leaves the optimizer step out; profile again with --optimizers {cfg.optimizer}",
               file=sys.stderr)

@@ -12,9 +12,9 @@ rule profile:
         warmup=config["profile"]["warmup"],
         iters=config["profile"]["iters"],
         device=config["profile"]["device"],
+        optimizers=lambda w: profile_optimizers(w.model),  # whose optimizer step to time: those the runs use
         # the host probe's seconds, when the config sets them (`pipedream profile --host-seconds`, whose default
         # holds otherwise; 0 skips it: predictions then count no contention beyond processor sharing)
-        optimizers=lambda w: profile_optimizers(w.model),
         host=f"--host-seconds {config['profile']['host_seconds']}" if "host_seconds" in config["profile"] else "",
     conda:
         "../../environment.yml"
