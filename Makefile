@@ -10,6 +10,8 @@ STAMP := $(VENV)/.installed
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 CORES ?= 2
 CONFIG ?= experiments/ci.yaml
+# pytest-xdist processes of `make test`; the multi-process tests start their own workers on top (2 suits 2 cores)
+TEST_JOBS ?= 2
 export OMP_NUM_THREADS ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # no calls to outside servers from MLflow (the workflow's runs, mlflow ui)
@@ -27,7 +29,7 @@ run-2bw: setup data
 	$(BIN)/snakemake --cores $(CORES) --configfile experiments/2bw.yaml --rerun-incomplete
 
 test: setup data
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal
 
 setup: $(STAMP)
 

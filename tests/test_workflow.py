@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -57,6 +58,23 @@ def test_dry_run(config: str, models: int | None, trains: int | None, tmp_path: 
         assert (n, counts["train"]) == (models, trains)
 
 
+@pytest.mark.parametrize("models, expected", [(None, None), (["resnet50", "vgg16"], ["resnet50", "vgg16"]),
+                                             (["vgg16", "mine"], ["vgg16"]), (["mine"], None)])
+def test_the_predicted_table_covers_the_configs_models(models: list[str] | None, expected: list[str] | None,
+                                                      tmp_path: Path) -> None:
+    """``report --predicted`` gets ``--models`` with the config's models that the paper's table has, and none (every
+    row, and the H100 what-if) when the config has all seven (experiments/ci.yaml) or none of them."""
+    cfg = yaml.safe_load((REPO / "experiments" / "ci.yaml").read_text())
+    if models is not None:
+        mine = {"preset": "reduced", "train": {"epochs": 1, "batch_size": 8, "lr": 0.1}}  # a user's model
+        cfg["models"] = {m: cfg["models"].get(m, mine) for m in models}
+    proc = _dry_run(cfg, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [command] = [line.split() for line in proc.stdout.splitlines() if "--predicted" in line.split()]
+    given = command[command.index("--models") + 1:command.index(">")] if "--models" in command else None
+    assert given == expected
+
+
 @pytest.mark.parametrize("config", ["experiments/ci.yaml", "experiments/2bw.yaml"])
 def test_profiles_time_only_the_optimizers_their_runs_train_with(config: str, tmp_path: Path) -> None:
     """Each profile times the optimizer step of its model's runs (train.optimizer, sgd where unset) and of the
@@ -98,6 +116,9 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
                 "table1_predicted.md", "plots/vgg16_accuracy_vs_time.png", "plots/table1_speedups.png"):
         assert (res / rel).is_file(), rel
     assert sum(1 for _ in (res / "logs").rglob("*.log")) == 7  # one log per job (all has none)
+    with (res / "table1_predicted.csv").open(newline="") as f:
+        predicted_models = {row["model"] for row in csv.DictReader(f)}
+    assert predicted_models == {"vgg16"}  # the config's one model: its rows, planned and simulated at paper scale
     for mode in ("pipedream", "dp"):  # each run says how long before its launch its profile ended
         assert 0 < json.loads((res / f"runs/vgg16/{mode}/run.json").read_text())["profile_age_s"] < 900
 

@@ -33,12 +33,13 @@ rule predicted:
     params:
         pd=PD,
         out_dir=lambda w, output: os.path.dirname(output.csv) or ".",
+        models=PREDICTED_MODELS_ARG,
     conda:
         "../../environment.yml"
     threads: 1
     shell:
         "{params.pd} report --predicted --out-dir {params.out_dir} --paper-table {input.paper} "
-        "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles > {log} 2>&1"
+        "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles {params.models} > {log} 2>&1"
 
 
 rule report:
