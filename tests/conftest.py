@@ -29,10 +29,3 @@ def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     return tmp_path
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` first, in their collected order, then the rest: under ``make test``'s
-    pytest-xdist (``-n 2 --dist worksteal``) the long multi-process tests then start early and the short ones fill
-    the gaps, instead of one long test running alone at the end while the other process waits."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: the order within each group is kept
