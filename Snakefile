@@ -1,10 +1,12 @@
 # pipedream-repro workflow: profile -> plan -> train (pipedream, dp) -> report.
 # `make run` runs it with experiments/ci.yaml; pass --configfile experiments/table1.yaml for paper scale.
-import csv
 import os
 import sys
 
 from snakemake.utils import validate
+
+from pipedream.errors import PipeDreamError
+from pipedream.table1.table import read_paper_table
 
 
 # the reduced CPU config unless --configfile names another (configs are not merged with it)
@@ -27,10 +29,10 @@ OWN_PROFILE_MODELS = [m for m in MODELS if m in ("awd_lm", "s2vt")]
 # the predicted Table 1 covers the config's models that the paper's table has: a config of some of them (the tests'
 # one-model run) does not wait for every other row's planning and simulation; all rows (and the H100 what-if) when
 # the config has all of them, or none of them (a user's own models)
-PAPER_MODELS = set()  # a missing paper table: the predicted rule's missing input says so
-if os.path.isfile(config["paper_table"]):
-    with open(config["paper_table"], newline="") as f:
-        PAPER_MODELS = {row["model"] for row in csv.DictReader(f)}
+try:
+    PAPER_MODELS = set(read_paper_table(config["paper_table"])["model"])
+except PipeDreamError:  # missing or not CSV: `pipedream check` and the predicted rule's missing input say so
+    PAPER_MODELS = set()
 PREDICTED_MODELS = [m for m in MODELS if m in PAPER_MODELS]
 PREDICTED_MODELS_ARG = (f"--models {' '.join(PREDICTED_MODELS)}"
                         if PREDICTED_MODELS and set(PREDICTED_MODELS) != PAPER_MODELS else "")
