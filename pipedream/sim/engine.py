@@ -32,6 +32,7 @@ isolates the cost of lockstep synchronisation in round-robin pipelines.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pipedream.errors import PipeDreamError
@@ -102,7 +103,8 @@ SYNC_KINDS = ("lockstep", "independent")
 
 
 def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: bool = True,
-        record: bool = True, sync: str = "lockstep", cores: Cores | None = None) -> Trace:
+        record: bool = True, sync: str = "lockstep", cores: Cores | None = None,
+        rank_scale: Mapping[int, float] | None = None) -> Trace:
     """Time ``schedule`` with per-stage ``costs`` on ``network``.
 
     Args:
@@ -114,6 +116,9 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         sync: ``"lockstep"`` or ``"independent"`` replicas (see the module docstring).
         cores: how compute actions share the hosts' cores (:mod:`pipedream.sim.cores`, fresh); None: every
             rank computes at full speed.
+        rank_scale: a factor on one rank's forward and backward work (its copy's memory layout,
+            :mod:`pipedream.sim.layout`), by rank; a rank not in it, or None: 1. Its gradient buckets are ready
+            that much later in its backward too.
     Raises:
         PipeDreamError: stage/cost count mismatch, a rank outside the cluster, or a deadlock (names the
             stuck actions).
@@ -129,6 +134,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                allreduce_wait_s=dict.fromkeys(order, 0.0), step_s=dict.fromkeys(order, 0.0),
                compute={r: [] for r in order})
     cores = cores or Cores()
+    scale = {r: (rank_scale or {}).get(r, 1.0) for r in order}
     clock = dict.fromkeys(order, 0.0)
     pos = dict.fromkeys(order, 0)
     last_b_start = dict.fromkeys(order, 0.0)
@@ -159,7 +165,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         time. Returns when the last bucket ends, and each bucket's ``(start, bytes)``."""
         prev, started = after_s, []
         for ready_in_bwd, nbytes in costs[stage].buckets:
-            ready = (max(last_b_start[r] + ready_in_bwd * last_b_stretch[r] for r in ready_ranks)
+            ready = (max(last_b_start[r] + ready_in_bwd * scale[r] * last_b_stretch[r] for r in ready_ranks)
                      if ready_ranks else prev)
             if book:
                 start, prev = network.collective(group, nbytes, max(ready, prev))
@@ -262,7 +268,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             t = clock[r]
             cost = costs[a.stage]
             if a.kind in (Kind.F, Kind.B):
-                compute(r, cost.fwd_s if a.kind == Kind.F else cost.bwd_s, t)
+                compute(r, (cost.fwd_s if a.kind == Kind.F else cost.bwd_s) * scale[r], t)
                 break
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 nbytes = cost.send_fwd_bytes if a.kind == Kind.SEND_F else cost.send_bwd_bytes

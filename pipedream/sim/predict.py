@@ -56,8 +56,9 @@ reduced models on the 2-core CI machine). :func:`host_scale` multiplies the shar
 core count has none (1.0).
 
 Memory layout. A copy's step time depends on where its tensors land in memory (the reduced S2VT took 49-65 ms
-and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its own,
-and replicas wait for their slowest (:mod:`pipedream.sim.layout`).
+and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its
+own, drawn from the profile's copies and simulated at its own speed, so that replicas wait for the slowest where
+each has a core and the slow copy takes the idle share where they share cores (:mod:`pipedream.sim.layout`).
 
 Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
@@ -286,8 +287,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
         layouts: fresh copies' step over the profiled one's on this host (``host.layouts``,
             :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
-            the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each stage at its
-            slowest replica's draw (the per-stage figures are the mean copy's); (): none.
+            the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each rank at its own
+            draw (the per-stage figures are the mean copy's); (): none.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -328,16 +329,18 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def collective_cpu(replicas: int, nbytes: float) -> float:  # gloo's own CPU, beside the rank's actions
         return allreduce_cpu_s(replicas, nbytes, message_s, message_s_per_byte)
 
-    def simulated(costs: list[StageCost], trace: bool) -> SimResult:
-        return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
+    def simulated(trace: bool, rank_scale: dict[int, float] | None = None) -> SimResult:
+        return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(compute), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
-                               collective_cpu=collective_cpu if message_s or message_s_per_byte else None, **kwargs)
+                               collective_cpu=collective_cpu if message_s or message_s_per_byte else None,
+                               rank_scale=rank_scale, **kwargs)
 
-    res = simulated(compute, True)
+    res = simulated(True)
     epoch_s = res.epoch_time_s
-    if len(draws) > 1:  # each rank's copy is a draw: replicas wait for their slowest, a pipeline for its slowest stage
-        epoch_s = statistics.fmean(simulated(loaded(layout.scaled(base, f)), False).epoch_time_s
-                                   for f in layout.stage_factor_samples(draws, [len(rs) for rs in stage_ranks]))
+    if len(draws) > 1:  # each rank's copy is a draw, simulated at its own speed (pipedream.sim.layout); the factor
+        # also scales the data loading and transport CPU folded into its forwards and backwards (a few % of them)
+        ranks = [r for rs in stage_ranks for r in rs]
+        epoch_s = statistics.fmean(simulated(False, f).epoch_time_s for f in layout.rank_factor_samples(draws, ranks))
     assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
     spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
