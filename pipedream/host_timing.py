@@ -179,3 +179,40 @@ def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:
         step()
         n += 1
     return (time.perf_counter() - t0) / n
+
+
+def after_idle_s(step: Step, gap_s: float = 0.05, seconds: float = 3.0, min_pairs: int = 4) -> float:
+    """Extra CPU seconds a training step costs when it starts after an idle gap, over one right after a step.
+
+    A run's ranks compute in bursts between waits (DP's replicas wait for the link, a pipeline's stages for their
+    receives), where the profile's layers and its host probe step back to back. On the 2-core CI machine a step
+    after a 50 ms sleep cost a nearly constant few milliseconds more CPU than one right after a step (the reduced
+    AlexNet 16.1 -> 21.3 ms, VGG-16 49.2 -> 55.3 ms, GNMT-8 128.6 -> 139.3 ms; ``benchmarks/host``): the caches
+    and the core come back cold. Timed here in pairs in this process, so that the host's drift over seconds and the
+    process's memory layout cancel: a step, then one right after it (warm), a sleep of ``gap_s``, then one more
+    (after the gap); the extra is the median over the pairs of the second's CPU seconds minus the first's
+    (``time.thread_time``: the sleep and other processes do not count), floored at 0. Pairs run for about
+    ``seconds`` and at least ``min_pairs``. :mod:`pipedream.sim.cores` charges it to every compute action a rank
+    starts after it has waited.
+
+    Args:
+        step: one forward, loss and backward of the profiled minibatch on the profiled model.
+        gap_s: the idle gap, s.
+        seconds: about how long the measurement takes, s.
+        min_pairs: fewest pairs.
+    Returns:
+        CPU seconds, >= 0.
+    """
+    step()
+    extra: list[float] = []
+    t0 = time.perf_counter()
+    while time.perf_counter() < t0 + seconds or len(extra) < min_pairs:
+        step()
+        c0 = time.thread_time()
+        step()
+        warm = time.thread_time() - c0
+        time.sleep(gap_s)
+        c0 = time.thread_time()
+        step()
+        extra.append(time.thread_time() - c0 - warm)
+    return max(0.0, statistics.median(extra))

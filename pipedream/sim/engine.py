@@ -27,6 +27,10 @@ and a replica whose gradients are ready waits for the slowest. ``"independent"``
 assumption (paper §3.1): each replica pays its stage's bucketed allreduce time (the sum over buckets) alone
 after its own backward, never overlapping it, never waiting for the others and booking no links; it
 isolates the cost of lockstep synchronisation in round-robin pipelines.
+
+Coming back cold (CPU hosts, :attr:`pipedream.sim.cores.Cores.after_idle_s`): a rank that has waited at least
+:data:`IDLE_MIN_S` (for a receive, an allreduce or a sum of tied gradients) pays that much more work in the
+next compute action it starts (``F``, ``B`` or ``STEP``).
 """
 
 from __future__ import annotations
@@ -100,6 +104,7 @@ def _recv_key(a: Action) -> tuple[str, int, int, int]:
 
 
 SYNC_KINDS = ("lockstep", "independent")
+IDLE_MIN_S = 1e-3  # a shorter wait leaves a rank's caches warm (an assumption: measured at 50 ms, pipedream.host_timing)
 
 
 def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: bool = True,
@@ -135,6 +140,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                compute={r: [] for r in order})
     cores = cores or Cores()
     scale = {r: (rank_scale or {}).get(r, 1.0) for r in order}
+    cold = dict.fromkeys(order, False)  # the rank's next compute action starts after a wait (module docstring)
     clock = dict.fromkeys(order, 0.0)
     pos = dict.fromkeys(order, 0)
     last_b_start = dict.fromkeys(order, 0.0)
@@ -204,6 +210,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         tr.allreduce_bytes += sum(network.allreduce_bytes(ranks, nbytes) for _, nbytes in costs[stage].buckets)
         for r in ranks:
             tr.allreduce_wait_s[r] += end - members[r]
+            waited(r, end - members[r])
             clock[r] = end
             pos[r] += 1
             wake(r, end)
@@ -216,11 +223,19 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         tr.allreduce_bytes += network.allreduce_bytes(ranks, nbytes)
         for q in ranks:
             tr.allreduce_wait_s[q] += end - members[q]
+            waited(q, end - members[q])
             clock[q] = end
             tied_pos[q] += 1
             wake(q, end)
 
+    def waited(r: int, seconds: float) -> None:
+        if seconds >= IDLE_MIN_S:
+            cold[r] = True
+
     def compute(r: int, work_s: float, t: float) -> None:
+        if cold[r]:
+            work_s += cores.after_idle_s
+            cold[r] = False
         for end, q in cores.start(r, work_s, t):
             wake(q, end)
 
@@ -294,6 +309,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 pos[r] += 1
                 if arrive > t:
                     tr.recv_wait_s[r] += arrive - t
+                    waited(r, arrive - t)
                     clock[r] = arrive
                     wake(r, arrive)
                     break
@@ -303,6 +319,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 tr.allreduce_bytes += sum(network.allreduce_bytes(group_ranks, nbytes)
                                           for _, nbytes in cost.buckets) / len(group_ranks)
                 tr.allreduce_wait_s[r] += end - t
+                waited(r, end - t)
                 clock[r] = end
                 pos[r] += 1
                 wake(r, end)

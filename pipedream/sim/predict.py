@@ -28,6 +28,10 @@ What is modelled, term by term:
   backward that sends or receives it; each member of a gradient allreduce spends ``4 (n - 1)`` message ends of
   ``1/n`` of each bucket beside its actions, from the bucket's start, sharing the cores with them
   (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, :mod:`pipedream.sim.cores`);
+* coming back cold (CPU hosts): a rank's first compute action after a wait of a millisecond or more costs the
+  profile's measured ``host.after_idle_s`` more work (:func:`pipedream.host_timing.after_idle_s`,
+  :mod:`pipedream.sim.engine`): a step after an idle gap takes a few milliseconds more CPU than one right after
+  another, which the profile's back-to-back timings do not see;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.step_rates.optimizer_step_rates`),
   with the copy of the weights first where the schedule stashes versions
@@ -258,7 +262,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
-                  layouts: tuple[float, ...] = ()) -> Prediction:
+                  layouts: tuple[float, ...] = (), after_idle_s: float = 0.0) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -289,6 +293,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
             the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each rank at its own
             draw (the per-stage figures are the mean copy's); (): none.
+        after_idle_s: with ``cores`` set, seconds of work more for each compute action a rank starts after
+            a wait (``host.after_idle_s``, :func:`pipedream.host_timing.after_idle_s`); 0: none.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -333,7 +339,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(compute), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
                                collective_cpu=collective_cpu if message_s or message_s_per_byte else None,
-                               rank_scale=rank_scale, **kwargs)
+                               rank_scale=rank_scale, after_idle_s=after_idle_s if cores is not None else 0.0,
+                               **kwargs)
 
     res = simulated(True)
     epoch_s = res.epoch_time_s
@@ -367,7 +374,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
                                   "step_s_per_param_byte": step_s_per_param_byte, "message_s": message_s,
-                                  "message_s_per_byte": message_s_per_byte}, sim=res)
+                                  "message_s_per_byte": message_s_per_byte, "after_idle_s": after_idle_s},
+                      sim=res)
 
 
 def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
@@ -419,8 +427,9 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     noise: other copies cannot speed a step up), ``layouts`` (the same measurement's fresh copies, positive
     ratios; over their mean where the profile has ``copy_step_s``, which :func:`profiled_composition` already
     takes as the typical copy's step), ``message_s`` and ``message_s_per_byte``
-    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's
-    profiles) is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages."""
+    (:mod:`pipedream.runtime.message_cost`; at least 0) and ``after_idle_s``
+    (:func:`pipedream.host_timing.after_idle_s`; at least 0). What is missing (another host, GPUs, the release's
+    profiles) is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages, no cost after a wait."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         host = {}
@@ -435,7 +444,7 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
         layouts = layout.spread(layouts)[1]
     return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
             "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
-            "layouts": layouts}
+            "layouts": layouts, "after_idle_s": number("after_idle_s", 0.0) or 0.0}
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
