@@ -14,8 +14,8 @@ the slowest, and the simulation gives exactly that. Where ranks share cores (4 w
 that is done and waits in the allreduce leaves its core's share to the others, so the slow copy catches up on
 cores that would otherwise idle. Giving every replica its slowest's factor, as a first version did, charged
 that work as if every copy were the slow one: the reduced S2VT's four replicas on 2 cores came out at
-0.75-0.91 of their predictions in 11 of 12 runs of ``make run`` (sessions 17-19), about the mean of the
-slowest of four draws over the mean draw (1.18 for its profile's spread, 0.68-1.25).
+0.75-0.97 of their predictions in 11 of 12 runs of ``make run`` (sessions 17-19), and for one of its profiles
+(draws 0.68-1.25 of their mean) the slowest of four draws averages 1.16x the mean draw.
 """
 
 from __future__ import annotations
