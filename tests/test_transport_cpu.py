@@ -50,13 +50,11 @@ def test_the_prediction_charges_the_transport_on_shared_cores_only() -> None:
 
 def test_host_measurements_are_read_only_from_a_profile_of_this_host() -> None:
     meta = {"host": {"cores": 2, "contention": 1.1, "oversubscribed": 0.9, "message_s": 1e-4,
-                     "message_s_per_byte": 4e-10, "layouts": [0.9, 1.1], "after_idle_s": 0.003}}
-    none = {"contention": 1.0, "oversubscribed": None, "message_s": 0.0, "message_s_per_byte": 0.0, "layouts": (),
-            "after_idle_s": 0.0}
+                     "message_s_per_byte": 4e-10, "layouts": [0.9, 1.1]}}
+    none = {"contention": 1.0, "oversubscribed": None, "message_s": 0.0, "message_s_per_byte": 0.0, "layouts": ()}
     # below 1 is noise: other copies cannot speed a step up
     assert profiled_host(meta, 2) == {"contention": 1.1, "oversubscribed": 1.0, "message_s": 1e-4,
-                                      "message_s_per_byte": 4e-10, "layouts": (0.9, 1.1), "after_idle_s": 0.003}
-    assert profiled_host({"host": {"cores": 2, "after_idle_s": -0.001}}, 2)["after_idle_s"] == 0.0  # at least 0
+                                      "message_s_per_byte": 4e-10, "layouts": (0.9, 1.1)}
     assert profiled_host(meta, 4) == none  # another host
     assert profiled_host(meta, None) == none  # GPUs
     assert profiled_host({}, 2) == none  # the release's profiles

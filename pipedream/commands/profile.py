@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipedream.host_timing import after_idle_s, host_contention, host_cores
+from pipedream.host_timing import host_contention, host_cores
 from pipedream.runtime.config import OPTIMIZERS
 
 HELP = "profile a model per layer and write graph.txt"
@@ -51,9 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(meta.json host.contention: shared memory bandwidth and caches; host.oversubscribed: "
                         "copies taking turns on a core) slow the predicted compute of runs on this host, and each "
                         "copy's time alone over this process's (host.layouts: where a copy's tensors land in "
-                        "memory) is drawn for each rank; time the CPU a message costs its two ranks "
-                        "(host.message_s, host.message_s_per_byte) and what a step costs more after an idle gap "
-                        "(host.after_idle_s, about 3 s). 0: skip (no slowdown, free messages, no cost after a wait)")
+                        "memory) is drawn for each rank; and time the CPU a message costs its two ranks "
+                        "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS, metavar="OPT",
                    help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
                         "prediction charges a run): any of %(choices)s. A run with an optimizer the "
@@ -185,10 +184,6 @@ def run(args: argparse.Namespace) -> int:
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"the copies alone {one.alone_s * 1e3:.1f} and {two.alone_s * 1e3:.1f} ms, {copy_step_s * 1e3:.1f} ms "
               "in all (the step the predictions take)")
-        # what a step costs more after an idle gap than right after another (pipedream.sim.engine, coming back cold)
-        host["after_idle_s"] = cold = after_idle_s(step)
-        lap("after idle")
-        print(f"{args.model}: a step after an idle gap takes {cold * 1e3:.1f} ms more CPU than one right after another")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         lap("messages")

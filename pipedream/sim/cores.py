@@ -44,17 +44,13 @@ class Cores:
         collective_cpu: ``collective_cpu(replicas, nbytes)``, CPU seconds each member of an allreduce of
             ``nbytes`` over ``replicas`` ranks spends on it (module docstring); None: none (GPUs, or not
             measured). Only used with ``slowdown``.
-        after_idle_s: seconds of work a compute action costs more when its rank starts it after a wait (its
-            caches gone cold, :func:`pipedream.host_timing.after_idle_s`; the simulator decides when,
-            :mod:`pipedream.sim.engine`); only used with ``slowdown``: 0 without.
     """
 
     def __init__(self, slowdown: Callable[[int], float] | None = None,
                  host_of: Callable[[int], int] | None = None,
-                 collective_cpu: Callable[[int, float], float] | None = None, after_idle_s: float = 0.0) -> None:
+                 collective_cpu: Callable[[int, float], float] | None = None) -> None:
         self.slowdown, self.host_of = slowdown, host_of or (lambda rank: 0)
         self.collective_cpu = collective_cpu if slowdown is not None else None
-        self.after_idle_s = after_idle_s if slowdown is not None else 0.0
         self.jobs: dict[int, Job] = {}
         self._since: dict[int, float] = {}  # host -> time its jobs' left_s were last brought up to date
 

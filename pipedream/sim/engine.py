@@ -27,16 +27,11 @@ and a replica whose gradients are ready waits for the slowest. ``"independent"``
 assumption (paper §3.1): each replica pays its stage's bucketed allreduce time (the sum over buckets) alone
 after its own backward, never overlapping it, never waiting for the others and booking no links; it
 isolates the cost of lockstep synchronisation in round-robin pipelines.
-
-Coming back cold (CPU hosts, :attr:`pipedream.sim.cores.Cores.after_idle_s`): a rank that has waited at least
-:data:`IDLE_MIN_S` (for a receive, an allreduce or a sum of tied gradients) pays that much more work in the
-next compute action it starts (``F``, ``B`` or ``STEP``).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from pipedream.errors import PipeDreamError
@@ -104,12 +99,10 @@ def _recv_key(a: Action) -> tuple[str, int, int, int]:
 
 
 SYNC_KINDS = ("lockstep", "independent")
-IDLE_MIN_S = 1e-3  # a shorter wait leaves a rank's caches warm (an assumption: measured at 50 ms, pipedream.host_timing)
 
 
 def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: bool = True,
-        record: bool = True, sync: str = "lockstep", cores: Cores | None = None,
-        rank_scale: Mapping[int, float] | None = None) -> Trace:
+        record: bool = True, sync: str = "lockstep", cores: Cores | None = None) -> Trace:
     """Time ``schedule`` with per-stage ``costs`` on ``network``.
 
     Args:
@@ -121,9 +114,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         sync: ``"lockstep"`` or ``"independent"`` replicas (see the module docstring).
         cores: how compute actions share the hosts' cores (:mod:`pipedream.sim.cores`, fresh); None: every
             rank computes at full speed.
-        rank_scale: a factor on one rank's forward and backward work (its copy's memory layout,
-            :mod:`pipedream.sim.layout`), by rank; a rank not in it, or None: 1. Its gradient buckets are ready
-            that much later in its backward too.
     Raises:
         PipeDreamError: stage/cost count mismatch, a rank outside the cluster, or a deadlock (names the
             stuck actions).
@@ -139,8 +129,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                allreduce_wait_s=dict.fromkeys(order, 0.0), step_s=dict.fromkeys(order, 0.0),
                compute={r: [] for r in order})
     cores = cores or Cores()
-    scale = {r: (rank_scale or {}).get(r, 1.0) for r in order}
-    cold = dict.fromkeys(order, False)  # the rank's next compute action starts after a wait (module docstring)
     clock = dict.fromkeys(order, 0.0)
     pos = dict.fromkeys(order, 0)
     last_b_start = dict.fromkeys(order, 0.0)
@@ -171,7 +159,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         time. Returns when the last bucket ends, and each bucket's ``(start, bytes)``."""
         prev, started = after_s, []
         for ready_in_bwd, nbytes in costs[stage].buckets:
-            ready = (max(last_b_start[r] + ready_in_bwd * scale[r] * last_b_stretch[r] for r in ready_ranks)
+            ready = (max(last_b_start[r] + ready_in_bwd * last_b_stretch[r] for r in ready_ranks)
                      if ready_ranks else prev)
             if book:
                 start, prev = network.collective(group, nbytes, max(ready, prev))
@@ -210,7 +198,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         tr.allreduce_bytes += sum(network.allreduce_bytes(ranks, nbytes) for _, nbytes in costs[stage].buckets)
         for r in ranks:
             tr.allreduce_wait_s[r] += end - members[r]
-            waited(r, end - members[r])
             clock[r] = end
             pos[r] += 1
             wake(r, end)
@@ -223,19 +210,11 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         tr.allreduce_bytes += network.allreduce_bytes(ranks, nbytes)
         for q in ranks:
             tr.allreduce_wait_s[q] += end - members[q]
-            waited(q, end - members[q])
             clock[q] = end
             tied_pos[q] += 1
             wake(q, end)
 
-    def waited(r: int, seconds: float) -> None:
-        if seconds >= IDLE_MIN_S:
-            cold[r] = True
-
     def compute(r: int, work_s: float, t: float) -> None:
-        if cold[r]:
-            work_s += cores.after_idle_s
-            cold[r] = False
         for end, q in cores.start(r, work_s, t):
             wake(q, end)
 
@@ -283,7 +262,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             t = clock[r]
             cost = costs[a.stage]
             if a.kind in (Kind.F, Kind.B):
-                compute(r, (cost.fwd_s if a.kind == Kind.F else cost.bwd_s) * scale[r], t)
+                compute(r, cost.fwd_s if a.kind == Kind.F else cost.bwd_s, t)
                 break
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 nbytes = cost.send_fwd_bytes if a.kind == Kind.SEND_F else cost.send_bwd_bytes
@@ -309,7 +288,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 pos[r] += 1
                 if arrive > t:
                     tr.recv_wait_s[r] += arrive - t
-                    waited(r, arrive - t)
                     clock[r] = arrive
                     wake(r, arrive)
                     break
@@ -319,7 +297,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 tr.allreduce_bytes += sum(network.allreduce_bytes(group_ranks, nbytes)
                                           for _, nbytes in cost.buckets) / len(group_ranks)
                 tr.allreduce_wait_s[r] += end - t
-                waited(r, end - t)
                 clock[r] = end
                 pos[r] += 1
                 wake(r, end)

@@ -28,10 +28,6 @@ What is modelled, term by term:
   backward that sends or receives it; each member of a gradient allreduce spends ``4 (n - 1)`` message ends of
   ``1/n`` of each bucket beside its actions, from the bucket's start, sharing the cores with them
   (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, :mod:`pipedream.sim.cores`);
-* coming back cold (CPU hosts): a rank's first compute action after a wait of a millisecond or more costs the
-  profile's measured ``host.after_idle_s`` more work (:func:`pipedream.host_timing.after_idle_s`,
-  :mod:`pipedream.sim.engine`): a step after an idle gap takes a few milliseconds more CPU than one right after
-  another, which the profile's back-to-back timings do not see;
 * the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
   (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.step_rates.optimizer_step_rates`),
   with the copy of the weights first where the schedule stashes versions
@@ -60,9 +56,8 @@ reduced models on the 2-core CI machine). :func:`host_scale` multiplies the shar
 core count has none (1.0).
 
 Memory layout. A copy's step time depends on where its tensors land in memory (the reduced S2VT took 49-65 ms
-and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its
-own, drawn from the profile's copies and simulated at its own speed, so that replicas wait for the slowest where
-each has a core and the slow copy takes the idle share where they share cores (:mod:`pipedream.sim.layout`).
+and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its own,
+and replicas wait for their slowest (:mod:`pipedream.sim.layout`).
 
 Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
@@ -262,7 +257,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
-                  layouts: tuple[float, ...] = (), after_idle_s: float = 0.0) -> Prediction:
+                  layouts: tuple[float, ...] = ()) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -291,10 +286,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
         layouts: fresh copies' step over the profiled one's on this host (``host.layouts``,
             :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
-            the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each rank at its own
-            draw (the per-stage figures are the mean copy's); (): none.
-        after_idle_s: with ``cores`` set, seconds of work more for each compute action a rank starts after
-            a wait (``host.after_idle_s``, :func:`pipedream.host_timing.after_idle_s`); 0: none.
+            the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each stage at its
+            slowest replica's draw (the per-stage figures are the mean copy's); (): none.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads.
     """
@@ -335,19 +328,16 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def collective_cpu(replicas: int, nbytes: float) -> float:  # gloo's own CPU, beside the rank's actions
         return allreduce_cpu_s(replicas, nbytes, message_s, message_s_per_byte)
 
-    def simulated(trace: bool, rank_scale: dict[int, float] | None = None) -> SimResult:
-        return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(compute), keep_trace=trace,
+    def simulated(costs: list[StageCost], trace: bool) -> SimResult:
+        return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
-                               collective_cpu=collective_cpu if message_s or message_s_per_byte else None,
-                               rank_scale=rank_scale, after_idle_s=after_idle_s if cores is not None else 0.0,
-                               **kwargs)
+                               collective_cpu=collective_cpu if message_s or message_s_per_byte else None, **kwargs)
 
-    res = simulated(True)
+    res = simulated(compute, True)
     epoch_s = res.epoch_time_s
-    if len(draws) > 1:  # each rank's copy is a draw, simulated at its own speed (pipedream.sim.layout); the factor
-        # also scales the data loading and transport CPU folded into its forwards and backwards (a few % of them)
-        ranks = [r for rs in stage_ranks for r in rs]
-        epoch_s = statistics.fmean(simulated(False, f).epoch_time_s for f in layout.rank_factor_samples(draws, ranks))
+    if len(draws) > 1:  # each rank's copy is a draw: replicas wait for their slowest, a pipeline for its slowest stage
+        epoch_s = statistics.fmean(simulated(loaded(layout.scaled(base, f)), False).epoch_time_s
+                                   for f in layout.stage_factor_samples(draws, [len(rs) for rs in stage_ranks]))
     assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
     spans = [sp for ranked in res.trace.compute.values() for sp in ranked] + list(res.trace.steps)
@@ -374,8 +364,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
                                   "step_s_per_param_byte": step_s_per_param_byte, "message_s": message_s,
-                                  "message_s_per_byte": message_s_per_byte, "after_idle_s": after_idle_s},
-                      sim=res)
+                                  "message_s_per_byte": message_s_per_byte}, sim=res)
 
 
 def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
@@ -427,9 +416,8 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     noise: other copies cannot speed a step up), ``layouts`` (the same measurement's fresh copies, positive
     ratios; over their mean where the profile has ``copy_step_s``, which :func:`profiled_composition` already
     takes as the typical copy's step), ``message_s`` and ``message_s_per_byte``
-    (:mod:`pipedream.runtime.message_cost`; at least 0) and ``after_idle_s``
-    (:func:`pipedream.host_timing.after_idle_s`; at least 0). What is missing (another host, GPUs, the release's
-    profiles) is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages, no cost after a wait."""
+    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's
+    profiles) is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         host = {}
@@ -444,7 +432,7 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
         layouts = layout.spread(layouts)[1]
     return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
             "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
-            "layouts": layouts, "after_idle_s": number("after_idle_s", 0.0) or 0.0}
+            "layouts": layouts}
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,

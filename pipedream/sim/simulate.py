@@ -24,7 +24,7 @@ overhead" of data parallelism, §2.1) or in receives.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,14 +135,13 @@ def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCo
                     allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
                     sharing: Callable[[int], float] | None = None, host_of: Callable[[int], int] | None = None,
-                    collective_cpu: Callable[[int, float], float] | None = None,
-                    rank_scale: Mapping[int, float] | None = None, after_idle_s: float = 0.0) -> Trace:
+                    collective_cpu: Callable[[int, float], float] | None = None) -> Trace:
     """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
-    (``contention``: :mod:`pipedream.sim.network`; ``sync``, ``rank_scale``: :func:`pipedream.sim.engine.run`) and
-    fresh cores (``sharing``, ``host_of``, ``collective_cpu``, ``after_idle_s``: :class:`pipedream.sim.cores.Cores`)."""
+    (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`) and fresh cores
+    (``sharing``, ``host_of``, ``collective_cpu``: :class:`pipedream.sim.cores.Cores`)."""
     sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
     return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync,
-               cores=Cores(sharing, host_of, collective_cpu, after_idle_s), rank_scale=rank_scale)
+               cores=Cores(sharing, host_of, collective_cpu))
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -170,8 +169,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
                     sharing: Callable[[int], float] | None = None,
                     host_of: Callable[[int], int] | None = None, recompute: bool = False,
-                    collective_cpu: Callable[[int, float], float] | None = None,
-                    rank_scale: Mapping[int, float] | None = None, after_idle_s: float = 0.0) -> SimResult:
+                    collective_cpu: Callable[[int, float], float] | None = None) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -210,10 +208,6 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`); None: none.
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
-        rank_scale: a factor on each rank's forward and backward work, by rank (:func:`pipedream.sim.engine.run`;
-            each rank's memory layout, :mod:`pipedream.sim.layout`); None: 1 for every rank.
-        after_idle_s: seconds of work more for a compute action a rank starts after a wait, with ``sharing``
-            (:class:`pipedream.sim.cores.Cores`, :mod:`pipedream.sim.engine`); 0: none.
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster, or a tied
             parameter on stages the runtime refuses for the schedule (:func:`pipedream.tied.replica_conflict`).
@@ -242,7 +236,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     def sim(n: int, record: bool = False) -> Trace:
         return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
                                contention=contention, sync=sync, warmup=warmup, sharing=sharing, host_of=host_of,
-                               collective_cpu=collective_cpu, rank_scale=rank_scale, after_idle_s=after_idle_s)
+                               collective_cpu=collective_cpu)
 
     first = sim(n0, record=keep_trace)
     n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)
