@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=240.0, help="how long every copy steps, s")
     ap.add_argument("--windows", type=float, nargs="+", default=[8.0, 16.0, 30.0, 60.0],
                     help="window lengths, s (a run's measured epoch)")
-    ap.add_argument("--runs", type=int, default=14, help="runs that must all be within 15% (make run has 14)")
+    ap.add_argument("--runs", type=int, default=14, help="runs that must all be within 15%% (make run has 14)")
     args = ap.parse_args(argv)
     fresh = []
     for i in range(args.copies):
