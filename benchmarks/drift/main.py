@@ -110,14 +110,13 @@ def floor(sigma: float, runs: int, bound: float = 0.15) -> tuple[float, float, f
 
 
 def correlation(a: list[float], b: list[float]) -> float:
-    """Pearson's correlation of two equally long lists; nan when either is constant or shorter than 3."""
+    """Pearson's correlation of two lists over their common length (:func:`statistics.correlation`); nan when
+    either is constant or shorter than 3."""
     n = min(len(a), len(b))
-    a, b = a[:n], b[:n]
-    if n < 3 or statistics.pstdev(a) == 0 or statistics.pstdev(b) == 0:
+    try:
+        return statistics.correlation(a[:n], b[:n]) if n >= 3 else math.nan
+    except statistics.StatisticsError:  # a constant input
         return math.nan
-    ma, mb = statistics.fmean(a), statistics.fmean(b)
-    cov = statistics.fmean([(x - ma) * (y - mb) for x, y in zip(a, b, strict=True)])
-    return cov / (statistics.pstdev(a) * statistics.pstdev(b))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -130,12 +129,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="window lengths, s (a run's measured epoch)")
     ap.add_argument("--runs", type=int, default=14, help="runs that must all be within 15%% (make run has 14)")
     args = ap.parse_args(argv)
-    fresh = []
-    for i in range(args.copies):
-        cfg = TrainConfig(model=args.models[i % len(args.models)], preset="reduced", seed=0, data="real",
-                          batch_size=args.batch)
+    steps = {}  # one step builder per model: its data loaded once here, for the minibatch's rows
+    for model in dict.fromkeys(args.models[i % len(args.models)] for i in range(args.copies)):
+        cfg = TrainConfig(model=model, preset="reduced", seed=0, data="real", batch_size=args.batch)
         rows = minibatch_indices(len(load_task(cfg).train), args.batch, 0, 0)[0]
-        fresh.append(functools.partial(worker_step, cfg, rows, 1))
+        steps[model] = functools.partial(worker_step, cfg, rows, 1)
+    fresh = [steps[args.models[i % len(args.models)]] for i in range(args.copies)]
     series = record(fresh, args.seconds)
     start = max(s[0][0] for s in series)
     stop = min(s[-1][0] for s in series)
@@ -147,10 +146,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"copy {i} {model}: {len(steps)} steps, mean {statistics.fmean(steps) * 1e3:.1f} ms, "
               f"single steps cv {cv(steps):.3f}")
         for w in args.windows:
-            means = window_means(s, w, start, stop)
             if stop - start < 3 * w:
                 print(f"  {w:>5g} s windows: -")
                 continue
+            means = window_means(s, w, start, stop)
             sigma = cv(means)
             med, one, every = floor(sigma, args.runs)
             print(f"  {w:>5g} s windows: cv {sigma:.3f}, min {min(means) / statistics.fmean(means):.2f}x "
