@@ -13,7 +13,6 @@ and three 3x3 stride-2 pools need at least 63 pixels to leave a 1x1 map), 1.6 M 
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models.alexnet import alexnet as tv_alexnet
 
 from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
 from pipedream.models import ModelSpec, disable_inplace, register
@@ -27,6 +26,8 @@ REDUCED_CLASSES = 10
 def build_alexnet(preset: str) -> nn.Sequential:
     """AlexNet as a flat ``nn.Sequential``: features, avgpool, flatten, classifier layers."""
     if preset == "full":
+        from torchvision.models.alexnet import alexnet as tv_alexnet  # lazy: importing torchvision takes seconds
+
         m = tv_alexnet(weights=None)
         layers = [*m.features, m.avgpool, nn.Flatten(1), *m.classifier]
     else:

@@ -14,7 +14,6 @@ connection, and the strided 1x1 projection of the first block of a stage, stay i
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models import resnet as tv
 
 from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
 from pipedream.models import ModelSpec, disable_inplace, register
@@ -26,6 +25,8 @@ REDUCED_CLASSES = 10
 
 def _blocks(inplanes: int, planes: int, blocks: int, stride: int) -> tuple[list[nn.Module], int]:
     """One ResNet stage as torchvision builds it: a projecting first block, then identity blocks."""
+    from torchvision.models import resnet as tv  # lazy: importing torchvision takes seconds (pipedream.models)
+
     out = planes * tv.Bottleneck.expansion
     down = None
     if stride != 1 or inplanes != out:
@@ -38,6 +39,8 @@ def _blocks(inplanes: int, planes: int, blocks: int, stride: int) -> tuple[list[
 def build_resnet50(preset: str) -> nn.Sequential:
     """ResNet-50 as a flat ``nn.Sequential`` of 23 layers (Bottleneck blocks kept whole)."""
     if preset == "full":
+        from torchvision.models import resnet as tv
+
         m = tv.resnet50(weights=None)
         blocks = [b for stage in (m.layer1, m.layer2, m.layer3, m.layer4) for b in stage]
         layers = [m.conv1, m.bn1, m.relu, m.maxpool, *blocks, m.avgpool, nn.Flatten(1), m.fc]

@@ -9,7 +9,6 @@ adaptive pool and a 256-wide classifier, on 32x32x3 input with 10 classes (Fashi
 from __future__ import annotations
 
 from torch import nn
-from torchvision.models import vgg as tv_vgg
 
 from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
 from pipedream.models import ModelSpec, disable_inplace, register
@@ -21,6 +20,8 @@ REDUCED_CLASSES = 10
 
 def build_vgg16(preset: str) -> nn.Sequential:
     """VGG-16 flattened into one ``nn.Sequential``: features, pool, flatten, classifier layers."""
+    from torchvision.models import vgg as tv_vgg  # lazy: importing torchvision takes seconds (pipedream.models)
+
     if preset == "full":
         m = tv_vgg.vgg16(weights=None)
         return nn.Sequential(*m.features, m.avgpool, nn.Flatten(1), *m.classifier)
