@@ -25,6 +25,27 @@ def test_transfer_time_is_bytes_over_bottleneck_bandwidth() -> None:
     assert net.meet_level(0, 3) == 0 and net.meet_level(3, 4) == 1
 
 
+def test_top_level_is_the_highest_meet_level_of_any_pair() -> None:
+    import random
+
+    rng = random.Random(0)
+    net = Network(Cluster(name="t3", levels=[(2, 10 * GB), (3, 5 * GB), (2, 1 * GB)]))  # 12 ranks, 3 levels
+    for _ in range(200):
+        ranks = rng.sample(range(12), rng.randint(1, 6))
+        pairs = max((net.meet_level(a, b) for a in ranks for b in ranks), default=-1)
+        assert net.top_level(ranks) == pairs, ranks
+    assert net.top_level([0, 1]) == 0 and net.top_level([0, 2]) == 1 and net.top_level([1, 6]) == 2
+    assert net.top_level([5]) == -1
+
+
+def test_bookings_out_of_order_keep_earliest_fit() -> None:
+    net = Network(two_level())
+    assert net.send(0, 4, 1 * GB, ready_s=5.0) == pytest.approx((5.0, 6.0))  # booked first, later in time
+    assert net.send(1, 5, 1 * GB, ready_s=0.0) == pytest.approx((0.0, 1.0))  # fits in the gap before it
+    assert net.send(2, 6, 1 * GB, ready_s=4.5) == pytest.approx((6.0, 7.0))  # overlaps it: after it
+    assert net.send(3, 7, 1 * GB, ready_s=0.5) == pytest.approx((1.0, 2.0))  # after the gap's booking
+
+
 def test_transfer_pays_the_cluster_latency_once() -> None:
     net = Network(two_level(latency_s=0.25))
     assert net.transfer_time(0, 4, 5 * GB) == pytest.approx(0.25 + 5.0)

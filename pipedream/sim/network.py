@@ -58,12 +58,19 @@ class _Timeline:
 
     def conflict(self, start: float, end: float) -> float | None:
         """End of a busy interval overlapping ``[start, end)``, or None if the port is free then."""
+        ends = self.ends
+        if not ends or ends[-1] <= start:  # the usual case: free after every booking so far
+            return None
         i = bisect.bisect_left(self.starts, end)  # intervals starting before `end`
-        if i > 0 and self.ends[i - 1] > start:
-            return self.ends[i - 1]
+        if i > 0 and ends[i - 1] > start:
+            return ends[i - 1]
         return None
 
     def add(self, start: float, end: float) -> None:
+        if not self.starts or start >= self.starts[-1]:  # the usual case: the latest booking so far
+            self.starts.append(start)
+            self.ends.append(end)
+            return
         i = bisect.bisect_left(self.starts, start)
         self.starts.insert(i, start)
         self.ends.insert(i, end)
@@ -94,6 +101,10 @@ class Network:
         self.latency_s = float(cluster.latency_s)
         self._ports: dict[Port, _Timeline] = {}
         self._group_ports: dict[tuple[int, ...], list[Port]] = {}
+        # the timelines a transfer a -> b books and its bottleneck (bytes/s), and those a group's collective books:
+        # a run sends between the same ranks and reduces over the same groups again and again
+        self._path_lines: dict[tuple[int, int], tuple[list[_Timeline], float]] = {}
+        self._group_lines: dict[tuple[int, ...], list[_Timeline]] = {}
         self._allreduce_s: dict[tuple[tuple[int, ...], float], float] = {}
         self._allreduce_bytes: dict[tuple[tuple[int, ...], float], float] = {}
 
@@ -111,6 +122,15 @@ class Network:
             if a // g != b // g:
                 top = lv
         return top
+
+    def top_level(self, ranks: list[int]) -> int:
+        """Highest level whose groups differ for some two of ``ranks`` (the most :meth:`meet_level` over their
+        pairs; -1 for one rank), in one pass per level rather than over every pair."""
+        for lv in range(len(self.group_size) - 1, -1, -1):
+            g = self.group_size[lv]
+            if len({r // g for r in ranks}) > 1:
+                return lv
+        return -1
 
     def path(self, a: int, b: int) -> tuple[list[Port], float]:
         """Ports used by a transfer ``a -> b`` and its bottleneck bandwidth, bytes/s."""
@@ -157,7 +177,7 @@ class Network:
         if n < 2 or nbytes <= 0:
             seconds = 0.0
         elif self.allreduce_kind == "ring":
-            top = max(self.meet_level(a, b) for a in ranks for b in ranks)
+            top = self.top_level(ranks)
             seconds = costmodel.ring_allreduce_s(nbytes, n, min(self.bandwidths[: top + 1]), self.latency_s)
         else:
             seconds = costmodel.hierarchical_allreduce_s(nbytes, self.level_counts(ranks), self.bandwidths,
@@ -186,7 +206,7 @@ class Network:
 
     def allreduce_ports(self, ranks: list[int]) -> list[Port]:
         """Ports an allreduce over ``ranks`` occupies: both directions of every port up to its top level."""
-        top = max(self.meet_level(a, b) for a in ranks for b in ranks)
+        top = self.top_level(ranks)
         ports = {(lv, r // self.group_size[lv], d) for lv in range(top + 1) for r in ranks for d in ("out", "in")}
         return sorted(ports)
 
@@ -195,7 +215,21 @@ class Network:
         """Book ``ports`` for ``duration_s`` at the earliest time ``>= ready_s`` when all are free; returns the start."""
         if duration_s <= 0 or not ports:
             return ready_s
-        lines = [self._ports.setdefault(p, _Timeline()) for p in ports]
+        return self._book(self._lines(ports), ready_s, duration_s)
+
+    def _lines(self, ports: list[Port]) -> list[_Timeline]:
+        """The timeline of each of ``ports``, created on first use."""
+        lines = []
+        for p in ports:
+            line = self._ports.get(p)
+            if line is None:
+                line = self._ports[p] = _Timeline()
+            lines.append(line)
+        return lines
+
+    @staticmethod
+    def _book(lines: list[_Timeline], ready_s: float, duration_s: float) -> float:
+        """:meth:`reserve` on the ports' timelines."""
         start = ready_s
         moved = True
         while moved:
@@ -210,22 +244,29 @@ class Network:
 
     def send(self, a: int, b: int, nbytes: float, ready_s: float) -> tuple[float, float]:
         """Place a transfer ``a -> b`` of ``nbytes`` ready at ``ready_s``; returns ``(start, end)`` seconds."""
-        ports, bw = self.path(a, b)
+        cached = self._path_lines.get((a, b))
+        if cached is None:
+            ports, bw = self.path(a, b)
+            cached = self._path_lines[(a, b)] = (self._lines(ports), bw)
+        lines, bw = cached
         dur = costmodel.transfer_s(nbytes, bw, self.latency_s)
-        start = self.reserve(ports, ready_s, dur)
+        start = self._book(lines, ready_s, dur) if dur > 0 and lines else ready_s
         return start, start + dur
 
     def collective(self, ranks: list[int], nbytes: float, ready_s: float) -> tuple[float, float]:
         """Place one allreduce (one collective) of ``nbytes`` over ``ranks`` ready at ``ready_s``; returns
         ``(start, end)`` seconds. Its duration is :meth:`allreduce_time` (cached), its ports cached per group."""
         key = tuple(ranks)
-        ports = self._group_ports.get(key)
-        if ports is None:
-            ports = self._group_ports[key] = self.allreduce_ports(ranks)
         dur = self.allreduce_time(ranks, nbytes)
         if dur <= 0:
             return ready_s, ready_s
-        if self.contention == "lanes":  # the collective lane of each port (see the module docstring)
-            ports = [(lv, g, f"{d}:coll") for lv, g, d in ports]
-        start = self.reserve(ports, ready_s, dur)
+        lines = self._group_lines.get(key)
+        if lines is None:
+            ports = self._group_ports.get(key)
+            if ports is None:
+                ports = self._group_ports[key] = self.allreduce_ports(ranks)
+            if self.contention == "lanes":  # the collective lane of each port (see the module docstring)
+                ports = [(lv, g, f"{d}:coll") for lv, g, d in ports]
+            lines = self._group_lines[key] = self._lines(ports)
+        start = self._book(lines, ready_s, dur) if lines else ready_s
         return start, start + dur
