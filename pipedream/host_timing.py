@@ -71,75 +71,102 @@ class Sharing:
 
 def host_contention(step: Step, fresh: Callable[[], Step], processes: int, seconds: float = 2.0, rounds: int = ROUNDS,
                     min_steps: int = 4) -> Sharing:
-    """Time ``processes`` fresh copies of a training step running at once, then each alone (module docstring).
+    """Time ``processes`` fresh copies of a training step running at once, then each alone (module docstring):
+    :func:`host_sharing` for one count of copies."""
+    return host_sharing(step, fresh, (processes,), seconds, rounds, min_steps)[0]
 
-    ``processes`` fresh Python processes are started once (spawned, as the workers are). In every round each
-    calls ``fresh()`` for a step on a model and minibatch it builds itself, as a worker does (the profile's
-    ``fresh`` loads the data sets once per process, :func:`pipedream.commands.profile.worker_step`): a memory
-    layout of its own, built while its last round's copy still holds its memory, so the new one cannot take its place.
-    (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8 at 0.86-1.06x the profiling
-    process's step, where a 1-rank run's forwards and backwards took 1.15-1.25x it.) Starting the processes
-    once, not every round, saves their imports and data loading, most of a profile's time (the reduced GNMT-8 on
-    the 2-core CI machine, one process alone: torch 1.9 s, fairseq and pipedream 2.9 s, its data 3.9 s). Each round times ``step``
-    in this process alone while the copies wait blocked, then each copy warms up twice, steps with the others
-    (they start together at a barrier; each keeps stepping until all have timed theirs), then alone, one at a
-    time while the others wait blocked. Each timing is a mean over ``seconds / rounds / (processes +
-    2)`` and at least ``min_steps`` steps (time slices of a shared core even out over several steps: with a
-    median of two or three steps of AWD-LM's 0.2 s step its two-per-core figure moved from 1.14 to 1.44
-    between profiles). The caller should run single-threaded (``torch.set_num_threads(1)``), as the workers do.
+
+def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...], seconds: float = 2.0,
+                 rounds: int = ROUNDS, min_steps: int = 4) -> tuple[Sharing, ...]:
+    """For each of ``counts`` in turn, time that many fresh copies of a training step running at once, then each
+    alone (module docstring); one :class:`Sharing` per count, in order.
+
+    ``max(counts)`` fresh Python processes are started once (spawned, as the workers are) and serve every count:
+    the first ``n`` of them time count ``n`` while the rest wait blocked. Every process builds a step once and
+    waits until all have, so no copy is still importing or loading data while others are timed. Starting the
+    processes once, not for every count or round, saves their imports and data loading, most of a profile's time
+    (the reduced GNMT-8 on the 2-core CI machine, one process alone: torch 1.9 s, fairseq and pipedream 2.9 s,
+    its data 3.9 s). In every round each copy calls ``fresh()`` for a step on a model and minibatch it builds
+    itself, as a worker does (the profile's ``fresh`` loads the data sets once per process,
+    :func:`pipedream.commands.profile.worker_step`): a memory layout of its own, built while its last round's copy
+    still holds its memory, so the new one cannot take its place. (Copies made with ``copy.deepcopy`` in forked
+    children ran the reduced GNMT-8 at 0.86-1.06x the profiling process's step, where a 1-rank run's forwards and
+    backwards took 1.15-1.25x it.) Each round times ``step`` in this process alone while the copies wait blocked,
+    then each copy warms up twice, steps with the others (they start together at a barrier; each keeps stepping
+    until all have timed theirs), then alone, one at a time while the others wait blocked. Each timing is a mean
+    over ``seconds / rounds / (n + 2)`` and at least ``min_steps`` steps (time slices of a shared core even out
+    over several steps: with a median of two or three steps of AWD-LM's 0.2 s step its two-per-core figure moved
+    from 1.14 to 1.44 between profiles). The caller should run single-threaded (``torch.set_num_threads(1)``), as
+    the workers do.
 
     Args:
         step: one forward, loss and backward of the profiled minibatch on the profiled model.
         fresh: returns such a step on a model and minibatch of its own (called in each child; picklable: a
             module-level function or a ``functools.partial`` of one).
-        processes: copies at once (the host's cores, or twice as many); below 2 nothing is measured
-            (slowdown 1.0, no layouts).
-        seconds: about how long the measurement takes, s.
-        rounds: repetitions; the slowdown is the median of the rounds'.
+        counts: copies at once, one measurement each (the host's cores, and twice as many); below 2 nothing
+            is measured (slowdown 1.0, no layouts).
+        seconds: about how long each count's measurement takes, s.
+        rounds: repetitions per count; each slowdown is the median of its rounds'.
         min_steps: fewest steps of each timing.
     Raises:
         PipeDreamError: a child failed or did not report within its time.
     """
-    if processes < 2:
-        return Sharing(1.0, (), 0.0)
+    measured = tuple(n for n in dict.fromkeys(counts) if n >= 2)
+    if not measured:
+        return tuple(Sharing(1.0, (), 0.0) for _ in counts)
     step()  # warm up this process
-    window = seconds / rounds / (processes + 2)
-    share = max(1.0, processes / host_cores())
-    mine: list[float] = []  # this process's step, timed before each round while the copies wait
-    per_round = _together_then_alone(fresh, processes, rounds, window, min_steps,
-                                     before_round=lambda: mine.append(_mean_step_s(step, window, min_steps)))
-    slowdowns, layouts, alone_s = [], [], []
-    for own, pairs in zip(mine, per_round, strict=True):
-        slowdowns.append(statistics.harmonic_mean([together / alone for together, alone in pairs]) / share)
-        layouts += [alone / own for _, alone in pairs]
-        alone_s += [alone for _, alone in pairs]
-    return Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns))
+    windows = {n: seconds / rounds / (n + 2) for n in measured}
+    mine: dict[int, list[float]] = {n: [] for n in measured}  # this process's step, timed before each round
+
+    def before_round(n: int) -> None:  # while the copies wait
+        mine[n].append(_mean_step_s(step, windows[n], min_steps))
+
+    per_count = _together_then_alone(fresh, measured, rounds, seconds, min_steps, before_round)
+    out: dict[int, Sharing] = {}
+    for n in measured:
+        share = max(1.0, n / host_cores())
+        slowdowns, layouts, alone_s = [], [], []
+        for own, pairs in zip(mine[n], per_count[n], strict=True):
+            slowdowns.append(statistics.harmonic_mean([together / alone for together, alone in pairs]) / share)
+            layouts += [alone / own for _, alone in pairs]
+            alone_s += [alone for _, alone in pairs]
+        out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns))
+    return tuple(out.get(n, Sharing(1.0, (), 0.0)) for n in counts)
 
 
-def _together_then_alone(fresh: Callable[[], Step], processes: int, rounds: int, seconds: float, min_steps: int,
-                         before_round: Callable[[], None]) -> list[list[tuple[float, float]]]:
-    """Per round, per spawned child ``(mean step s together, mean step s alone)`` on its own model; the children
-    are started once and build a new model every round; ``before_round()`` runs while they wait blocked."""
+def _together_then_alone(fresh: Callable[[], Step], counts: tuple[int, ...], rounds: int, seconds: float,
+                         min_steps: int, before_round: Callable[[int], None]) -> dict[int, list[list[tuple[float, float]]]]:
+    """Per count ``n`` of ``counts``, per round, per copy of the first ``n`` spawned children ``(mean step s
+    together, mean step s alone)`` on its own model; ``max(counts)`` children are started once and build a new
+    model every round; ``before_round(n)`` runs while they wait blocked."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    ready, together = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1)
-    apart, turn = ctx.Barrier(processes), ctx.Lock()
-    timed = ctx.Value("i", 0)
-    children = [ctx.Process(target=_child, args=(fresh, rounds, seconds, min_steps, ready, together, timed, apart,
-                                                  turn, results), daemon=True) for _ in range(processes)]
+    timeout = 600 + 2 * seconds  # a child waits out the counts it is not in: each takes about ``seconds``
+    # per count: every copy and this process begin it together (a copy not in it must not build its next
+    # round's model meanwhile); the first n copies are ready, start together, and go apart
+    phases = [(ctx.Barrier(max(counts) + 1), ctx.Barrier(n + 1), ctx.Barrier(n + 1), ctx.Barrier(n), ctx.Value("i", 0))
+              for n in counts]
+    turn = ctx.Lock()
+    children = [ctx.Process(target=_child, args=(i, fresh, counts, rounds, seconds, min_steps, phases, turn,
+                                                  results, timeout), daemon=True) for i in range(max(counts))]
     for c in children:
         c.start()
     try:
-        out = []
-        for _ in range(rounds):
-            ready.wait(timeout=600)  # every copy built and warmed up (the first round: started, imported, loaded)
-            before_round()
-            together.wait(timeout=300)
-            out.append([results.get(timeout=600) for _ in children])
+        out: dict[int, list[list[tuple[float, float]]]] = {}
+        for n, (begin, ready, together, _, _) in zip(counts, phases, strict=True):
+            begin.wait(timeout=timeout)  # every copy built a step (the first count: started, imported, loaded)
+            out[n] = []
+            for _ in range(rounds):
+                ready.wait(timeout=timeout)  # the first n copies built this round's model and warmed up
+                before_round(n)
+                together.wait(timeout=timeout)
+                got = sorted(results.get(timeout=timeout) for _ in range(n))
+                assert [(m, i) for m, i, _, _ in got] == [(n, i) for i in range(n)], got
+                out[n].append([(shared, alone) for _, _, shared, alone in got])
         return out
     except Exception as e:
-        raise PipeDreamError(f"timing {processes} copies of a step failed ({type(e).__name__}): run "
-                             "`pipedream profile` again, with --host-seconds 0 to skip the host's measurement") from e
+        raise PipeDreamError(f"timing {' and '.join(map(str, counts))} copies of a step failed ({type(e).__name__}): "
+                             "run `pipedream profile` again, with --host-seconds 0 to skip the host's measurement") from e
     finally:
         for c in children:
             c.join(timeout=5)
@@ -147,29 +174,38 @@ def _together_then_alone(fresh: Callable[[], Step], processes: int, rounds: int,
                 c.kill()
 
 
-def _child(fresh: Callable[[], Step], rounds: int, seconds: float, min_steps: int, ready: Any, together: Any,
-           timed: Any, apart: Any, turn: Any, results: Any) -> None:
-    """One copy, every round: build a new step, warm up, time its steps with the others, keep stepping until
-    every copy has its time (one finishing early would leave the rest a less busy host), then time its steps
-    alone, one copy at a time, and go on to the next round when all have. It dies with the profiling process
-    (a profile killed mid-round leaves no copy waiting at a barrier)."""
+def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], rounds: int, seconds: float,
+           min_steps: int, phases: list[tuple[Any, Any, Any, Any, Any]], turn: Any, results: Any,
+           timeout: float) -> None:
+    """Copy ``index``: build a step; then for each count, begin it with every other copy (a copy not among its
+    first ``n`` waits for the next) and, if among its first ``n``, every round: build a new step, warm up, time
+    its steps with the others, keep stepping until every copy has its time (one finishing early would leave the
+    rest a less busy host), then time its steps alone, one copy at a time, and go on to the next round when all
+    have. It dies with the profiling process (a profile killed mid-round leaves no copy waiting at a barrier)."""
     pdeathsig_kill()
-    for r in range(rounds):
-        step = fresh()  # the last round's step is released only once this one holds its own memory
-        step()
-        step()
-        ready.wait(timeout=600)
-        together.wait(timeout=300)
-        shared = _mean_step_s(step, seconds, min_steps)
-        with timed.get_lock():
-            timed.value += 1
-        while timed.value < (r + 1) * apart.parties:
+    step = fresh()
+    for n, (begin, ready, together, apart, timed) in zip(counts, phases, strict=True):
+        begin.wait(timeout=timeout)
+        if index >= n:
+            continue
+        window = seconds / rounds / (n + 2)
+        for r in range(rounds):
+            step = fresh()  # the last round's step is released only once this one holds its own memory
             step()
-        apart.wait(timeout=600)
-        with turn:
-            alone = _mean_step_s(step, seconds, min_steps)
-        results.put((shared, alone))
-        apart.wait(timeout=600)  # go on together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
+            step()
+            ready.wait(timeout=timeout)
+            together.wait(timeout=timeout)
+            shared = _mean_step_s(step, window, min_steps)
+            with timed.get_lock():
+                timed.value += 1
+            while timed.value < (r + 1) * n:
+                step()
+            apart.wait(timeout=timeout)
+            with turn:
+                alone = _mean_step_s(step, window, min_steps)
+            results.put((n, index, shared, alone))
+            # go on together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
+            apart.wait(timeout=timeout)
 
 
 def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:

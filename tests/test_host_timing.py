@@ -27,12 +27,15 @@ def _sleeper() -> Callable[[], None]:  # what each fresh process steps (module l
 
 
 def _rounds(pairs: Callable[[int], list[tuple[float, float]]]):  # type: ignore[no-untyped-def]
-    """A stand-in for the children's rounds: each round runs ``before_round`` then gives ``pairs(n)``."""
-    def fake(fresh, n, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
-        out = []
-        for _ in range(rounds):
-            before_round()
-            out.append(pairs(n))
+    """A stand-in for the children's rounds: for each count n, each round runs ``before_round(n)`` then gives
+    ``pairs(n)``."""
+    def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
+        out = {}
+        for n in counts:
+            out[n] = []
+            for _ in range(rounds):
+                before_round(n)
+                out[n].append(pairs(n))
         return out
     return fake
 
@@ -65,17 +68,34 @@ def _logged_sleeper(log: str) -> Callable[[], None]:  # each call appends this p
 
 
 def test_the_copies_start_once_and_build_a_new_step_every_round(tmp_path: Path) -> None:
-    """3 rounds of 2 copies: 2 processes (their imports and data loading paid once), each building its step 3
-    times (a new memory layout every round); this process's own timing runs once before each round."""
+    """3 rounds of 2 copies, then 3 rounds of 3: 3 processes in all (their imports and data loading paid once),
+    each building a step once at the start and again in every round it takes part in (a new memory layout every
+    round): the first two 1 + 3 + 3 times, the third 1 + 3. This process's own timing runs once before each
+    round, after that round's copies built their step, and never before all three have built their first."""
     log = tmp_path / "fresh.log"
-    calls: list[int] = []
-    rounds = host_timing._together_then_alone(functools.partial(_logged_sleeper, str(log)), 2, 3, 0.02, 2,
-                                              before_round=lambda: calls.append(len(log.read_text().split())))
+    calls: list[tuple[int, int]] = []
+    rounds = host_timing._together_then_alone(
+        functools.partial(_logged_sleeper, str(log)), (2, 3), 3, 0.06, 2,
+        before_round=lambda n: calls.append((n, len(log.read_text().split()))))
     pids = log.read_text().split()
-    assert len(set(pids)) == 2 and len(pids) == 6 and all(pids.count(p) == 3 for p in set(pids))
-    assert calls == [2, 4, 6]  # before each round, after the copies built that round's step
-    assert len(rounds) == 3 and all(len(r) == 2 for r in rounds)
-    assert all(0.004 < t < 0.05 and 0.004 < a < 0.05 for r in rounds for t, a in r)
+    counts = sorted(pids.count(p) for p in set(pids))
+    assert len(set(pids)) == 3 and counts == [4, 7, 7]
+    assert calls == [(2, 5), (2, 7), (2, 9), (3, 12), (3, 15), (3, 18)]
+    assert [len(r) for r in rounds[2]] == [2, 2, 2] and [len(r) for r in rounds[3]] == [3, 3, 3]
+    assert all(0.004 < t < 0.05 and 0.004 < a < 0.05 for n in (2, 3) for r in rounds[n] for t, a in r)
+
+
+def test_each_count_is_measured_in_turn_by_the_same_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``host_sharing`` with counts (2, 4) on 2 cores: one measurement per count, in order; copies stepping 3 ms
+    together and 1.5 ms alone are 2x themselves with 2 copies (all contention) and 2x over their half core with
+    4 (1.0); a count below 2 measures nothing, wherever it stands."""
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
+    monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
+    monkeypatch.setattr(host_timing, "_together_then_alone", _rounds(lambda n: [(3e-3, 1.5e-3)] * n))
+    one, none, two = host_timing.host_sharing(lambda: None, lambda: lambda: None, (2, 1, 4), rounds=3)
+    assert one.slowdown == pytest.approx(2.0) and len(one.layouts) == 6
+    assert two.slowdown == pytest.approx(1.0) and len(two.layouts) == 12
+    assert none == Sharing(1.0, (), 0.0)
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipedream.host_timing import host_contention, host_cores
+from pipedream.host_timing import host_cores, host_sharing
 from pipedream.runtime.config import OPTIMIZERS
 
 HELP = "profile a model per layer and write graph.txt"
@@ -87,7 +87,7 @@ _DATASETS: dict[str, tuple[Any, Any]] = {}
 def worker_step(cfg: Any, rows: Any, threads: int) -> Callable[[], None]:
     """:func:`runtime_step` on the model and minibatch (``rows`` of the training set) that this process builds from
     ``cfg`` (a :class:`~pipedream.runtime.config.TrainConfig`) as a worker does: for
-    :func:`pipedream.host_timing.host_contention`'s fresh processes, which call it every round. The data sets are
+    :func:`pipedream.host_timing.host_sharing`'s fresh processes, which call it every round. The data sets are
     loaded on the first call and kept: each round's copy is a new model and a new minibatch (a memory layout of
     its own) on the same data (on the 2-core CI machine the reduced S2VT's data loaded in 3.8 s the first time
     and 0.9 s again in the same process: the copies' steps, not their data, take most of the probe)."""
@@ -165,12 +165,11 @@ def run(args: argparse.Namespace) -> int:
     host: dict[str, Any] = {"cores": cores, "contention": 1.0}
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
         fresh = functools.partial(worker_step, cfg, rows, args.threads)  # a worker's own model, in a new process
-        one = host_contention(step, fresh, cores, args.host_seconds)
-        lap(f"{cores} copies")
+        # one copy per core, then two per core (each gets half a core, and their switches evict each other's
+        # caches), by the same 2 x cores fresh processes
+        one, two = host_sharing(step, fresh, (cores, 2 * cores), args.host_seconds)
+        lap(f"{cores} and {2 * cores} copies")
         print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
-        # two copies per core: each gets half a core, and their switches evict each other's caches
-        two = host_contention(step, fresh, 2 * cores, args.host_seconds)
-        lap(f"{2 * cores} copies")
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
               f"its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
         layouts = one.layouts + two.layouts
