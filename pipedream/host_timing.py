@@ -115,11 +115,10 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
     if not measured:
         return tuple(Sharing(1.0, (), 0.0) for _ in counts)
     step()  # warm up this process
-    windows = {n: seconds / rounds / (n + 2) for n in measured}
     mine: dict[int, list[float]] = {n: [] for n in measured}  # this process's step, timed before each round
 
     def before_round(n: int) -> None:  # while the copies wait
-        mine[n].append(_mean_step_s(step, windows[n], min_steps))
+        mine[n].append(_mean_step_s(step, _window_s(seconds, rounds, n), min_steps))
 
     per_count = _together_then_alone(fresh, measured, rounds, seconds, min_steps, before_round)
     out: dict[int, Sharing] = {}
@@ -188,7 +187,7 @@ def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], round
         begin.wait(timeout=timeout)
         if index >= n:
             continue
-        window = seconds / rounds / (n + 2)
+        window = _window_s(seconds, rounds, n)
         for r in range(rounds):
             step = fresh()  # the last round's step is released only once this one holds its own memory
             step()
@@ -206,6 +205,12 @@ def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], round
             results.put((n, index, shared, alone))
             # go on together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
             apart.wait(timeout=timeout)
+
+
+def _window_s(seconds: float, rounds: int, copies: int) -> float:
+    """Seconds of each timing of a count of ``copies``: ``seconds`` over its rounds and each round's ``copies + 2``
+    timings (this process's, the copies' together, and each copy's alone, one after another)."""
+    return seconds / rounds / (copies + 2)
 
 
 def _mean_step_s(step: Step, seconds: float, min_steps: int) -> float:

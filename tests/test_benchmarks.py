@@ -35,7 +35,7 @@ def test_every_benchmark_explains_itself(name: str) -> None:
 
 
 def test_the_benchmarks_are_found() -> None:
-    assert {"drift", "host", "memory", "planner", "runtime", "simulator"} <= set(BENCHMARKS)
+    assert {"allreduce", "drift", "host", "memory", "planner", "runtime", "simulator"} <= set(BENCHMARKS)
 
 
 def test_drift_window_means_slide_by_a_quarter_window() -> None:

@@ -32,8 +32,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
 CASES = ("quiet", "overlapped", "after skewed compute")
 
 

@@ -211,12 +211,6 @@ class Network:
         return sorted(ports)
 
     # ------------------------------------------------------------------ reservations
-    def reserve(self, ports: list[Port], ready_s: float, duration_s: float) -> float:
-        """Book ``ports`` for ``duration_s`` at the earliest time ``>= ready_s`` when all are free; returns the start."""
-        if duration_s <= 0 or not ports:
-            return ready_s
-        return self._book(self._lines(ports), ready_s, duration_s)
-
     def _lines(self, ports: list[Port]) -> list[_Timeline]:
         """The timeline of each of ``ports``, created on first use."""
         lines = []
@@ -229,7 +223,8 @@ class Network:
 
     @staticmethod
     def _book(lines: list[_Timeline], ready_s: float, duration_s: float) -> float:
-        """:meth:`reserve` on the ports' timelines."""
+        """Book the ports of ``lines`` (their timelines) for ``duration_s`` at the earliest time ``>= ready_s`` when
+        all are free (earliest fit, module docstring); returns the start, s."""
         start = ready_s
         moved = True
         while moved:
