@@ -35,7 +35,53 @@ def test_every_benchmark_explains_itself(name: str) -> None:
 
 
 def test_the_benchmarks_are_found() -> None:
-    assert {"allreduce", "drift", "host", "memory", "planner", "runtime", "simulator"} <= set(BENCHMARKS)
+    assert {"allreduce", "cores", "ddp", "drift", "host", "memory", "planner", "runtime", "simulator"} <= set(BENCHMARKS)
+
+
+def test_cores_takes_one_cpu_per_physical_core_among_the_allowed() -> None:
+    """Two sockets of two cores with two hyperthreads each (CPUs 0-3 first threads, 4-7 their siblings), CPU 1
+    not allowed: core (1, 0) is then reached through its sibling 5, after 0, 2, 3 in CPU order."""
+    cores = load("cores")
+    lscpu = "# CPU,Core,Socket\n0,0,0\n1,1,0\n2,2,1\n3,3,1\n4,0,0\n5,1,0\n6,2,1\n7,3,1\n"
+    assert cores.physical_cpus(lscpu, set(range(8))) == [0, 1, 2, 3]
+    assert cores.physical_cpus(lscpu, {0, 2, 3, 4, 5, 6, 7}) == [0, 2, 3, 5]
+    assert cores.physical_cpus("0,,\n1,,\n", {0, 1}) == [0]  # empty fields: one core
+    assert cores.physical_cpus("", {0}) == []
+
+
+def test_cores_gives_the_longest_model_to_the_least_loaded_group() -> None:
+    """SECONDS: awd_lm 342, gnmt16 319, gnmt8 261, resnet50 180, s2vt 172, vgg16 161, alexnet 108. Four groups:
+    the first four one each; s2vt to resnet50's (180, the least), vgg16 to gnmt8's (261 < 319, 342), alexnet to
+    gnmt16's (319 < 342, 352, 422). An unknown model counts the median, 180."""
+    cores = load("cores")
+    models = ["vgg16", "resnet50", "alexnet", "gnmt8", "gnmt16", "awd_lm", "s2vt"]
+    assert cores.assign(models, 4) == [["awd_lm"], ["gnmt16", "alexnet"], ["gnmt8", "vgg16"], ["resnet50", "s2vt"]]
+    # two groups: awd_lm 342 -> 0; gnmt16 -> 1 (319); gnmt8 -> 1 (319 < 342: 580); resnet50 -> 0 (522);
+    # s2vt -> 0 (522 < 580: 694); vgg16 -> 1 (580 < 694: 741); alexnet -> 0 (694 < 741: 802)
+    assert cores.assign(models, 2) == [["awd_lm", "resnet50", "s2vt", "alexnet"], ["gnmt16", "gnmt8", "vgg16"]]
+    assert cores.assign(["mystery"], 2) == [["mystery"], []]
+
+
+def test_cores_runs_the_workflows_commands() -> None:
+    """The profile times only the optimizer the runs use (TrainConfig's default where unset), the trainings get
+    the config's train flags and emulated link; a config without host_seconds gets no --host-seconds."""
+    cores = load("cores")
+    cfg = {"workers": 4, "cluster": "c4", "emulate_bandwidth_Bps": 1.25e8,
+           "profile": {"batch_size": 32, "warmup": 2, "iters": 10},
+           "models": {"vgg16": {"preset": "reduced", "train": {"epochs": 3, "optimizer": "adam"}},
+                      "alexnet": {"preset": "reduced", "train": {"epochs": 1}}}}
+    cmds = dict(cores.commands(cfg, "vgg16", Path("/w"), "clusters.yaml"))
+    assert list(cmds) == ["profile", "plan", "dp", "pipedream"]
+    assert cmds["profile"] == ("profile --model vgg16 --preset reduced --profiled-batch 32 --warmup 2 --iters 10 "
+                               "--device cpu --optimizers adam --out-dir /w/vgg16/profile")
+    assert cmds["plan"] == ("plan --profile /w/vgg16/profile/graph.txt --clusters clusters.yaml --cluster c4 "
+                            "--model vgg16 --out /w/vgg16/plan.json")
+    assert cmds["dp"].startswith("train --mode dp --model vgg16 --preset reduced --plan /w/vgg16/plan.json ")
+    assert "--epochs 3" in cmds["dp"] and "--optimizer adam" in cmds["dp"]
+    assert "--emulate-bandwidth-Bps 125000000.0 " in cmds["pipedream"]
+    assert cmds["pipedream"].endswith("--out-dir /w/vgg16/runs/pipedream")
+    cfg["profile"]["host_seconds"] = 6
+    assert "--host-seconds 6 --optimizers sgd " in dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
 
 
 def test_drift_window_means_slide_by_a_quarter_window() -> None:
