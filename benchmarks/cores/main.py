@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,9 +178,12 @@ def main() -> int:
                     if rc:
                         break
                     continue
+                log = work_dir / model / "logs" / f"{name}.log"
                 r = row(model, name, cpuset, work_dir / model / "runs" / name, rc, wall)
-                print(f"[group {gi}] {model} {name}: {r[3]} measured {r[4]} s predicted {r[5]} s ratio {r[6]}",
-                      flush=True)
+                errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+                print(f"[group {gi}] {model} {name}: " + (f"{r[3]}, {errors[-1] if errors else 'see ' + str(log)}"
+                      if str(r[3]).startswith("failed") else f"{r[3]} measured {r[4]:.2f} s predicted {r[5]:.2f} s "
+                      f"ratio {r[6]:.3f}"), flush=True)
                 with lock, open(csv_path, "a", newline="") as f:
                     csv.writer(f).writerow(r)
             with lock, tarfile.open(args.out / "runs.tar.gz", "w:gz") as tar:
@@ -190,7 +194,12 @@ def main() -> int:
         t.start()
     for t in threads:
         t.join()
-    print(f"done in {time.time() - t0:.0f} s: {csv_path}", flush=True)
+    done = pd.read_csv(csv_path)
+    err = (pd.to_numeric(done["ratio"], errors="coerce").dropna() - 1).abs()
+    print(f"done in {time.time() - t0:.0f} s: {csv_path}; {err.size} of {len(done)} runs predicted, "
+          f"{int((err <= 0.10).sum())} within 10%, {int((err <= 0.15).sum())} within 15%, median |ratio - 1| "
+          f"{100 * err.median():.1f}%" if err.size else f"done in {time.time() - t0:.0f} s: no run predicted",
+          flush=True)
     return 0
 
 

@@ -8,10 +8,12 @@ and backward passes (``loss.backward()``, gradients kept and zeroed, as the DDP 
 
 - plain: the module itself, no DDP;
 - ddp-local: DDP with a communication hook that returns its bucket untouched (DDP's own work: the autograd
-  hooks, copying each gradient into its bucket and back; no allreduce);
+  hooks and the buckets; no allreduce);
 - ddp-gloo: DDP with gloo's allreduce of every bucket, launched while the backward goes on.
 
-It prints each rank's median wall and main-thread CPU milliseconds (:func:`time.thread_time`) per pass, and the
+DDP runs as the DP baseline runs it, with ``gradient_as_bucket_view=True`` (the gradients are views into the
+buckets); ``--copy-buckets`` takes DDP's default instead (each gradient copied into its bucket and back). It
+prints each rank's median wall and main-thread CPU milliseconds (:func:`time.thread_time`) per pass, and the
 CPU of each DDP mode over plain's (medians over ranks and passes). In ddp-gloo the wall time also holds the wait
 for the last bucket's allreduce at the end of the backward; the main thread's CPU does not.
 
@@ -66,9 +68,11 @@ def _worker(rank: int, world: int, store_path: str, args: argparse.Namespace, ou
     task = load_task(TrainConfig(model=args.model, preset="reduced", seed=0, data="real", batch_size=args.batch_size))
     x, y = task.train.batch(minibatch_indices(len(task.train), args.batch_size, 0, 0)[rank])
     model = task.model
-    local = DistributedDataParallel(model)
+    view = not args.copy_buckets  # the DDP baseline's gradient_as_bucket_view=True (pipedream.baselines.ddp)
+    local = DistributedDataParallel(model, gradient_as_bucket_view=view)
     local.register_comm_hook(None, _local)
-    modules = {"plain": model, "ddp-local": local, "ddp-gloo": DistributedDataParallel(model)}
+    modules = {"plain": model, "ddp-local": local,
+               "ddp-gloo": DistributedDataParallel(model, gradient_as_bucket_view=view)}
 
     def one(module: torch.nn.Module) -> None:
         model.zero_grad(set_to_none=False)
@@ -101,6 +105,9 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=32, help="samples per process and pass (default 32)")
     p.add_argument("--steps", type=int, default=15, help="timed passes per mode, the median kept (default 15)")
     p.add_argument("--passes", type=int, default=2, help="times over the three modes (default 2)")
+    p.add_argument("--copy-buckets", action="store_true",
+                   help="DDP's default gradient_as_bucket_view=False: gradients copied into buckets and back (the "
+                        "baseline's gradients are views into the buckets)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="gloo's timeout (default 300)")
     args = p.parse_args()
     if args.processes < 2 or min(args.batch_size, args.steps, args.passes) < 1:
