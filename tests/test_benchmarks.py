@@ -73,13 +73,14 @@ def test_cores_runs_the_workflows_commands() -> None:
     cmds = dict(cores.commands(cfg, "vgg16", Path("/w"), "clusters.yaml"))
     assert list(cmds) == ["profile", "plan", "dp", "pipedream"]
     assert cmds["profile"] == ("profile --model vgg16 --preset reduced --profiled-batch 32 --warmup 2 --iters 10 "
-                               "--device cpu --optimizers adam --out-dir /w/vgg16/profile")
-    assert cmds["plan"] == ("plan --profile /w/vgg16/profile/graph.txt --clusters clusters.yaml --cluster c4 "
-                            "--model vgg16 --out /w/vgg16/plan.json")
-    assert cmds["dp"].startswith("train --mode dp --model vgg16 --preset reduced --plan /w/vgg16/plan.json ")
+                               "--device cpu --optimizers adam --out-dir /w/profiles/vgg16")
+    assert cmds["plan"] == ("plan --profile /w/profiles/vgg16/graph.txt --clusters clusters.yaml --cluster c4 "
+                            "--model vgg16 --out /w/plans/vgg16.json")
+    assert cmds["dp"].startswith("train --mode dp --model vgg16 --preset reduced --plan /w/plans/vgg16.json "
+                                 "--profile /w/profiles/vgg16/graph.txt --clusters clusters.yaml --workers 4 ")
     assert "--epochs 3" in cmds["dp"] and "--optimizer adam" in cmds["dp"]
     assert "--emulate-bandwidth-Bps 125000000.0 " in cmds["pipedream"]
-    assert cmds["pipedream"].endswith("--out-dir /w/vgg16/runs/pipedream")
+    assert cmds["pipedream"].endswith("--out-dir /w/runs/vgg16/pipedream")  # make run's layout: the report reads it
     cfg["profile"]["host_seconds"] = 6
     assert "--host-seconds 6 --optimizers sgd " in dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
 

@@ -11,12 +11,15 @@ scored after training. Groups run at once and share the machine's memory system 
 one model at a time on the first group's cores.
 
 Models go to groups longest first, each to the group with the least work (:data:`SECONDS`: profile and both
-trainings on the device machine). Rows go to ``OUT/check.csv`` as runs finish (``model, mode, cpus, config,
-measured_epoch_s, predicted_epoch_s, ratio, first_epoch_s, wall_s``); ``OUT/runs.tar.gz`` holds every profile,
-plan, ``run.json`` and log (no model files). A model whose group would start it with less than ``--min-left-s``
-of ``--deadline-s`` left is skipped.
+trainings on the device machine). ``OUT`` is laid out as ``make run``'s results (``profiles/<model>/``,
+``plans/<model>.json``, ``runs/<model>/<mode>/``, ``logs/<model>/``); rows go to ``OUT/check.csv`` as runs finish
+(``model, mode, cpus, config, measured_epoch_s, predicted_epoch_s, ratio, first_epoch_s, wall_s``), and at the end
+``OUT/prediction_check.csv``, ``OUT/compute_check.csv`` and ``OUT/plots/prediction_check.png`` are written as the
+report writes them (:func:`pipedream.table1.prediction.write_prediction_check`). ``--tar`` also packs ``OUT``
+(without model files and the MLflow database) into one file after every model, for machines that hand back few
+files. A model whose group would start it with less than ``--min-left-s`` of ``--deadline-s`` left is skipped.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cores/main.py --out results/benchmarks/cores
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cores/main.py [--out results/benchmarks/cores]
 """
 
 from __future__ import annotations
@@ -34,13 +37,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a worktree
 
 from pipedream.runtime.config import TrainConfig, flags_from_experiment  # noqa: E402
+from pipedream.table1.prediction import summary, write_prediction_check  # noqa: E402
 
 # Wall seconds of each model's profile and two trainings in its group of 4 cores, four groups at once, on the
 # device machine (16-core Intel Xeon, 2026-11-27, experiments/ci.yaml): only the order of the work matters
@@ -78,24 +81,26 @@ def assign(models: list[str], groups: int) -> list[list[str]]:
     return work
 
 
-def commands(cfg: dict[str, Any], model: str, work: Path, clusters: str) -> list[tuple[str, str]]:
+def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str) -> list[tuple[str, str]]:
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
-    settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) under ``work / model``."""
-    mc, prof, d = cfg["models"][model], cfg["profile"], work / model
+    settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) in ``make run``'s layout under
+    ``out`` (``profiles/<model>``, ``plans/<model>.json``, ``runs/<model>/<mode>``)."""
+    mc, prof = cfg["models"][model], cfg["profile"]
+    profile, plan = out / "profiles" / model, out / "plans" / f"{model}.json"
     optimizer = mc["train"].get("optimizer", TrainConfig().optimizer)
     host = f"--host-seconds {prof['host_seconds']} " if "host_seconds" in prof else ""
-    out = [("profile", f"profile --model {model} --preset {mc['preset']} --profiled-batch {prof['batch_size']} "
-                       f"--warmup {prof['warmup']} --iters {prof['iters']} --device cpu {host}"
-                       f"--optimizers {optimizer} --out-dir {d}/profile"),
-           ("plan", f"plan --profile {d}/profile/graph.txt --clusters {clusters} --cluster {cfg['cluster']} "
-                    f"--model {model} --out {d}/plan.json")]
+    cmds = [("profile", f"profile --model {model} --preset {mc['preset']} --profiled-batch {prof['batch_size']} "
+                        f"--warmup {prof['warmup']} --iters {prof['iters']} --device cpu {host}"
+                        f"--optimizers {optimizer} --out-dir {profile}"),
+            ("plan", f"plan --profile {profile}/graph.txt --clusters {clusters} --cluster {cfg['cluster']} "
+                     f"--model {model} --out {plan}")]
     link = f"--emulate-bandwidth-Bps {cfg['emulate_bandwidth_Bps']} " if cfg.get("emulate_bandwidth_Bps") else ""
     for mode in ("dp", "pipedream"):
-        out.append((mode, f"train --mode {mode} --model {model} --preset {mc['preset']} --plan {d}/plan.json "
-                          f"--profile {d}/profile/graph.txt --clusters {clusters} --workers {cfg['workers']} "
-                          f"{flags_from_experiment(mc['train'])} {link}--timeout-s 1800 --experiment cores/{model} "
-                          f"--no-progress --out-dir {d}/runs/{mode}"))
-    return out
+        cmds.append((mode, f"train --mode {mode} --model {model} --preset {mc['preset']} --plan {plan} "
+                           f"--profile {profile}/graph.txt --clusters {clusters} --workers {cfg['workers']} "
+                           f"{flags_from_experiment(mc['train'])} {link}--timeout-s 1800 --experiment cores/{model} "
+                           f"--no-progress --out-dir {out}/runs/{model}/{mode}"))
+    return cmds
 
 
 def row(model: str, mode: str, cpus: list[int], run_dir: Path, rc: int, wall_s: float) -> list[Any]:
@@ -114,8 +119,9 @@ def main() -> int:
                                 epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--config", type=Path, default=ROOT / "experiments" / "ci.yaml",
                    help="experiment config (default experiments/ci.yaml: make run's models and settings)")
-    p.add_argument("--out", type=Path, required=True, help="folder for check.csv, check.log and runs.tar.gz")
-    p.add_argument("--work", type=Path, default=None, help="folder for the runs (default OUT/work)")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "benchmarks" / "cores",
+                   help="results folder, make run's layout (default results/benchmarks/cores)")
+    p.add_argument("--tar", type=Path, default=None, help="also pack OUT into this .tar.gz after every model")
     p.add_argument("--models", default="", help="comma-separated models (default: the config's)")
     p.add_argument("--groups", type=int, default=4, help="groups of cores at most (default 4)")
     p.add_argument("--deadline-s", type=float, default=3600.0,
@@ -140,17 +146,17 @@ def main() -> int:
               f"needs a larger machine (make run shares 2 cores instead)", file=sys.stderr)
         return 2
     groups = [cpus[i * workers:(i + 1) * workers] for i in range(n)]
-    work_dir = (args.work or args.out / "work").resolve()
+    out = args.out.resolve()
     clusters = str(cfg.get("clusters_file", "experiments/clusters.yaml"))
     plan = assign(models, n)
     print(f"cores {cpus}; groups {groups}; models {plan}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    csv_path = args.out / "check.csv"
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / "check.csv"
     with open(csv_path, "w", newline="") as f:
         csv.writer(f).writerow(HEADER)
     env = dict(os.environ, OMP_NUM_THREADS="1", MLFLOW_DISABLE_TELEMETRY="true",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{work_dir}/mlflow.db")
+    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{out}/mlflow.db")
     env.setdefault("PIPEDREAM_FORCE_GLOO", "1")  # the workers train on the CPU also where there is a GPU
     lock = threading.Lock()
 
@@ -169,37 +175,40 @@ def main() -> int:
             if left < args.min_left_s:
                 print(f"[group {gi}] {model}: skipped, {left:.0f} s left", flush=True)
                 continue
-            for name, cmd in commands(cfg, model, work_dir, clusters):
+            for name, cmd in commands(cfg, model, out, clusters):
+                log = out / "logs" / model / f"{name}.log"
                 ts = time.time()
-                rc = run(cmd, cpuset, work_dir / model / "logs" / f"{name}.log")
+                rc = run(cmd, cpuset, log)
                 wall = time.time() - ts
                 if name in ("profile", "plan"):
                     print(f"[group {gi}] {model} {name}: rc={rc} in {wall:.0f} s", flush=True)
                     if rc:
                         break
                     continue
-                log = work_dir / model / "logs" / f"{name}.log"
-                r = row(model, name, cpuset, work_dir / model / "runs" / name, rc, wall)
+                r = row(model, name, cpuset, out / "runs" / model / name, rc, wall)
                 errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
                 print(f"[group {gi}] {model} {name}: " + (f"{r[3]}, {errors[-1] if errors else 'see ' + str(log)}"
                       if str(r[3]).startswith("failed") else f"{r[3]} measured {r[4]:.2f} s predicted {r[5]:.2f} s "
                       f"ratio {r[6]:.3f}"), flush=True)
                 with lock, open(csv_path, "a", newline="") as f:
                     csv.writer(f).writerow(r)
-            with lock, tarfile.open(args.out / "runs.tar.gz", "w:gz") as tar:
-                tar.add(work_dir, arcname="runs", filter=lambda ti: None if ti.name.endswith((".pt", ".db")) else ti)
+            if args.tar:
+                with lock, tarfile.open(args.tar, "w:gz") as tar:
+                    tar.add(out, arcname=out.name, filter=lambda ti: None if ti.name.endswith((".pt", ".db")) else ti)
 
     threads = [threading.Thread(target=group, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    done = pd.read_csv(csv_path)
-    err = (pd.to_numeric(done["ratio"], errors="coerce").dropna() - 1).abs()
-    print(f"done in {time.time() - t0:.0f} s: {csv_path}; {err.size} of {len(done)} runs predicted, "
-          f"{int((err <= 0.10).sum())} within 10%, {int((err <= 0.15).sum())} within 15%, median |ratio - 1| "
-          f"{100 * err.median():.1f}%" if err.size else f"done in {time.time() - t0:.0f} s: no run predicted",
-          flush=True)
+    df = write_prediction_check(out, models)
+    if df.empty:
+        print(f"done in {time.time() - t0:.0f} s: no run finished (logs in {out / 'logs'})", flush=True)
+        return 1
+    ten, fifteen = summary(df, 0.10), summary(df)
+    print(f"done in {time.time() - t0:.0f} s: {ten['runs']} runs predicted, {ten['within']} within 10%, "
+          f"{fifteen['within']} within 15%, median |ratio - 1| {100 * ten['median_abs_error']:.1f}% "
+          f"({out / 'prediction_check.csv'}, compute_check.csv)", flush=True)
     return 0
 
 
