@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipedream.commands.train import _predict
+from pipedream.commands.train import _predict, resimulation_factors
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
@@ -124,6 +124,40 @@ def test_composition_scales_the_layers_not_the_step_nor_the_data() -> None:
     bare = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
                          composition=1.25)
     assert bare.epoch_s == pytest.approx(21 * 1.25)
+
+
+def test_a_resimulation_scales_each_stages_compute_with_its_data() -> None:
+    """The pipeline above on 2 cores, free links. Factors of 1 are the prediction. Factors (2, 2) double every F
+    and B, so every time of the schedule: 21 s becomes 42 s; with 0.5 s of data per profiled minibatch of 8, the
+    data doubles too (stage 0 computes 6 x (3 + 0.5) x 2 s). Factors (1, 3): stage 1's F = 3, B = 6 s, run back to
+    back for each minibatch from its first input at 1 s (stage 0's later forwards come long before they are
+    needed): 1 + 6 x 9 = 55 s, then stage 0's last backward of 2 s, 57 s."""
+    g = chain(2, 1.0, 2.0)
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    stages, ranks, cluster = [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)])
+    plain = predict_epoch(g, stages, ranks, cluster, shape, cores=2, data_s=0.5)
+    same = predict_epoch(g, stages, ranks, cluster, shape, cores=2, data_s=0.5, compute_factors=[1.0, 1.0])
+    assert same.epoch_s == pytest.approx(plain.epoch_s) and same.compute_s == pytest.approx(plain.compute_s)
+    double = predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[2.0, 2.0])
+    assert double.epoch_s == pytest.approx(42.0)
+    loaded = predict_epoch(g, stages, ranks, cluster, shape, cores=2, data_s=0.5, compute_factors=[2.0, 2.0])
+    assert loaded.compute_s == pytest.approx([6 * (3 + 0.5) * 2, 6 * 3 * 2])
+    slow_last = predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[1.0, 3.0])
+    assert slow_last.epoch_s == pytest.approx(57.0)
+    with pytest.raises(PipeDreamError, match="one positive factor per stage"):
+        predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[1.0])
+    with pytest.raises(PipeDreamError, match="one positive factor per stage"):
+        predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[1.0, 0.0])
+
+
+def test_resimulation_factors_are_the_measured_compute_cpu_over_the_predicted_work() -> None:
+    final = {"predicted_compute_s_stage0": 9.0, "measured_compute_cpu_s_stage0": 3.0,
+             "predicted_compute_work_s_stage0": 2.0, "predicted_compute_s_stage1": 9.0,
+             "measured_compute_cpu_s_stage1": 1.0, "predicted_compute_work_s_stage1": 4.0}
+    assert resimulation_factors(final) == pytest.approx([1.5, 0.25])
+    del final["measured_compute_cpu_s_stage1"]  # a stage without its CPU (a GPU run): no resimulation
+    assert resimulation_factors(final) is None
+    assert resimulation_factors({}) is None  # no prediction
 
 
 def test_lockstep_dp_on_one_core_takes_all_the_work() -> None:

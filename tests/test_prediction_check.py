@@ -61,6 +61,30 @@ def test_csv_plot_and_report_section(tmp_path: Path) -> None:
     assert "2 of 3 runs within ±15% of their prediction; median |ratio − 1| 10.0%" in page
     assert page.count("fig-prediction_check") == 1  # in its own section, not again among the other plots
     assert "id='prediction-check'" not in html_report(table, [], results)
+    assert "Resimulated" not in page  # no run was resimulated
+
+
+def test_the_resimulation_with_the_measured_compute_is_shown_apart(tmp_path: Path) -> None:
+    """VGG-16's pipeline (measured 11 s) resimulated at 10.5 s (ratio 1.0476) and its DP run (30 s) at 24 s
+    (1.25): one of two within 15%, median |ratio - 1| (0.0476 + 0.25) / 2 = 14.9%; the prediction's own summary
+    is unchanged."""
+    results = _results(tmp_path)
+    for mode, resim in (("pipedream", 10.5), ("dp", 24.0)):
+        path = results / "runs" / "vgg16" / mode / "run.json"
+        run = json.loads(path.read_text())
+        run.update(resimulated_epoch_time_s=resim, resimulated_ratio=run["mean_epoch_time_s"] / resim)
+        path.write_text(json.dumps(run))
+    df = prediction_rows(results, ["vgg16", "alexnet"])
+    assert df["resimulated_ratio"].iloc[:2].tolist() == pytest.approx([11 / 10.5, 1.25])
+    assert df["resimulated_ratio"].iloc[2:].isna().all()
+    assert summary(df, column="resimulated_ratio") == {"runs": 2, "within": 1,
+                                                       "median_abs_error": pytest.approx((11 / 10.5 - 1 + 0.25) / 2),
+                                                       "worst_abs_error": pytest.approx(0.25)}
+    table = pd.DataFrame(columns=["task", "model", "hardware", "paper_config", "paper_speedup_epoch_time",
+                                  "paper_speedup_tta"])
+    page = html_report(table, [], results, prediction_check=df)
+    assert "2 of 3 runs within ±15% of their prediction; median |ratio − 1| 10.0%" in page
+    assert "1 of 2 within ±15%, median 14.9%" in page
 
 
 def test_memory_check_rows_by_hand(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipedream.commands.train import resimulation_factors
 from tests.conftest import REPO
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")
@@ -120,7 +121,13 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
         predicted_models = {row["model"] for row in csv.DictReader(f)}
     assert predicted_models == {"vgg16"}  # the config's one model: its rows, planned and simulated at paper scale
     for mode in ("pipedream", "dp"):  # each run says how long before its launch its profile ended
-        assert 0 < json.loads((res / f"runs/vgg16/{mode}/run.json").read_text())["profile_age_s"] < 900
+        run = json.loads((res / f"runs/vgg16/{mode}/run.json").read_text())
+        assert 0 < run["profile_age_s"] < 900
+        # ... and is resimulated with its stages' compute as measured: one factor per stage of the prediction
+        factors = resimulation_factors(run)
+        stages = len(json.loads((res / "plans/vgg16/cpu4_1gbps.json").read_text())["stages"])
+        assert factors is not None and len(factors) == (1 if mode == "dp" else stages)
+        assert run["resimulated_ratio"] == pytest.approx(run["steady_epoch_time_s"] / run["resimulated_epoch_time_s"])
 
     again = _snakemake("--cores", "2", "--configfile", str(config), "--dry-run", cwd=tmp_path)
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -28,6 +28,9 @@ logged as ``predicted_epoch_time_s``; after training ``prediction_ratio`` = meas
 first (:func:`steady_epochs`) /
 predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made (no ``--plan`` or
 ``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
+After training, on a CPU host, the run is resimulated with each stage's compute at its measured CPU and
+everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``; :func:`resimulation_factors`):
+how much of a miss the compute explains, a diagnosis of the model that reads the run, not a prediction.
 """
 
 from __future__ import annotations
@@ -200,19 +203,27 @@ def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
         shared.check(shared.find(modules), [s.replicas for s in plan.stages], cfg.schedule, cfg.clip_norm)
 
 
+def _predict_run(args: argparse.Namespace, cfg, plan, compute_factors=None):  # type: ignore[no-untyped-def]
+    """:func:`pipedream.sim.predict.predict_run` for this run: its profile, plan, clusters, training samples, the
+    cores its workers share (none on GPUs) and its hosts; ``compute_factors`` for a resimulation."""
+    from pipedream.runtime.distributed import uses_cuda
+    from pipedream.runtime.launch import WORKER_THREADS
+    from pipedream.sim.predict import predict_run, training_samples
+
+    cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
+    return predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
+                       cores=cores, threads=WORKER_THREADS, hosts=args.nnodes, compute_factors=compute_factors)
+
+
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
     """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
     a failure to predict is reported in one line, never raised (the run goes on)."""
-    from pipedream.runtime.distributed import uses_cuda
-    from pipedream.runtime.launch import WORKER_THREADS
-    from pipedream.sim.predict import missing_step_rate, predict_run, training_samples
+    from pipedream.sim.predict import missing_step_rate
 
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"
-    cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
     try:
-        pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
-                           cores=cores, threads=WORKER_THREADS, hosts=args.nnodes)
+        pred = _predict_run(args, cfg, plan)
     except Exception as e:  # any failure of the model must leave the run itself alone
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
@@ -226,6 +237,38 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
     print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "
           f"{pred.cores or 'their own'} cores)", file=sys.stderr)
     return pred.to_dict(), None
+
+
+def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
+    """Per stage, the run's measured compute CPU over the work its prediction gave that compute
+    (``measured_compute_cpu_s_stage<s>`` / ``predicted_compute_work_s_stage<s>`` of ``run.json``): the factors
+    :func:`pipedream.sim.predict.predict_epoch` resimulates the run with. None unless every stage has both (a
+    GPU run, or a run without a prediction) and every factor is positive."""
+    factors, k = [], 0
+    while f"predicted_compute_s_stage{k}" in final:
+        cpu, work = final.get(f"measured_compute_cpu_s_stage{k}"), final.get(f"predicted_compute_work_s_stage{k}")
+        if not (isinstance(cpu, float | int) and isinstance(work, float | int) and cpu > 0 and work > 0):
+            return None
+        factors.append(cpu / work)
+        k += 1
+    return factors or None
+
+
+def _resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: dict[str, Any]) -> float | None:  # type: ignore[no-untyped-def]
+    """The run's epoch resimulated with each stage's compute as measured (:func:`resimulation_factors`) and
+    everything else as predicted: the part of the miss that the compute does not explain. None (a warning line
+    when it failed) without factors, a plan or a profile; never raised (the run has finished)."""
+    from pipedream.plan import Plan
+
+    factors = resimulation_factors(final)
+    if factors is None or plan_file is None or args.profile is None:
+        return None
+    try:
+        return _predict_run(args, cfg, Plan.load(plan_file), factors).epoch_s
+    except Exception as e:  # a diagnosis: it must not fail the run
+        print(f"warning: no resimulation with the measured compute: {(str(e).splitlines() or [''])[0]}",
+              file=sys.stderr)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -394,6 +437,10 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if compute_cpu and k < len(scale) and scale[k] > 0:  # the compute's CPU against its work at full speed
             final[f"measured_compute_cpu_s_stage{k}"] = sum(compute_cpu) / len(compute_cpu)
             final[f"predicted_compute_work_s_stage{k}"] = busy / scale[k]
+    resimulated = _resimulated(args, cfg, plan_file, final) if predicted is not None else None
+    if resimulated is not None:  # how much of the miss the compute explains (not a prediction: it reads the run)
+        final.update(resimulated_epoch_time_s=resimulated,
+                     resimulated_ratio=final["steady_epoch_time_s"] / resimulated)
     for k, need in enumerate(prediction.get("memory_bytes") or []):  # the check of the memory model
         final[f"predicted_memory_bytes_stage{k}"] = need["total"]
         measured = max((e.get(f"peak_memory_bytes_stage{k}", 0.0) for e in epochs), default=0.0)
@@ -431,6 +478,10 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
                                               "epochs": len(epochs), **final, **final_tags,
                                               **({} if why_not is None else {"prediction_error": why_not})})
     rundir.commit(out_dir, final_dir)
+    checked = "" if predicted is None else (
+        f" (steady {final['steady_epoch_time_s']:.2f} s: {final['prediction_ratio']:.2f}x the prediction"
+        + (f", {final['resimulated_ratio']:.2f}x with the compute as measured" if "resimulated_ratio" in final else "")
+        + ")")
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
-          f"mean epoch {final['mean_epoch_time_s']:.1f} s, MLflow run {live.run_id}")
+          f"mean epoch {final['mean_epoch_time_s']:.1f} s{checked}, MLflow run {live.run_id}")
     return 0

@@ -72,6 +72,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -257,7 +258,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
-                  layouts: tuple[float, ...] = ()) -> Prediction:
+                  layouts: tuple[float, ...] = (), compute_factors: Sequence[float] | None = None) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -288,9 +289,19 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
             the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each stage at its
             slowest replica's draw (the per-stage figures are the mean copy's); (): none.
+        compute_factors: one factor per stage on its forwards and backwards, data loading included; None: the
+            prediction. After a run, its measured compute CPU over the prediction's work per stage
+            (``measured_compute_cpu_s_stage<s>`` / ``predicted_compute_work_s_stage<s>``) resimulates the run
+            with its compute as measured and everything else as predicted: how much of a miss the compute
+            explains. That is a diagnosis of the model, never a prediction (it reads the run).
     Raises:
-        PipeDreamError: the simulator's checks, non-positive cores or threads.
+        PipeDreamError: the simulator's checks, non-positive cores or threads, compute_factors not one positive
+            factor per stage.
     """
+    if compute_factors is not None and (len(compute_factors) != len(stage_nodes)
+                                        or not all(f > 0 for f in compute_factors)):
+        raise PipeDreamError(f"compute_factors must be one positive factor per stage ({len(stage_nodes)}), "
+                             f"got {list(compute_factors)}")
     copies = memory.copies_on_write(shape.schedule, [len(rs) for rs in stage_ranks], shape.microbatches,
                                     warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
@@ -311,7 +322,11 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def with_cpu(costs: list[StageCost]) -> list[StageCost]:  # the workers share the cores with the transport
         return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte)
 
-    compute = loaded(base)  # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
+    def measured(costs: list[StageCost]) -> list[StageCost]:  # a resimulation: each stage's compute as measured
+        return costs if compute_factors is None else layout.scaled(costs, compute_factors)
+
+    # what the runtime times as compute (its compute_s_stage<s>): the transport's CPU is not in it
+    compute = measured(loaded(base))
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
     if warmup is not None:
@@ -336,7 +351,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s
     if len(draws) > 1:  # each rank's copy is a draw: replicas wait for their slowest, a pipeline for its slowest stage
-        epoch_s = statistics.fmean(simulated(loaded(layout.scaled(base, f)), False).epoch_time_s
+        epoch_s = statistics.fmean(simulated(measured(loaded(layout.scaled(base, f))), False).epoch_time_s
                                    for f in layout.stage_factor_samples(draws, [len(rs) for rs in stage_ranks]))
     assert res.trace is not None  # keep_trace
     stage_of = {r: s for s, rs in enumerate(stage_ranks) for r in rs}
@@ -436,7 +451,8 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
-                num_samples: int, cores: int | None, threads: int, hosts: int = 1) -> Prediction:
+                num_samples: int, cores: int | None, threads: int, hosts: int = 1,
+                compute_factors: Sequence[float] | None = None) -> Prediction:
     """Predict the epoch time of a ``pipedream train`` run before it starts.
 
     Args:
@@ -449,6 +465,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         num_samples: training samples of the run (``len(task.train)``).
         cores: cores per host (None: the workers compute on GPUs, no sharing); threads: threads per worker;
             hosts: hosts the workers are spread over.
+        compute_factors: per stage, for a resimulation after the run (:func:`predict_epoch`); None: the prediction.
     Raises:
         PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
     """
@@ -469,7 +486,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
                          data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
-                         **profiled_host(meta, cores))
+                         compute_factors=compute_factors, **profiled_host(meta, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 
