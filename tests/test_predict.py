@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipedream.commands.train import _predict, resimulation_factors
+from pipedream.commands.train import _predict
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
@@ -27,6 +27,7 @@ from pipedream.sim.predict import (
     predict_epoch,
     predict_memory,
     profiled_composition,
+    resimulation_factors,
     step_rate,
 )
 from pipedream.step_rates import optimizer_step_rates

@@ -29,7 +29,8 @@ first (:func:`steady_epochs`) /
 predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made (no ``--plan`` or
 ``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
 After training, on a CPU host, the run is resimulated with each stage's compute at its measured CPU and
-everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``; :func:`resimulation_factors`):
+everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``;
+:func:`pipedream.sim.predict.resimulation_factors`):
 how much of a miss the compute explains, a diagnosis of the model that reads the run, not a prediction.
 """
 
@@ -239,29 +240,17 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
     return pred.to_dict(), None
 
 
-def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
-    """Per stage, the run's measured compute CPU over the work its prediction gave that compute
-    (``measured_compute_cpu_s_stage<s>`` / ``predicted_compute_work_s_stage<s>`` of ``run.json``): the factors
-    :func:`pipedream.sim.predict.predict_epoch` resimulates the run with. None unless every stage has both (a
-    GPU run, or a run without a prediction) and every factor is positive."""
-    factors, k = [], 0
-    while f"predicted_compute_s_stage{k}" in final:
-        cpu, work = final.get(f"measured_compute_cpu_s_stage{k}"), final.get(f"predicted_compute_work_s_stage{k}")
-        if not (isinstance(cpu, float | int) and isinstance(work, float | int) and cpu > 0 and work > 0):
-            return None
-        factors.append(cpu / work)
-        k += 1
-    return factors or None
-
-
 def _resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: dict[str, Any]) -> float | None:  # type: ignore[no-untyped-def]
-    """The run's epoch resimulated with each stage's compute as measured (:func:`resimulation_factors`) and
-    everything else as predicted: the part of the miss that the compute does not explain. None (a warning line
-    when it failed) without factors, a plan or a profile; never raised (the run has finished)."""
+    """The run's epoch resimulated with each stage's compute as measured
+    (:func:`pipedream.sim.predict.resimulation_factors`) and everything else as predicted: the part of the miss
+    that the compute does not explain. None (a warning line when it failed) on GPUs (the main thread's CPU is not
+    their compute), without factors, a plan or a profile; never raised (the run has finished)."""
     from pipedream.plan import Plan
+    from pipedream.runtime.distributed import uses_cuda
+    from pipedream.sim.predict import resimulation_factors
 
     factors = resimulation_factors(final)
-    if factors is None or plan_file is None or args.profile is None:
+    if factors is None or plan_file is None or args.profile is None or uses_cuda():
         return None
     try:
         return _predict_run(args, cfg, Plan.load(plan_file), factors).epoch_s

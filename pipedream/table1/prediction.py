@@ -8,7 +8,7 @@ runs lie within :data:`BAND` of their prediction. Beside them: the first epoch's
 check uses the epochs after it), how long before the run its profile ended (``profile_age_s``: on a CPU host
 whose speed drifts, an old profile predicts at the host's speed back then), and the run resimulated after it
 ended with each stage's compute at its measured CPU and everything else as predicted (``resimulated_epoch_s``,
-``resimulated_ratio`` = measured / resimulated; :func:`pipedream.commands.train.resimulation_factors`): the part
+``resimulated_ratio`` = measured / resimulated; :func:`pipedream.sim.predict.resimulation_factors`): the part
 of a miss that the compute does not explain. That is a diagnosis, not a prediction: it reads the run.
 """
 
