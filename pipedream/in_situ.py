@@ -6,7 +6,7 @@ each layer finds them evicted by the layers before it, and by how much depends o
 machine (512 KiB of L2 a core) the reduced VGG-16's convolutions took 0.99x their isolated times inside whole
 steps and its classifier 0.80x, ResNet-50's first quarter 1.53x and its third 1.03x, GNMT-16's second quarter 0.73x
 and its last 1.16x. A single factor for the whole model (``meta.json`` ``whole_step_s`` over the layers' sum,
-:func:`pipedream.sim.predict.profiled_composition`) cannot give each stage its share, and the stages of one
+:func:`pipedream.sim.profiled.profiled_composition`) cannot give each stage its share, and the stages of one
 ``make run`` measured exactly this pattern: their forwards' and backwards' CPU seconds over the prediction's
 (``compute_check.csv``) were VGG-16's 0.96 and 0.80, AlexNet's 1.44 and 1.64 (in situ 1.19 and 1.36), GNMT-8's
 0.94, 0.80 and 1.12 (in situ 0.80, 0.67 and 0.81).

@@ -420,7 +420,7 @@ def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
     core of the 2-core CI machine the reduced GNMT-8's layers sum to 86 ms where its whole step takes 108 ms
     (1.26x), while the reduced VGG-16, ResNet-50, AlexNet and S2VT take 0.85-0.95x their layers' sum (the
     per-layer timing's own overhead). Predictions scale the layers' times by the ratio
-    (:func:`pipedream.sim.predict.profiled_composition`).
+    (:func:`pipedream.sim.profiled.profiled_composition`).
     """
     return _timed(step, settings)
 

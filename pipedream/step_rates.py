@@ -1,6 +1,6 @@
 """How fast an optimizer steps on this host: seconds per parameter byte of SGD's, Adam's and Muon's step, timed
 as a worker steps (``meta.json`` ``optimizer_step_s_per_param_byte``; read back by
-:func:`pipedream.sim.predict.step_rate`)."""
+:func:`pipedream.sim.profiled.step_rate`)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ import pytest
 
 from pipedream.sim.costs import StageCost
 from pipedream.sim.layout import scaled, spread, stage_factor_samples
-from pipedream.sim.predict import EpochShape, predict_epoch, profiled_host
+from pipedream.sim.predict import EpochShape, predict_epoch
+from pipedream.sim.profiled import profiled_host
 from pipedream.topology import Cluster
 from tests.test_predict import chain
 

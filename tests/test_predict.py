@@ -23,13 +23,11 @@ from pipedream.sim.predict import (
     emulated_cluster,
     epoch_shape,
     host_scale,
-    missing_step_rate,
     predict_epoch,
     predict_memory,
-    profiled_composition,
     resimulation_factors,
-    step_rate,
 )
+from pipedream.sim.profiled import missing_step_rate, profiled_composition, step_rate
 from pipedream.step_rates import optimizer_step_rates
 from pipedream.topology import Cluster
 

@@ -6,7 +6,8 @@ import pytest
 
 from pipedream.runtime.message_cost import message_end_cpu_s
 from pipedream.sim.costs import StageCost
-from pipedream.sim.predict import EpochShape, predict_epoch, profiled_host
+from pipedream.sim.predict import EpochShape, predict_epoch
+from pipedream.sim.profiled import profiled_host
 from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster
 from tests.test_predict import chain

@@ -187,9 +187,10 @@ def main() -> int:
                     continue
                 r = row(model, name, cpuset, out / "runs" / model / name, rc, wall)
                 errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+                measured, predicted, ratio = (f"{x:.3g}" if isinstance(x, float | int) else "none" for x in r[4:7])
                 print(f"[group {gi}] {model} {name}: " + (f"{r[3]}, {errors[-1] if errors else 'see ' + str(log)}"
-                      if str(r[3]).startswith("failed") else f"{r[3]} measured {r[4]:.2f} s predicted {r[5]:.2f} s "
-                      f"ratio {r[6]:.3f}"), flush=True)
+                      if str(r[3]).startswith("failed") else f"{r[3]} measured {measured} s predicted {predicted} s "
+                      f"ratio {ratio}"), flush=True)
                 with lock, open(csv_path, "a", newline="") as f:
                     csv.writer(f).writerow(r)
             if args.tar:

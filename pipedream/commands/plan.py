@@ -125,7 +125,7 @@ def _run_2bw(args: argparse.Namespace) -> int:
             raise PipeDreamError(f"--flops {args.flops!r}: no FLOP model; use gpt, gpt_2.2b, gpt_3.8b or bert") from None
         model = args.model or args.flops
     else:
-        from pipedream.sim.predict import step_rate as measured_rate
+        from pipedream.sim.profiled import step_rate as measured_rate
 
         profile = shipped(args.profile)
         graph = LayerGraph.read(profile)

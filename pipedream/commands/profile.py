@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
               f"its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
         layouts = one.layouts + two.layouts
-        # the step of a typical fresh copy, over all the rounds of both probes (pipedream.sim.predict.profiled_composition)
+        # the step of a typical fresh copy, over all the rounds of both probes (pipedream.sim.profiled.profiled_composition)
         copy_step_s = (one.alone_s * len(one.layouts) + two.alone_s * len(two.layouts)) / len(layouts)
         host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts],
                     copy_step_s=copy_step_s,

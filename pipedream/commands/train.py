@@ -219,7 +219,7 @@ def _predict_run(args: argparse.Namespace, cfg, plan, compute_factors=None):  # 
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
     """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
     a failure to predict is reported in one line, never raised (the run goes on)."""
-    from pipedream.sim.predict import missing_step_rate
+    from pipedream.sim.profiled import missing_step_rate
 
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"

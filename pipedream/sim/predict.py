@@ -11,8 +11,8 @@ What is modelled, term by term:
 * compute: the profile's per-layer forward and backward seconds (on the CPU each layer's share of whole
   training steps, :mod:`pipedream.in_situ`), scaled linearly to the samples of an action
   (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a training step over the
-  layers' sum, :func:`profiled_composition`: the mean step of the fresh copies the host probe timed alone over
-  all its rounds, ``host.copy_step_s``, else the profiling process's ``whole_step_s``) and the host-sharing
+  layers' sum, :func:`pipedream.sim.profiled.profiled_composition`: the mean step of the fresh copies the host
+  probe timed alone over all its rounds, ``host.copy_step_s``, else the profiling process's ``whole_step_s``) and the host-sharing
   factor below; with ``--recompute`` every backward also runs its stage's forward again
   (:func:`pipedream.sim.costs.recomputed`);
 * links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
@@ -90,6 +90,7 @@ from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim import layout
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
+from pipedream.sim.profiled import profiled_composition, profiled_data_s, profiled_host, step_rate
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
@@ -129,8 +130,8 @@ class Prediction:
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`);
             oversubscribed: with two threads per core, over their fair share (None: not measured).
-        composition: the factor on the layers' times (:func:`profiled_composition`, times the mean memory layout
-            of :mod:`pipedream.sim.layout`).
+        composition: the factor on the layers' times (:func:`~pipedream.sim.profiled.profiled_composition`,
+            times the mean memory layout of :mod:`pipedream.sim.layout`).
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
@@ -281,7 +282,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         data_s: seconds to load one profiled minibatch (``meta.json`` ``data_s``); the first stage's forward
             (every DP worker's) pays it scaled to its samples.
         composition: factor on every layer's forward and backward time: a whole step over the layers' sum
-            (:func:`profiled_composition`); 1: the layers' times as profiled.
+            (:func:`~pipedream.sim.profiled.profiled_composition`); 1: the layers' times as profiled.
         message_s, message_s_per_byte: CPU one message end costs a rank on this host, s and s/byte
             (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards and backwards
             that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
@@ -395,74 +396,6 @@ def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
         factors.append(cpu / work)
         k += 1
     return factors or None
-
-
-def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
-    """The profile's measured optimizer-step seconds per parameter byte for ``optimizer`` (``meta``: its
-    ``meta.json``, ``optimizer_step_s_per_param_byte``, :func:`pipedream.step_rates.optimizer_step_rates`); None
-    if absent."""
-    rates = meta.get("optimizer_step_s_per_param_byte") or {}
-    value = rates.get(optimizer) if isinstance(rates, dict) else None
-    return float(value) if isinstance(value, int | float) and value > 0 else None
-
-
-def missing_step_rate(profile: str | Path, optimizer: str) -> bool:
-    """Whether the profile at ``profile`` timed some optimizers' steps but not ``optimizer``'s (``pipedream profile
-    --optimizers``): a prediction then leaves the step out. False for a profile that times none (the release's)."""
-    meta = read_meta(profile)
-    rates = meta.get("optimizer_step_s_per_param_byte")
-    return isinstance(rates, dict) and bool(rates) and step_rate(meta, optimizer) is None
-
-
-def profiled_data_s(meta: dict[str, Any]) -> float:
-    """The profile's seconds to load one profiled minibatch (``meta``: its ``meta.json``, ``data_s``,
-    :func:`pipedream.profiler.data_load_s`); 0.0 if absent (the release's profiles)."""
-    value = meta.get("data_s")
-    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
-
-
-def profiled_composition(meta: dict[str, Any], graph: LayerGraph) -> float:
-    """A whole training step's time over the sum of the profile's layer times (forward and backward, at the
-    profiled minibatch); 1.0 without a step (the release's profiles) or when the layers sum to nothing.
-
-    The step is ``meta.json`` ``host.copy_step_s`` where the profile has it: the mean step of every fresh copy the
-    host probe timed alone, over all its rounds (:mod:`pipedream.host_timing`; a minute or more of the profile,
-    where a shared machine's speed drifts by tens of percent within seconds: on the 2-core CI machine the reduced
-    VGG-16's ``whole_step_s``, one 2.5 s window, was 123 ms and its copies' mean 109 ms, and the runs of one ``make
-    run`` agreed with the copies). Else ``whole_step_s``, the profiling process's own step
-    (:func:`pipedream.profiler.whole_step_s`)."""
-    host = meta.get("host")
-    copy = host.get("copy_step_s") if isinstance(host, dict) else None
-    value = copy if isinstance(copy, int | float) and copy > 0 else meta.get("whole_step_s")
-    t = graph.totals()
-    layers = t["fwd_s"] + t["bwd_s"]
-    return float(value) / layers if isinstance(value, int | float) and value > 0 and layers > 0 else 1.0
-
-
-def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
-    """The profile's measurements of its host (``meta``: its ``meta.json``, ``host``) as :func:`predict_epoch`'s
-    keywords, if they were taken on a host of ``cores`` cores (taken as this host): ``contention`` and
-    ``oversubscribed`` (:func:`pipedream.host_timing.host_contention`; at least 1.0, a measurement below 1 is
-    noise: other copies cannot speed a step up), ``layouts`` (the same measurement's fresh copies, positive
-    ratios; over their mean where the profile has ``copy_step_s``, which :func:`profiled_composition` already
-    takes as the typical copy's step), ``message_s`` and ``message_s_per_byte``
-    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's
-    profiles) is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages."""
-    host = meta.get("host")
-    if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
-        host = {}
-
-    def number(key: str, floor: float) -> float | None:
-        value = host.get(key)
-        return max(floor, float(value)) if isinstance(value, int | float) else None
-
-    draws = host.get("layouts")
-    layouts = tuple(float(p) for p in draws if isinstance(p, int | float) and p > 0) if isinstance(draws, list) else ()
-    if layouts and isinstance(host.get("copy_step_s"), int | float):  # the typical copy is in the composition
-        layouts = layout.spread(layouts)[1]
-    return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
-            "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
-            "layouts": layouts}
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
