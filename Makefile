@@ -76,5 +76,4 @@ dry-run-paper: setup
 	$(BIN)/snakemake --dry-run --quiet --cores 16 --configfile experiments/table1.yaml
 
 clean-results:
-	rm -rf results/*/ results/*.md results/*.csv results/mlflow.db .snakemake
-	git checkout -- results/README.md
+	rm -rf results/*/ results/*.md results/*.csv results/*.html results/mlflow.db .snakemake
