@@ -16,8 +16,8 @@ times, in one process, what a worker's step does beyond the profile's:
 The modes are interleaved in blocks of ``--block`` steps, ``--blocks`` times, so that the host's drift (tens of
 percent over minutes on the 2-core CI VM, ``benchmarks/drift``) falls on every mode alike. It does not
 remove the spread between passes: over four passes of AlexNet, VGG-16 and ResNet-50 on that VM (one timed the
-modes one after another, three interleaved) ``new-minibatch+step`` over ``profile`` ranged 0.73-1.14x. Prints each mode's median main-thread CPU per step (:func:`time.thread_time`)
-and its ratio to ``profile``.
+modes one after another, three interleaved) ``new-minibatch+step`` over ``profile`` ranged 0.73-1.14x.
+Prints each mode's median main-thread CPU per step (:func:`time.thread_time`) and its ratio to ``profile``.
 
     .venv/bin/python benchmarks/step/main.py --models alexnet vgg16 resnet50 s2vt gnmt8
 """
