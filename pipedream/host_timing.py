@@ -78,26 +78,27 @@ def host_contention(step: Step, fresh: Callable[[], Step], processes: int, secon
 
 def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...], seconds: float = 2.0,
                  rounds: int = ROUNDS, min_steps: int = 4) -> tuple[Sharing, ...]:
-    """For each of ``counts`` in turn, time that many fresh copies of a training step running at once, then each
-    alone (module docstring); one :class:`Sharing` per count, in order.
+    """For each of ``counts``, time that many fresh copies of a training step running at once against each alone
+    (module docstring); one :class:`Sharing` per count, in order.
 
-    ``max(counts)`` fresh Python processes are started once (spawned, as the workers are) and serve every count:
-    the first ``n`` of them time count ``n`` while the rest wait blocked. Every process builds a step once and
-    waits until all have, so no copy is still importing or loading data while others are timed. Starting the
-    processes once, not for every count or round, saves their imports and data loading, most of a profile's time
-    (the reduced GNMT-8 on the 2-core CI machine, one process alone: torch 1.9 s, fairseq and pipedream 2.9 s,
-    its data 3.9 s). In every round each copy calls ``fresh()`` for a step on a model and minibatch it builds
-    itself, as a worker does (the profile's ``fresh`` loads the data sets once per process,
-    :func:`pipedream.commands.profile.worker_step`): a memory layout of its own, built while its last round's copy
-    still holds its memory, so the new one cannot take its place. (Copies made with ``copy.deepcopy`` in forked
-    children ran the reduced GNMT-8 at 0.86-1.06x the profiling process's step, where a 1-rank run's forwards and
-    backwards took 1.15-1.25x it.) Each round times ``step`` in this process alone while the copies wait blocked,
-    then each copy warms up twice, steps with the others (they start together at a barrier; each keeps stepping
-    until all have timed theirs), then alone, one at a time while the others wait blocked. Each timing is a mean
-    over ``seconds / rounds / (n + 2)`` and at least ``min_steps`` steps (time slices of a shared core even out
-    over several steps: with a median of two or three steps of AWD-LM's 0.2 s step its two-per-core figure moved
-    from 1.14 to 1.44 between profiles). The caller should run single-threaded (``torch.set_num_threads(1)``), as
-    the workers do.
+    ``max(counts)`` fresh Python processes are started once (spawned, as the workers are) and serve every count
+    and round: their imports and data loading, most of a profile's time, are paid once (the reduced GNMT-8 on the
+    2-core CI machine, one process alone: torch 1.9 s, fairseq and pipedream 2.9 s, its data 3.9 s). Every round,
+    each copy calls ``fresh()`` for a step on a model and minibatch it builds itself, as a worker does (the
+    profile's ``fresh`` loads the data sets once per process, :func:`pipedream.commands.profile.worker_step`): a
+    memory layout of its own, built while its last round's copy still holds its memory, so the new one cannot
+    take its place. (Copies made with ``copy.deepcopy`` in forked children ran the reduced GNMT-8 at 0.86-1.06x
+    the profiling process's step, where a 1-rank run's forwards and backwards took 1.15-1.25x it.) A round: every
+    copy builds its step and warms up twice; ``step`` is timed in this process alone while the copies wait
+    blocked; then for each count ``n`` in ascending order the first ``n`` copies step together (they start at a
+    barrier; each keeps stepping until all ``n`` have timed theirs) while the rest wait blocked; then each copy
+    steps alone, one at a time. Every count's ratio takes the same round's alone time of the same copy, so one
+    model per copy and round serves all counts (measured count by count, with a model and an alone time per
+    count, the reduced GNMT-8's probe took 65 s of its 80 s profile). A timing is a mean over
+    ``seconds / rounds / (n + 2)`` for ``n`` copies together and ``seconds / rounds / (min(counts) + 2)`` alone,
+    and at least ``min_steps`` steps (time slices of a shared core even out over several steps: with a median of
+    two or three steps of AWD-LM's 0.2 s step its two-per-core figure moved from 1.14 to 1.44 between profiles).
+    The caller should run single-threaded (``torch.set_num_threads(1)``), as the workers do.
 
     Args:
         step: one forward, loss and backward of the profiled minibatch on the profiled model.
@@ -105,63 +106,67 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
             module-level function or a ``functools.partial`` of one).
         counts: copies at once, one measurement each (the host's cores, and twice as many); below 2 nothing
             is measured (slowdown 1.0, no layouts).
-        seconds: about how long each count's measurement takes, s.
-        rounds: repetitions per count; each slowdown is the median of its rounds'.
+        seconds: about how long each count's timings take in all, s.
+        rounds: repetitions; each slowdown is the median of its rounds'.
         min_steps: fewest steps of each timing.
     Raises:
         PipeDreamError: a child failed or did not report within its time.
     """
-    measured = tuple(n for n in dict.fromkeys(counts) if n >= 2)
+    measured = tuple(sorted(n for n in set(counts) if n >= 2))
     if not measured:
         return tuple(Sharing(1.0, (), 0.0) for _ in counts)
     step()  # warm up this process
-    mine: dict[int, list[float]] = {n: [] for n in measured}  # this process's step, timed before each round
+    mine: list[float] = []  # this process's step, timed in each round while the copies wait
 
-    def before_round(n: int) -> None:  # while the copies wait
-        mine[n].append(_mean_step_s(step, _window_s(seconds, rounds, n), min_steps))
+    def before_round() -> None:
+        mine.append(_mean_step_s(step, _window_s(seconds, rounds, measured[0]), min_steps))
 
-    per_count = _together_then_alone(fresh, measured, rounds, seconds, min_steps, before_round)
+    timed = _together_then_alone(fresh, measured, rounds, seconds, min_steps, before_round)
     out: dict[int, Sharing] = {}
     for n in measured:
         share = max(1.0, n / host_cores())
         slowdowns, layouts, alone_s = [], [], []
-        for own, pairs in zip(mine[n], per_count[n], strict=True):
-            slowdowns.append(statistics.harmonic_mean([together / alone for together, alone in pairs]) / share)
-            layouts += [alone / own for _, alone in pairs]
-            alone_s += [alone for _, alone in pairs]
+        for own, (together, alone) in zip(mine, timed, strict=True):
+            slowdowns.append(statistics.harmonic_mean([t / a for t, a in zip(together[n], alone[:n], strict=True)]) / share)
+            layouts += [a / own for a in alone[:n]]
+            alone_s += alone[:n]
         out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns))
     return tuple(out.get(n, Sharing(1.0, (), 0.0)) for n in counts)
 
 
+Timed = tuple[dict[int, list[float]], list[float]]  # a round: per count n, the first n copies' step together; each one's alone
+
+
 def _together_then_alone(fresh: Callable[[], Step], counts: tuple[int, ...], rounds: int, seconds: float,
-                         min_steps: int, before_round: Callable[[int], None]) -> dict[int, list[list[tuple[float, float]]]]:
-    """Per count ``n`` of ``counts``, per round, per copy of the first ``n`` spawned children ``(mean step s
-    together, mean step s alone)`` on its own model; ``max(counts)`` children are started once and build a new
-    model every round; ``before_round(n)`` runs while they wait blocked."""
+                         min_steps: int, before_round: Callable[[], None]) -> list[Timed]:
+    """Per round, every copy's mean step (s) together with the first ``n`` of ``counts`` (ascending) and alone, on
+    a model it built for the round; ``max(counts)`` children are started once; ``before_round()`` runs while they
+    wait blocked, after they built the round's model."""
     ctx = mp.get_context("spawn")
+    copies = max(counts)
     results = ctx.Queue()
-    timeout = 600 + 2 * seconds  # a child waits out the counts it is not in: each takes about ``seconds``
-    # per count: every copy and this process begin it together (a copy not in it must not build its next
-    # round's model meanwhile); the first n copies are ready, start together, and go apart
-    phases = [(ctx.Barrier(max(counts) + 1), ctx.Barrier(n + 1), ctx.Barrier(n + 1), ctx.Barrier(n), ctx.Value("i", 0))
-              for n in counts]
+    timeout = 600 + 2 * seconds * len(counts)
+    # every phase of a round begins with every copy and this process at a barrier: a copy sitting a count out
+    # waits there blocked, so nothing but the timed copies computes
+    phase = ctx.Barrier(copies + 1)
+    timed = [ctx.Value("i", 0) for _ in counts]
     turn = ctx.Lock()
-    children = [ctx.Process(target=_child, args=(i, fresh, counts, rounds, seconds, min_steps, phases, turn,
-                                                  results, timeout), daemon=True) for i in range(max(counts))]
+    children = [ctx.Process(target=_child, args=(i, fresh, counts, rounds, seconds, min_steps, phase, timed, turn,
+                                                   results, timeout), daemon=True) for i in range(copies)]
     for c in children:
         c.start()
     try:
-        out: dict[int, list[list[tuple[float, float]]]] = {}
-        for n, (begin, ready, together, _, _) in zip(counts, phases, strict=True):
-            begin.wait(timeout=timeout)  # every copy built a step (the first count: started, imported, loaded)
-            out[n] = []
-            for _ in range(rounds):
-                ready.wait(timeout=timeout)  # the first n copies built this round's model and warmed up
-                before_round(n)
-                together.wait(timeout=timeout)
-                got = sorted(results.get(timeout=timeout) for _ in range(n))
-                assert [(m, i) for m, i, _, _ in got] == [(n, i) for i in range(n)], got
-                out[n].append([(shared, alone) for _, _, shared, alone in got])
+        out: list[Timed] = []
+        for _ in range(rounds):
+            phase.wait(timeout=timeout)  # every copy built this round's model and warmed up
+            before_round()
+            for _ in counts:
+                phase.wait(timeout=timeout)  # the count's copies go
+            phase.wait(timeout=timeout)  # the last count's copies are done; the alone timings go
+            got = sorted(results.get(timeout=timeout) for _ in range(copies))
+            assert [i for i, _, _ in got] == list(range(copies)), got
+            out.append(({n: [together[n] for _, together, _ in got[:n]] for n in counts}, [a for _, _, a in got]))
+            phase.wait(timeout=timeout)  # every copy timed alone; they go on together
         return out
     except Exception as e:
         raise PipeDreamError(f"timing {' and '.join(map(str, counts))} copies of a step failed ({type(e).__name__}): "
@@ -174,37 +179,37 @@ def _together_then_alone(fresh: Callable[[], Step], counts: tuple[int, ...], rou
 
 
 def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], rounds: int, seconds: float,
-           min_steps: int, phases: list[tuple[Any, Any, Any, Any, Any]], turn: Any, results: Any,
+           min_steps: int, phase: Any, timed: list[Any], turn: Any, results: Any,
            timeout: float) -> None:
-    """Copy ``index``: build a step; then for each count, begin it with every other copy (a copy not among its
-    first ``n`` waits for the next) and, if among its first ``n``, every round: build a new step, warm up, time
-    its steps with the others, keep stepping until every copy has its time (one finishing early would leave the
-    rest a less busy host), then time its steps alone, one copy at a time, and go on to the next round when all
-    have. It dies with the profiling process (a profile killed mid-round leaves no copy waiting at a barrier)."""
+    """Copy ``index``, every round: build a new step and warm up; for each count ``n`` it is among the first of,
+    time its steps with the others and keep stepping until every one of them has its time (one finishing early
+    would leave the rest a less busy host); then time its steps alone, one copy at a time, and go on to the next
+    round when all have. It dies with the profiling process (a profile killed mid-round leaves no copy waiting at
+    a barrier)."""
     pdeathsig_kill()
-    step = fresh()
-    for n, (begin, ready, together, apart, timed) in zip(counts, phases, strict=True):
-        begin.wait(timeout=timeout)
-        if index >= n:
-            continue
-        window = _window_s(seconds, rounds, n)
-        for r in range(rounds):
-            step = fresh()  # the last round's step is released only once this one holds its own memory
-            step()
-            step()
-            ready.wait(timeout=timeout)
-            together.wait(timeout=timeout)
-            shared = _mean_step_s(step, window, min_steps)
-            with timed.get_lock():
-                timed.value += 1
-            while timed.value < (r + 1) * n:
+    step: Step | None = None
+    for r in range(rounds):
+        step = fresh()  # the last round's step is released only once this one holds its own memory
+        step()
+        step()
+        phase.wait(timeout=timeout)  # built; this process times its own step
+        together: dict[int, float] = {}
+        for n, count in zip(counts, timed, strict=True):
+            phase.wait(timeout=timeout)  # the first n copies go together
+            if index >= n:
+                continue
+            together[n] = _mean_step_s(step, _window_s(seconds, rounds, n), min_steps)
+            with count.get_lock():
+                count.value += 1
+            while count.value < (r + 1) * n:
                 step()
-            apart.wait(timeout=timeout)
-            with turn:
-                alone = _mean_step_s(step, window, min_steps)
-            results.put((n, index, shared, alone))
-            # go on together: one tearing down slowed the next ones alone (GNMT-8: 99, 116, 138, 194 ms)
-            apart.wait(timeout=timeout)
+        phase.wait(timeout=timeout)
+        with turn:
+            alone = _mean_step_s(step, _window_s(seconds, rounds, counts[0]), min_steps)
+        results.put((index, together, alone))
+        # go on together: one building its next model (or tearing down) slowed the next ones alone (GNMT-8: 99,
+        # 116, 138, 194 ms)
+        phase.wait(timeout=timeout)
 
 
 def _window_s(seconds: float, rounds: int, copies: int) -> float:

@@ -27,15 +27,14 @@ def _sleeper() -> Callable[[], None]:  # what each fresh process steps (module l
 
 
 def _rounds(pairs: Callable[[int], list[tuple[float, float]]]):  # type: ignore[no-untyped-def]
-    """A stand-in for the children's rounds: for each count n, each round runs ``before_round(n)`` then gives
-    ``pairs(n)``."""
+    """A stand-in for the children's rounds: each round runs ``before_round()`` then gives, for each count n, the
+    first n copies' times together from ``pairs(n)``, and every copy's time alone from the largest count's."""
     def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
-        out = {}
-        for n in counts:
-            out[n] = []
-            for _ in range(rounds):
-                before_round(n)
-                out[n].append(pairs(n))
+        out = []
+        for _ in range(rounds):
+            before_round()
+            got = {n: pairs(n) for n in counts}
+            out.append(({n: [t for t, _ in p] for n, p in got.items()}, [a for _, a in got[max(counts)]]))
         return out
     return fake
 
@@ -68,21 +67,55 @@ def _logged_sleeper(log: str) -> Callable[[], None]:  # each call appends this p
 
 
 def test_the_copies_start_once_and_build_a_new_step_every_round(tmp_path: Path) -> None:
-    """3 rounds of 2 copies, then 3 rounds of 3: 3 processes in all (their imports and data loading paid once),
-    each building a step once at the start and again in every round it takes part in (a new memory layout every
-    round): the first two 1 + 3 + 3 times, the third 1 + 3. This process's own timing runs once before each
-    round, after that round's copies built their step, and never before all three have built their first."""
+    """3 rounds with counts (2, 3): 3 processes in all (their imports and data loading paid once), each building a
+    step in every round (a new memory layout every round), 3 times; this process's own timing runs once a round,
+    after every copy built that round's step. Each round gives the first 2 copies' times together with 2, all 3
+    copies' together with 3, and each copy's alone."""
     log = tmp_path / "fresh.log"
-    calls: list[tuple[int, int]] = []
+    calls: list[int] = []
     rounds = host_timing._together_then_alone(
         functools.partial(_logged_sleeper, str(log)), (2, 3), 3, 0.06, 2,
-        before_round=lambda n: calls.append((n, len(log.read_text().split()))))
+        before_round=lambda: calls.append(len(log.read_text().split())))
     pids = log.read_text().split()
-    counts = sorted(pids.count(p) for p in set(pids))
-    assert len(set(pids)) == 3 and counts == [4, 7, 7]
-    assert calls == [(2, 5), (2, 7), (2, 9), (3, 12), (3, 15), (3, 18)]
-    assert [len(r) for r in rounds[2]] == [2, 2, 2] and [len(r) for r in rounds[3]] == [3, 3, 3]
-    assert all(0.004 < t < 0.05 and 0.004 < a < 0.05 for n in (2, 3) for r in rounds[n] for t, a in r)
+    assert len(set(pids)) == 3 and sorted(pids.count(p) for p in set(pids)) == [3, 3, 3]
+    assert calls == [3, 6, 9]
+    assert len(rounds) == 3
+    for together, alone in rounds:
+        assert sorted(together) == [2, 3] and len(together[2]) == 2 and len(together[3]) == 3 and len(alone) == 3
+        assert all(0.004 < t < 0.05 for t in [*together[2], *together[3], *alone])
+
+
+def _interval_step(log: str) -> None:  # sleeps 5 ms and appends "pid start end" to ``log``
+    t0 = time.monotonic()
+    time.sleep(0.005)
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()} {t0} {time.monotonic()}\n")
+
+
+def _interval_stepper(log: str) -> Callable[[], None]:
+    return functools.partial(_interval_step, log)
+
+
+def test_the_copies_step_together_only_in_their_count_and_alone_one_at_a_time(tmp_path: Path) -> None:
+    """Every step of every process logged as a time interval, counts (2, 3), 2 rounds: this process's own steps
+    overlap no copy's; at most 3 copies step at once, and 3 do; every copy has steps that overlap no other's (its
+    time alone)."""
+    log = tmp_path / "steps.log"
+    host_timing.host_sharing(functools.partial(_interval_step, str(log)),
+                             functools.partial(_interval_stepper, str(log)), (2, 3), seconds=0.2, rounds=2)
+    steps = [(int(p), float(a), float(b)) for p, a, b in (line.split() for line in log.read_text().splitlines())]
+    me = os.getpid()
+    copies = {p for p, _, _ in steps} - {me}
+    assert len(copies) == 3
+
+    def others(i: int) -> set[int]:  # the processes stepping while step i runs
+        p, a, b = steps[i]
+        return {q for q, c, d in steps if q != p and c < b and d > a}
+
+    beside = [others(i) for i in range(len(steps))]
+    assert not any(beside[i] for i, (p, _, _) in enumerate(steps) if p == me)
+    assert max(len(o) for o in beside) == 2
+    assert {p for i, (p, _, _) in enumerate(steps) if not beside[i]} >= copies
 
 
 def test_each_count_is_measured_in_turn_by_the_same_copies(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -164,3 +164,19 @@ def test_loo_columns_of_a_simulated_cluster(tmp_path: Path) -> None:
     page = html_report(table, [], tmp_path, calibration=read_calibration(tmp_path))
     assert "id='calibration-table'" in page and "calibrated, LOO" in page
     assert f"{r['loo_predicted_speedup']:.2f}×" in page and f"{r['loo_fraction']:.0%} of line rate" in page
+
+
+def test_rows_predicted_in_parallel_give_the_same_table(tmp_path: Path) -> None:
+    """Three rows of cluster A and one without a V100-scale profile, predicted by 2 processes and by this one: the
+    same table, row for row and column for column (the rows are independent; their order is the paper's)."""
+    for model in ("m1", "m2", "m3"):
+        _profile(tmp_path / "profiles", model, 200e6, {V100_SCALE_KEY: True})
+    _profile(tmp_path / "profiles", "awd_lm", 1e6, {})
+    lines = [f"image_classification,{m},imagenet,,4,4,A,15-1,{s},{s}" for m, s in (("m1", 8.0), ("m2", 10.0), ("m3", 12.0))]
+    lines.insert(1, "language_model,awd_lm,penn_treebank,98 perplexity,1,4,A,straight,4.25,4.25")
+    paper = _paper(tmp_path / "paper.csv", lines)
+    serial, serial_summary = build_tables(paper, CLUSTERS, tmp_path / "profiles", None, jobs=1)
+    parallel, parallel_summary = build_tables(paper, CLUSTERS, tmp_path / "profiles", None, jobs=2)
+    assert list(serial["row"]) == ["m1 A 4x4", "awd_lm A 1x4", "m2 A 4x4", "m3 A 4x4"]
+    pd.testing.assert_frame_equal(serial, parallel)
+    pd.testing.assert_frame_equal(serial_summary, parallel_summary)

@@ -172,17 +172,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
         print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
               f"its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
-        layouts = one.layouts + two.layouts
-        # the step of a typical fresh copy, over all the rounds of both probes (pipedream.sim.profiled.profiled_composition)
-        copy_step_s = (one.alone_s * len(one.layouts) + two.alone_s * len(two.layouts)) / len(layouts)
+        # every copy of every round (the 2 x cores copies serve both counts): where a fresh copy's memory lands, and
+        # the step of a typical one (pipedream.sim.profiled.profiled_composition)
+        layouts, copy_step_s = two.layouts, two.alone_s
         host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts],
                     copy_step_s=copy_step_s,
                     contention_rounds=[round(x, 4) for x in one.rounds],
                     oversubscribed_rounds=[round(x, 4) for x in two.rounds])
         print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
-              f"the copies alone {one.alone_s * 1e3:.1f} and {two.alone_s * 1e3:.1f} ms, {copy_step_s * 1e3:.1f} ms "
-              "in all (the step the predictions take)")
+              f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         lap("messages")

@@ -36,6 +36,8 @@ def _add_predicted_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--plans-dir", default=None, help="reuse <dir>/<model>/<cluster>.json plans when present")
     g.add_argument("--models", nargs="+", default=None, help="only these models")
     g.add_argument("--no-plots", action="store_true", help="skip the plots")
+    g.add_argument("--jobs", type=int, default=1,
+                   help="processes that predict the table's rows in parallel (default 1; the table is the same)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
         from pipedream.table1.predicted import write
 
         df = write(Path(args.out_dir), shipped(args.clusters), shipped(args.paper_table), Path(args.profiles_dir),
-                   Path(args.plans_dir) if args.plans_dir else None, args.models, args.cluster, not args.no_plots)
+                   Path(args.plans_dir) if args.plans_dir else None, args.models, args.cluster, not args.no_plots,
+                   max(1, args.jobs))
         print(df.to_string(index=False))
         return 0
     from pipedream.table1.measured import write_speedup

@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import multiprocessing as mp
+from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -301,8 +303,13 @@ def _config_plan(g: LayerGraph, cluster: Cluster, config: str, plan: Plan) -> Pl
     return ref
 
 
-def _row_label(model: str, p: pd.Series) -> str:
+def _row_label(model: str, p: Mapping[str, Any]) -> str:
     return f"{model} {p['cluster']} {p['servers']}x{p['gpus_per_server']}"
+
+
+def _cluster_of(p: Mapping[str, Any], clusters_path: Path) -> Cluster:
+    """The cluster of a row of the paper's table (``A_4x4``-style names in the clusters file)."""
+    return get_cluster(f"{p['cluster']}_{p['servers']}x{p['gpus_per_server']}", clusters_path)
 
 
 def _unpredicted(profiles_dir: Path, model: str, prof: Profile | None) -> dict[str, Any]:
@@ -318,39 +325,57 @@ def _unpredicted(profiles_dir: Path, model: str, prof: Profile | None) -> dict[s
             "predicted_speedup": math.nan, "rel_error": math.nan}
 
 
+def _predicted_row(p: dict[str, Any], clusters_path: Path, profiles_dir: Path,
+                   plans_dir: Path | None) -> dict[str, Any]:
+    """One row of the paper's Table 1 (``p``, its columns) predicted (:func:`predict`) where a V100-scale profile
+    exists: plan, re-ranking and simulation of the row's model on the row's cluster, independent of every other
+    row (rows run in parallel in :func:`build_tables`)."""
+    model = str(p["model"])
+    cluster = _cluster_of(p, clusters_path)
+    row: dict[str, Any] = {"row": _row_label(model, p), "model": model,
+                           "hardware": f"{p['cluster']} {p['servers']}x{p['gpus_per_server']}",
+                           "cluster": cluster.name, "paper_config": str(p["pipedream_config"]),
+                           "paper_speedup": float(p["speedup_epoch_time"])}
+    prof = find_profile(model, profiles_dir)
+    if prof is None or not prof.v100_scale:
+        row.update(_unpredicted(profiles_dir, model, prof))
+        return row
+    dataset = DATASET_SAMPLES.get(str(p["dataset"]), IMAGENET_TRAIN_SAMPLES)
+    row.update(prediction_status="predicted", profile=prof.path, profile_hardware=prof.hardware,
+               profiled_batch=prof.profiled_batch, batch_per_gpu=prof.batch, dataset_samples=dataset)
+    row.update(predict(model, prof, cluster, dataset, paper_config=row["paper_config"],
+                       paper_speedup=row["paper_speedup"], plans_dir=plans_dir))
+    bw = None if calibration.is_dp_config(row["predicted_config"]) else dp_bandwidth_for(
+        prof.graph, cluster, row["paper_speedup"] * row["pipedream_epoch_time_s"], dataset)
+    row["dp_fraction_matching_paper"] = math.nan if bw is None else bw / cluster.levels[-1][1]
+    return row
+
+
 def build_tables(paper_table: Path, clusters_path: Path, profiles_dir: Path, plans_dir: Path | None,
-                 models: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+                 models: list[str] | None = None, jobs: int = 1) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Every row of the paper's Table 1 (``models`` only, if given), predicted where a V100-scale profile exists,
     with the leave-one-out calibration of DP's link speed (:mod:`pipedream.table1.calibration`); and that
-    calibration's per-cluster summary (:func:`pipedream.table1.calibration.group_summary`)."""
+    calibration's per-cluster summary (:func:`pipedream.table1.calibration.group_summary`). ``jobs`` processes
+    predict the rows (forked from this one; 1: here, one after another); the table is the same either way."""
     paper = read_paper_table(paper_table)
-    rows, speedup_at = [], {}
-    for _, p in paper.iterrows():
-        model = str(p["model"])
-        if models and model not in models:
-            continue
-        cluster = get_cluster(f"{p['cluster']}_{p['servers']}x{p['gpus_per_server']}", clusters_path)
-        hardware = f"{p['cluster']} {p['servers']}x{p['gpus_per_server']}"
-        row: dict[str, Any] = {"row": _row_label(model, p), "model": model, "hardware": hardware,
-                               "cluster": cluster.name, "paper_config": str(p["pipedream_config"]),
-                               "paper_speedup": float(p["speedup_epoch_time"])}
-        prof = find_profile(model, profiles_dir)
-        if prof is None or not prof.v100_scale:
-            row.update(_unpredicted(profiles_dir, model, prof))
-        else:
-            dataset = DATASET_SAMPLES.get(str(p["dataset"]), IMAGENET_TRAIN_SAMPLES)
-            row.update(prediction_status="predicted", profile=prof.path, profile_hardware=prof.hardware,
-                       profiled_batch=prof.profiled_batch, batch_per_gpu=prof.batch, dataset_samples=dataset)
-            row.update(predict(model, prof, cluster, dataset, paper_config=row["paper_config"],
-                               paper_speedup=row["paper_speedup"], plans_dir=plans_dir))
-            speedup_at[len(rows)] = calibration.cached(functools.partial(
-                _speedup_at, prof.graph, cluster, dataset, row["pipedream_epoch_time_s"]))
-            bw = None if calibration.is_dp_config(row["predicted_config"]) else dp_bandwidth_for(
-                prof.graph, cluster, row["paper_speedup"] * row["pipedream_epoch_time_s"], dataset)
-            row["dp_fraction_matching_paper"] = math.nan if bw is None else bw / cluster.levels[-1][1]
-        rows.append(row)
-    if not rows:
+    todo = [p.to_dict() for _, p in paper.iterrows() if not models or str(p["model"]) in models]
+    if not todo:
         raise PipeDreamError(f"no rows of {paper_table} match models {models}")
+    row_of = functools.partial(_predicted_row, clusters_path=clusters_path, profiles_dir=profiles_dir,
+                               plans_dir=plans_dir)
+    if jobs > 1 and len(todo) > 1:
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=mp.get_context("fork")) as pool:
+            rows = list(pool.map(row_of, todo))
+    else:
+        rows = [row_of(p) for p in todo]
+    speedup_at = {}
+    for i, row in enumerate(rows):
+        if row.get("prediction_status") == "predicted":
+            prof = find_profile(row["model"], profiles_dir)
+            assert prof is not None
+            speedup_at[i] = calibration.cached(functools.partial(
+                _speedup_at, prof.graph, _cluster_of(todo[i], clusters_path), row["dataset_samples"],
+                row["pipedream_epoch_time_s"]))
     df = pd.DataFrame(rows)
     cal_rows = calibration.rows_of(df, speedup_at)
     loo = calibration.loo_columns(cal_rows)
@@ -370,9 +395,11 @@ def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plan
 
 
 def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
-          models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True) -> pd.DataFrame:
+          models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True,
+          jobs: int = 1) -> pd.DataFrame:
     """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
-    plots under ``out_dir``; returns the table.
+    plots under ``out_dir``; returns the table. ``jobs``: processes predicting the table's rows
+    (:func:`build_tables`).
 
     Raises:
         PipeDreamError: an unknown cluster or model, a missing profile or paper table.
@@ -389,7 +416,7 @@ def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: P
         if plots:
             P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
         return df
-    df, summary = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)
+    df, summary = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models, jobs)
     write_predicted(df, out_dir, clusters_path, calibration=summary)
     if plots:
         have = df[df["predicted_config"] != NO_PROFILE]

@@ -36,10 +36,12 @@ rule predicted:
         models=PREDICTED_MODELS_ARG,
     conda:
         "../../environment.yml"
-    threads: 1
+    # its rows in parallel (every model's plan, re-ranking and simulations on every cluster: 88 s on one core)
+    threads: workflow.cores
     shell:
         "{params.pd} report --predicted --out-dir {params.out_dir} --paper-table {input.paper} "
-        "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles {params.models} > {log} 2>&1"
+        "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles {params.models} --jobs {threads} "
+        "> {log} 2>&1"
 
 
 rule report:
