@@ -40,7 +40,7 @@ rule predicted:
     threads: workflow.cores
     shell:
         "{params.pd} report --predicted --out-dir {params.out_dir} --paper-table {input.paper} "
-        "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles {params.models} --jobs {threads} "
+        "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles --jobs {threads} {params.models} "
         "> {log} 2>&1"
 
 
