@@ -213,8 +213,9 @@ def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], round
 
 
 def _window_s(seconds: float, rounds: int, copies: int) -> float:
-    """Seconds of each timing of a count of ``copies``: ``seconds`` over its rounds and each round's ``copies + 2``
-    timings (this process's, the copies' together, and each copy's alone, one after another)."""
+    """Seconds of a timing of ``copies`` together (and, for the smallest count, of a step alone): ``seconds`` over
+    the rounds and ``copies + 2`` timings, as if each count had a round of its own (this process's, the copies'
+    together, and each copy's alone): what each count's timings took when it had."""
     return seconds / rounds / (copies + 2)
 
 

@@ -35,7 +35,8 @@ def test_every_benchmark_explains_itself(name: str) -> None:
 
 
 def test_the_benchmarks_are_found() -> None:
-    assert {"allreduce", "cores", "ddp", "drift", "host", "memory", "planner", "runtime", "simulator", "step"} <= set(BENCHMARKS)
+    assert {"allreduce", "cores", "ddp", "drift", "host", "launch", "memory", "planner", "runtime", "simulator",
+            "step"} <= set(BENCHMARKS)
 
 
 def test_cores_takes_one_cpu_per_physical_core_among_the_allowed() -> None:
