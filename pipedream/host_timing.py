@@ -187,7 +187,6 @@ def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], round
     round when all have. It dies with the profiling process (a profile killed mid-round leaves no copy waiting at
     a barrier)."""
     pdeathsig_kill()
-    step: Step | None = None
     for r in range(rounds):
         step = fresh()  # the last round's step is released only once this one holds its own memory
         step()
@@ -213,9 +212,9 @@ def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], round
 
 
 def _window_s(seconds: float, rounds: int, copies: int) -> float:
-    """Seconds of a timing of ``copies`` together (and, for the smallest count, of a step alone): ``seconds`` over
-    the rounds and ``copies + 2`` timings, as if each count had a round of its own (this process's, the copies'
-    together, and each copy's alone): what each count's timings took when it had."""
+    """Seconds of one timing of ``copies`` stepping together (for the smallest count, also of this process's step
+    and of each copy alone): ``seconds`` over the rounds and ``copies + 2`` timings, the windows each count had
+    when it ran rounds of its own."""
     return seconds / rounds / (copies + 2)
 
 

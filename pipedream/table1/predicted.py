@@ -368,13 +368,15 @@ def build_tables(paper_table: Path, clusters_path: Path, profiles_dir: Path, pla
             rows = list(pool.map(row_of, todo))
     else:
         rows = [row_of(p) for p in todo]
-    speedup_at = {}
+    speedup_at, graphs = {}, {}  # each predicted model's profile read once here (the rows read it in their process)
     for i, row in enumerate(rows):
         if row.get("prediction_status") == "predicted":
-            prof = find_profile(row["model"], profiles_dir)
-            assert prof is not None
+            if row["model"] not in graphs:
+                prof = find_profile(row["model"], profiles_dir)
+                assert prof is not None
+                graphs[row["model"]] = prof.graph
             speedup_at[i] = calibration.cached(functools.partial(
-                _speedup_at, prof.graph, _cluster_of(todo[i], clusters_path), row["dataset_samples"],
+                _speedup_at, graphs[row["model"]], _cluster_of(todo[i], clusters_path), row["dataset_samples"],
                 row["pipedream_epoch_time_s"]))
     df = pd.DataFrame(rows)
     cal_rows = calibration.rows_of(df, speedup_at)
