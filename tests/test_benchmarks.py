@@ -86,6 +86,28 @@ def test_cores_runs_the_workflows_commands() -> None:
     assert "--host-seconds 6 --optimizers sgd " in dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
 
 
+def test_cores_resizes_the_configs_cluster_for_fewer_workers(tmp_path: Path) -> None:
+    """``--workers 2`` on experiments/ci.yaml: the cluster cpu4_1gbps's one level at 2 workers, same bandwidth and
+    memory, beside the other clusters in OUT/clusters.yaml, which the plan reads (topology's loader); a cluster of
+    several levels and a single worker are refused."""
+    import yaml
+
+    from pipedream.topology import get_cluster
+
+    cores = load("cores")
+    cfg = yaml.safe_load((ROOT / "experiments" / "ci.yaml").read_text())
+    resized = cores.with_workers(cfg, 2, tmp_path)
+    assert (resized["workers"], resized["cluster"]) == (2, "cpu4_1gbps_w2")
+    assert resized["clusters_file"] == str(tmp_path / "clusters.yaml") and cfg["workers"] == 4
+    cluster = get_cluster("cpu4_1gbps_w2", resized["clusters_file"])
+    assert cluster.levels == [(2, 1.25e8)] and cluster.device_memory_bytes == 8589934592
+    assert get_cluster("A_4x4", resized["clusters_file"]).workers == 16
+    with pytest.raises(ValueError, match="levels"):
+        cores.with_workers({**cfg, "cluster": "A_4x4"}, 2, tmp_path)
+    with pytest.raises(ValueError, match="at least 2"):
+        cores.with_workers(cfg, 1, tmp_path)
+
+
 def test_drift_window_means_slide_by_a_quarter_window() -> None:
     """Steps ending at 0.5, 1.5, ..., 7.5 s costing 1, 2, ..., 8 s; windows of 4 s from 0 to 8 s slide by 1 s:
     [0, 4) holds 1..4 (mean 2.5), [1, 5) 2..5 (3.5), ..., [4, 8) 5..8 (6.5)."""

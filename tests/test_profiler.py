@@ -191,6 +191,31 @@ def test_whole_step_is_the_median_of_the_timed_calls() -> None:
     assert 0.01 <= step_s < 0.05
 
 
+def test_the_profiled_step_adds_its_gradients_into_buffers_as_a_worker_does() -> None:
+    """`pipedream profile`'s whole step (commands/profile.runtime_step): after two steps every buffer holds twice
+    the gradient of one step computed with a plain ``loss.backward()`` on a copy (a worker's master gradient,
+    never zeroed between the profile's steps); a frozen parameter gets no buffer, and the model's own ``.grad``
+    stays empty (the step differentiates aliases of the weights)."""
+    import copy
+
+    from pipedream.commands.profile import runtime_step
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    model[0].bias.requires_grad_(False)
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])
+    reference = copy.deepcopy(model)
+    nn.functional.cross_entropy(reference(x), y).backward()
+    step = runtime_step(model, nn.functional.cross_entropy, x, y)
+    step()
+    step()
+    expected = [2 * p.grad for p in reference.parameters() if p.requires_grad]
+    assert len(step.grads) == 3
+    for got, want in zip(step.grads, expected, strict=True):
+        torch.testing.assert_close(got, want)
+    assert all(p.grad is None for p in model.parameters())
+
+
 class Jittery(nn.Module):
     """Passes its input through; every other call sleeps 5 ms (a layer whose timings another process disturbs)."""
 

@@ -2,7 +2,8 @@
 than a run has workers (the device machine's 16 cores, a workstation, a cluster node).
 
 The cores this process may use are taken one logical CPU per physical core (``lscpu -p=CPU,CORE,SOCKET``) and
-split into groups of the config's ``workers``. Each group runs its share of the models one after the other, as
+split into groups of the config's ``workers`` (or ``--workers``: 2 puts a core per worker within reach of a
+2-core machine, on the config's cluster resized to 2 workers). Each group runs its share of the models one after the other, as
 ``make run`` does (``pipedream profile``, ``plan``, ``train --mode dp``, ``train --mode pipedream``), every process
 pinned to the group's cores with ``taskset``: each run's workers have a core each, and its profile's host probe
 and its prediction see those cores (:func:`pipedream.host_timing.host_cores`). The config's settings are the
@@ -81,6 +82,32 @@ def assign(models: list[str], groups: int) -> list[list[str]]:
     return work
 
 
+def with_workers(cfg: dict[str, Any], workers: int, out: Path) -> dict[str, Any]:
+    """``cfg`` with ``workers`` workers a run on its cluster resized to them: the cluster's one level with
+    ``workers`` in place of its own, written with the config's other clusters to ``out/clusters.yaml`` as
+    ``<cluster>_w<workers>`` (the plan and the prediction read it as the workflow reads the config's).
+
+    Raises:
+        ValueError: fewer than 2 workers, or a cluster of several levels (which level would shrink is not
+            the config's to say).
+    """
+    if workers < 2:
+        raise ValueError(f"--workers {workers}: a run needs at least 2 workers")
+    source = Path(cfg.get("clusters_file", "experiments/clusters.yaml"))
+    clusters = yaml.safe_load((source if source.is_absolute() else ROOT / source).read_text())
+    table = clusters["clusters"]
+    base = table[cfg["cluster"]]
+    if len(base["levels"]) != 1:
+        raise ValueError(f"--workers: cluster {cfg['cluster']} has {len(base['levels'])} levels; give a config "
+                         "whose cluster has one")
+    name = f"{cfg['cluster']}_w{workers}"
+    table[name] = {**base, "description": f"{base.get('description', cfg['cluster'])} (resized to {workers} "
+                   "workers by benchmarks/cores --workers)", "levels": [{**base["levels"][0], "workers": workers}]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "clusters.yaml").write_text(yaml.safe_dump(clusters, sort_keys=False))
+    return {**cfg, "workers": workers, "cluster": name, "clusters_file": str(out / "clusters.yaml")}
+
+
 def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str) -> list[tuple[str, str]]:
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
     settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) in ``make run``'s layout under
@@ -124,6 +151,10 @@ def main() -> int:
     p.add_argument("--tar", type=Path, default=None, help="also pack OUT into this .tar.gz after every model")
     p.add_argument("--models", default="", help="comma-separated models (default: the config's)")
     p.add_argument("--groups", type=int, default=4, help="groups of cores at most (default 4)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="workers a run (default: the config's); fewer than the config's put a core per worker "
+                        "within reach of a small machine (2 on a 2-core one), on the config's cluster with that "
+                        "many workers (OUT/clusters.yaml)")
     p.add_argument("--deadline-s", type=float, default=3600.0,
                    help="seconds after which no model starts (default 3600)")
     p.add_argument("--min-left-s", type=float, default=120.0,
@@ -137,6 +168,12 @@ def main() -> int:
         print(f"error: {', '.join(unknown)} not in {args.config}'s models: pick from {', '.join(cfg['models'])}",
               file=sys.stderr)
         return 2
+    if args.workers is not None:
+        try:
+            cfg = with_workers(cfg, args.workers, args.out.resolve())
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     workers = int(cfg["workers"])
     lscpu = subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET"], capture_output=True, text=True).stdout
     cpus = physical_cpus(lscpu, os.sched_getaffinity(0)) or sorted(os.sched_getaffinity(0))

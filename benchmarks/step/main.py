@@ -2,13 +2,14 @@
 
 The prediction's compute is the profile's step (:func:`pipedream.commands.profile.runtime_step`: one minibatch,
 repeated, forward on a weight version through ``torch.func.functional_call``, gradients from
-``torch.autograd.grad`` and kept), scaled to the layers (:func:`pipedream.sim.profiled.profiled_composition`).
+``torch.autograd.grad`` added into master gradients), scaled to the layers
+(:func:`pipedream.sim.profiled.profiled_composition`).
 Runs spend 1.1-1.4x that on most stages (``results/compute_check.csv`` ``compute_cpu_ratio``; issue 18). This
 times, in one process, what a worker's step does beyond the profile's:
 
-- ``profile``: the profile's step itself;
-- ``add-to-master``: the same, then every gradient added into a master gradient, as the pipeline runtime's
+- ``profile``: the profile's step itself, every gradient added into a master gradient as the pipeline runtime's
   backward does (``pipedream/runtime/executor.py``);
+- ``no-add``: the same without the add (the profile's step before 2026-11-28: the gradients dropped);
 - ``backward``: the module called as it is and ``loss.backward()`` into zeroed ``.grad``, as a DDP replica does;
 - ``new-minibatch+step``: ``backward`` on a new minibatch each step, an optimizer step between steps (neither
   timed).
@@ -51,7 +52,6 @@ def modes(model: str, batch: int, optimizer: str) -> tuple[dict[str, Callable[[]
     profile_step = runtime_step(net, task.criterion, x, y)
     aliases = {n: p.detach().requires_grad_(p.requires_grad) for n, p in net.named_parameters()}
     names = [n for n, t in aliases.items() if t.requires_grad]
-    master = {n: torch.zeros_like(aliases[n]) for n in names}
     params = [p for p in net.parameters() if p.requires_grad]
     opt = make_optimizer(TrainConfig(optimizer=optimizer, lr=1e-4), params, ())
     nxt = [0]
@@ -61,12 +61,9 @@ def modes(model: str, batch: int, optimizer: str) -> tuple[dict[str, Callable[[]
         fn()
         return time.thread_time() - c0
 
-    def add_to_master() -> None:
+    def no_add() -> None:
         loss = task.criterion(functional_call(net, aliases, (x,)), y)
-        grads = torch.autograd.grad(loss, [aliases[n] for n in names], allow_unused=True)
-        for n, g in zip(names, grads, strict=True):
-            if g is not None:
-                master[n].add_(g)
+        torch.autograd.grad(loss, [aliases[n] for n in names], allow_unused=True)
 
     def backward(xs: object = x, ys: object = y) -> None:
         task.criterion(net(xs), ys).backward()
@@ -83,7 +80,7 @@ def modes(model: str, batch: int, optimizer: str) -> tuple[dict[str, Callable[[]
         opt.step()
         return spent
 
-    return ({"profile": lambda: timed(profile_step), "add-to-master": lambda: timed(add_to_master),
+    return ({"profile": lambda: timed(profile_step), "no-add": lambda: timed(no_add),
              "backward": plain, "new-minibatch+step": fresh},
             float(sum(p.numel() * p.element_size() for p in params)))
 
