@@ -22,9 +22,9 @@ pytestmark = pytest.mark.slow
 
 def _run(tmp_path: Path, **kw) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
     data = write_data(tmp_path / "data")
-    settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, **kw}
+    settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "max_minibatches": 6, **kw}
     cfg = TrainConfig(model="tiny", model_factory=tiny_model, data_dir=str(data), out_dir=str(tmp_path / "out"),
-                      batch_size=8, max_minibatches=6, progress=False, debug_dump=True, comm_timeout_s=30, **settings)
+                      batch_size=8, progress=False, debug_dump=True, comm_timeout_s=30, **settings)
     spawn_local(cfg, 2, fn=train)
     d0, d1 = (torch.load(tmp_path / "out" / "debug" / f"rank{r}.pt", weights_only=False) for r in range(2))
     for n, p in d0["params"].items():
@@ -85,8 +85,11 @@ def test_linear_scaling_warms_up_from_the_base_lr() -> None:
 def test_a_dp_worker_counts_one_copy_of_weights_gradients_and_momentum(tmp_path: Path) -> None:
     """The tiny model has 4 * (3*3*3*4 + 4 + 256*16 + 16 + 16*16 + 16 + 16*10 + 10) = 18664 bytes of weights; its
     gradients are views into DDP's buckets (one copy), SGD's momentum another; a worker's minibatch is 8 images
-    of 3x32x32 fp32 and 8 int64 labels."""
-    _run(tmp_path, measure_memory=True)
+    of 3x32x32 fp32 and 8 int64 labels. 16 minibatches are 8 steps a worker; the meter counts twice a step (after
+    the forward, after the optimizer step) over the first 4 only (``memory_minibatches(1)``), where every step
+    holds what the others do."""
+    d0 = _run(tmp_path, measure_memory=True, max_minibatches=16)
+    assert d0["memory"]["counts"] == 2 * 4
     row = json.loads((tmp_path / "out" / "metrics.json").read_text())[-1]
     w = 4 * (3 * 3 * 3 * 4 + 4 + 256 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10)
     got = {c: row[f"peak_{c}_bytes_stage0"] for c in ("weights", "versions", "gradients", "optimizer", "buffers")}

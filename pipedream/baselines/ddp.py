@@ -44,6 +44,7 @@ from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
+from pipedream.runtime.actions import memory_minibatches
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.launch_board import LaunchBoard, link_finish_s
 from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, tensors_in
@@ -193,6 +194,7 @@ def train(cfg: TrainConfig) -> None:
         bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True, file=sys.stdout)  # as the workers' bars
     fault = D.fault(rank)
     meter = MemoryMeter(device) if cfg.measure_memory else None
+    counted_steps = memory_minibatches(1)  # each epoch's first steps: every step holds the same (one stage)
     saved = SavedTensors()
     log = D.MetricsLog(cfg.run_dir("dp"))
     wall0 = time.time()
@@ -214,10 +216,11 @@ def train(cfg: TrainConfig) -> None:
         for i, rows in enumerate(mine):
             w0, c0 = time.perf_counter(), time.thread_time()
             x, y = (to_device(t, device) for t in train_split.batch(rows))
-            with saved.hooks(i) if meter is not None else nullcontext():
+            counting = meter is not None and i < counted_steps
+            with saved.hooks(i) if counting else nullcontext():
                 loss = task.criterion(call_model(ddp, x), y)
             busy.add_forward(w0, c0)
-            if meter is not None:  # the peak: every activation saved, and the gradients and state kept
+            if counting:  # the peak: every activation saved, and the gradients and state kept
                 meter.count(held(model, optimizer, [x, y], saved.tensors_of(i)), copies=1)
             optimizer.zero_grad(set_to_none=False)
             w0, c0 = time.perf_counter(), time.thread_time()
@@ -226,7 +229,7 @@ def train(cfg: TrainConfig) -> None:
             saved.drop(i)
             lr.before_step(cfg, optimizer, list(model.parameters()), epoch + i / steps, scale)
             optimizer.step()
-            if meter is not None:
+            if counting:
                 meter.count(held(model, optimizer, [x, y], []), copies=1)
             value = float(loss.detach())
             first_loss = value if first_loss is None else first_loss
@@ -276,7 +279,7 @@ def train(cfg: TrainConfig) -> None:
     if cfg.debug_dump:
         path = cfg.run_dir("dp") / "debug" / f"rank{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"first_loss": first_loss,
+        torch.save({"first_loss": first_loss, "memory": meter.record() if meter is not None else None,
                     "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)
     D.barrier(cfg.comm_timeout_s, "end of training")
 

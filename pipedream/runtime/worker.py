@@ -30,6 +30,7 @@ from pipedream.plan import Plan
 from pipedream.runtime import assemble, lr, shared, split
 from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
+from pipedream.runtime.actions import memory_minibatches
 from pipedream.runtime.comm import P2P
 from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.executor import StageData, StageExecutor
@@ -46,9 +47,6 @@ FAULT_ENV = D.FAULT_ENV
 # mean over the stage's replicas; :func:`_stage_row`)
 BUSY = ("compute_s", "compute_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches")
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
-# the memory meter counts over the first 2 x stages + 2 minibatches of each training pass: past the warm-up
-# (at most `stages` in flight) the schedule repeats itself (pipedream.runtime.actions.memory_window)
-MEMORY_MINIBATCHES_PER_STAGE = 2
 
 
 @dataclass
@@ -217,7 +215,7 @@ def train(cfg: TrainConfig) -> None:
                              before_step=lambda g: lr.before_step(cfg, optimizer, versions.master, g / nb, factor=lr_factor),
                              on_backward=on_backward, bucket_bytes=cfg.bucket_bytes,
                              measure_memory=cfg.measure_memory,
-                             memory_minibatches=MEMORY_MINIBATCHES_PER_STAGE * len(plan.stages) + 2,
+                             memory_minibatches=memory_minibatches(len(plan.stages)),
                              recompute=cfg.recompute, shared=shared_grads)
 
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
