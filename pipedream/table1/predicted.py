@@ -303,13 +303,18 @@ def _config_plan(g: LayerGraph, cluster: Cluster, config: str, plan: Plan) -> Pl
     return ref
 
 
+def _hardware(p: Mapping[str, Any]) -> str:
+    """A row's cluster and shape as the paper's table gives them, e.g. ``"A 4x4"``."""
+    return f"{p['cluster']} {p['servers']}x{p['gpus_per_server']}"
+
+
 def _row_label(model: str, p: Mapping[str, Any]) -> str:
-    return f"{model} {p['cluster']} {p['servers']}x{p['gpus_per_server']}"
+    return f"{model} {_hardware(p)}"
 
 
 def _cluster_of(p: Mapping[str, Any], clusters_path: Path) -> Cluster:
     """The cluster of a row of the paper's table (``A_4x4``-style names in the clusters file)."""
-    return get_cluster(f"{p['cluster']}_{p['servers']}x{p['gpus_per_server']}", clusters_path)
+    return get_cluster(_hardware(p).replace(" ", "_"), clusters_path)
 
 
 def _unpredicted(profiles_dir: Path, model: str, prof: Profile | None) -> dict[str, Any]:
@@ -333,7 +338,7 @@ def _predicted_row(p: dict[str, Any], clusters_path: Path, profiles_dir: Path,
     model = str(p["model"])
     cluster = _cluster_of(p, clusters_path)
     row: dict[str, Any] = {"row": _row_label(model, p), "model": model,
-                           "hardware": f"{p['cluster']} {p['servers']}x{p['gpus_per_server']}",
+                           "hardware": _hardware(p),
                            "cluster": cluster.name, "paper_config": str(p["pipedream_config"]),
                            "paper_speedup": float(p["speedup_epoch_time"])}
     prof = find_profile(model, profiles_dir)
