@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from pipedream.allocator import keep_freed_memory
 from pipedream.capture import call_model, to_device
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.data.fashion_mnist import minibatch_indices
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = from_args(parser.parse_args(argv))
     rank = int(os.environ.get("RANK", "0"))
     die_with_parent()
+    keep_freed_memory()  # the profile's step ran with it (pipedream/allocator.py)
 
     def _run() -> None:
         D.init(cfg.comm_timeout_s)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipedream.allocator import keep_freed_memory
 from pipedream.host_timing import host_cores, host_sharing
 from pipedream.runtime.config import OPTIMIZERS
 
@@ -106,6 +107,7 @@ def worker_step(cfg: Any, rows: Any, threads: int) -> Callable[[], None]:
 
     from pipedream.runtime.task import load_task
 
+    keep_freed_memory()  # as the workers do
     torch.set_num_threads(threads)
     task = load_task(cfg, _DATASETS.get(repr(cfg)))
     _DATASETS[repr(cfg)] = task.train, task.val
@@ -138,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:
         raise PipeDreamError("--profiled-batch, --iters and --threads must be >= 1 and --warmup >= 0")
+    keep_freed_memory()  # the allocator the workers run with (pipedream/allocator.py)
     torch.set_num_threads(args.threads)
     data = args.data or ("real" if args.preset == "reduced" else "synthetic")
     cfg = TrainConfig(model=args.model, preset=args.preset, seed=args.seed, data=data, batch_size=args.profiled_batch)

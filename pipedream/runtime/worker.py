@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from pipedream import schedules
+from pipedream.allocator import keep_freed_memory
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = cfg.run_dir("pipedream")
     rank = int(os.environ.get("RANK", "0"))
     die_with_parent()
+    keep_freed_memory()  # the profile's step ran with it (pipedream/allocator.py)
 
     def _run() -> None:
         D.init(cfg.comm_timeout_s)
