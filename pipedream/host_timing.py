@@ -5,7 +5,10 @@ Memory layout. On the 2-core CI machine (2 MiB of L2 per core) the same step of 
 in eight fresh copies of the model and its minibatch made in one process (GNMT-8 80-105 ms, VGG-16 32 ms in
 every copy), and 49-65 ms in six fresh processes (GNMT-8 82-106 ms in five); within one copy it moves by 2-3%.
 A copy's step time is a draw, set by where its weights and activations land in memory (cache-set conflicts in
-a physically indexed cache, as far as we can tell), and every worker of a run is a draw of its own. The layer
+a physically indexed cache, as far as we can tell), and every worker of a run is a draw of its own. Part of the
+draw was the C allocator's: by default glibc faulted a step's large blocks in again every step in some processes
+and not in others (S2VT: 0 or 15,456 faults a step); every process that computes a step now keeps freed memory
+(:mod:`pipedream.allocator`), the copies included. The layer
 profile is one draw; :func:`host_contention` records each fresh process's step over the profiled process's
 (``layouts``) so that a prediction can draw each rank's (:mod:`pipedream.sim.layout`) instead of taking the
 profiling process's as everyone's.
