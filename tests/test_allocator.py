@@ -27,8 +27,7 @@ for _ in range(20):
 print(json.dumps({"kept": kept, "faults": faults}))
 """
 
-glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"),
-                           reason="mallopt's thresholds are glibc's")
+glibc = pytest.mark.skipif(not allocator.glibc(), reason="mallopt's thresholds are glibc's")
 
 
 def _faults(mode: str) -> dict:

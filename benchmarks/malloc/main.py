@@ -3,12 +3,13 @@
 Every process that computes a step on the CPU keeps freed memory (:func:`pipedream.allocator.keep_freed_memory`:
 glibc's mmap and trim thresholds raised, so a step's blocks are reused rather than unmapped and faulted in again).
 This starts ``--processes`` fresh processes per mode, alternating ``default`` (``PIPEDREAM_MALLOC=default``: glibc
-as it is) and ``keep``, each building the model and minibatch as a worker does
-(:func:`pipedream.commands.profile.worker_step`) and timing ``--steps`` steps after ``--warmup``, with the
-``--optimizer``'s step between steps as a worker has (none: the profile's step alone). For each model and mode
-it prints the mean over processes of each one's median step (main-thread CPU, :func:`time.thread_time`), their
-spread (min-max and coefficient of variation: how much of a draw a fresh process is) and the minor page faults
-a step (``getrusage(RUSAGE_THREAD)``), then keep's mean over default's.
+as it is) and ``keep``, each setting its allocator first, as a worker does, then building the model and the
+profile's step (:func:`pipedream.commands.profile.runtime_step` on the first minibatch of epoch 1) and timing
+``--steps`` steps after ``--warmup``, with the ``--optimizer``'s step between steps as a worker has (none: the
+profile's step alone). For each model and mode it prints the mean over processes of each one's median step
+(main-thread CPU, :func:`time.thread_time`), their spread (min-max and coefficient of variation: how much of a
+draw a fresh process is) and the minor page faults a step (``getrusage(RUSAGE_THREAD)``), then keep's mean over
+default's.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/malloc/main.py --models s2vt vgg16 --processes 6
 """
@@ -32,18 +33,22 @@ MODES = ("default", "keep")
 
 
 def child(model: str, steps: int, warmup: int, optimizer: str) -> dict[str, float]:
-    """One fresh process's measurement: median step (s) and median minor faults a step."""
+    """One fresh process's measurement: median step (s) and median minor faults a step. The allocator is set first
+    thing, before the model and data exist, as a worker's ``main`` sets it."""
     import torch
 
-    from pipedream.commands.profile import worker_step
+    from pipedream.allocator import keep_freed_memory
+    from pipedream.commands.profile import runtime_step
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.optim import make_optimizer
     from pipedream.runtime.task import load_task
 
-    cfg = TrainConfig(model=model, preset="reduced", seed=0, data="real", batch_size=32)
-    rows = minibatch_indices(len(load_task(cfg).train), 32, 0, 0)[0]
-    step = worker_step(cfg, rows, 1)  # keeps freed memory unless PIPEDREAM_MALLOC=default
+    keep_freed_memory()  # unless PIPEDREAM_MALLOC=default
+    torch.set_num_threads(1)
+    task = load_task(TrainConfig(model=model, preset="reduced", seed=0, data="real", batch_size=32))
+    x, y = task.train.batch(minibatch_indices(len(task.train), 32, 0, 0)[0])
+    step = runtime_step(task.model, task.criterion, x, y)  # the profile's step (worker_step without its data cache)
     masters = [torch.zeros_like(g).requires_grad_() for g in step.grads]
     opt = make_optimizer(TrainConfig(optimizer=optimizer, lr=1e-4), masters, ()) if optimizer != "none" else None
     times, faults = [], []
