@@ -35,8 +35,8 @@ def test_every_benchmark_explains_itself(name: str) -> None:
 
 
 def test_the_benchmarks_are_found() -> None:
-    assert {"allreduce", "cores", "ddp", "drift", "host", "launch", "memory", "planner", "runtime", "simulator",
-            "step"} <= set(BENCHMARKS)
+    assert {"allreduce", "cores", "ddp", "drift", "host", "launch", "memory", "planner", "repeat", "runtime",
+            "simulator", "step"} <= set(BENCHMARKS)
 
 
 def test_cores_takes_one_cpu_per_physical_core_among_the_allowed() -> None:
@@ -128,3 +128,46 @@ def test_drift_floor_and_correlation_by_hand() -> None:
     assert drift.correlation([1.0, 2.0, 3.0], [2.0, 4.0, 7.0]) == pytest.approx(0.9933, abs=1e-4)
     assert drift.correlation([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert math.isnan(drift.correlation([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))
+
+
+def test_drift_probe_corrects_each_window_by_the_probe_before_it() -> None:
+    """Copy 0 steps 1..6 s of CPU, copy 1 2, 2, 4, 4, 2, 2 (mean 8/3), ending at 0.5, 1.5, ... s. Windows of 2 s
+    after a 1 s probe and a 1 s gap, sliding by 1 s up to 6 s: t = 0, 1, 2. t = 0: window [2, 4) holds 3 and 4
+    (3.5), copy 0's probe [0, 1) holds 1 (3.5 / 1), copy 1's holds 2, 0.75 of its mean (3.5 / 0.75); t = 1:
+    4.5, probes 2 and 0.75; t = 2: 5.5, probes 3 and 4 / (8/3) = 1.5."""
+    drift = load("drift")
+    copy0 = [(k + 0.5, float(k + 1)) for k in range(6)]
+    copy1 = [(k + 0.5, v) for k, v in enumerate([2.0, 2.0, 4.0, 4.0, 2.0, 2.0])]
+    raw, own, others = drift.probe_corrected([copy0, copy1], 0, 2.0, 1.0, 1.0, 0.0, 6.0)
+    assert raw == pytest.approx([3.5, 4.5, 5.5])
+    assert own == pytest.approx([3.5, 2.25, 5.5 / 3])
+    assert others == pytest.approx([3.5 / 0.75, 6.0, 5.5 / 1.5])
+    assert drift.probe_corrected([copy0], 0, 2.0, 1.0, 1.0, 0.0, 6.0)[2] == []  # no other copy
+
+
+def test_repeat_takes_the_workflows_train_command_without_threshold_or_log() -> None:
+    repeat = load("repeat")
+    line = ("/v/python3 -m pipedream.cli train --mode pipedream --model gnmt8 --workers 4 --epochs 2 --timeout-s 4200 "
+            "--threshold 11.5 --threshold-metric token_accuracy --no-progress --out-dir "
+            "$(dirname results/runs/gnmt8/pipedream/run.json) > results/logs/train/gnmt8_pipedream.log 2>&1")
+    assert repeat.repeat_argv(line, Path("/o/1")) == [
+        "/v/python3", "-m", "pipedream.cli", "train", "--mode", "pipedream", "--model", "gnmt8", "--workers", "4",
+        "--epochs", "2", "--timeout-s", "4200", "--no-progress", "--out-dir", "/o/1"]
+
+
+def test_repeat_summary_by_hand() -> None:
+    """Two runs predicted at 10 s. vgg16 dp measured 10 and 12 s (ratios 1.0, 1.2), alexnet dp 8 and 10.5 s
+    (0.8, 1.05). Repeat 0: |errors| 0 and 0.2, one within 15% and 10%, median 10%; repeat 1: 0.2 and 0.05, one,
+    median 12.5%. Pairs: 12/10 - 1 = 0.2, 1 - 10/12 = 0.1667, 10.5/8 - 1 = 0.3125, 1 - 8/10.5 = 0.2381: median
+    (0.2 + 0.2381) / 2 = 0.219, none within 15%."""
+    repeat = load("repeat")
+    rows = [["vgg16", "dp", "4", 0, 10.0, 10.0, 1.0, 11, ""], ["alexnet", "dp", "4", 0, 8.0, 10.0, 0.8, 9, ""],
+            ["vgg16", "dp", "4", 1, 12.0, 10.0, 1.2, 13, "40"], ["alexnet", "dp", "4", 1, 10.5, 10.0, 1.05, 12, "30"]]
+    assert [round(e, 4) for e in repeat.pair_errors([10.0, 12.0])] == [0.1667, 0.2]  # 10 / 12, 12 / 10
+    text = repeat.report(rows).splitlines()
+    assert text[0].startswith("vgg16     dp        4         predicted  10.00 s; measured 10.00 (1.00), 12.00 (1.20)")
+    assert text[0].endswith("cv 0.091")  # sd 1 over mean 11
+    assert text[2] == "repeat 0: 2 runs, 1 within 15%, 1 within 10%, median |ratio - 1| 10.0%"
+    assert text[3] == "repeat 1: 2 runs, 1 within 15%, 1 within 10%, median |ratio - 1| 12.5%"
+    assert text[4] == ("repeat against repeat of the same run (4 ordered pairs): median |a / b - 1| 21.9%, "
+                       "0% within 15%")

@@ -22,6 +22,13 @@ median within 7% on ``make run``). This is a lower bound: the profile the predic
 measurement on the same host too. With several copies the table ends with the correlation of every pair's
 window means (at the shortest window): near 1, the drift is the host's; near 0, each process's own.
 
+Would a fresher measurement help, a probe of the host just before each run? For the shortest window, each copy's
+window means are divided by a probe: the mean step in the ``--probe-s`` seconds that end ``gap`` seconds before the
+window (``--gaps``; a run starts its first epoch some 10-20 s after its launch), of the copy itself, or of the other
+copies (each over its own mean step: the host's speed then). Printed: the coefficient of variation of the window
+means as they are and divided by either probe. Below the first, the probe would narrow the prediction's error;
+above it, the host has moved on by the time the window starts.
+
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/drift/main.py [--models vgg16] [--copies 1] \\
         [--seconds 240] [--windows 8 16 30 60] [--runs 14]
 """
@@ -93,6 +100,35 @@ def window_means(series: Series, window_s: float, start_s: float, stop_s: float)
     return out
 
 
+def probe_corrected(series: list[Series], index: int, window_s: float, probe_s: float, gap_s: float,
+                    start_s: float, stop_s: float, slide_s: float = 1.0) -> tuple[list[float], list[float], list[float]]:
+    """Copy ``index``'s mean step in windows ``[t + probe_s + gap_s, t + probe_s + gap_s + window_s)``, ``t``
+    from ``start_s`` by ``slide_s`` while the window ends by ``stop_s``: as it is, over its own mean step in the
+    probe window ``[t, t + probe_s)``, and over the mean of the other copies' probe-window steps each divided by
+    its mean step over the whole series (module docstring). Windows where a copy has no step are left out; with
+    one copy the third list is empty."""
+    def mean_in(s: Series, a: float, b: float) -> float | None:
+        inside = [cpu for at, cpu in s if a <= at < b]
+        return statistics.fmean(inside) if inside else None
+
+    overall = [statistics.fmean(cpu for _, cpu in s) for s in series]
+    raw: list[float] = []
+    own: list[float] = []
+    others: list[float] = []
+    t = start_s
+    while t + probe_s + gap_s + window_s <= stop_s:
+        window = mean_in(series[index], t + probe_s + gap_s, t + probe_s + gap_s + window_s)
+        probes = [mean_in(s, t, t + probe_s) for s in series]
+        if window is not None and all(p is not None for p in probes):
+            raw.append(window)
+            own.append(window / probes[index])  # type: ignore[operator]
+            rest = [p / m for j, (p, m) in enumerate(zip(probes, overall, strict=True)) if j != index]  # type: ignore[operator]
+            if rest:
+                others.append(window / statistics.fmean(rest))
+        t += slide_s
+    return raw, own, others
+
+
 def cv(values: list[float]) -> float:
     """Coefficient of variation (population), dimensionless; nan for fewer than 2 values."""
     return statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else math.nan
@@ -128,6 +164,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--windows", type=float, nargs="+", default=[8.0, 16.0, 30.0, 60.0],
                     help="window lengths, s (a run's measured epoch)")
     ap.add_argument("--runs", type=int, default=14, help="runs that must all be within 15%% (make run has 14)")
+    ap.add_argument("--probe-s", type=float, default=2.0, help="a probe's length before a window, s (default 2)")
+    ap.add_argument("--gaps", type=float, nargs="+", default=[0.0, 10.0, 20.0, 40.0],
+                    help="seconds between a probe's end and the window's start (default 0 10 20 40)")
     args = ap.parse_args(argv)
     steps = {}  # one step builder per model: its data loaded once here, for the minibatch's rows
     for model in dict.fromkeys(args.models[i % len(args.models)] for i in range(args.copies)):
@@ -160,6 +199,16 @@ def main(argv: list[str] | None = None) -> None:
         pairs = [f"{i}-{j} {correlation(means[i], means[j]):.2f}"
                  for i in range(len(series)) for j in range(i + 1, len(series))]
         print(f"correlation of the copies' {w:g} s window means: " + ", ".join(pairs))
+    w = min(args.windows)
+    print(f"{w:g} s windows' cv as they are / over the copy's own {args.probe_s:g} s probe / over the other copies' "
+          f"probe, the probe ending the gap before the window:")
+    for i in range(len(series)):
+        cells = []
+        for gap in args.gaps:
+            raw, own, others = probe_corrected(series, i, w, args.probe_s, gap, start, stop)
+            cells.append(f"gap {gap:g} s {cv(raw):.3f} / {cv(own):.3f} / {cv(others):.3f}" if len(raw) > 2
+                         else f"gap {gap:g} s -")
+        print(f"copy {i} {args.models[i % len(args.models)]}: " + "; ".join(cells))
 
 
 if __name__ == "__main__":
