@@ -149,6 +149,22 @@ def test_a_resimulation_scales_each_stages_compute_with_its_data() -> None:
         predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[1.0, 0.0])
 
 
+def test_a_resimulation_shares_the_cores_fairly_and_draws_no_layouts() -> None:
+    """The measured CPU already holds the host's sharing costs and the ranks' layouts: with factors, a host
+    contention of 1.3 (both ranks compute at once on the 2 cores) and layout draws of 0.5 and 1.5 change nothing,
+    and the pipeline above takes its hand-computed 21 s (42 s at factors 2). Without factors they slow it."""
+    g = chain(2, 1.0, 2.0)
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    stages, ranks, cluster = [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)])
+    host = {"contention": 1.3, "oversubscribed": 1.6, "layouts": (0.5, 1.5)}
+    assert predict_epoch(g, stages, ranks, cluster, shape, cores=2, **host).epoch_s > 21.5
+    resim = predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[1.0, 1.0], **host)
+    assert resim.epoch_s == pytest.approx(21.0)
+    assert (resim.contention, resim.oversubscribed) == (1.0, 1.0)
+    assert predict_epoch(g, stages, ranks, cluster, shape, cores=2, compute_factors=[2.0, 2.0],
+                         **host).epoch_s == pytest.approx(42.0)
+
+
 def test_resimulation_factors_are_the_measured_compute_cpu_over_the_predicted_work() -> None:
     final = {"predicted_compute_s_stage0": 9.0, "measured_compute_cpu_s_stage0": 3.0,
              "predicted_compute_work_s_stage0": 2.0, "predicted_compute_s_stage1": 9.0,

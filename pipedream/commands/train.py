@@ -28,8 +28,8 @@ logged as ``predicted_epoch_time_s``; after training ``prediction_ratio`` = meas
 first (:func:`steady_epochs`) /
 predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made (no ``--plan`` or
 ``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
-After training, on a CPU host, the run is resimulated with each stage's compute at its measured CPU and
-everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``;
+After training, on a CPU host, the run is resimulated with each stage's compute at its measured CPU, the
+cores shared fairly, and everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``;
 :func:`pipedream.sim.predict.resimulation_factors`):
 how much of a miss the compute explains, a diagnosis of the model that reads the run, not a prediction.
 """

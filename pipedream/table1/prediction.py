@@ -7,7 +7,8 @@ paper's real-versus-predicted figure) and summarises the ratios: the median ``|r
 runs lie within :data:`BAND` of their prediction. Beside them: the first epoch's time (``first_epoch_s``; the
 check uses the epochs after it), how long before the run its profile ended (``profile_age_s``: on a CPU host
 whose speed drifts, an old profile predicts at the host's speed back then), and the run resimulated after it
-ended with each stage's compute at its measured CPU and everything else as predicted (``resimulated_epoch_s``,
+ended with each stage's compute at its measured CPU, the cores shared fairly (that CPU already holds what the
+sharing costs beyond a fair share) and everything else as predicted (``resimulated_epoch_s``,
 ``resimulated_ratio`` = measured / resimulated; :func:`pipedream.sim.predict.resimulation_factors`): the part
 of a miss that the compute does not explain. That is a diagnosis, not a prediction: it reads the run.
 """
