@@ -145,14 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = yaml.safe_load(args.config.read_text())
     results = Path(cfg["results_dir"])
     models = args.models.split(",") if args.models else list(cfg["models"])
-    unknown = [m for m in models if m not in cfg["models"]]
-    if unknown:
-        print(f"error: {', '.join(unknown)} not in {args.config}'s models: pick from {', '.join(cfg['models'])}",
-              file=sys.stderr)
-        return 2
+    if unknown := [m for m in models if m not in cfg["models"]]:
+        p.error(f"--models: {', '.join(unknown)} not in {args.config}'s models ({', '.join(cfg['models'])})")
     if args.repeats < 1:
-        print("error: --repeats must be at least 1", file=sys.stderr)
-        return 2
+        p.error("--repeats must be at least 1")
     targets = {(m, mode): f"{results}/runs/{m}/{mode}/run.json" for m in models for mode in MODES}
     absent = [t for t in targets.values() if not (ROOT / t).is_file()]
     if absent:

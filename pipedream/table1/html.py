@@ -211,7 +211,8 @@ def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
     resim = summary(check, column="resimulated_ratio")
     diagnosis = ("" if not resim["runs"] else
                  f" Resimulated after each run with its stages' compute at their measured CPU, the cores shared "
-                 f"fairly and everything else as predicted (a diagnosis, not a prediction: it reads the run): {resim['within']} of {resim['runs']} "
+                 f"fairly and everything else as predicted (a diagnosis, not a prediction: it reads the run): "
+                 f"{resim['within']} of {resim['runs']} "
                  f"within ±{BAND:.0%}, median {resim['median_abs_error']:.1%}; what remains is not the compute.")
     table = ("<div class='scroll'><table id='prediction-check-table'><thead><tr><th>model</th><th>mode</th><th>config</th>"
              "<th class='n'>measured epoch (s)</th><th class='n'>predicted epoch (s)</th><th class='n'>measured / "
