@@ -93,11 +93,16 @@ def window_means(series: Series, window_s: float, start_s: float, stop_s: float)
     ``start_s`` by ``window_s / 4`` while the window ends by ``stop_s``; windows without a step are left out."""
     out, t = [], start_s
     while t + window_s <= stop_s:
-        inside = [cpu for at, cpu in series if t <= at < t + window_s]
-        if inside:
-            out.append(statistics.fmean(inside))
+        if (mean := mean_in(series, t, t + window_s)) is not None:
+            out.append(mean)
         t += window_s / 4
     return out
+
+
+def mean_in(series: Series, start_s: float, stop_s: float) -> float | None:
+    """Mean CPU seconds a step of the steps that ended in ``[start_s, stop_s)``; None without one."""
+    inside = [cpu for at, cpu in series if start_s <= at < stop_s]
+    return statistics.fmean(inside) if inside else None
 
 
 def probe_corrected(series: list[Series], index: int, window_s: float, probe_s: float, gap_s: float,
@@ -107,10 +112,6 @@ def probe_corrected(series: list[Series], index: int, window_s: float, probe_s: 
     probe window ``[t, t + probe_s)``, and over the mean of the other copies' probe-window steps each divided by
     its mean step over the whole series (module docstring). Windows where a copy has no step are left out; with
     one copy the third list is empty."""
-    def mean_in(s: Series, a: float, b: float) -> float | None:
-        inside = [cpu for at, cpu in s if a <= at < b]
-        return statistics.fmean(inside) if inside else None
-
     overall = [statistics.fmean(cpu for _, cpu in s) for s in series]
     raw: list[float] = []
     own: list[float] = []

@@ -87,10 +87,14 @@ def repeat_argv(cmd: str, out_dir: Path) -> list[str]:
 
 
 def row(model: str, mode: str, repeat: int, run_dir: Path, wall_s: float | None) -> list[Any] | None:
-    """One ``repeat.csv`` row from ``run_dir/run.json``; None without one (a failed run)."""
+    """One ``repeat.csv`` row from ``run_dir/run.json``; None without one (a failed run) or without a measured and
+    predicted epoch (a run whose prediction failed: its tag ``prediction_error`` says why)."""
     try:
         r = json.loads((run_dir / "run.json").read_text())
     except (OSError, ValueError):
+        return None
+    if not all(isinstance(r.get(k), int | float) for k in ("steady_epoch_time_s", "predicted_epoch_time_s",
+                                                              "prediction_ratio")):
         return None
     return [model, mode, r.get("config"), repeat, r.get("steady_epoch_time_s"), r.get("predicted_epoch_time_s"),
             r.get("prediction_ratio"), r.get("first_epoch_time_s"), "" if wall_s is None else f"{wall_s:.1f}"]
@@ -175,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                     cwd=ROOT).returncode
             r = row(m, mode, k, run_dir, time.time() - t0)
             if r is None:
-                print(f"repeat {k} {m} {mode}: failed rc={rc}, see {run_dir / 'train.log'}", flush=True)
+                print(f"repeat {k} {m} {mode}: rc={rc}, no measured and predicted epoch, see {run_dir / 'train.log'}",
+                      flush=True)
                 continue
             print(f"repeat {k} {m} {mode}: measured {float(r[4]):.2f} s, predicted {float(r[5]):.2f} s, "
                   f"ratio {float(r[6]):.2f}", flush=True)

@@ -300,6 +300,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             resimulation shares the cores fairly (``contention`` and ``oversubscribed`` 1) and draws no layouts;
             counted again, S2VT's four-replica runs resimulated at 0.81-0.82 of their measured epoch while their
             compute took exactly the fair share of the cores (wall over CPU 1.96-2.00 with 4 ranks on 2 cores).
+            What is not measured (optimizer steps, the transport's CPU) then shares the cores fairly too, without
+            the host's slowdown of at most ``oversubscribed``: in session 27's ``make run`` that work was 7-63% of
+            a stage's predicted work (AlexNet's last stage the most) and ``oversubscribed`` at most 1.095, so at
+            most about 6% of a stage's work is left out.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads, compute_factors not one positive
             factor per stage.
