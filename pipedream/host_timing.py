@@ -18,6 +18,10 @@ core of its own, and copies taking turns on a core evict each other's caches at 
 (:func:`pipedream.sim.predict.host_scale`) does not see that. :func:`host_contention` times copies stepping at
 once against each copy's own time alone, so that the layout's draw cancels in the ratio (timed against the
 profiling process alone, as before, the reduced S2VT's two-copy figure came out 0.89-1.31 across profiles).
+
+Optimizer steps. A copy's step may carry optimizer steps over its own model (``step.updates``); each copy times
+them alone once a round (``updates``), so that the profile's optimizer-step rate is a mean over the copies' layouts
+and the probe's time rather than the profiling process's one draw (:mod:`pipedream.step_rates`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipedream.errors import PipeDreamError
@@ -64,12 +68,15 @@ class Sharing:
             how much slower (> 1) or faster a fresh memory layout of the model runs than the profiled one.
         alone_s: the copies' mean step alone, s.
         rounds: each round's slowdown, in order (the median is ``slowdown``): how far one round strays.
+        updates: per optimizer a copy's step carries (``step.updates``, :func:`_update_s`), the seconds of one
+            optimizer step of every copy of every round, alone (empty where the steps carry none).
     """
 
     slowdown: float
     layouts: tuple[float, ...]
     alone_s: float
     rounds: tuple[float, ...] = ()
+    updates: dict[str, tuple[float, ...]] = field(default_factory=dict)
 
 
 def host_contention(step: Step, fresh: Callable[[], Step], processes: int, seconds: float = 2.0, rounds: int = ROUNDS,
@@ -95,7 +102,8 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
     copy builds its step and warms up twice; ``step`` is timed in this process alone while the copies wait
     blocked; then for each count ``n`` in ascending order the first ``n`` copies step together (they start at a
     barrier; each keeps stepping until all ``n`` have timed theirs) while the rest wait blocked; then each copy
-    steps alone, one at a time. Every count's ratio takes the same round's alone time of the same copy, so one
+    steps alone, one at a time, and times the optimizer steps its step carries, if any (:func:`_update_s`). Every
+    count's ratio takes the same round's alone time of the same copy, so one
     model per copy and round serves all counts (measured count by count, with a model and an alone time per
     count, the reduced GNMT-8's probe took 65 s of its 80 s profile). A timing is a mean over
     ``seconds / rounds / (n + 2)`` for ``n`` copies together and ``seconds / rounds / (min(counts) + 2)`` alone,
@@ -106,7 +114,9 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
     Args:
         step: one forward, loss and backward of the profiled minibatch on the profiled model.
         fresh: returns such a step on a model and minibatch of its own (called in each child; picklable: a
-            module-level function or a ``functools.partial`` of one).
+            module-level function or a ``functools.partial`` of one); a step with an ``updates`` attribute (name
+            -> one optimizer step, :func:`pipedream.commands.profile.worker_step`) has those timed too
+            (:attr:`Sharing.updates`).
         counts: copies at once, one measurement each (the host's cores, and twice as many); below 2 nothing
             is measured (slowdown 1.0, no layouts).
         seconds: about how long each count's timings take in all, s.
@@ -129,22 +139,28 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
     for n in measured:
         share = max(1.0, n / host_cores())
         slowdowns, layouts, alone_s = [], [], []
-        for own, (together, alone) in zip(mine, timed, strict=True):
+        updates: dict[str, list[float]] = {}
+        for own, (together, alone, *rest) in zip(mine, timed, strict=True):
             slowdowns.append(statistics.harmonic_mean([t / a for t, a in zip(together[n], alone[:n], strict=True)]) / share)
             layouts += [a / own for a in alone[:n]]
             alone_s += alone[:n]
-        out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns))
+            for steps in (rest[0] if rest else [])[:n]:
+                for name, seconds_ in steps.items():
+                    updates.setdefault(name, []).append(seconds_)
+        out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns),
+                         {name: tuple(s) for name, s in updates.items()})
     return tuple(out.get(n, Sharing(1.0, (), 0.0)) for n in counts)
 
 
-Timed = tuple[dict[int, list[float]], list[float]]  # a round: per count n, the first n copies' step together; each one's alone
+# a round: per count n, the first n copies' step together; each one's alone; each one's optimizer steps (_update_s)
+Timed = tuple[dict[int, list[float]], list[float], list[dict[str, float]]]
 
 
 def _together_then_alone(fresh: Callable[[], Step], counts: tuple[int, ...], rounds: int, seconds: float,
                          min_steps: int, before_round: Callable[[], None]) -> list[Timed]:
-    """Per round, every copy's mean step (s) together with the first ``n`` of ``counts`` (ascending) and alone, on
-    a model it built for the round; ``max(counts)`` children are started once; ``before_round()`` runs while they
-    wait blocked, after they built the round's model."""
+    """Per round, every copy's mean step (s) together with the first ``n`` of ``counts`` (ascending) and alone, and
+    its optimizer steps alone (:func:`_update_s`), on a model it built for the round; ``max(counts)`` children are
+    started once; ``before_round()`` runs while they wait blocked, after they built the round's model."""
     ctx = mp.get_context("spawn")
     copies = max(counts)
     results = ctx.Queue()
@@ -166,9 +182,9 @@ def _together_then_alone(fresh: Callable[[], Step], counts: tuple[int, ...], rou
             for _ in counts:
                 phase.wait(timeout=timeout)  # the count's copies go
             phase.wait(timeout=timeout)  # the last count's copies are done; the alone timings go
-            got = sorted(results.get(timeout=timeout) for _ in range(copies))
-            assert [i for i, _, _ in got] == list(range(copies)), got
-            out.append(({n: [together[n] for _, together, _ in got[:n]] for n in counts}, [a for _, _, a in got]))
+            got = sorted((results.get(timeout=timeout) for _ in range(copies)), key=lambda r: r[0])
+            assert [r[0] for r in got] == list(range(copies)), got
+            out.append(({n: [r[1][n] for r in got[:n]] for n in counts}, [r[2] for r in got], [r[3] for r in got]))
             phase.wait(timeout=timeout)  # every copy timed alone; they go on together
         return out
     except Exception as e:
@@ -208,10 +224,28 @@ def _child(index: int, fresh: Callable[[], Step], counts: tuple[int, ...], round
         phase.wait(timeout=timeout)
         with turn:
             alone = _mean_step_s(step, _window_s(seconds, rounds, counts[0]), min_steps)
-        results.put((index, together, alone))
+            updates = _update_s(step)
+        results.put((index, together, alone, updates))
         # go on together: one building its next model (or tearing down) slowed the next ones alone (GNMT-8: 99,
         # 116, 138, 194 ms)
         phase.wait(timeout=timeout)
+
+
+def _update_s(step: Step) -> dict[str, float]:
+    """Seconds of one step of each optimizer ``step`` carries (``step.updates``: name -> a function doing one
+    optimizer step over the copy's parameters, :func:`pipedream.step_rates.update_step`; none: ``{}``), timed once
+    each as a worker meets it, right after a training step (whose activations have left the weights, gradients
+    and optimizer state out of the caches): an untimed first step (it creates the optimizer's state), a training
+    step, then the timed one. One timing a round per copy: a draw of the copy's memory layout and of the host's
+    speed, as its step alone is; the profile takes their mean over the copies and rounds."""
+    out: dict[str, float] = {}
+    for name, update in getattr(step, "updates", {}).items():
+        update()
+        step()
+        t0 = time.perf_counter()
+        update()
+        out[name] = time.perf_counter() - t0
+    return out
 
 
 def _window_s(seconds: float, rounds: int, copies: int) -> float:

@@ -1,11 +1,20 @@
 """How fast an optimizer steps on this host: seconds per parameter byte of SGD's, Adam's and Muon's step, timed
 as a worker steps (``meta.json`` ``optimizer_step_s_per_param_byte``; read back by
-:func:`pipedream.sim.profiled.step_rate`)."""
+:func:`pipedream.sim.profiled.step_rate`).
+
+One process's step is one draw of where its tensors land in memory and of the host's speed in the moment of its
+timing (:mod:`pipedream.host_timing`): on the 2-core CI VM (2026-11-29) Adam's step over the reduced AlexNet's
+6.4 MB of parameters took 8.9-13.4 ms in four fresh processes (each the median of 10 steps; one process's four
+medians 12.6-13.4 ms, another's 8.9-10.0 ms), GNMT-8's over 15.8 MB 22.5-29.8 ms, and a replay of one `make run`
+moved AlexNet's 3-1 pipeline's prediction by 10% with Adam's rate scaled by 0.75. So where `pipedream profile`
+runs its host probe, the probe's fresh copies each time the step too (:func:`update_step`, once a round, 20 draws
+spread over the probe) and their mean is the rate; :func:`optimizer_step_rates`, the profiling process's own
+median, stays the rate without the probe (GPUs, ``--host-seconds 0``) and for Muon."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -20,6 +29,36 @@ from pipedream.runtime.optim import hidden_matrices, make_optimizer
 # seconds of timed steps per optimizer after which a slow one stops (at least two timed; :func:`_timed`): SGD's and
 # Adam's steps on the reduced models take milliseconds and keep all their iterations, Muon's take seconds on a CPU
 STEP_BUDGET_S = 2.0
+# optimizers whose step the host probe's copies time (:func:`update_step`): Muon's needs the traced model's hidden
+# matrices and takes seconds on a CPU, so its rate is the profiling process's alone
+COPY_TIMED = ("sgd", "adam")
+
+
+def update_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], optimizer: str) -> Callable[[], None]:
+    """One ``optimizer`` step (built as :func:`pipedream.runtime.optim.make_optimizer` builds it at TrainConfig's
+    defaults) over ``params`` with ``grads`` as their gradients, then the gradients zeroed: what a worker's
+    ``STEP`` does besides copy on write. ``params`` are leaf tensors (the aliases of
+    :func:`pipedream.commands.profile.runtime_step`, ``run.params``, updated in place: the model's weights move)
+    and ``grads`` the buffers its step adds into (``run.grads``; each param's ``.grad`` is set to its buffer).
+    The first call creates the optimizer's state (momentum, Adam's moments) and is slower than the rest.
+
+    Raises:
+        PipeDreamError: an optimizer the copies do not time (:data:`COPY_TIMED`), or params and grads that differ
+            in number.
+    """
+    if optimizer not in COPY_TIMED:
+        raise PipeDreamError(f"a copy of the step times {', '.join(COPY_TIMED)}, not {optimizer!r}")
+    if len(params) != len(grads):
+        raise PipeDreamError(f"{len(params)} parameters but {len(grads)} gradients")
+    for p, g in zip(params, grads, strict=True):
+        p.grad = g
+    opt = make_optimizer(TrainConfig(optimizer=optimizer), params)
+
+    def update() -> None:
+        opt.step()
+        opt.zero_grad(set_to_none=False)
+
+    return update
 
 
 def optimizer_step_rates(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,

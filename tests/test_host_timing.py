@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,9 +81,10 @@ def test_the_copies_start_once_and_build_a_new_step_every_round(tmp_path: Path) 
     assert len(set(pids)) == 3 and sorted(pids.count(p) for p in set(pids)) == [3, 3, 3]
     assert calls == [3, 6, 9]
     assert len(rounds) == 3
-    for together, alone in rounds:
+    for together, alone, updates in rounds:
         assert sorted(together) == [2, 3] and len(together[2]) == 2 and len(together[3]) == 3 and len(alone) == 3
         assert all(0.004 < t < 0.05 for t in [*together[2], *together[3], *alone])
+        assert updates == [{}, {}, {}]  # a step without optimizer steps
 
 
 def _interval_step(log: str) -> None:  # sleeps 5 ms and appends "pid start end" to ``log``
@@ -237,10 +239,120 @@ def test_a_copy_builds_a_new_model_and_minibatch_every_round_on_data_loaded_once
     cfg = TrainConfig(model="alexnet", preset="reduced", data="synthetic", train_subset=8, val_subset=4,
                       batch_size=4)
     built: list[object] = []
-    monkeypatch.setattr(profile_cmd, "runtime_step", lambda model, criterion, x, y: built.append((model, x)))
+    monkeypatch.setattr(profile_cmd, "runtime_step", lambda model, criterion, x, y:
+                        built.append((model, x)) or types.SimpleNamespace(params=[], grads=[]))
     for _ in range(3):
         profile_cmd.worker_step(cfg, [0, 1, 2, 3], 1)
     assert loads == [1] and len(built) == 3
     models, inputs = [m for m, _ in built], [x for _, x in built]
     assert len({id(m) for m in models}) == 3 and len({x.data_ptr() for x in inputs}) == 3
     assert all(torch.equal(x, inputs[0]) for x in inputs)  # the same rows of the same data
+
+
+def _update(log: str, seconds: float) -> None:  # an optimizer step: sleeps, appends "pid start end" to ``log``
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    with open(log, "a") as f:
+        f.write(f"{os.getpid()} {t0} {time.monotonic()}\n")
+
+
+def _updating_stepper(log: str, updates_log: str) -> Callable[[], None]:
+    """A copy's step (5 ms, logged to ``log``) that carries a 20 ms SGD step (logged to ``updates_log``)."""
+    step = functools.partial(_interval_step, log)
+    step.updates = {"sgd": functools.partial(_update, updates_log, 0.02)}  # type: ignore[attr-defined]
+    return step
+
+
+def test_every_copy_times_its_optimizer_step_alone_once_a_round(tmp_path: Path) -> None:
+    """Counts (2,), 2 rounds, a step that carries a 20 ms SGD step: each copy steps the optimizer twice a round (an
+    untimed first step, then the timed one), while no other process steps anything; the 4 timings (2 copies x 2
+    rounds) are kept in ``updates``, each about 20 ms."""
+    log, updates_log = tmp_path / "steps.log", tmp_path / "updates.log"
+    got = host_timing.host_sharing(functools.partial(_interval_step, str(log)),
+                                   functools.partial(_updating_stepper, str(log), str(updates_log)), (2,),
+                                   seconds=0.1, rounds=2)[0]
+    assert set(got.updates) == {"sgd"} and len(got.updates["sgd"]) == 4
+    assert all(0.02 <= t < 0.06 for t in got.updates["sgd"])
+    steps = [(int(p), float(a), float(b)) for p, a, b in (line.split() for line in log.read_text().splitlines())]
+    updates = [(int(p), float(a), float(b)) for p, a, b in
+               (line.split() for line in updates_log.read_text().splitlines())]
+    assert sorted({p for p, _, _ in updates}) == sorted({p for p, _, _ in steps} - {os.getpid()})
+    assert all([p for p, _, _ in updates].count(q) == 4 for q, _, _ in updates)
+    assert not any(q != p and c < b and d > a for p, a, b in updates for q, c, d in steps)
+
+
+def test_an_optimizer_step_is_timed_after_an_untimed_one_and_a_training_step() -> None:
+    """The first optimizer step creates its state (50 ms here) and is not timed; a training step then leaves the
+    caches as a worker's step does; the second (5 ms) is the timing."""
+    calls: list[str] = []
+
+    def step() -> None:
+        calls.append("step")
+
+    def update() -> None:
+        calls.append("update")
+        time.sleep(0.05 if calls.count("update") == 1 else 0.005)
+
+    step.updates = {"adam": update}  # type: ignore[attr-defined]
+    got = host_timing._update_s(step)
+    assert calls == ["update", "step", "update"]
+    assert 0.005 <= got["adam"] < 0.04
+    assert host_timing._update_s(_sleep) == {}
+
+
+def test_a_count_keeps_the_optimizer_steps_of_its_own_copies_over_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts (2, 4), 2 rounds, copy i's Adam step i + 1 ms in round 0 and 2 (i + 1) ms in round 1: the count of 2
+    keeps copies 0 and 1 of both rounds (1, 2, 2, 4 ms), the count of 4 all eight."""
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
+    monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
+
+    def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
+        out = []
+        for r in range(rounds):
+            before_round()
+            out.append(({n: [2e-3] * n for n in counts}, [1e-3] * 4,
+                        [{"adam": (r + 1) * (i + 1) * 1e-3} for i in range(4)]))
+        return out
+
+    monkeypatch.setattr(host_timing, "_together_then_alone", fake)
+    two, four = host_timing.host_sharing(lambda: None, lambda: lambda: None, (2, 4), rounds=2)
+    assert two.updates == {"adam": pytest.approx((1e-3, 2e-3, 2e-3, 4e-3))}
+    assert four.updates == {"adam": pytest.approx((1e-3, 2e-3, 3e-3, 4e-3, 2e-3, 4e-3, 6e-3, 8e-3))}
+
+
+def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """`pipedream profile` with the host probe: the copies (here a stand-in whose four Adam steps took 10, 12, 14
+    and 24 ms) set ``optimizer_step_s_per_param_byte`` to their mean, 15 ms, over the model's parameter bytes; the
+    profiling process's own rate is kept under ``host``, and every copy's step; the copies' steps carry Adam's
+    step (the optimizer asked for)."""
+    import json
+
+    import pipedream.runtime.message_cost as message_cost
+    from pipedream.cli import build_parser
+    from pipedream.commands import profile as profile_cmd
+    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.task import load_task
+
+    asked: list[tuple[str, ...]] = []
+
+    def probe(step, fresh, counts, seconds):  # type: ignore[no-untyped-def]
+        asked.append(fresh.args[3])
+        one = Sharing(1.0, (1.0,) * 4, 1e-3)
+        return one, Sharing(1.1, (1.0,) * 4, 1e-3, (1.1,), {"adam": (0.010, 0.012, 0.014, 0.024)})
+
+    monkeypatch.setattr(profile_cmd, "host_sharing", probe)
+    monkeypatch.setattr(profile_cmd, "host_cores", lambda: 2)
+    monkeypatch.setattr(message_cost, "message_cost", lambda: (1e-4, 1e-10))
+    args = build_parser().parse_args(["profile", "--model", "alexnet", "--preset", "reduced", "--data", "synthetic",
+                                      "--profiled-batch", "4", "--warmup", "0", "--iters", "1",
+                                      "--optimizers", "adam", "--host-seconds", "1", "--out-dir", str(tmp_path)])
+    assert profile_cmd.run(args) == 0
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    model = load_task(TrainConfig(model="alexnet", preset="reduced", data="synthetic", batch_size=4)).model
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    assert asked == [("adam",)]
+    assert meta["optimizer_step_s_per_param_byte"] == {"adam": pytest.approx(0.015 / param_bytes)}
+    assert meta["host"]["optimizer_steps_s"] == {"adam": [0.010, 0.012, 0.014, 0.024]}
+    own = meta["host"]["process_optimizer_step_s_per_param_byte"]["adam"]
+    assert own > 0

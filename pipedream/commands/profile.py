@@ -72,7 +72,8 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
     CI VM (Intel Xeon, 2026-11-28; forward and backward alone, then with the add, interleaved in blocks of
     5 steps, thread CPU medians) 7% of the reduced AlexNet's step (6.4 MB of parameters, 16.7 ms), 1-2% of
     VGG-16's, ResNet-50's, S2VT's and GNMT-16's. The buffers are never zeroed: in a run the optimizer step
-    zeroes them, and its time is the profile's optimizer-step rate (:mod:`pipedream.step_rates`)."""
+    zeroes them, and its time is the profile's optimizer-step rate (:mod:`pipedream.step_rates`). ``run.params``
+    are the aliases in that order (what :func:`pipedream.step_rates.update_step` updates)."""
     import torch
 
     from pipedream.capture import call_args
@@ -89,6 +90,7 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
                 buffer.add_(g)
 
     run.grads = grads  # type: ignore[attr-defined]
+    run.params = needed  # type: ignore[attr-defined]
     return run
 
 
@@ -96,23 +98,29 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
 _DATASETS: dict[str, tuple[Any, Any]] = {}
 
 
-def worker_step(cfg: Any, rows: Any, threads: int) -> Callable[[], None]:
+def worker_step(cfg: Any, rows: Any, threads: int, optimizers: tuple[str, ...] = ()) -> Callable[[], None]:
     """:func:`runtime_step` on the model and minibatch (``rows`` of the training set) that this process builds from
     ``cfg`` (a :class:`~pipedream.runtime.config.TrainConfig`) as a worker does: for
     :func:`pipedream.host_timing.host_sharing`'s fresh processes, which call it every round. The data sets are
     loaded on the first call and kept: each round's copy is a new model and a new minibatch (a memory layout of
     its own) on the same data (on the 2-core CI machine the reduced S2VT's data loaded in 3.8 s the first time
-    and 0.9 s again in the same process: the copies' steps, not their data, take most of the probe)."""
+    and 0.9 s again in the same process: the copies' steps, not their data, take most of the probe). The step
+    carries one optimizer step of each of ``optimizers`` over its model (``run.updates``,
+    :func:`pipedream.step_rates.update_step`), which the probe times once a round in every copy
+    (:func:`pipedream.host_timing._update_s`)."""
     import torch
 
     from pipedream.runtime.task import load_task
+    from pipedream.step_rates import update_step
 
     keep_freed_memory()  # as the workers do
     torch.set_num_threads(threads)
     task = load_task(cfg, _DATASETS.get(repr(cfg)))
     _DATASETS[repr(cfg)] = task.train, task.val
     x, y = task.train.batch(rows)
-    return runtime_step(task.model, task.criterion, x, y)
+    run = runtime_step(task.model, task.criterion, x, y)
+    run.updates = {name: update_step(run.params, run.grads, name) for name in optimizers}  # type: ignore[attr-defined]
+    return run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -135,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
-    from pipedream.step_rates import optimizer_step_rates
+    from pipedream.step_rates import COPY_TIMED, optimizer_step_rates
 
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:
@@ -178,7 +186,9 @@ def run(args: argparse.Namespace) -> int:
     lap("data and whole step")
     host: dict[str, Any] = {"cores": cores, "contention": 1.0}
     if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        fresh = functools.partial(worker_step, cfg, rows, args.threads)  # a worker's own model, in a new process
+        # a worker's own model, in a new process, with the optimizer steps the copies time (pipedream.step_rates)
+        timed = tuple(name for name in rates if name in COPY_TIMED)
+        fresh = functools.partial(worker_step, cfg, rows, args.threads, timed)
         # one copy per core, then two per core (each gets half a core, and their switches evict each other's
         # caches), by the same 2 x cores fresh processes
         one, two = host_sharing(step, fresh, (cores, 2 * cores), args.host_seconds)
@@ -196,6 +206,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
+        # each optimizer step: the copies' mean over their layouts and the probe's time, not this process's one draw
+        param_bytes = sum(p.numel() * p.element_size() for p in task.model.parameters() if p.requires_grad)
+        if two.updates and param_bytes:
+            host["process_optimizer_step_s_per_param_byte"] = dict(rates)
+            host["optimizer_steps_s"] = {name: [round(x, 6) for x in xs] for name, xs in two.updates.items()}
+            for name, xs in two.updates.items():
+                mine = rates[name] * param_bytes
+                rates[name] = statistics.fmean(xs) / param_bytes
+                print(f"{args.model}: one {name} step takes {min(xs) * 1e3:.1f}-{max(xs) * 1e3:.1f} ms in the copies "
+                      f"(mean {statistics.fmean(xs) * 1e3:.1f} ms, the rate the predictions take), "
+                      f"{mine * 1e3:.1f} ms in this process")
         # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         lap("messages")
