@@ -140,11 +140,11 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
         share = max(1.0, n / host_cores())
         slowdowns, layouts, alone_s = [], [], []
         updates: dict[str, list[float]] = {}
-        for own, (together, alone, *rest) in zip(mine, timed, strict=True):
+        for own, (together, alone, optimizer_steps) in zip(mine, timed, strict=True):
             slowdowns.append(statistics.harmonic_mean([t / a for t, a in zip(together[n], alone[:n], strict=True)]) / share)
             layouts += [a / own for a in alone[:n]]
             alone_s += alone[:n]
-            for steps in (rest[0] if rest else [])[:n]:
+            for steps in optimizer_steps[:n]:
                 for name, seconds_ in steps.items():
                     updates.setdefault(name, []).append(seconds_)
         out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns),

@@ -35,7 +35,8 @@ def _rounds(pairs: Callable[[int], list[tuple[float, float]]]):  # type: ignore[
         for _ in range(rounds):
             before_round()
             got = {n: pairs(n) for n in counts}
-            out.append(({n: [t for t, _ in p] for n, p in got.items()}, [a for _, a in got[max(counts)]]))
+            alone = [a for _, a in got[max(counts)]]
+            out.append(({n: [t for t, _ in p] for n, p in got.items()}, alone, [{} for _ in alone]))
         return out
     return fake
 
