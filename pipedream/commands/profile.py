@@ -58,7 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
                         "prediction charges a run): any of %(choices)s. A run with an optimizer the "
                         "profile did not time is predicted without its step (a warning says so). The workflow "
-                        "passes the optimizers its runs train with: Muon's step takes seconds on a CPU")
+                        "passes the optimizers its runs train with: Muon's step takes seconds on a CPU. With the "
+                        "host probe, SGD's and Adam's rate is the mean of its fresh copies' steps (one each a round)")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
