@@ -34,6 +34,12 @@ STEP_BUDGET_S = 2.0
 COPY_TIMED = ("sgd", "adam")
 
 
+def trainable_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s parameters that require a gradient: what an optimizer step walks, and the bytes a step
+    time is divided by for its rate (:func:`optimizer_step_rates`, and the probe's copies in ``pipedream profile``)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
 def update_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], optimizer: str) -> Callable[[], None]:
     """One ``optimizer`` step (built as :func:`pipedream.runtime.optim.make_optimizer` builds it at TrainConfig's
     defaults) over ``params`` with ``grads`` as their gradients, then the gradients zeroed: what a worker's
@@ -121,5 +127,4 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
         opt.step()
         opt.zero_grad(set_to_none=False)
 
-    return (_timed(step, timing, prepare=forward_backward, budget_s=STEP_BUDGET_S)
-            / sum(p.numel() * p.element_size() for p in params))
+    return _timed(step, timing, prepare=forward_backward, budget_s=STEP_BUDGET_S) / trainable_bytes(net)

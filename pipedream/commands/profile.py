@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
-    from pipedream.step_rates import COPY_TIMED, optimizer_step_rates
+    from pipedream.step_rates import COPY_TIMED, optimizer_step_rates, trainable_bytes
 
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:
@@ -208,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
         # each optimizer step: the copies' mean over their layouts and the probe's time, not this process's one draw
-        param_bytes = sum(p.numel() * p.element_size() for p in task.model.parameters() if p.requires_grad)
+        param_bytes = trainable_bytes(task.model)  # what the process's own rate was divided by
         if two.updates and param_bytes:
             host["process_optimizer_step_s_per_param_byte"] = dict(rates)
             host["optimizer_steps_s"] = {name: [round(x, 6) for x in xs] for name, xs in two.updates.items()}
