@@ -170,3 +170,21 @@ def test_the_check_shows_how_old_each_runs_profile_was(tmp_path: Path) -> None:
     page = html_report(table, [], tmp_path, prediction_check=df)
     assert "profile's age at launch (min)" in page
     assert "<td class='n'>2.5</td>" in page  # minutes
+
+
+def test_the_ratio_panel_names_every_run_with_a_prediction(tmp_path: Path) -> None:
+    """The plot's right panel: one row per run with a ratio, in the check's order, a PipeDream run named by its
+    config and a DP run as DP; AlexNet's DP run (no prediction) has no row; only VGG-16's DP run was resimulated
+    (30 s measured, 24 s resimulated: 1.25)."""
+    from pipedream.table1.plots import ratio_points
+
+    results = _results(tmp_path)
+    path = results / "runs" / "vgg16" / "dp" / "run.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "resimulated_ratio": 1.25}))
+    points = ratio_points(prediction_rows(results, ["vgg16", "alexnet"]))
+    assert points["run"].tolist() == ["vgg16 3-1", "vgg16 DP", "alexnet 2-2"]
+    assert points["mode"].tolist() == ["PipeDream", "DP", "PipeDream"]
+    assert points["ratio"].tolist() == pytest.approx([1.1, 1.5, 0.95])
+    assert points["resimulated_ratio"].iloc[1] == pytest.approx(1.25)
+    assert points["resimulated_ratio"].iloc[[0, 2]].isna().all()
+    assert ratio_points(prediction_rows(results, ["resnet50"])).empty  # no runs: nothing to draw

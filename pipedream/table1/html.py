@@ -220,8 +220,9 @@ def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
              f"with the measured compute</th></tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
              f"<p>{s['within']} of {s['runs']} runs within ±{BAND:.0%} of their prediction; median |ratio − 1| "
              f"{median}.{diagnosis}</p>")
-    figures = "".join(figure(p, "Every run: measured mean epoch time against the epoch time predicted before it "
-                                f"started (log-log; the line is y = x, the band ±{BAND:.0%})")
+    figures = "".join(figure(p, "Every run: left, its measured epoch time against the epoch time predicted before "
+                                f"it started (log-log; the line is y = x, the band ±{BAND:.0%}); right, measured / "
+                                "predicted per run, and hollow, measured / resimulated with its compute as measured")
                      for p in plots if p.name == PLOT_NAME)
     return table + figures
 

@@ -97,19 +97,41 @@ def speedup_bars(table: pd.DataFrame, out: Path) -> None:
     _save(fig, out)
 
 
+def ratio_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the ratio panel of :func:`predicted_vs_measured`: one per run with a ratio, in ``df``'s order,
+    with ``run`` (``"<model> <config>"`` for PipeDream, ``"<model> DP"``), ``mode`` (``PipeDream`` or ``DP``),
+    ``ratio`` (measured / predicted) and ``resimulated_ratio`` (measured / resimulated; NaN where the run was not
+    resimulated or ``df`` has no such column)."""
+    data = df[df["ratio"].notna() & (df["ratio"] > 0)]
+    resim = data["resimulated_ratio"] if "resimulated_ratio" in data else pd.Series(math.nan, index=data.index)
+    return pd.DataFrame({
+        "run": [f"{m} DP" if mode == "dp" else f"{m} {c}" if str(c) else str(m)
+                for m, mode, c in zip(data["model"], data["mode"], data["config"].fillna("").astype(str), strict=True)],
+        "mode": data["mode"].map({"pipedream": "PipeDream", "dp": "DP"}).fillna(data["mode"]).tolist(),
+        "ratio": data["ratio"].astype(float).tolist(),
+        "resimulated_ratio": resim.astype(float).tolist()})
+
+
 def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15) -> None:
-    """Every run's measured mean epoch time against its predicted one (the paper's real-versus-predicted
-    figure): log-log scatter, the line y = x and a band of +-``band`` around it, each point labelled by
-    model and mode.
+    """Every run's measured epoch time against its predicted one, in two panels. Left, the paper's
+    real-versus-predicted figure: a log-log scatter, the line y = x and a band of +-``band`` around it. Right, one
+    row per run (:func:`ratio_points`, which names them): measured / predicted, the same band shaded, and hollow
+    beside it the run resimulated with its stages' compute as measured (:mod:`pipedream.table1.prediction`), which
+    shows how much of a miss the compute explains.
 
     Args:
         df: rows of :func:`pipedream.table1.prediction.prediction_rows` (seconds); rows without a
             prediction are left out.
+        out: the PNG to write. band: the agreement band, a fraction (0.15: +-15%).
     """
     plt, sns = _pyplot()
     data = df.dropna(subset=["measured_epoch_s", "predicted_epoch_s"])
-    data = data[(data["measured_epoch_s"] > 0) & (data["predicted_epoch_s"] > 0)]
-    fig, ax = plt.subplots(figsize=(6, 5))
+    data = data[(data["measured_epoch_s"] > 0) & (data["predicted_epoch_s"] > 0)].reset_index(drop=True)
+    points = ratio_points(data)
+    modes = list(dict.fromkeys(points["mode"]))
+    palette = dict(zip(modes, sns.color_palette(), strict=False))
+    markers = dict(zip(modes, ["o", "X", "s", "D", "^", "v"], strict=False))
+    fig, (ax, rx) = plt.subplots(1, 2, figsize=(12, max(5.0, 0.3 * len(points) + 1.8)))
     if len(data):
         lo = min(data["measured_epoch_s"].min(), data["predicted_epoch_s"].min()) / 1.5
         hi = max(data["measured_epoch_s"].max(), data["predicted_epoch_s"].max()) * 1.5
@@ -117,11 +139,8 @@ def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15) -> No
         ax.plot(xs, xs, color="black", linewidth=1, label="measured = predicted")
         ax.fill_between(xs, [x * (1 - band) for x in xs], [x * (1 + band) for x in xs], color="grey", alpha=0.2,
                         label=f"within ±{band:.0%}")
-        sns.scatterplot(data=data.assign(mode=data["mode"].map({"pipedream": "PipeDream", "dp": "DP"})),
-                        x="predicted_epoch_s", y="measured_epoch_s", hue="mode", style="mode", s=60, ax=ax)
-        for r in data.itertuples(index=False):
-            ax.annotate(f"{r.model} {r.mode}", (r.predicted_epoch_s, r.measured_epoch_s), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
+        sns.scatterplot(data=data.assign(mode=points["mode"]), x="predicted_epoch_s", y="measured_epoch_s",
+                        hue="mode", style="mode", palette=palette, markers=markers, s=60, ax=ax)
         ax.set_xlim(lo, hi)
         ax.set_ylim(lo, hi)
         ax.set_xscale("log")
@@ -132,11 +151,30 @@ def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15) -> No
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_formatter(seconds)
             axis.set_minor_formatter(seconds)
-        ax.tick_params(which="minor", labelsize=7)
+        ax.tick_params(which="both", labelsize=8)
         ax.legend(loc="upper left", fontsize=8)
+        rx.axvspan(1 - band, 1 + band, color="grey", alpha=0.2, label=f"within ±{band:.0%}")
+        rx.axvline(1.0, color="black", linewidth=1)
+        for mode in modes:
+            rows = points[points["mode"] == mode]
+            rx.scatter(rows["ratio"], rows.index, marker=markers[mode], color=palette[mode], s=50, zorder=3,
+                       label=f"{mode}: measured / predicted")
+            resim = rows.dropna(subset=["resimulated_ratio"])
+            if len(resim):
+                rx.scatter(resim["resimulated_ratio"], resim.index, marker=markers[mode], facecolors="none",
+                           edgecolors=palette[mode], s=50, zorder=3, label=f"{mode}: measured / resimulated")
+        values = pd.concat([points["ratio"], points["resimulated_ratio"].dropna()])
+        rx.set_xlim(min(values.min(), 1 - band) - 0.05, max(values.max(), 1 + band) + 0.05)
+        rx.set_yticks(list(points.index), points["run"].tolist(), fontsize=8)
+        rx.set_ylim(len(points) - 0.5, -0.5)  # the first run on top
+        within = int(((points["ratio"] - 1).abs() <= band).sum())
+        rx.set_title(f"{within} of {len(points)} runs within ±{band:.0%}; median |ratio − 1| "
+                     f"{(points['ratio'] - 1).abs().median():.1%}", fontsize=10)
+        rx.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, fontsize=7, frameon=False)
     ax.set_xlabel("predicted epoch time (s)")
-    ax.set_ylabel("measured mean epoch time (s)")
+    ax.set_ylabel("measured epoch time (s)")
     ax.set_title("Every run: measured against predicted epoch time")
+    rx.set_xlabel("measured / predicted epoch time")
     fig.tight_layout()
     _save(fig, out)
 
