@@ -70,6 +70,8 @@ class Sharing:
         rounds: each round's slowdown, in order (the median is ``slowdown``): how far one round strays.
         updates: per optimizer a copy's step carries (``step.updates``, :func:`_update_s`), the seconds of one
             optimizer step of every copy of every round, alone (empty where the steps carry none).
+        alone: every copy's step alone in every round, s, in the order of ``layouts`` (round by round); their mean
+            is ``alone_s``.
     """
 
     slowdown: float
@@ -77,6 +79,7 @@ class Sharing:
     alone_s: float
     rounds: tuple[float, ...] = ()
     updates: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    alone: tuple[float, ...] = ()
 
 
 def host_contention(step: Step, fresh: Callable[[], Step], processes: int, seconds: float = 2.0, rounds: int = ROUNDS,
@@ -148,7 +151,7 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
                 for name, seconds_ in steps.items():
                     updates.setdefault(name, []).append(seconds_)
         out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns),
-                         {name: tuple(s) for name, s in updates.items()})
+                         {name: tuple(s) for name, s in updates.items()}, tuple(alone_s))
     return tuple(out.get(n, Sharing(1.0, (), 0.0)) for n in counts)
 
 

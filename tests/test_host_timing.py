@@ -185,6 +185,29 @@ def test_the_ratio_is_each_copy_against_itself_over_its_fair_share(monkeypatch: 
     assert got.alone_s == pytest.approx(1.5e-3)
 
 
+def test_every_copys_step_alone_is_kept_round_by_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rounds of counts (2, 4): copy j of round r steps alone in (r + 1) ms + j x 0.1 ms (this process: 2 ms).
+    Each count keeps its own copies' steps alone, round by round in the layouts' order (count 2: copies 0 and 1 of
+    each round), and their mean is the mean step alone: count 4 (1.15 + 2.15) / 2 = 1.65 ms."""
+    monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
+    monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 2e-3)
+
+    def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
+        out = []
+        for r in range(rounds):
+            before_round()
+            alone = [(r + 1) * 1e-3 + j * 1e-4 for j in range(max(counts))]
+            out.append(({n: [2 * a for a in alone[:n]] for n in counts}, alone, [{} for _ in alone]))
+        return out
+
+    monkeypatch.setattr(host_timing, "_together_then_alone", fake)
+    one, two = host_timing.host_sharing(lambda: None, lambda: lambda: None, (2, 4), rounds=2)
+    assert one.alone == pytest.approx((1.0e-3, 1.1e-3, 2.0e-3, 2.1e-3))
+    assert two.alone == pytest.approx((1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 2.0e-3, 2.1e-3, 2.2e-3, 2.3e-3))
+    assert two.alone_s == pytest.approx(1.65e-3)
+    assert two.layouts == pytest.approx(tuple(a / 2e-3 for a in two.alone))
+
+
 def test_the_rounds_median_keeps_a_burst_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three rounds measure 1.1, 3.0 (another process burst in) and 1.2: the slowdown is 1.2."""
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
@@ -325,8 +348,8 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """`pipedream profile` with the host probe: the copies (here a stand-in whose four Adam steps took 10, 12, 14
     and 24 ms) set ``optimizer_step_s_per_param_byte`` to their mean, 15 ms, over the model's parameter bytes; the
-    profiling process's own rate is kept under ``host``, and every copy's step; the copies' steps carry Adam's
-    step (the optimizer asked for)."""
+    profiling process's own rate is kept under ``host``, and every copy's optimizer step and training step alone;
+    the copies' steps carry Adam's step (the optimizer asked for)."""
     import json
 
     import pipedream.runtime.message_cost as message_cost
@@ -340,7 +363,8 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
     def probe(step, fresh, counts, seconds):  # type: ignore[no-untyped-def]
         asked.append(fresh.args[3])
         one = Sharing(1.0, (1.0,) * 4, 1e-3)
-        return one, Sharing(1.1, (1.0,) * 4, 1e-3, (1.1,), {"adam": (0.010, 0.012, 0.014, 0.024)})
+        return one, Sharing(1.1, (1.0,) * 4, 1e-3, (1.1,), {"adam": (0.010, 0.012, 0.014, 0.024)},
+                            (0.8e-3, 0.9e-3, 1.1e-3, 1.2e-3))
 
     monkeypatch.setattr(profile_cmd, "host_sharing", probe)
     monkeypatch.setattr(profile_cmd, "host_cores", lambda: 2)
@@ -355,5 +379,7 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
     assert asked == [("adam",)]
     assert meta["optimizer_step_s_per_param_byte"] == {"adam": pytest.approx(0.015 / param_bytes)}
     assert meta["host"]["optimizer_steps_s"] == {"adam": [0.010, 0.012, 0.014, 0.024]}
+    assert meta["host"]["copy_steps_s"] == pytest.approx([0.8e-3, 0.9e-3, 1.1e-3, 1.2e-3])  # every copy's step alone
+    assert meta["host"]["copy_step_s"] == pytest.approx(1e-3)
     own = meta["host"]["process_optimizer_step_s_per_param_byte"]["adam"]
     assert own > 0

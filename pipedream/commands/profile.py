@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(meta.json host.contention: shared memory bandwidth and caches; host.oversubscribed: "
                         "copies taking turns on a core) slow the predicted compute of runs on this host, and each "
                         "copy's time alone over this process's (host.layouts: where a copy's tensors land in "
-                        "memory) is drawn for each rank; and time the CPU a message costs its two ranks "
+                        "memory) is drawn for each rank (every copy's step alone: host.copy_steps_s; their mean, "
+                        "host.copy_step_s, is the step predictions take); and time the CPU a message costs its two ranks "
                         "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS, metavar="OPT",
                    help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         # the step of a typical one (pipedream.sim.profiled.profiled_composition)
         layouts, copy_step_s = two.layouts, two.alone_s
         host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts],
-                    copy_step_s=copy_step_s,
+                    copy_step_s=copy_step_s, copy_steps_s=[round(x, 6) for x in two.alone],
                     contention_rounds=[round(x, 4) for x in one.rounds],
                     oversubscribed_rounds=[round(x, 4) for x in two.rounds])
         print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
