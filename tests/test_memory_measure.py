@@ -197,6 +197,9 @@ def test_1f1b_stages_hold_their_stashed_versions_beside_the_live_weights(tmp_pat
     assert row["voluntary_switches_stage3"] >= 1 and all(row[f"involuntary_switches_stage{s}"] >= 0 for s in range(4))
     # the main thread's CPU in the forwards and backwards: some, and never more than their wall time
     assert all(0 < row[f"compute_cpu_s_stage{s}"] <= row[f"compute_s_stage{s}"] + 1e-3 for s in range(4))
+    # ... and in the optimizer steps: some on every stage, within the process's CPU with the compute's
+    assert all(0 < row[f"step_cpu_s_stage{s}"] and row[f"compute_cpu_s_stage{s}"] + row[f"step_cpu_s_stage{s}"]
+               <= row[f"cpu_s_stage{s}"] + 1e-3 for s in range(4))
 
 
 def test_memory_window_ends_after_the_kth_minibatchs_last_backward() -> None:

@@ -316,3 +316,21 @@ def test_predicted_memory_of_a_run_by_hand() -> None:
                          EpochShape("pipedream_flush", 4, 4, 8, 128, recompute=True))
     assert got[0] == {"weights": 200, "gradients": 200, "optimizer": 0, "activations": 800, "buffers": 2 * 800,
                       "total": 200 + 200 + 800 + 1600}
+
+
+def test_the_optimizer_steps_work_per_stage_by_hand() -> None:
+    """The straight 2-stage 1F1B pipeline above with 1000 bytes of parameters a layer and SGD at 1 ms a byte:
+    6 minibatches, so 6 steps a stage. Stage 0 keeps 2 weight versions and copies on write (COPY_TRAFFIC /
+    STEP_TRAFFIC["sgd"] = 2 / 6 more): 6 x 1.0 s x (1 + 1/3) = 8 s; stage 1 keeps one: 6 x 1.0 s = 6 s. Both are in
+    the stages' work, beside the 18 s of forwards and backwards. DP on 2 ranks, 4 minibatches: 2 steps a rank over
+    both layers' 2000 bytes, no copy: 4 s."""
+    g = chain(2, 1.0, 2.0, param_bytes=1000.0)
+    shape = EpochShape("1f1b", 8, 1, 6, 48)
+    pred = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
+                         optimizer="sgd", step_s_per_param_byte=1e-3)
+    assert pred.step_work_s == pytest.approx([6 * 1.0 * (1 + 2 / 6), 6 * 1.0])
+    assert pred.work_s == pytest.approx([18 + 8, 18 + 6])
+    assert pred.to_dict()["step_work_s"] == pytest.approx([8.0, 6.0])
+    dp = predict_epoch(g, [["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32),
+                       cores=2, optimizer="sgd", step_s_per_param_byte=1e-3)
+    assert dp.step_work_s == pytest.approx([2 * 2.0])

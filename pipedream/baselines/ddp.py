@@ -107,13 +107,16 @@ class Busy:
         compute_cpu_s: CPU seconds of the main thread in them (:func:`time.thread_time`), the backward's up to
             ``loss.backward()``'s return: what DDP does after the last launch counts, the blocked wait for the
             allreduce costs none (so it can exceed ``compute_s``, never ``compute_s + wait_s``).
+        step_cpu_s: CPU seconds of the main thread in the optimizer steps (zeroing the gradients, the learning
+            rate's update and ``optimizer.step()``), what the prediction charges as each step's work.
         wait_s: wall seconds inside ``loss.backward()`` after the last bucket's launch (with the emulated link).
         cpu_s: CPU seconds of the whole process over the epoch's training, every thread (gloo's included).
     """
 
-    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "compute_cpu_s", "wait_s", "cpu_s")
+    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s")
     compute_s: float = 0.0
     compute_cpu_s: float = 0.0
+    step_cpu_s: float = 0.0
     wait_s: float = 0.0
     cpu_s: float = 0.0
 
@@ -223,13 +226,17 @@ def train(cfg: TrainConfig) -> None:
             busy.add_forward(w0, c0)
             if counting:  # the peak: every activation saved, and the gradients and state kept
                 meter.count(held(model, optimizer, [x, y], saved.tensors_of(i)), copies=1)
+            c0 = time.thread_time()
             optimizer.zero_grad(set_to_none=False)
+            busy.step_cpu_s += time.thread_time() - c0
             w0, c0 = time.perf_counter(), time.thread_time()
             loss.backward()
             busy.add_backward(w0, c0, launch_s[0] if launch_s is not None else None)
             saved.drop(i)
+            c0 = time.thread_time()
             lr.before_step(cfg, optimizer, list(model.parameters()), epoch + i / steps, scale)
             optimizer.step()
+            busy.step_cpu_s += time.thread_time() - c0
             if counting:
                 meter.count(held(model, optimizer, [x, y], []), copies=1)
             value = float(loss.detach())

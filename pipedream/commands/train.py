@@ -412,6 +412,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
     if age is not None:
         final["profile_age_s"] = age
     work, scale = prediction.get("work_s") or [], prediction.get("compute_scale") or []
+    step_work = prediction.get("step_work_s") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
         final[f"predicted_compute_s_stage{k}"] = busy
@@ -426,6 +427,10 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if compute_cpu and k < len(scale) and scale[k] > 0:  # the compute's CPU against its work at full speed
             final[f"measured_compute_cpu_s_stage{k}"] = sum(compute_cpu) / len(compute_cpu)
             final[f"predicted_compute_work_s_stage{k}"] = busy / scale[k]
+        step_cpu = [e[f"step_cpu_s_stage{k}"] for e in steady if f"step_cpu_s_stage{k}" in e]
+        if step_cpu and k < len(step_work):  # the optimizer steps' CPU against their predicted work
+            final[f"measured_step_cpu_s_stage{k}"] = sum(step_cpu) / len(step_cpu)
+            final[f"predicted_step_work_s_stage{k}"] = step_work[k]
     resimulated = _resimulated(args, cfg, plan_file, final) if predicted is not None else None
     if resimulated is not None:  # how much of the miss the compute explains (not a prediction: it reads the run)
         final.update(resimulated_epoch_time_s=resimulated,

@@ -87,6 +87,9 @@ class EpochStats:
     # CPU seconds of this rank's main thread in those forwards and backwards (time.thread_time): below compute_s
     # by the time the rank waited for a core; above the profile's work by what sharing the host costs the compute
     compute_cpu_s: float = 0.0
+    # CPU seconds of the main thread in the optimizer steps (copy on write, the step, zeroing the buckets; with
+    # shared parameters their sum first): what the prediction charges as each STEP's work
+    step_cpu_s: float = 0.0
     wait_s: float = 0.0
     cpu_s: float = 0.0  # CPU seconds of the whole process over the pass, every thread (gloo's included)
     # context switches of the whole process over the pass (getrusage: ru_nvcsw, a thread blocked, e.g. on a receive;
@@ -436,6 +439,13 @@ class StageExecutor:
         self._comm_event(event, self._reducing, bucket, t)
 
     def _do_step(self, a: Action) -> None:
+        c0 = time.thread_time()
+        try:
+            self._step(a)
+        finally:
+            self.stats.step_cpu_s += time.thread_time() - c0
+
+    def _step(self, a: Action) -> None:
         if self.shared is not None:
             self.shared.sum_()
         if self.first_grads is None:

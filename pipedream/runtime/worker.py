@@ -46,7 +46,7 @@ from pipedream.runtime.versions import Policy, WeightVersions
 FAULT_ENV = D.FAULT_ENV
 # the EpochStats fields each rank sums over the epoch's training and rank 0 logs per stage (``<name>_stage<s>``,
 # mean over the stage's replicas; :func:`_stage_row`)
-BUSY = ("compute_s", "compute_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches")
+BUSY = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches")
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 
 
@@ -292,6 +292,7 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
 
     * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`),
       ``compute_cpu_s_stage<s>`` (the main thread's CPU seconds in them, :attr:`EpochStats.compute_cpu_s`),
+      ``step_cpu_s_stage<s>`` (its CPU seconds in the optimizer steps, :attr:`EpochStats.step_cpu_s`),
       ``wait_s_stage<s>`` (blocked on receives and allreduces) and ``cpu_s_stage<s>`` (CPU seconds of the
       whole process, every thread, :attr:`EpochStats.cpu_s`), seconds, and ``voluntary_switches_stage<s>`` and
       ``involuntary_switches_stage<s>`` (the process's context switches: blocked, preempted;

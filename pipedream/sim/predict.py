@@ -143,6 +143,8 @@ class Prediction:
             (forwards, backwards, optimizer steps and its share of the allreduces' CPU, mean over the stage's
             ranks): the CPU seconds it would spend if nothing else cost any, against which the runtime's
             ``cpu_s_stage<s>`` is compared.
+        step_work_s: per stage, the part of ``work_s`` in its optimizer steps (copy on write, the step, zeroing
+            the gradients), against which the runtime's ``step_cpu_s_stage<s>`` is compared.
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
     """
@@ -163,6 +165,7 @@ class Prediction:
     memory: list[dict[str, float]] = field(default_factory=list)
     compute_s: list[float] = field(default_factory=list)
     work_s: list[float] = field(default_factory=list)
+    step_work_s: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
@@ -172,7 +175,7 @@ class Prediction:
                 "oversubscribed": self.oversubscribed, "composition": self.composition,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
-                "compute_s": self.compute_s, "work_s": self.work_s}
+                "compute_s": self.compute_s, "work_s": self.work_s, "step_work_s": self.step_work_s}
 
 
 def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0,
@@ -383,8 +386,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     per_unit = units / traced if traced else 0.0
     work_s = [sum(sp.work_s for sp in spans + res.trace.background if stage_of[sp.rank] == s) * per_unit / len(rs)
               for s, rs in enumerate(stage_ranks)]
+    step_work_s = [sum(sp.work_s for sp in res.trace.steps if stage_of[sp.rank] == s) * per_unit / len(rs)
+                   for s, rs in enumerate(stage_ranks)]
     return Prediction(epoch_s=epoch_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
-                      work_s=work_s,
+                      work_s=work_s, step_work_s=step_work_s,
                       busy_ranks=sum(res.utilisation),
                       cores=cores, threads=threads, contention=contention, oversubscribed=oversubscribed,
                       composition=composition, shape=shape,

@@ -31,7 +31,8 @@ COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "
 CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
                    "measured_cpu_s", "predicted_work_s", "cpu_ratio", "measured_compute_cpu_s",
-                   "predicted_compute_work_s", "compute_cpu_ratio"]
+                   "predicted_compute_work_s", "compute_cpu_ratio", "measured_step_cpu_s", "predicted_step_work_s",
+                   "step_cpu_ratio"]
 COMPUTE_CSV_NAME = "compute_check.csv"
 PLOT_NAME = "prediction_check.png"
 
@@ -73,7 +74,9 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
     sharing the host costs the compute itself beyond the wait for a core (caches evicted at every switch; the
     prediction assumes the profile's ``host.oversubscribed`` at most). A DDP run is one stage: its forwards and
     backwards up to the last bucket's launch, the rest of the backward its wait for the link
-    (:class:`pipedream.baselines.ddp.Busy`).
+    (:class:`pipedream.baselines.ddp.Busy`). ``step_cpu_ratio``: the main thread's CPU in the optimizer steps
+    (``measured_step_cpu_s_stage<s>``) over the steps' predicted work (``predicted_step_work_s_stage<s>``: the
+    profile's step rate, with copy on write where the stage stashes weight versions).
     Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured /
     predicted compute; NaN where a run logged no CPU seconds)."""
     rows = []
@@ -92,6 +95,9 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
                            for k in ("measured_compute_cpu_s", "predicted_compute_work_s"))
             rows[-1].update(measured_compute_cpu_s=ccpu, predicted_compute_work_s=cwork,
                             compute_cpu_ratio=ccpu / cwork if cwork > 0 else math.nan)
+            scpu, swork = (_number(run.get(f"{k}_stage{stage}")) for k in ("measured_step_cpu_s", "predicted_step_work_s"))
+            rows[-1].update(measured_step_cpu_s=scpu, predicted_step_work_s=swork,
+                            step_cpu_ratio=scpu / swork if swork > 0 else math.nan)
             stage += 1
     return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
 
