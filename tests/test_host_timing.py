@@ -41,6 +41,20 @@ def _rounds(pairs: Callable[[int], list[tuple[float, float]]]):  # type: ignore[
     return fake
 
 
+def _copies(alone: Callable[[int, int], float],
+            updates: Callable[[int, int], dict[str, float]] = lambda r, j: {}):  # type: ignore[no-untyped-def]
+    """A stand-in for the children's rounds from every copy's own figures: copy ``j`` of round ``r`` steps alone in
+    ``alone(r, j)`` s and twice that together, and its optimizer steps take ``updates(r, j)``."""
+    def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
+        out = []
+        for r in range(rounds):
+            before_round()
+            a = [alone(r, j) for j in range(max(counts))]
+            out.append(({n: [2 * x for x in a[:n]] for n in counts}, a, [updates(r, j) for j in range(max(counts))]))
+        return out
+    return fake
+
+
 def test_copies_of_a_step_that_only_sleeps_contend_for_nothing() -> None:
     """Fresh processes sleeping 5 ms a step: together as fast as alone, and each as fast as this process."""
     got = host_contention(_sleep, _sleeper, 2, seconds=0.6, rounds=2)
@@ -191,16 +205,7 @@ def test_every_copys_step_alone_is_kept_round_by_round(monkeypatch: pytest.Monke
     each round), and their mean is the mean step alone: count 4 (1.15 + 2.15) / 2 = 1.65 ms."""
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 2e-3)
-
-    def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
-        out = []
-        for r in range(rounds):
-            before_round()
-            alone = [(r + 1) * 1e-3 + j * 1e-4 for j in range(max(counts))]
-            out.append(({n: [2 * a for a in alone[:n]] for n in counts}, alone, [{} for _ in alone]))
-        return out
-
-    monkeypatch.setattr(host_timing, "_together_then_alone", fake)
+    monkeypatch.setattr(host_timing, "_together_then_alone", _copies(lambda r, j: (r + 1) * 1e-3 + j * 1e-4))
     one, two = host_timing.host_sharing(lambda: None, lambda: lambda: None, (2, 4), rounds=2)
     assert one.alone == pytest.approx((1.0e-3, 1.1e-3, 2.0e-3, 2.1e-3))
     assert two.alone == pytest.approx((1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 2.0e-3, 2.1e-3, 2.2e-3, 2.3e-3))
@@ -329,16 +334,8 @@ def test_a_count_keeps_the_optimizer_steps_of_its_own_copies_over_every_round(mo
     keeps copies 0 and 1 of both rounds (1, 2, 2, 4 ms), the count of 4 all eight."""
     monkeypatch.setattr(host_timing, "host_cores", lambda: 2)
     monkeypatch.setattr(host_timing, "_mean_step_s", lambda step, seconds, min_steps: 1e-3)
-
-    def fake(fresh, counts, rounds, seconds, min_steps, before_round):  # type: ignore[no-untyped-def]
-        out = []
-        for r in range(rounds):
-            before_round()
-            out.append(({n: [2e-3] * n for n in counts}, [1e-3] * 4,
-                        [{"adam": (r + 1) * (i + 1) * 1e-3} for i in range(4)]))
-        return out
-
-    monkeypatch.setattr(host_timing, "_together_then_alone", fake)
+    monkeypatch.setattr(host_timing, "_together_then_alone",
+                        _copies(lambda r, j: 1e-3, lambda r, j: {"adam": (r + 1) * (j + 1) * 1e-3}))
     two, four = host_timing.host_sharing(lambda: None, lambda: lambda: None, (2, 4), rounds=2)
     assert two.updates == {"adam": pytest.approx((1e-3, 2e-3, 2e-3, 4e-3))}
     assert four.updates == {"adam": pytest.approx((1e-3, 2e-3, 3e-3, 4e-3, 2e-3, 4e-3, 6e-3, 8e-3))}
