@@ -66,20 +66,22 @@ class Sharing:
             sharing explains is not counted twice); the median over the rounds; >= 1 up to noise.
         layouts: every copy's step alone over the profiling process's step in the same round (dimensionless):
             how much slower (> 1) or faster a fresh memory layout of the model runs than the profiled one.
-        alone_s: the copies' mean step alone, s.
         rounds: each round's slowdown, in order (the median is ``slowdown``): how far one round strays.
         updates: per optimizer a copy's step carries (``step.updates``, :func:`_update_s`), the seconds of one
             optimizer step of every copy of every round, alone (empty where the steps carry none).
-        alone: every copy's step alone in every round, s, in the order of ``layouts`` (round by round); their mean
-            is ``alone_s``.
+        alone: every copy's step alone in every round, s, in the order of ``layouts`` (round by round).
     """
 
     slowdown: float
     layouts: tuple[float, ...]
-    alone_s: float
     rounds: tuple[float, ...] = ()
     updates: dict[str, tuple[float, ...]] = field(default_factory=dict)
     alone: tuple[float, ...] = ()
+
+    @property
+    def alone_s(self) -> float:
+        """The copies' mean step alone, s (0 where nothing was measured)."""
+        return statistics.fmean(self.alone) if self.alone else 0.0
 
 
 def host_contention(step: Step, fresh: Callable[[], Step], processes: int, seconds: float = 2.0, rounds: int = ROUNDS,
@@ -130,7 +132,7 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
     """
     measured = tuple(sorted(n for n in set(counts) if n >= 2))
     if not measured:
-        return tuple(Sharing(1.0, (), 0.0) for _ in counts)
+        return tuple(Sharing(1.0, ()) for _ in counts)
     step()  # warm up this process
     mine: list[float] = []  # this process's step, timed in each round while the copies wait
 
@@ -150,9 +152,9 @@ def host_sharing(step: Step, fresh: Callable[[], Step], counts: tuple[int, ...],
             for steps in optimizer_steps[:n]:
                 for name, seconds_ in steps.items():
                     updates.setdefault(name, []).append(seconds_)
-        out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), statistics.fmean(alone_s), tuple(slowdowns),
+        out[n] = Sharing(statistics.median(slowdowns), tuple(layouts), tuple(slowdowns),
                          {name: tuple(s) for name, s in updates.items()}, tuple(alone_s))
-    return tuple(out.get(n, Sharing(1.0, (), 0.0)) for n in counts)
+    return tuple(out.get(n, Sharing(1.0, ())) for n in counts)
 
 
 # a round: per count n, the first n copies' step together; each one's alone; each one's optimizer steps (_update_s)

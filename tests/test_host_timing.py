@@ -145,7 +145,7 @@ def test_each_count_is_measured_in_turn_by_the_same_copies(monkeypatch: pytest.M
     one, none, two = host_timing.host_sharing(lambda: None, lambda: lambda: None, (2, 1, 4), rounds=3)
     assert one.slowdown == pytest.approx(2.0) and len(one.layouts) == 6
     assert two.slowdown == pytest.approx(1.0) and len(two.layouts) == 12
-    assert none == Sharing(1.0, (), 0.0)
+    assert none == Sharing(1.0, ())
 
 
 @pytest.mark.slow
@@ -180,7 +180,7 @@ def test_the_copies_die_with_the_profiling_process(tmp_path: Path) -> None:
 
 
 def test_one_copy_measures_nothing() -> None:
-    assert host_contention(_sleep, lambda: _sleep, 1) == Sharing(1.0, (), 0.0)
+    assert host_contention(_sleep, lambda: _sleep, 1) == Sharing(1.0, ())
 
 
 @pytest.mark.parametrize(("processes", "slowdown"), [(2, 2.4), (4, 1.2), (3, 1.6)])
@@ -359,8 +359,8 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
 
     def probe(step, fresh, counts, seconds):  # type: ignore[no-untyped-def]
         asked.append(fresh.args[3])
-        one = Sharing(1.0, (1.0,) * 4, 1e-3)
-        return one, Sharing(1.1, (1.0,) * 4, 1e-3, (1.1,), {"adam": (0.010, 0.012, 0.014, 0.024)},
+        one = Sharing(1.0, (1.0,) * 4, alone=(1e-3,) * 4)
+        return one, Sharing(1.1, (1.0,) * 4, (1.1,), {"adam": (0.010, 0.012, 0.014, 0.024)},
                             (0.8e-3, 0.9e-3, 1.1e-3, 1.2e-3))
 
     monkeypatch.setattr(profile_cmd, "host_sharing", probe)

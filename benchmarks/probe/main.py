@@ -22,8 +22,8 @@ cost. Two questions, answered from a finished ``make run`` without starting a pr
 
 Plans are ``--plans`` (``make run``'s, ``results/plans``), the runs' settings ``--config`` (``experiments/ci.yaml``)
 on the config's cluster with 1 thread a worker and the host's cores (``--cores``, default this machine's), as
-``pipedream train`` predicts them. A prediction takes about 2 s on the 2-core CI machine (14 runs and 16 samples:
-about 8 minutes).
+``pipedream train`` predicts them. On the 2-core CI machine 14 runs with 16 samples and ``--against`` (350
+predictions) took 5 min 8 s.
 
     .venv/bin/python benchmarks/probe/main.py [--profiles results/profiles] [--samples 16] [--models gnmt8,s2vt]
     .venv/bin/python benchmarks/probe/main.py --against OTHER/profiles --samples 0
@@ -111,8 +111,18 @@ class Predictor:
 
     def __init__(self, config: dict[str, Any], plans: Path, cores: int, scratch: Path) -> None:
         self.config, self.plans, self.cores, self.scratch = config, plans, cores, scratch
+        self.runs: dict[str, tuple[TrainConfig, Plan, int]] = {}
         clusters = Path(config.get("clusters_file", "experiments/clusters.yaml"))
         self.clusters = clusters if clusters.is_absolute() else ROOT / clusters
+
+    def run(self, model: str) -> tuple[TrainConfig, Plan, int]:
+        """``model``'s training config, plan and training samples (its data set's length), read once."""
+        if model not in self.runs:
+            m = self.config["models"][model]
+            cfg = TrainConfig(model=model, preset=m["preset"],
+                              emulate_bandwidth_Bps=self.config.get("emulate_bandwidth_Bps"), **m["train"])
+            self.runs[model] = cfg, Plan.load(self.plans / model / f"{self.config['cluster']}.json"), training_samples(cfg)
+        return self.runs[model]
 
     def __call__(self, model: str, mode: str, profile_dir: Path, meta: Meta | None = None) -> float:
         """Predicted epoch seconds of ``model``'s ``mode`` run on ``profile_dir`` (with ``meta`` if given)."""
@@ -122,11 +132,8 @@ class Predictor:
             shutil.rmtree(prof, ignore_errors=True)
             shutil.copytree(profile_dir, prof)
             (prof / "meta.json").write_text(json.dumps(meta))
-        m = self.config["models"][model]
-        cfg = TrainConfig(model=model, preset=m["preset"], emulate_bandwidth_Bps=self.config.get("emulate_bandwidth_Bps"),
-                          **m["train"])
-        plan = Plan.load(self.plans / model / f"{self.config['cluster']}.json")
-        return predict_run(cfg, mode, plan, prof / "graph.txt", self.clusters, num_samples=training_samples(cfg),
+        cfg, plan, samples = self.run(model)
+        return predict_run(cfg, mode, plan, prof / "graph.txt", self.clusters, num_samples=samples,
                            cores=self.cores, threads=1).epoch_s
 
 

@@ -90,6 +90,7 @@ from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim import layout
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
+from pipedream.sim.engine import Span
 from pipedream.sim.profiled import profiled_composition, profiled_data_s, profiled_host, step_rate
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
@@ -384,10 +385,12 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     # each run one forward and one backward of
     traced = sum(len(res.trace.compute[r]) for r in stage_ranks[0]) / 2
     per_unit = units / traced if traced else 0.0
-    work_s = [sum(sp.work_s for sp in spans + res.trace.background if stage_of[sp.rank] == s) * per_unit / len(rs)
-              for s, rs in enumerate(stage_ranks)]
-    step_work_s = [sum(sp.work_s for sp in res.trace.steps if stage_of[sp.rank] == s) * per_unit / len(rs)
-                   for s, rs in enumerate(stage_ranks)]
+
+    def epoch_work(traced_spans: list[Span]) -> list[float]:  # per stage, one rank's work in them over the epoch
+        return [sum(sp.work_s for sp in traced_spans if stage_of[sp.rank] == s) * per_unit / len(rs)
+                for s, rs in enumerate(stage_ranks)]
+
+    work_s, step_work_s = epoch_work(spans + res.trace.background), epoch_work(res.trace.steps)
     return Prediction(epoch_s=epoch_s, compute_scale=scale, concurrency=conc, compute_s=compute_s,
                       work_s=work_s, step_work_s=step_work_s,
                       busy_ranks=sum(res.utilisation),

@@ -33,6 +33,11 @@ COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_co
                    "measured_cpu_s", "predicted_work_s", "cpu_ratio", "measured_compute_cpu_s",
                    "predicted_compute_work_s", "compute_cpu_ratio", "measured_step_cpu_s", "predicted_step_work_s",
                    "step_cpu_ratio"]
+# compute_check.csv's measured CPU, the work the prediction gave it and their ratio: the whole process, the
+# forwards and backwards, the optimizer steps
+CPU_AGAINST_WORK = (("measured_cpu_s", "predicted_work_s", "cpu_ratio"),
+                    ("measured_compute_cpu_s", "predicted_compute_work_s", "compute_cpu_ratio"),
+                    ("measured_step_cpu_s", "predicted_step_work_s", "step_cpu_ratio"))
 COMPUTE_CSV_NAME = "compute_check.csv"
 PLOT_NAME = "prediction_check.png"
 
@@ -89,15 +94,9 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
                          "predicted_compute_s": predicted,
                          "ratio": measured / predicted if predicted > 0 else math.nan,
                          "wait_s": _number(run.get(f"wait_s_stage{stage}"))})
-            cpu, work = (_number(run.get(f"{k}_stage{stage}")) for k in ("measured_cpu_s", "predicted_work_s"))
-            rows[-1].update(measured_cpu_s=cpu, predicted_work_s=work, cpu_ratio=cpu / work if work > 0 else math.nan)
-            ccpu, cwork = (_number(run.get(f"{k}_stage{stage}"))
-                           for k in ("measured_compute_cpu_s", "predicted_compute_work_s"))
-            rows[-1].update(measured_compute_cpu_s=ccpu, predicted_compute_work_s=cwork,
-                            compute_cpu_ratio=ccpu / cwork if cwork > 0 else math.nan)
-            scpu, swork = (_number(run.get(f"{k}_stage{stage}")) for k in ("measured_step_cpu_s", "predicted_step_work_s"))
-            rows[-1].update(measured_step_cpu_s=scpu, predicted_step_work_s=swork,
-                            step_cpu_ratio=scpu / swork if swork > 0 else math.nan)
+            for cpu_key, work_key, ratio_key in CPU_AGAINST_WORK:
+                cpu, work = _number(run.get(f"{cpu_key}_stage{stage}")), _number(run.get(f"{work_key}_stage{stage}"))
+                rows[-1].update({cpu_key: cpu, work_key: work, ratio_key: cpu / work if work > 0 else math.nan})
             stage += 1
     return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
 
@@ -118,5 +117,8 @@ def write_prediction_check(results: Path, models: list[str], plot: bool = True) 
     atomic_write_text(results / CSV_NAME, df.to_csv(index=False))
     atomic_write_text(results / COMPUTE_CSV_NAME, compute_rows(results, models).to_csv(index=False))
     if plot:
-        predicted_vs_measured(df, results / "plots" / PLOT_NAME, BAND)
+        s = summary(df)
+        predicted_vs_measured(df, results / "plots" / PLOT_NAME, BAND,
+                              title=f"{s['within']} of {s['runs']} runs within ±{BAND:.0%}; median |ratio − 1| "
+                                    f"{s['median_abs_error']:.1%}")
     return df
