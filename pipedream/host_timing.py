@@ -5,7 +5,9 @@ Memory layout. On the 2-core CI machine (2 MiB of L2 per core) the same step of 
 in eight fresh copies of the model and its minibatch made in one process (GNMT-8 80-105 ms, VGG-16 32 ms in
 every copy), and 49-65 ms in six fresh processes (GNMT-8 82-106 ms in five); within one copy it moves by 2-3%.
 A copy's step time is a draw, set by where its weights and activations land in memory (cache-set conflicts in
-a physically indexed cache, as far as we can tell), and every worker of a run is a draw of its own. Part of the
+a physically indexed cache, as far as we can tell), and every worker of a run is a draw of its own. (Session 30 on
+the same VM found one long-lived process's windows spreading as much as fresh processes, ``benchmarks/layout``:
+much of that spread is the host's speed at the moment each copy is timed; :mod:`pipedream.sim.layout`.) Part of the
 draw was the C allocator's: by default glibc faulted a step's large blocks in again every step in some processes
 and not in others (S2VT: 0 or 15,456 faults a step); every process that computes a step now keeps freed memory
 (:mod:`pipedream.allocator`), the copies included. The layer

@@ -35,8 +35,8 @@ def test_every_benchmark_explains_itself(name: str) -> None:
 
 
 def test_the_benchmarks_are_found() -> None:
-    assert {"allreduce", "cores", "ddp", "drift", "host", "launch", "memory", "planner", "repeat", "runtime",
-            "simulator", "step"} <= set(BENCHMARKS)
+    assert {"allreduce", "cores", "ddp", "drift", "host", "launch", "layout", "memory", "planner", "repeat",
+            "runtime", "simulator", "step"} <= set(BENCHMARKS)
 
 
 def test_cores_takes_one_cpu_per_physical_core_among_the_allowed() -> None:
@@ -171,3 +171,14 @@ def test_repeat_summary_by_hand() -> None:
     assert text[3] == "repeat 1: 2 runs, 1 within 15%, 1 within 10%, median |ratio - 1| 12.5%"
     assert text[4] == ("repeat against repeat of the same run (4 ordered pairs): median |a / b - 1| 21.9%, "
                        "0% within 15%")
+
+
+def test_layout_summary_by_hand() -> None:
+    """Long-lived windows 1, 3 (cv: sd 1 over mean 2, 0.5); fresh 2, 2 (cv 0); paired ratios 2 and 2/3 (mean 4/3,
+    sd 2/3: cv 0.5). Lists of different lengths are refused; a single window has no cv."""
+    layout = load("layout")
+    own, fresh, paired = layout.summary([1.0, 3.0], [2.0, 2.0])
+    assert (own, fresh, paired) == pytest.approx((0.5, 0.0, 0.5))
+    with pytest.raises(ValueError, match="1 long-lived windows but 2"):
+        layout.summary([1.0], [1.0, 2.0])
+    assert math.isnan(layout.cv([1.0]))

@@ -9,6 +9,13 @@ its slowest stage's. :func:`stage_factor_samples` draws, for each of a fixed set
 from the recorded draws (with replacement) and gives each stage its slowest replica's factor; the prediction
 averages the simulated epoch over the samples (Monte Carlo with a fixed seed: the same profile always gives the
 same prediction).
+
+What the draws stand for is not settled. On the 2-core CI VM (session 30, ``benchmarks/layout``) one long-lived
+process's windows of 15 steps spread as much as fresh processes' (coefficient of variation 0.09-0.15 against
+0.05-0.15 for GNMT-8, S2VT, VGG-16 and AlexNet): there the spread is mostly the host's speed from moment to
+moment, not a process's own draw. Taken as independent per rank it still predicts better than the mean alone:
+session 29's third ``make run`` with every rank at the mean copy (one draw) had 9 of 14 runs within 15% and a
+median ``|ratio - 1|`` of 13.6%, against 12 of 14 and 5.1% with the draws.
 """
 
 from __future__ import annotations
