@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -96,3 +97,61 @@ def test_the_profile_keeps_both_times(tmp_path: Path) -> None:
     assert nodes["node1"]["fwd_s"] == situ.nodes["node1"].fwd_s
     alone = profile_module(model, x, ProfileSettings(warmup=0, iters=1, in_situ=False))
     assert alone.isolated == {}
+
+
+class _Pair(nn.Module):
+    """Two outputs of one input: the first's backward costs 3 ms, the second's (made later, so the engine runs its
+    backward first once both are ready) 8 ms; forwards 1 and 2 ms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = Costly(0.001, 0.003), Costly(0.002, 0.008)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.first(x), self.second(x)
+
+
+class _Join(nn.Module):
+    """Adds the pair and costs 4 ms forward, 5 ms backward; with ``passes`` it also returns the pair's second
+    output unchanged (as GNMT's decoder layers pass the attention context on)."""
+
+    def __init__(self, passes: bool = False) -> None:
+        super().__init__()
+        self.layer, self.passes = Costly(0.004, 0.005), passes
+
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        out = self.layer(pair[0] + pair[1])
+        return (out, pair[1]) if self.passes else out
+
+
+class _Last(nn.Module):
+    """Adds what ``_Join(passes=True)`` returns and costs 6 ms forward, 2 ms backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = Costly(0.006, 0.002)
+
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return self.layer(pair[0] + pair[1])
+
+
+def test_a_layer_with_two_outputs_gets_both_branches_of_its_backward(fake_clock: list[float]) -> None:
+    """The pair's second branch (8 ms) runs in the backward before its first output's gradient is ready: hooked
+    on its first output alone, those 8 ms went to the layer after it (13 ms against 5, the pair 3 against 11)."""
+    model = nn.Sequential(_Pair(), _Join())
+    gm = trace(model)
+    ids = {n: nid for n, nid in node_ids(gm).items() if n.op in OPS}
+    got = in_situ.in_situ_times(gm, ids, [torch.randn(3, 2)], "node2", _loss, warmup=0, iters=1)
+    assert got == {"node1": pytest.approx((0.001 + 0.002, 0.003 + 0.008)),
+                   "node2": pytest.approx((0.004 + 0.007, 0.005 + 0.011))}
+
+
+def test_an_output_passed_through_stays_its_makers(fake_clock: list[float]) -> None:
+    """The middle layer returns the pair's second output as it is: its gradient opens the pair's backward, not the
+    middle layer's, so each layer keeps exactly its own times."""
+    model = nn.Sequential(_Pair(), _Join(passes=True), _Last())
+    gm = trace(model)
+    ids = {n: nid for n, nid in node_ids(gm).items() if n.op in OPS}
+    got = in_situ.in_situ_times(gm, ids, [torch.randn(3, 2)], "node3", _loss, warmup=0, iters=1)
+    assert got == {"node1": pytest.approx((0.003, 0.011)), "node2": pytest.approx((0.004, 0.005)),
+                   "node3": pytest.approx((0.006 + 0.007, 0.002 + 0.011))}
