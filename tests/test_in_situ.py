@@ -112,33 +112,22 @@ class _Pair(nn.Module):
 
 
 class _Join(nn.Module):
-    """Adds the pair and costs 4 ms forward, 5 ms backward; with ``passes`` it also returns the pair's second
-    output unchanged (as GNMT's decoder layers pass the attention context on)."""
+    """Adds a pair and costs ``fwd`` s forward, ``bwd`` s backward; with ``passes`` it also returns the pair's
+    second tensor unchanged (as GNMT's decoder layers pass the attention context on)."""
 
-    def __init__(self, passes: bool = False) -> None:
+    def __init__(self, fwd: float, bwd: float, passes: bool = False) -> None:
         super().__init__()
-        self.layer, self.passes = Costly(0.004, 0.005), passes
+        self.layer, self.passes = Costly(fwd, bwd), passes
 
     def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> Any:
         out = self.layer(pair[0] + pair[1])
         return (out, pair[1]) if self.passes else out
 
 
-class _Last(nn.Module):
-    """Adds what ``_Join(passes=True)`` returns and costs 6 ms forward, 2 ms backward."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = Costly(0.006, 0.002)
-
-    def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        return self.layer(pair[0] + pair[1])
-
-
 def test_a_layer_with_two_outputs_gets_both_branches_of_its_backward(fake_clock: list[float]) -> None:
     """The pair's second branch (8 ms) runs in the backward before its first output's gradient is ready: hooked
     on its first output alone, those 8 ms went to the layer after it (13 ms against 5, the pair 3 against 11)."""
-    model = nn.Sequential(_Pair(), _Join())
+    model = nn.Sequential(_Pair(), _Join(0.004, 0.005))
     gm = trace(model)
     ids = {n: nid for n, nid in node_ids(gm).items() if n.op in OPS}
     got = in_situ.in_situ_times(gm, ids, [torch.randn(3, 2)], "node2", _loss, warmup=0, iters=1)
@@ -149,7 +138,7 @@ def test_a_layer_with_two_outputs_gets_both_branches_of_its_backward(fake_clock:
 def test_an_output_passed_through_stays_its_makers(fake_clock: list[float]) -> None:
     """The middle layer returns the pair's second output as it is: its gradient opens the pair's backward, not the
     middle layer's, so each layer keeps exactly its own times."""
-    model = nn.Sequential(_Pair(), _Join(passes=True), _Last())
+    model = nn.Sequential(_Pair(), _Join(0.004, 0.005, passes=True), _Join(0.006, 0.002))
     gm = trace(model)
     ids = {n: nid for n, nid in node_ids(gm).items() if n.op in OPS}
     got = in_situ.in_situ_times(gm, ids, [torch.randn(3, 2)], "node3", _loss, warmup=0, iters=1)

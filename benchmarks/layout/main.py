@@ -33,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.drift.main import cv  # noqa: E402  (the drift benchmark's coefficient of variation)
 from pipedream.commands.profile import worker_step  # noqa: E402
 from pipedream.runtime.config import TrainConfig  # noqa: E402
 
@@ -63,16 +64,9 @@ def _fresh(model: str, batch: int, steps: int, out: Any) -> None:
     out.put(window_s(build(model, batch), steps))
 
 
-def cv(values: list[float]) -> float:
-    """Coefficient of variation: population standard deviation over the mean (NaN for fewer than 2 values)."""
-    if len(values) < 2:
-        return float("nan")
-    return statistics.pstdev(values) / statistics.fmean(values)
-
-
 def summary(long_lived: list[float], fresh: list[float]) -> tuple[float, float, float]:
     """``(cv of the long-lived windows, cv of the fresh processes' windows, cv of fresh / long-lived paired by
-    round)``: :func:`cv` of each. Raises ValueError when the two lists differ in length."""
+    round)``: the drift benchmark's ``cv`` of each. Raises ValueError when the two lists differ in length."""
     if len(long_lived) != len(fresh):
         raise ValueError(f"{len(long_lived)} long-lived windows but {len(fresh)} fresh ones")
     return cv(long_lived), cv(fresh), cv([f / o for f, o in zip(fresh, long_lived, strict=True)])
@@ -103,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"error: the fresh {model} process timed no window in 600 s (exit code {child.exitcode}); "
                          "run it alone to see why")
             child.join(timeout=60)
+            if child.is_alive():  # reported, but did not exit: leave no process behind
+                child.kill()
             print(f"{model} round {r}: long-lived {long_lived[-1] * 1e3:.1f} ms, fresh {fresh[-1] * 1e3:.1f} ms",
                   flush=True)
         own, new, paired = summary(long_lived, fresh)
