@@ -16,7 +16,8 @@ Every formula here is the alpha-beta model of a collective or a transfer on link
   gradients); a bucket's allreduce starts when its last gradient is ready, buckets are reduced one after
   another in bucket order;
 * an optimizer step: memory bound, ``traffic x parameter bytes / memory bandwidth`` with the bytes an
-  update reads and writes per parameter byte (:data:`STEP_TRAFFIC`), or a measured seconds-per-byte.
+  update reads and writes per parameter byte (:data:`STEP_TRAFFIC`), or measured: seconds per call, per
+  tensor and per byte.
 
 The release's own formulas (the ``4 (m - 1) P / (B m)`` weight sync of its optimizer, no latency, no
 buckets) are not here: they live in :mod:`pipedream.planner.compat`, used only by ``--compat``.
@@ -133,13 +134,21 @@ def bucket_layers(sizes_bytes: Sequence[float], cap_bytes: float = DDP_BUCKET_CA
 
 
 def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | None = None,
-                     s_per_param_byte: float | None = None, copy_on_write: bool = False) -> float:
-    """Seconds of one optimizer step (and zeroing the gradients) over ``param_bytes`` bytes of parameters.
+                     s_per_param_byte: float | None = None, copy_on_write: bool = False, tensors: int = 0,
+                     s_per_tensor: float = 0.0, s_per_call: float = 0.0) -> float:
+    """Seconds of one optimizer step (and zeroing the gradients) over ``param_bytes`` bytes of parameters held in
+    ``tensors`` tensors.
 
-    With ``s_per_param_byte`` (measured, e.g. by the profiler on the run's host) that rate times the bytes;
-    otherwise the memory-bound estimate ``STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps``; 0 when
-    neither is known. ``copy_on_write``: the step first copies the weights (a stage that stashes versions),
-    ``COPY_TRAFFIC / STEP_TRAFFIC[optimizer]`` more of the same memory-bound work.
+    With ``s_per_param_byte`` (measured, e.g. by the profiler on the run's host, :mod:`pipedream.step_rates`)
+    ``s_per_call + s_per_tensor * tensors + s_per_param_byte * param_bytes``: a step is one call that walks its
+    tensors one by one (PyTorch's single-tensor SGD and Adam, its default on a CPU), so besides the memory-bound
+    work per byte each tensor costs its handful of operators' dispatch and the call itself its Python and cold
+    caches (on the 2-core CI VM, right after a training step: SGD 0.41-0.53 ms a call and 16-24 us a tensor,
+    Adam 1.06-1.83 ms and 41-47 us; a straight ResNet-50's first stage, 33 small tensors, stepped at 13.8x the
+    rate per byte alone). Otherwise the memory-bound estimate ``STEP_TRAFFIC[optimizer] * param_bytes /
+    memory_Bps``; 0 when neither is known, and 0 for a stage without parameters. ``copy_on_write``: the step
+    first copies the weights (a stage that stashes versions), ``COPY_TRAFFIC / STEP_TRAFFIC[optimizer]`` more of
+    the per-byte work (the copy's own per-tensor cost is not modelled).
 
     Raises:
         ValueError: an optimizer :data:`STEP_TRAFFIC` does not know.
@@ -150,7 +159,7 @@ def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | Non
         return 0.0
     copies = 1.0 + COPY_TRAFFIC / STEP_TRAFFIC[optimizer] if copy_on_write else 1.0
     if s_per_param_byte is not None:
-        return s_per_param_byte * param_bytes * copies
+        return s_per_call + s_per_tensor * tensors + s_per_param_byte * param_bytes * copies
     if memory_Bps:
         return STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps * copies
     return 0.0

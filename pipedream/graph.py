@@ -86,6 +86,10 @@ class LayerGraph:
         isolated: per node, its forward and backward seconds timed alone (our profiler's ``graph.json``, where
             ``fwd_s`` and ``bwd_s`` are the times inside whole steps, :mod:`pipedream.in_situ`); empty when the
             node times are the isolated ones.
+        tensors: per node, how many parameter tensors that require a gradient it holds (our profiler's
+            ``graph.json`` ``param_tensors``; a tied tensor in each of its users' counts): what an optimizer step
+            walks one by one (:func:`pipedream.costmodel.optimizer_step_s`); empty for the release's profiles and
+            older ones.
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -96,6 +100,7 @@ class LayerGraph:
     tied: list[Tied] = field(default_factory=list)
     hidden: dict[str, float] = field(default_factory=dict)
     isolated: dict[str, tuple[float, float]] = field(default_factory=dict)
+    tensors: dict[str, int] = field(default_factory=dict)
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""
@@ -157,6 +162,14 @@ class LayerGraph:
         ids = list(nodes)
         return sum(self.nodes[n].param_bytes for n in ids) - duplicate_bytes(self.tied, ids)
 
+    def param_tensors_of(self, nodes: Iterable[str]) -> int:
+        """Parameter tensors (:attr:`tensors`) that one replica of a stage made of ``nodes`` (ids) steps over, a
+        tensor several of them use (:attr:`tied`) counted once; a node without a record counts none."""
+        ids = list(nodes)
+        inside = set(ids)
+        again = sum(max(0, sum(1 for n in t.nodes if n in inside) - 1) for t in self.tied)
+        return max(0, sum(self.tensors.get(n, 0) for n in ids) - again)
+
     def hidden_bytes_of(self, nodes: Iterable[str]) -> float | None:
         """Bytes of hidden matrices (:attr:`hidden`) that one replica of a stage made of ``nodes`` holds, at most
         its :meth:`param_bytes_of` (a hidden matrix two of its nodes use is in both records); None when a node
@@ -196,6 +209,7 @@ class LayerGraph:
         out.saved = {k: (own * f, saves_in, saves_out) for k, (own, saves_in, saves_out) in self.saved.items()}
         out.tied = list(self.tied)
         out.hidden = dict(self.hidden)
+        out.tensors = dict(self.tensors)
         return out
 
     # ----------------------------------------------------------------------------------- I/O
@@ -203,8 +217,8 @@ class LayerGraph:
     @classmethod
     def read(cls, path: str | Path, minibatch_size: int = 0) -> LayerGraph:
         """Read a graph.txt file (and, from the ``graph.json`` our profiler writes beside it when there is one,
-        what each layer saves for its backward, :attr:`saved`, the tied parameters, :attr:`tied`, and the bytes of
-        hidden matrices, :attr:`hidden`).
+        what each layer saves for its backward, :attr:`saved`, the tied parameters, :attr:`tied`, the bytes of
+        hidden matrices, :attr:`hidden`, and the parameter tensors, :attr:`tensors`).
 
         Args:
             path: the file.
@@ -226,6 +240,8 @@ class LayerGraph:
                     graph.saved[n["id"]] = (float(n["saved_bytes"]), bool(n["saves_input"]), bool(n["saves_output"]))
                 if "hidden_bytes" in n and n.get("id") in graph.nodes:
                     graph.hidden[n["id"]] = float(n["hidden_bytes"])
+                if "param_tensors" in n and n.get("id") in graph.nodes:
+                    graph.tensors[n["id"]] = int(n["param_tensors"])
             graph.tied = [Tied.from_json(t, graph.nodes) for t in doc.get("tied", [])]
         return graph
 

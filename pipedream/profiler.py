@@ -246,7 +246,8 @@ def profile_module(
     Returns:
         A :class:`LayerGraph` with ``minibatch_size`` set to the first input's batch dimension; node
         times in seconds per minibatch, activations and parameters in bytes; its tied parameters
-        (:func:`tied_parameters`) in ``tied``; the bytes of each node's hidden matrices in ``hidden``.
+        (:func:`tied_parameters`) in ``tied``; the bytes of each node's hidden matrices in ``hidden``; how many
+        parameter tensors that require a gradient each node holds in ``tensors``.
     Raises:
         PipeDreamError: if the model cannot be traced or the device is unavailable.
     """
@@ -313,6 +314,7 @@ def profile_module(
     hidden = {id(p) for p in hidden_matrices(model, example_input)}
     for node in ops:
         graph.hidden[ids[node]] = float(sum(t.numel() * t.element_size() for t in _held(gm, node) if id(t) in hidden))
+        graph.tensors[ids[node]] = sum(1 for t in _held(gm, node) if t.requires_grad)
     return graph
 
 
@@ -426,9 +428,9 @@ def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
 
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:
-    """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes, hidden-matrix bytes and what it
-    saves; the edges; the tied parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`; and ``meta``) and
-    ``meta.json`` (minibatch size, device, ...) into ``out_dir``."""
+    """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes, hidden-matrix bytes, parameter
+    tensors and what it saves; the edges; the tied parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`;
+    and ``meta``) and ``meta.json`` (minibatch size, device, ...) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
@@ -436,6 +438,7 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
          **dict(zip(("isolated_fwd_s", "isolated_bwd_s"), graph.isolated.get(n.node_id, ()), strict=False)),
          "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes,
          **({"hidden_bytes": graph.hidden[n.node_id]} if n.node_id in graph.hidden else {}),
+         **({"param_tensors": graph.tensors[n.node_id]} if n.node_id in graph.tensors else {}),
          **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}
         for n in graph.nodes.values()
     ]

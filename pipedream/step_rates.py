@@ -9,7 +9,14 @@ medians 12.6-13.4 ms, another's 8.9-10.0 ms), GNMT-8's over 15.8 MB 22.5-29.8 ms
 moved AlexNet's 3-1 pipeline's prediction by 10% with Adam's rate scaled by 0.75. So where `pipedream profile`
 runs its host probe, the probe's fresh copies each time the step too (:func:`update_step`, once a round, 20 draws
 spread over the probe) and their mean is the rate; :func:`optimizer_step_rates`, the profiling process's own
-median, stays the rate without the probe (GPUs, ``--host-seconds 0``) and for Muon."""
+median, stays the rate without the probe (GPUs, ``--host-seconds 0``) and for Muon.
+
+A step is not all per byte: it is one call that walks its tensors one by one, so a stage of many small tensors
+steps slower than its bytes say (:func:`pipedream.costmodel.optimizer_step_s`). :func:`step_overheads` times
+SGD's and Adam's step over one and over :data:`OVERHEAD_TENSORS` one-element tensors (``meta.json``
+``optimizer_step_overheads``: seconds per call and per tensor), and :func:`split_step` makes the per-byte rate
+what is left of the whole model's step, so that a step over the whole model (DDP's) costs what it was timed at
+and a stage's step its share of the calls, the tensors and the bytes."""
 
 from __future__ import annotations
 
@@ -29,6 +36,8 @@ from pipedream.runtime.optim import hidden_matrices, make_optimizer
 # seconds of timed steps per optimizer after which a slow one stops (at least two timed; :func:`_timed`): SGD's and
 # Adam's steps on the reduced models take milliseconds and keep all their iterations, Muon's take seconds on a CPU
 STEP_BUDGET_S = 2.0
+# one-element tensors of the second of step_overheads' two timed steps (the first steps over one)
+OVERHEAD_TENSORS = 64
 # optimizers whose step the host probe's copies time (:func:`update_step`): Muon's needs the traced model's hidden
 # matrices and takes seconds on a CPU, so its rate is the profiling process's alone
 COPY_TIMED = ("sgd", "adam")
@@ -38,6 +47,11 @@ def trainable_bytes(model: nn.Module) -> int:
     """Bytes of ``model``'s parameters that require a gradient: what an optimizer step walks, and the bytes a step
     time is divided by for its rate (:func:`optimizer_step_rates`, and the probe's copies in ``pipedream profile``)."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def trainable_tensors(model: nn.Module) -> int:
+    """How many parameter tensors of ``model`` require a gradient: what an optimizer step walks one by one."""
+    return sum(1 for p in model.parameters() if p.requires_grad)
 
 
 def update_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], optimizer: str) -> Callable[[], None]:
@@ -128,3 +142,73 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
         opt.zero_grad(set_to_none=False)
 
     return _timed(step, timing, prepare=forward_backward, budget_s=STEP_BUDGET_S) / trainable_bytes(net)
+
+
+def step_overheads(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,
+                   optimizers: Sequence[str] = COPY_TIMED) -> dict[str, tuple[float, float]]:
+    """Per optimizer, the seconds of one step call and of each tensor it walks, apart from the bytes.
+
+    Each of ``optimizers`` (those of :data:`COPY_TIMED` among them; Muon's step is compute on its hidden matrices,
+    its rate stays per byte) is built as :func:`pipedream.runtime.optim.make_optimizer` builds it over one and over
+    :data:`OVERHEAD_TENSORS` one-element tensors, each with a gradient; each step is timed right after a forward and
+    backward of ``example_input`` through a copy of ``model`` (as :func:`optimizer_step_rates` times a step: the
+    caches full of activations, not of the optimizer's code and state), the median of ``settings.iters`` after
+    ``max(1, settings.warmup)``. With ``t_1`` and ``t_K`` those medians, the per-tensor seconds are ``a = (t_K -
+    t_1) / (K - 1)`` and the per-call seconds ``c = t_1 - a``, each at least 0.
+
+    Returns:
+        ``{name: (s_per_call, s_per_tensor)}``; empty for a model without trained parameters.
+    """
+    settings = settings or ProfileSettings()
+    if not any(p.requires_grad for p in model.parameters()):
+        return {}
+    device = torch.device(settings.device)
+    inputs = to_device(example_input, device)
+    timing = ProfileSettings(**{**vars(settings), "warmup": max(1, settings.warmup)})
+    net = copy.deepcopy(model).to(device).train()
+
+    def forward_backward() -> None:  # evicts the caches as a training step does; the model's gradients are dropped
+        outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
+        if outs:
+            torch.autograd.backward([t.float().sum() for t in outs])
+        net.zero_grad(set_to_none=True)
+
+    out = {}
+    for name in (n for n in optimizers if n in COPY_TIMED):
+        times = []
+        for k in (1, OVERHEAD_TENSORS):
+            tiny = [torch.zeros(1, device=device, requires_grad=True) for _ in range(k)]
+            for t in tiny:
+                t.grad = torch.ones_like(t)
+            opt = make_optimizer(TrainConfig(optimizer=name), tiny)
+
+            def step(_: None, opt: torch.optim.Optimizer = opt) -> None:
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+
+            times.append(_timed(step, timing, prepare=forward_backward))
+        per_tensor = max(0.0, (times[1] - times[0]) / (OVERHEAD_TENSORS - 1))
+        out[name] = (max(0.0, times[0] - per_tensor), per_tensor)
+    return out
+
+
+def split_step(step_s: float, param_bytes: float, tensors: int, s_per_call: float,
+               s_per_tensor: float) -> tuple[float, float, float]:
+    """Split a whole model's step of ``step_s`` seconds over ``param_bytes`` bytes in ``tensors`` tensors into
+    ``(s_per_call, s_per_tensor, s_per_param_byte)`` with the per-call and per-tensor seconds of
+    :func:`step_overheads`: the per-byte rate is what is left, ``(step_s - c - a * tensors) / param_bytes``, so
+    that :func:`pipedream.costmodel.optimizer_step_s` over the whole model gives ``step_s`` back. Where the
+    overheads alone exceed the step (a model of a few tiny tensors, or a noisy timing), both are scaled down to
+    fill it and the rate per byte is 0.
+
+    Raises:
+        PipeDreamError: a non-positive step, bytes or tensor count, or a negative overhead.
+    """
+    if step_s <= 0 or param_bytes <= 0 or tensors < 1 or s_per_call < 0 or s_per_tensor < 0:
+        raise PipeDreamError(f"cannot split a step of {step_s} s over {param_bytes} bytes in {tensors} tensors with "
+                             f"{s_per_call} s a call and {s_per_tensor} s a tensor")
+    overhead = s_per_call + s_per_tensor * tensors
+    if overhead <= step_s:
+        return s_per_call, s_per_tensor, (step_s - overhead) / param_bytes
+    fill = step_s / overhead
+    return s_per_call * fill, s_per_tensor * fill, 0.0

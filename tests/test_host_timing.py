@@ -344,12 +344,14 @@ def test_a_count_keeps_the_optimizer_steps_of_its_own_copies_over_every_round(mo
 def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """`pipedream profile` with the host probe: the copies (here a stand-in whose four Adam steps took 10, 12, 14
-    and 24 ms) set ``optimizer_step_s_per_param_byte`` to their mean, 15 ms, over the model's parameter bytes; the
-    profiling process's own rate is kept under ``host``, and every copy's optimizer step and training step alone;
-    the copies' steps carry Adam's step (the optimizer asked for)."""
+    and 24 ms) make the whole model's step their mean, 15 ms: with a step's call at 1 ms and each of the model's
+    tensors at 0.1 ms (a stand-in for the timed overheads), ``optimizer_step_s_per_param_byte`` is the rest over the
+    model's parameter bytes; the profiling process's own rate is kept under ``host``, and every copy's optimizer
+    step and training step alone; the copies' steps carry Adam's step (the optimizer asked for)."""
     import json
 
     import pipedream.runtime.message_cost as message_cost
+    import pipedream.step_rates as step_rates
     from pipedream.cli import build_parser
     from pipedream.commands import profile as profile_cmd
     from pipedream.runtime.config import TrainConfig
@@ -364,6 +366,7 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
                             (0.8e-3, 0.9e-3, 1.1e-3, 1.2e-3))
 
     monkeypatch.setattr(profile_cmd, "host_sharing", probe)
+    monkeypatch.setattr(step_rates, "step_overheads", lambda model, x, settings, names: {"adam": (1e-3, 1e-4)})
     monkeypatch.setattr(profile_cmd, "host_cores", lambda: 2)
     monkeypatch.setattr(message_cost, "message_cost", lambda: (1e-4, 1e-10))
     args = build_parser().parse_args(["profile", "--model", "alexnet", "--preset", "reduced", "--data", "synthetic",
@@ -373,8 +376,11 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
     meta = json.loads((tmp_path / "meta.json").read_text())
     model = load_task(TrainConfig(model="alexnet", preset="reduced", data="synthetic", batch_size=4)).model
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    tensors = sum(1 for p in model.parameters() if p.requires_grad)
+    assert tensors == 16  # AlexNet's five convolutions and three linear layers, a weight and a bias each
     assert asked == [("adam",)]
-    assert meta["optimizer_step_s_per_param_byte"] == {"adam": pytest.approx(0.015 / param_bytes)}
+    assert meta["optimizer_step_s_per_param_byte"] == {"adam": pytest.approx((0.015 - 1e-3 - 16e-4) / param_bytes)}
+    assert meta["optimizer_step_overheads"] == {"adam": {"s_per_call": 1e-3, "s_per_tensor": 1e-4}}
     assert meta["host"]["optimizer_steps_s"] == {"adam": [0.010, 0.012, 0.014, 0.024]}
     assert meta["host"]["copy_steps_s"] == pytest.approx([0.8e-3, 0.9e-3, 1.1e-3, 1.2e-3])  # every copy's step alone
     assert meta["host"]["copy_step_s"] == pytest.approx(1e-3)

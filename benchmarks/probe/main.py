@@ -79,9 +79,12 @@ def resampled(meta: Meta, chosen: list[int]) -> Meta:
         h["copy_step_s"] = statistics.fmean(pick(host["copy_steps_s"]))
     elif host.get("copy_step_s"):
         h["copy_step_s"] = host["copy_step_s"] * statistics.fmean(h["layouts"]) / statistics.fmean(layouts)
-    for name, steps in (host.get("optimizer_steps_s") or {}).items():
-        rate = meta["optimizer_step_s_per_param_byte"][name]
-        out["optimizer_step_s_per_param_byte"][name] = rate * statistics.fmean(pick(steps)) / statistics.fmean(steps)
+    for name, steps in (host.get("optimizer_steps_s") or {}).items():  # the whole step scales, each of its parts
+        factor = statistics.fmean(pick(steps)) / statistics.fmean(steps)
+        out["optimizer_step_s_per_param_byte"][name] *= factor
+        parts = (out.get("optimizer_step_overheads") or {}).get(name) or {}
+        for key in parts:
+            parts[key] *= factor
     return out
 
 
@@ -96,6 +99,7 @@ def swaps(other: Meta) -> dict[str, Callable[[Meta], None]]:
 
     def rates(meta: Meta) -> None:
         meta["optimizer_step_s_per_param_byte"] = dict(other["optimizer_step_s_per_param_byte"])
+        meta["optimizer_step_overheads"] = copy.deepcopy(other.get("optimizer_step_overheads") or {})
 
     def probe(meta: Meta) -> None:
         meta["host"] = copy.deepcopy(other["host"])

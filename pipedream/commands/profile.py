@@ -60,7 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "prediction charges a run): any of %(choices)s. A run with an optimizer the "
                         "profile did not time is predicted without its step (a warning says so). The workflow "
                         "passes the optimizers its runs train with: Muon's step takes seconds on a CPU. With the "
-                        "host probe, SGD's and Adam's rate is the mean of its fresh copies' steps (one each a round)")
+                        "host probe, SGD's and Adam's rate is the mean of its fresh copies' steps (one each a round). "
+                        "SGD's and Adam's step is also timed over 1 and 64 one-element tensors: seconds per call and "
+                        "per tensor (meta.json optimizer_step_overheads), the rate per byte the rest of the step")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
 
 
@@ -145,7 +147,14 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
-    from pipedream.step_rates import COPY_TIMED, optimizer_step_rates, trainable_bytes
+    from pipedream.step_rates import (
+        COPY_TIMED,
+        optimizer_step_rates,
+        split_step,
+        step_overheads,
+        trainable_bytes,
+        trainable_tensors,
+    )
 
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:
@@ -175,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: {noise}", file=sys.stderr)
     lap("layers")
     rates = optimizer_step_rates(task.model, x, settings, list(dict.fromkeys(args.optimizers)))
+    overheads = step_overheads(task.model, x, settings, list(rates))  # per call and per tensor, SGD's and Adam's
     lap("optimizer steps")
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = host_cores()
@@ -223,11 +233,20 @@ def run(args: argparse.Namespace) -> int:
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         lap("messages")
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
+    # a step's calls and tensors apart from its bytes (pipedream.step_rates.split_step): the whole model's step stays
+    # the time just taken, a stage's is its share of the three
+    param_bytes, tensors = trainable_bytes(task.model), trainable_tensors(task.model)
+    split = {}
+    for name, (call_s, tensor_s) in overheads.items():
+        call_s, tensor_s, rates[name] = split_step(rates[name] * param_bytes, param_bytes, tensors, call_s, tensor_s)
+        split[name] = {"s_per_call": call_s, "s_per_tensor": tensor_s}
+        print(f"{args.model}: {name}'s step costs {call_s * 1e3:.2f} ms a call + {tensor_s * 1e6:.1f} us a tensor "
+              f"({tensors} tensors) + {rates[name] * 2**20 * 1e3:.2f} ms/MiB")
     meta = {"model": spec.name, "preset": args.preset, "device": args.device, "warmup": args.warmup,
             "iters": args.iters, "layer_times": "isolated" if args.isolated or args.device == "cuda" else "in situ",
             "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
-            "optimizer_step_s_per_param_byte": rates,
+            "optimizer_step_s_per_param_byte": rates, "optimizer_step_overheads": split,
             "host": host, "profiled_at_unix_s": time.time(),
             "noisy_layers": {nid: round(r, 3) for nid, r in noisy_layers(graph)}}
     write_profile(graph, args.out_dir, meta)

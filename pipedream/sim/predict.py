@@ -28,10 +28,11 @@ What is modelled, term by term:
   backward that sends or receives it; each member of a gradient allreduce spends ``4 (n - 1)`` message ends of
   ``1/n`` of each bucket beside its actions, from the bucket's start, sharing the cores with them
   (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, :mod:`pipedream.sim.cores`);
-* the optimizer step: the profile's measured seconds per parameter byte of the run's optimizer
-  (``optimizer_step_s_per_param_byte`` in ``meta.json``, :func:`pipedream.step_rates.optimizer_step_rates`),
-  with the copy of the weights first where the schedule stashes versions
-  (:func:`pipedream.memory.copies_on_write`), shared like any compute;
+* the optimizer step: the profile's measured seconds per call, per parameter tensor and per parameter byte of
+  the run's optimizer (``optimizer_step_overheads`` and ``optimizer_step_s_per_param_byte`` in ``meta.json``,
+  :mod:`pipedream.step_rates`; :func:`pipedream.costmodel.optimizer_step_s`), with the copy of the weights
+  first where the schedule stashes versions (:func:`pipedream.memory.copies_on_write`), shared like any
+  compute;
 * the epoch: exactly the minibatches the run trains (:func:`pipedream.runtime.worker.minibatches_per_epoch`,
   :func:`pipedream.baselines.ddp.minibatches_per_epoch`), filled and drained once, as the workers do.
 
@@ -91,7 +92,13 @@ from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim import layout
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.engine import Span
-from pipedream.sim.profiled import profiled_composition, profiled_data_s, profiled_host, step_rate
+from pipedream.sim.profiled import (
+    profiled_composition,
+    profiled_data_s,
+    profiled_host,
+    step_overheads,
+    step_rate,
+)
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
@@ -260,6 +267,7 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
 def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
                   optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
+                  step_overhead_s: tuple[float, float] = (0.0, 0.0),
                   bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
@@ -277,7 +285,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         hosts: hosts the ranks are spread over evenly (``--nnodes``); each host's cores are shared by its
             ranks, so the concurrency per host is ``C / hosts``.
         optimizer: the run's optimizer (``sgd``, ``adam``); step_s_per_param_byte: its measured rate on the
-            host, s/byte (None: no step time, a profile without the rate).
+            host, s/byte (None: no step time, a profile without the rate); step_overhead_s: its seconds per call
+            and per parameter tensor beside that rate (:func:`pipedream.sim.profiled.step_overheads`).
         bucket_bytes: the run's gradient bucket cap, bytes (``cfg.bucket_bytes``).
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
         contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
@@ -319,7 +328,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     copies = memory.copies_on_write(shape.schedule, [len(rs) for rs in stage_ranks], shape.microbatches,
                                     warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies)
+                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies,
+                       step_s_per_call=step_overhead_s[0], step_s_per_tensor=step_overhead_s[1])
     typical, draws = layout.spread(layouts)
     if compute_factors is not None:  # the measured CPU holds the host's sharing costs and the ranks' layouts (above)
         contention, oversubscribed, draws = 1.0, 1.0, ()
@@ -398,7 +408,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       composition=composition, shape=shape,
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
-                                  "step_s_per_param_byte": step_s_per_param_byte, "message_s": message_s,
+                                  "step_s_per_param_byte": step_s_per_param_byte,
+                                  "step_overhead_s": list(step_overhead_s), "message_s": message_s,
                                   "message_s_per_byte": message_s_per_byte}, sim=res)
 
 
@@ -451,6 +462,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     meta = read_meta(profile)
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
                          optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
+                         step_overhead_s=step_overheads(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
                          data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
                          compute_factors=compute_factors, **profiled_host(meta, cores))

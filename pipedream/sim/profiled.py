@@ -21,6 +21,20 @@ def step_rate(meta: dict[str, Any], optimizer: str) -> float | None:
     return float(value) if isinstance(value, int | float) and value > 0 else None
 
 
+def step_overheads(meta: dict[str, Any], optimizer: str) -> tuple[float, float]:
+    """The profile's seconds per step call and per parameter tensor for ``optimizer`` (``meta``: its ``meta.json``,
+    ``optimizer_step_overheads``, :func:`pipedream.step_rates.step_overheads` and
+    :func:`pipedream.step_rates.split_step`): ``(s_per_call, s_per_tensor)``, ``(0.0, 0.0)`` if absent (older
+    profiles, whose rate per byte is the whole step's, and Muon)."""
+    record = (meta.get("optimizer_step_overheads") or {})
+    record = record.get(optimizer) if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return 0.0, 0.0
+    values = [record.get(k) for k in ("s_per_call", "s_per_tensor")]
+    call_s, tensor_s = (float(v) if isinstance(v, int | float) and v > 0 else 0.0 for v in values)
+    return call_s, tensor_s
+
+
 def missing_step_rate(profile: str | Path, optimizer: str) -> bool:
     """Whether the profile at ``profile`` timed some optimizers' steps but not ``optimizer``'s (``pipedream profile
     --optimizers``): a prediction then leaves the step out. False for a profile that times none (the release's)."""
