@@ -20,10 +20,12 @@ from pipedream.topology import Cluster
 
 LATENCY = 20e-6
 STEP_RATE = 1e-12  # optimizer seconds per parameter byte
+STEP_CALL, STEP_TENSOR = 1e-4, 1e-5  # and per step call and per parameter tensor (two a layer: weight and bias)
 
 
 def random_profile(seed: int, blocks: int) -> LayerGraph:
-    """input, embedding, ``blocks`` identical blocks (random times), head; times per minibatch of 8."""
+    """input, embedding, ``blocks`` identical blocks (random times), head, each layer a weight and a bias; times per
+    minibatch of 8."""
     rng = random.Random(seed)
     g = LayerGraph(minibatch_size=8)
     g.add_node(Node("node0", "Input0", 0.0, 0.0, (rng.uniform(1e3, 1e4),), 0.0))
@@ -32,6 +34,7 @@ def random_profile(seed: int, blocks: int) -> LayerGraph:
         fwd = rng.uniform(1e-3, 5e-3)
         g.add_node(Node(f"node{i + 1}", desc, fwd, fwd * rng.uniform(1.5, 2.5), (rng.uniform(1e5, 1e6),), params))
         g.add_edge(f"node{i}", f"node{i + 1}")
+        g.tensors[f"node{i + 1}"] = 2
     return g
 
 
@@ -70,7 +73,8 @@ def brute_force(g: LayerGraph, server: int, servers: int, bw: tuple[float, float
                     params = sum(g.nodes[x].param_bytes for x in part)
                     slow = min(link(ranks[s][0], x) for x in ranks[s])
                     allreduce = 2 * (w - 1) * LATENCY + 2 * (w - 1) / w * params / slow if w > 1 else 0.0
-                    period = max(period, m * (fwd + bwd + comm) + allreduce + STEP_RATE * params)
+                    step = STEP_CALL + STEP_TENSOR * 2 * len(part) + STEP_RATE * params
+                    period = max(period, m * (fwd + bwd + comm) + allreduce + step)
                     acts = sum(g.nodes[x].output_bytes for x in part) * f
                     held = min(m, d - s)
                     # per microbatch held: its input and, but on the last stage, the buffer posted for the
@@ -85,7 +89,7 @@ def brute_force(g: LayerGraph, server: int, servers: int, bw: tuple[float, float
 
 
 def settings(batch: int) -> twobw.Settings:
-    return twobw.Settings(batch_size=batch, step_s_per_param_byte=STEP_RATE)
+    return twobw.Settings(batch_size=batch, step_s_per_param_byte=STEP_RATE, step_overhead_s=(STEP_CALL, STEP_TENSOR))
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -94,3 +94,14 @@ def test_gpipe_and_2bw_overlap_only_the_last_backward_before_the_allreduce(sched
     assert [(c.start, c.end) for c in tr.collectives] == [pytest.approx(s, rel=1e-12) for s in spans]
     # 0.180 + 0.014582912 + 0.012582912 = 0.207165824 s
     assert tr.makespan_s == pytest.approx(0.207165824, rel=1e-12)
+
+
+def test_the_ddp_step_pays_its_call_and_each_tensor_besides_its_bytes() -> None:
+    """The same round with each layer's weight and bias as two tensors (8 in all) and a step of 1 ms a call and
+    0.1 ms a tensor beside its 1 ns a byte: the step is 0.012582912 + 0.001 + 0.0008 s, so the round
+    0.090 + 0.024874368 + 0.014382912 = 0.12925728 s."""
+    g = graph()
+    g.tensors = {n: 2 for n in g.nodes}
+    res = simulate_dp(g, CLUSTER, step_overhead_s=(1e-3, 1e-4), **KW)
+    assert res.time_per_minibatch_s * 4 == pytest.approx(0.12925728, rel=1e-12)
+    assert 0.090 + AR_6MIB + STEP_S + 1e-3 + 8 * 1e-4 == pytest.approx(0.12925728, rel=1e-12)

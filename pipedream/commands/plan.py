@@ -114,7 +114,7 @@ def _run_2bw(args: argparse.Namespace) -> int:
         raise PipeDreamError("--planner 2bw needs --batch-size B (samples per update, a multiple of the workers) and "
                              "a positive --max-microbatch")
     cluster = get_cluster(args.cluster, args.clusters)
-    step_rate = None
+    step_rate, overheads = None, (0.0, 0.0)
     if args.flops:
         from pipedream.models.transformer import config_of
         from pipedream.table2bw.paper import transformer_graph
@@ -125,17 +125,19 @@ def _run_2bw(args: argparse.Namespace) -> int:
             raise PipeDreamError(f"--flops {args.flops!r}: no FLOP model; use gpt, gpt_2.2b, gpt_3.8b or bert") from None
         model = args.model or args.flops
     else:
+        from pipedream.sim.profiled import step_overheads
         from pipedream.sim.profiled import step_rate as measured_rate
 
         profile = shipped(args.profile)
         graph = LayerGraph.read(profile)
         graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
         model = args.model or profile.resolve().parent.name
-        step_rate = measured_rate(read_meta(profile), args.optimizer)
+        meta = read_meta(profile)
+        step_rate, overheads = measured_rate(meta, args.optimizer), step_overheads(meta, args.optimizer)
     settings = Settings(batch_size=args.batch_size, schedule=args.schedule, optimizer=args.optimizer,
                         max_microbatch=args.max_microbatch, depths=args.depth, microbatch_sizes=args.microbatch,
                         recompute=None if args.recompute == "search" else [args.recompute == "on"],
-                        step_s_per_param_byte=step_rate)
+                        step_s_per_param_byte=step_rate, step_overhead_s=overheads)
     plan = plan_2bw(graph, cluster, settings, model=model, rerank=args.rerank)
     if args.flops:
         plan.extra["flops_model"] = args.flops

@@ -207,6 +207,8 @@ class Settings:
         depths, microbatch_sizes, recompute: restrict the search to these values (None: all).
         step_s_per_param_byte: measured optimizer step rate (the profile's ``meta.json``); None: memory bound on
             a V100 (:data:`pipedream.costmodel.V100_MEMORY_BPS`).
+        step_overhead_s: beside a measured rate, the seconds per step call and per parameter tensor
+            (:func:`pipedream.sim.profiled.step_overheads`).
     """
 
     batch_size: int
@@ -217,6 +219,7 @@ class Settings:
     microbatch_sizes: Sequence[int] | None = None
     recompute: Sequence[bool] | None = None
     step_s_per_param_byte: float | None = None
+    step_overhead_s: tuple[float, float] = (0.0, 0.0)
 
 
 def evaluate(graph: LayerGraph, cluster: Cluster, blocks: Blocks, width: int, depth: int, microbatch: int,
@@ -253,7 +256,8 @@ def evaluate(graph: LayerGraph, cluster: Cluster, blocks: Blocks, width: int, de
 def _costs(graph: LayerGraph, nodes: list[list[str]], microbatch: int, recompute: bool,
            settings: Settings) -> list[StageCost]:
     costs = stage_costs(graph, nodes, microbatch, optimizer=settings.optimizer,
-                        step_s_per_param_byte=settings.step_s_per_param_byte)
+                        step_s_per_param_byte=settings.step_s_per_param_byte,
+                        step_s_per_call=settings.step_overhead_s[0], step_s_per_tensor=settings.step_overhead_s[1])
     return recomputed(costs) if recompute else costs
 
 
@@ -414,7 +418,8 @@ def simulate_dp_time(graph: LayerGraph, cluster: Cluster, settings: Settings, da
 
     per_worker = max(1, settings.batch_size // cluster.workers)
     res = simulate_dp(graph, cluster, batch_size=per_worker, dataset_size=dataset_batches * settings.batch_size,
-                      optimizer=settings.optimizer, step_s_per_param_byte=settings.step_s_per_param_byte)
+                      optimizer=settings.optimizer, step_s_per_param_byte=settings.step_s_per_param_byte,
+                      step_overhead_s=settings.step_overhead_s)
     return res.time_per_sample_s
 
 

@@ -165,7 +165,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     costs: list[StageCost] | None = None, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
                     bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
-                    step_s_per_param_byte: float | None = None,
+                    step_s_per_param_byte: float | None = None, step_overhead_s: tuple[float, float] = (0.0, 0.0),
                     memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
                     sharing: Callable[[int], float] | None = None,
                     host_of: Callable[[int], int] | None = None, recompute: bool = False,
@@ -195,11 +195,12 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         optimizer: the optimizer whose step is timed (:data:`pipedream.costmodel.STEP_TRAFFIC`; default
             ``"sgd"``, with momentum).
         step_s_per_param_byte: optimizer step seconds per parameter byte measured on the host; None for the
-            memory-bound estimate at ``memory_Bps``.
+            memory-bound estimate at ``memory_Bps``. step_overhead_s: beside that rate, the measured seconds per
+            step call and per parameter tensor (:func:`pipedream.sim.profiled.step_overheads`).
         memory_Bps: device memory bandwidth, bytes/s, for that estimate (default the V100's 900e9,
             :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0: no step time.
-        (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte`` and ``memory_Bps`` build ``costs``; they
-        are ignored when ``costs`` is given.)
+        (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte``, ``step_overhead_s`` and ``memory_Bps`` build
+        ``costs``; they are ignored when ``costs`` is given.)
         sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
             :mod:`pipedream.sim.cores`; :func:`pipedream.sim.predict.host_scale`); None: none.
         host_of: a rank's host (default: one host).
@@ -228,7 +229,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]
         costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
                             step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps,
-                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup))
+                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup),
+                            step_s_per_call=step_overhead_s[0], step_s_per_tensor=step_overhead_s[1])
     if recompute:
         costs = recomputed(costs)
     unit, n0 = _unit(kind, stage_ranks, m)
