@@ -130,11 +130,9 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
 
     def forward_backward() -> None:
         opt.zero_grad(set_to_none=False)
-        outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
-        if outs:
-            torch.autograd.backward([t.float().sum() for t in outs])
+        backward_through = _forward_backward(net, inputs)
         for p in params:
-            if p.grad is None or not outs:
+            if p.grad is None or not backward_through:
                 p.grad = torch.randn_like(p)
 
     def step(_: None) -> None:  # what a worker's STEP does besides copy on write: update, then zero the gradients
@@ -142,6 +140,15 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
         opt.zero_grad(set_to_none=False)
 
     return _timed(step, timing, prepare=forward_backward, budget_s=STEP_BUDGET_S) / trainable_bytes(net)
+
+
+def _forward_backward(net: nn.Module, inputs: Any) -> bool:
+    """A forward of ``inputs`` through ``net`` and a backward of the sum of its floating-point outputs that need a
+    gradient (the caches left as a training step leaves them); False when no output needs one (no backward)."""
+    outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
+    if outs:
+        torch.autograd.backward([t.float().sum() for t in outs])
+    return bool(outs)
 
 
 def step_overheads(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,
@@ -168,9 +175,7 @@ def step_overheads(model: nn.Module, example_input: Any, settings: ProfileSettin
     net = copy.deepcopy(model).to(device).train()
 
     def forward_backward() -> None:  # evicts the caches as a training step does; the model's gradients are dropped
-        outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
-        if outs:
-            torch.autograd.backward([t.float().sum() for t in outs])
+        _forward_backward(net, inputs)
         net.zero_grad(set_to_none=True)
 
     out = {}

@@ -140,7 +140,7 @@ def test_a_stage_steps_over_its_tensors_each_tied_one_once(tmp_path: Path) -> No
     back = LayerGraph.read(tmp_path / "graph.txt", minibatch_size=2)
     assert back.tensors == g.tensors and back.param_tensors_of(back.nodes) == 4
     c, a, b = split_step(0.010, 280.0, 4, 1e-3, 1e-4)
-    kw = dict(step_s_per_param_byte=b, step_s_per_tensor=a, step_s_per_call=c)
+    kw = dict(step_s_per_param_byte=b, step_overhead_s=(c, a))
     (whole,) = stage_costs(back, [list(back.nodes)], 2, **kw)
     assert whole.step_s == pytest.approx(0.010)
     halves = stage_costs(back, [["node0", "node1", "node2"], ["node3"]], 2, **kw)

@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
     lap("layers")
     rates = optimizer_step_rates(task.model, x, settings, list(dict.fromkeys(args.optimizers)))
     overheads = step_overheads(task.model, x, settings, list(rates))  # per call and per tensor, SGD's and Adam's
+    param_bytes, tensors = trainable_bytes(task.model), trainable_tensors(task.model)  # what a step walks
     lap("optimizer steps")
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
     cores = host_cores()
@@ -219,7 +220,6 @@ def run(args: argparse.Namespace) -> int:
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
         # each optimizer step: the copies' mean over their layouts and the probe's time, not this process's one draw
-        param_bytes = trainable_bytes(task.model)  # what the process's own rate was divided by
         if two.updates and param_bytes:
             host["process_optimizer_step_s_per_param_byte"] = dict(rates)
             host["optimizer_steps_s"] = {name: [round(x, 6) for x in xs] for name, xs in two.updates.items()}
@@ -235,7 +235,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
     # a step's calls and tensors apart from its bytes (pipedream.step_rates.split_step): the whole model's step stays
     # the time just taken, a stage's is its share of the three
-    param_bytes, tensors = trainable_bytes(task.model), trainable_tensors(task.model)
     split = {}
     for name, (call_s, tensor_s) in overheads.items():
         call_s, tensor_s, rates[name] = split_step(rates[name] * param_bytes, param_bytes, tensors, call_s, tensor_s)

@@ -257,7 +257,7 @@ def _costs(graph: LayerGraph, nodes: list[list[str]], microbatch: int, recompute
            settings: Settings) -> list[StageCost]:
     costs = stage_costs(graph, nodes, microbatch, optimizer=settings.optimizer,
                         step_s_per_param_byte=settings.step_s_per_param_byte,
-                        step_s_per_call=settings.step_overhead_s[0], step_s_per_tensor=settings.step_overhead_s[1])
+                        step_overhead_s=settings.step_overhead_s)
     return recomputed(costs) if recompute else costs
 
 

@@ -119,23 +119,23 @@ def buckets_in_backward(grads: list[tuple[float, float]], bucket_bytes: float) -
 
 def optimizer_step(param_bytes: float, optimizer: str, step_s_per_param_byte: float | None,
                    memory_Bps: float | None, copy_on_write: bool = False, tensors: int = 0,
-                   step_s_per_tensor: float = 0.0, step_s_per_call: float = 0.0) -> float:
+                   step_overhead_s: tuple[float, float] = (0.0, 0.0)) -> float:
     """Seconds of one optimizer step over ``param_bytes`` in ``tensors`` tensors:
-    :func:`pipedream.costmodel.optimizer_step_s` (the measured rates when given, else memory bound at
-    ``memory_Bps``).
+    :func:`pipedream.costmodel.optimizer_step_s` (the measured rates when given, ``step_overhead_s`` its seconds
+    per call and per tensor, else memory bound at ``memory_Bps``).
 
     Raises:
         PipeDreamError: an unknown optimizer, or a negative rate or bandwidth.
     """
-    if (any(r is not None and r < 0 for r in (step_s_per_param_byte, memory_Bps))
-            or step_s_per_tensor < 0 or step_s_per_call < 0):
-        raise PipeDreamError(f"optimizer step rates {step_s_per_call} s a call, {step_s_per_tensor} s a tensor, "
+    call_s, tensor_s = step_overhead_s
+    if any(r is not None and r < 0 for r in (step_s_per_param_byte, memory_Bps, call_s, tensor_s)):
+        raise PipeDreamError(f"optimizer step rates {call_s} s a call, {tensor_s} s a tensor, "
                              f"{step_s_per_param_byte} s/byte and memory bandwidth {memory_Bps} B/s must not be "
                              "negative")
     try:
         return costmodel.optimizer_step_s(param_bytes, optimizer, memory_Bps=memory_Bps,
                                           s_per_param_byte=step_s_per_param_byte, copy_on_write=copy_on_write,
-                                          tensors=tensors, s_per_tensor=step_s_per_tensor, s_per_call=step_s_per_call)
+                                          tensors=tensors, s_per_tensor=tensor_s, s_per_call=call_s)
     except ValueError as e:
         raise PipeDreamError(f"{e}; pass one of them as --optimizer") from None
 
@@ -144,8 +144,8 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
                 bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
                 step_s_per_param_byte: float | None = None,
                 memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
-                copies_on_write: Sequence[bool] = (), step_s_per_tensor: float = 0.0,
-                step_s_per_call: float = 0.0) -> list[StageCost]:
+                copies_on_write: Sequence[bool] = (),
+                step_overhead_s: tuple[float, float] = (0.0, 0.0)) -> list[StageCost]:
     """Per-stage costs for actions of ``samples`` samples each.
 
     Args:
@@ -160,10 +160,10 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0 models no step time.
         copies_on_write: per stage, whether its step first copies its weights (the schedule stashes versions
             there: :func:`pipedream.memory.copies_on_write`); missing stages: no.
-        step_s_per_tensor, step_s_per_call: with ``step_s_per_param_byte``, the measured seconds a step spends on
-            each parameter tensor (the profile's :attr:`~pipedream.graph.LayerGraph.tensors`, counted by
-            :meth:`~pipedream.graph.LayerGraph.param_tensors_of`) and on the call itself
-            (:func:`pipedream.step_rates.step_overheads`); 0: all per byte.
+        step_overhead_s: with ``step_s_per_param_byte``, the measured seconds a step spends on the call itself
+            and on each parameter tensor (the profile's :attr:`~pipedream.graph.LayerGraph.tensors`, counted by
+            :meth:`~pipedream.graph.LayerGraph.param_tensors_of`; :func:`pipedream.sim.profiled.step_overheads`);
+            zeros: all per byte.
     Raises:
         PipeDreamError: unknown profiled minibatch size, non-positive ``samples``, a bad stage split, a
             non-positive bucket cap or an unknown optimizer.
@@ -203,7 +203,7 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             step_s=optimizer_step(param_bytes, optimizer, step_s_per_param_byte, memory_Bps,
                                   copy_on_write=s < len(copies_on_write) and copies_on_write[s],
                                   tensors=graph.param_tensors_of(n.node_id for n in compute),
-                                  step_s_per_tensor=step_s_per_tensor, step_s_per_call=step_s_per_call),
+                                  step_overhead_s=step_overhead_s),
             tied_sums=[(stages, nbytes) for stages, nbytes in sums if s in stages],
         ))
     # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the

@@ -329,7 +329,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                     warmup or DEFAULT_WARMUP)
     base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
                        step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies,
-                       step_s_per_call=step_overhead_s[0], step_s_per_tensor=step_overhead_s[1])
+                       step_overhead_s=step_overhead_s)
     typical, draws = layout.spread(layouts)
     if compute_factors is not None:  # the measured CPU holds the host's sharing costs and the ranks' layouts (above)
         contention, oversubscribed, draws = 1.0, 1.0, ()

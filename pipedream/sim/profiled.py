@@ -26,7 +26,7 @@ def step_overheads(meta: dict[str, Any], optimizer: str) -> tuple[float, float]:
     ``optimizer_step_overheads``, :func:`pipedream.step_rates.step_overheads` and
     :func:`pipedream.step_rates.split_step`): ``(s_per_call, s_per_tensor)``, ``(0.0, 0.0)`` if absent (older
     profiles, whose rate per byte is the whole step's, and Muon)."""
-    record = (meta.get("optimizer_step_overheads") or {})
+    record = meta.get("optimizer_step_overheads") or {}
     record = record.get(optimizer) if isinstance(record, dict) else None
     if not isinstance(record, dict):
         return 0.0, 0.0

@@ -230,7 +230,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
                             step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps,
                             copies_on_write=memory.copies_on_write(kind, replicas, m, warmup),
-                            step_s_per_call=step_overhead_s[0], step_s_per_tensor=step_overhead_s[1])
+                            step_overhead_s=step_overhead_s)
     if recompute:
         costs = recomputed(costs)
     unit, n0 = _unit(kind, stage_ranks, m)
