@@ -90,7 +90,7 @@ def _bound_loss(criterion: Callable[[Any, torch.Tensor], torch.Tensor], target: 
 def partition(graph: LayerGraph | str | Path, cluster: str, *, model: str = "model", straight: bool = False,
          memory_limit: bool | None = None, compat: bool = False, granularity: str = "layer",
          clusters: str | Path | None = None, profiled_batch: int | None = None,
-         activation_compression_ratio: float | None = None) -> Plan:
+         activation_compression_ratio: float | None = None, optimizer: str = "sgd") -> Plan:
     """PipeDream's planner (§3.1): the stages, their replicas and ranks for ``cluster``.
 
     Args:
@@ -105,15 +105,20 @@ def partition(graph: LayerGraph | str | Path, cluster: str, *, model: str = "mod
         granularity: what the graph's node ids are (``"layer"`` or ``"op"``), recorded for the runtime.
         profiled_batch: samples in the profiled minibatch, if the graph does not say.
         activation_compression_ratio: divide activation transfer bytes by this.
+        optimizer: the optimizer the plan's runs train with (``sgd``, ``adam``, ``muon``): the planner charges its
+            step, at the rates the profile's meta.json measured where it has them
+            (:func:`pipedream.sim.profiled.step_rates`), else memory-bound.
     Raises:
-        PipeDreamError: an unknown cluster, a profile without a minibatch size, no plan that fits.
+        PipeDreamError: an unknown cluster or optimizer, a profile without a minibatch size, no plan that fits.
     """
     from pipedream.graph import profiled_batch as batch_of
     from pipedream.graph import read_meta
     from pipedream.paths import CLUSTERS, shipped
     from pipedream.planner import plan_pipeline
+    from pipedream.sim.profiled import step_rates
     from pipedream.topology import get_cluster
 
+    meta: dict[str, Any] = {}
     if isinstance(graph, LayerGraph):
         batch = profiled_batch or graph.minibatch_size
         if batch < 1:
@@ -126,7 +131,8 @@ def partition(graph: LayerGraph | str | Path, cluster: str, *, model: str = "mod
         batch = batch_of(path, profiled_batch)
     out = plan_pipeline(graph, get_cluster(cluster, clusters or CLUSTERS), model=model, minibatch_size=batch,
                         memory_limit=memory_limit, straight=straight, compat=compat,
-                        activation_compression_ratio=activation_compression_ratio)
+                        activation_compression_ratio=activation_compression_ratio,
+                        step=step_rates(meta or {}, optimizer))
     if granularity:  # the runtime cuts the model at the granularity the node ids were profiled at
         out.extra["granularity"] = granularity
     return out

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy only for annotations: the command line's --help must not import it
     import numpy as np
@@ -154,16 +155,69 @@ def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | Non
     Raises:
         ValueError: an optimizer :data:`STEP_TRAFFIC` does not know.
     """
+    if param_bytes <= 0:
+        _check_optimizer(optimizer)
+        return 0.0
+    return float(_step_s(param_bytes, tensors, copy_on_write, optimizer, memory_Bps, s_per_param_byte, s_per_tensor,
+                         s_per_call))
+
+
+def _check_optimizer(optimizer: str) -> None:
     if optimizer not in STEP_TRAFFIC:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(STEP_TRAFFIC)}")
-    if param_bytes <= 0:
-        return 0.0
-    copies = 1.0 + COPY_TRAFFIC / STEP_TRAFFIC[optimizer] if copy_on_write else 1.0
+
+
+def _step_s(param_bytes, tensors, copy_on_write, optimizer, memory_Bps, s_per_param_byte, s_per_tensor,  # type: ignore[no-untyped-def]
+            s_per_call):
+    """The step formula alone for positive ``param_bytes`` (floats or numpy arrays alike, ``copy_on_write`` a
+    bool or a boolean array), see :func:`optimizer_step_s`."""
+    _check_optimizer(optimizer)
+    copies = 1.0 + (COPY_TRAFFIC / STEP_TRAFFIC[optimizer]) * copy_on_write
     if s_per_param_byte is not None:
         return s_per_call + s_per_tensor * tensors + s_per_param_byte * param_bytes * copies
     if memory_Bps:
         return STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps * copies
-    return 0.0
+    return param_bytes * 0.0
+
+
+@dataclass(frozen=True)
+class StepRates:
+    """How one optimizer step is priced: :func:`optimizer_step_s`'s arguments besides a stage's own bytes and
+    tensors, as the planner's recurrence, its re-ranking's simulation and the run's prediction take them.
+
+    Attributes:
+        optimizer: a key of :data:`STEP_TRAFFIC` (default :data:`DEFAULT_OPTIMIZER`, the paper's SGD).
+        s_per_param_byte: measured seconds per parameter byte on the profiling host
+            (:func:`pipedream.sim.profiled.step_rate`); None: the memory-bound estimate at ``memory_Bps``.
+        s_per_call, s_per_tensor: measured seconds per step call and per parameter tensor beside that rate
+            (:func:`pipedream.sim.profiled.step_overheads`); used only with ``s_per_param_byte``.
+        memory_Bps: memory bandwidth for the estimate, bytes/s (default the V100's, :data:`V100_MEMORY_BPS`);
+            None or 0: no step time.
+    """
+
+    optimizer: str = DEFAULT_OPTIMIZER
+    s_per_param_byte: float | None = None
+    s_per_call: float = 0.0
+    s_per_tensor: float = 0.0
+    memory_Bps: float | None = V100_MEMORY_BPS
+
+    def seconds(self, param_bytes: float, tensors: float = 0, copy_on_write: bool = False) -> float:
+        """One step over ``param_bytes`` bytes in ``tensors`` tensors, seconds (:func:`optimizer_step_s`)."""
+        return optimizer_step_s(param_bytes, self.optimizer, self.memory_Bps, self.s_per_param_byte, copy_on_write,
+                                int(tensors), self.s_per_tensor, self.s_per_call)
+
+    def seconds_array(self, param_bytes: np.ndarray, tensors: np.ndarray, copy_on_write: np.ndarray | bool = False,
+                      ) -> np.ndarray:
+        """:meth:`seconds` element-wise over numpy arrays that broadcast (the planner's vectorised recurrence);
+        0 where ``param_bytes <= 0``."""
+        return (param_bytes > 0) * _step_s(param_bytes, tensors, copy_on_write, self.optimizer, self.memory_Bps,
+                                           self.s_per_param_byte, self.s_per_tensor, self.s_per_call)
+
+    def simulator_kwargs(self) -> dict[str, Any]:
+        """The same rates as :func:`pipedream.sim.simulate_stages`'s keywords (``optimizer``,
+        ``step_s_per_param_byte``, ``step_overhead_s``, ``memory_Bps``)."""
+        return {"optimizer": self.optimizer, "step_s_per_param_byte": self.s_per_param_byte,
+                "step_overhead_s": (self.s_per_call, self.s_per_tensor), "memory_Bps": self.memory_Bps}
 
 
 def _ring_s(nbytes, ranks, bandwidth_Bps, latency_s):  # type: ignore[no-untyped-def]

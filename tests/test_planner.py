@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.planner import plan_pipeline
@@ -22,13 +23,24 @@ PROFILES = REPO / "experiments" / "data" / "profiles"
 CLUSTERS = REPO / "experiments" / "clusters.yaml"
 INF = math.inf
 LATENCY = 20e-6  # the cost model's per-step latency for a cluster that gives none (costmodel.DEFAULT_STEP_LATENCY_S)
+# An optimizer step as (seconds per call, per tensor, per parameter byte, bytes moved per byte with copy on write over
+# without): default mode's default is SGD with momentum memory-bound at a V100's 900 GB/s, 6 bytes moved per
+# parameter byte and 2 more for the copy of a stashing stage; compat mode charges none.
+V100_SGD = (0.0, 0.0, 6 / 900e9, 8 / 6)
+NO_STEP = (0.0, 0.0, 0.0, 1.0)
+# Measured rates like the CPU profiles' Adam (0.5 ms a call, 45 us a tensor, 1.6 ns a byte), whose copy on write
+# moves 2 bytes beside Adam's 8.
+ADAM = StepRates("adam", 1.6e-9, 5e-4, 4.5e-5)
+ADAM_STEP = (5e-4, 4.5e-5, 1.6e-9, 10 / 8)
 
 
 # ----------------------------------------------------------------------------------------- helpers
 
 
-def chain_graph(layers: list[tuple[float, float, float]], input_bytes: float = 1e6) -> LayerGraph:
-    """Input node + a chain of layers, each ``(fwd+bwd ms, param bytes, output bytes)``."""
+def chain_graph(layers: list[tuple[float, float, float]], input_bytes: float = 1e6,
+                tensors: list[int] | None = None) -> LayerGraph:
+    """Input node + a chain of layers, each ``(fwd+bwd ms, param bytes, output bytes)``, with ``tensors[i]``
+    parameter tensors in layer ``i`` (default: no record)."""
     g = LayerGraph()
     g.add_node(Node("in", "Input", 5e-3, 0.0, (input_bytes,), 0.0))
     prev = "in"
@@ -36,6 +48,8 @@ def chain_graph(layers: list[tuple[float, float, float]], input_bytes: float = 1
         g.add_node(Node(f"l{i}", f"Linear({i})", ms / 2e3, ms / 2e3, (a,), p))
         g.add_edge(prev, f"l{i}")
         prev = f"l{i}"
+        if tensors is not None:
+            g.tensors[f"l{i}"] = tensors[i]
     return g
 
 
@@ -52,9 +66,14 @@ def compositions(total: int, parts: int) -> list[tuple[int, ...]]:
 
 def piece_time(dc: float, dp: float, da: float, r: int, used: int, n_workers: int, bw: float, *, first: bool,
                group: float, mem: float | None, extra_version: int, mem_div: float,
-               comm: tuple[float, float | None] | None, compat: bool, inbound: float = 0.0) -> float:
-    """One stage: compute plus weight sync over r replicas; memory; activation transfers (not first).
+               comm: tuple[float, float | None] | None, compat: bool, inbound: float = 0.0,
+               step: tuple[float, float, float, float] = NO_STEP, tensors: float = 0.0) -> float:
+    """One stage: compute plus one optimizer step plus weight sync over r replicas; memory; activation transfers
+    (not first).
 
+    ``step``: ``(s per call, s per tensor, s per byte, copy factor)``: a replica with parameters steps for
+    ``call + tensor * tensors + byte * P``, the bytes' part times the copy factor where it holds more than one
+    minibatch (``versions > 0``: it stashes weights).
     ``comm``: bytes into and out of the stage (already divided by the compression ratio). Compat: the
     release's sync ``4 (r - 1) P / (B r) / g`` and ``2 a / (B r)``. Default: a ring allreduce of ``P / g`` bytes,
     ``2 (r - 1) L + 2 (r - 1) / r * P / (g B)``, and a transfer each way, ``2 (L + a / B) / r``."""
@@ -62,9 +81,11 @@ def piece_time(dc: float, dp: float, da: float, r: int, used: int, n_workers: in
         sync = 4.0 * (r - 1) * dp / (bw * r) / group
     else:
         sync = 2 * (r - 1) * LATENCY + 2 * (r - 1) / r * (dp / group) / bw if r > 1 and dp > 0 else 0.0
-    t = (dc + sync) / r
+    versions = math.ceil((n_workers - used) / r)
+    call, per_tensor, per_byte, copy = step
+    stepped = call + per_tensor * tensors + per_byte * dp * (copy if versions > 0 else 1.0) if dp > 0 else 0.0
+    t = (dc + stepped + sync) / r
     if mem is not None:
-        versions = math.ceil((n_workers - used) / r)
         if compat:  # the release: a version per downstream worker of parameters and activations
             need = versions * (da + dp)
         else:  # w = versions + 1 minibatches in flight, each with weights, activations and its input; grads, momentum
@@ -78,20 +99,24 @@ def piece_time(dc: float, dp: float, da: float, r: int, used: int, n_workers: in
     return t
 
 
-def cumulative(layers: list[tuple[float, float, float]]) -> tuple[list[float], list[float], list[float], list[float]]:
-    c, p, a = [0.0], [0.0], [0.0]
-    for ms, pb, ab in layers:
+def cumulative(layers: list[tuple[float, float, float]], tensors: list[int] | None = None,
+               ) -> tuple[list[float], list[float], list[float], list[float], list[float]]:
+    c, p, a, n = [0.0], [0.0], [0.0], [0.0]
+    for i, (ms, pb, ab) in enumerate(layers):
         c.append(c[-1] + ms / 1e3)
         p.append(p[-1] + pb)
         a.append(a[-1] + ab)
-    return c[1:], p[1:], a[1:], [ab for _, _, ab in layers]
+        n.append(n[-1] + (tensors[i] if tensors else 0))
+    return c[1:], p[1:], a[1:], [ab for _, _, ab in layers], n[1:]
 
 
 def brute_level(c, p, a, bnd, lo: int, hi: int, workers: int, bw: float, *, n_states: int, mem, ratio, straight,
-                extra_version: int, group_init: float, group_split: float, mem_div: float, compat: bool, inner=None):
+                extra_version: int, group_init: float, group_split: float, mem_div: float, compat: bool, inner=None,
+                step=NO_STEP, n=None):
     """Best time for the segment after state ``lo`` (-1: start) up to state ``hi`` on ``workers`` workers of one level.
 
-    ``inner(s, e)`` gives a lower level's best time for a piece (default: compute of the piece)."""
+    ``inner(s, e)`` gives a lower level's best time for a piece (default: compute of the piece); ``step`` and the
+    cumulative tensor counts ``n`` price each piece's optimizer step (:func:`piece_time`)."""
     best = INF
     span = list(range(lo + 1, hi))
     for stages in range(1, workers + 1):
@@ -112,16 +137,20 @@ def brute_level(c, p, a, bnd, lo: int, hi: int, workers: int, bw: float, *, n_st
                         comm = (bnd[s] / ratio if s >= 0 else 0.0, bnd[e] / ratio if e < n_states - 1 else None)
                     t = piece_time(dc, p[e] - base(p), a[e] - base(a), r, used, workers, bw, first=idx == 0,
                                    group=group_init if idx == 0 else group_split, mem=mem, extra_version=extra_version,
-                                   mem_div=mem_div, comm=comm, compat=compat, inbound=bnd[s] if s >= 0 else 0.0)
+                                   mem_div=mem_div, comm=comm, compat=compat, inbound=bnd[s] if s >= 0 else 0.0,
+                                   step=step, tensors=n[e] - base(n) if n else 0.0)
                     worst = max(worst, t)
                     s = e
                 best = min(best, worst)
     return best
 
 
-def brute_plan(layers, cluster: Cluster, *, compat: bool, memory_limit=False, straight=False, ratio=None) -> float:
-    """Brute-force bottleneck time per minibatch for a chain on a one- or two-level cluster."""
-    c, p, a, bnd = cumulative(layers)
+def brute_plan(layers, cluster: Cluster, *, compat: bool, memory_limit=False, straight=False, ratio=None,
+               step=None, tensors=None) -> float:
+    """Brute-force bottleneck time per minibatch for a chain on a one- or two-level cluster; ``step`` (default
+    mode's default: :data:`V100_SGD`) is charged at the innermost level only."""
+    step = NO_STEP if compat else step or V100_SGD
+    c, p, a, bnd, counts = cumulative(layers, tensors)
     n = len(c)
     mem = cluster.device_memory_bytes if memory_limit else None
     if not compat and ratio is None:
@@ -130,12 +159,12 @@ def brute_plan(layers, cluster: Cluster, *, compat: bool, memory_limit=False, st
     if len(cluster.levels) == 1:
         (w, bw), = cluster.levels
         return brute_level(c, p, a, bnd, -1, n - 1, w, bw, n_states=n, mem=mem, ratio=ratio, straight=straight,
-                           extra_version=ev, group_init=1, group_split=1, mem_div=1, compat=compat)
+                           extra_version=ev, group_init=1, group_split=1, mem_div=1, compat=compat, step=step, n=counts)
     (w1, b1), (w2, b2) = cluster.levels
 
     def inner(s: int, e: int) -> float:
         return brute_level(c, p, a, bnd, s, e, w1, b1, n_states=n, mem=mem, ratio=ratio, straight=straight,
-                           extra_version=ev, group_init=1, group_split=1, mem_div=1, compat=compat)
+                           extra_version=ev, group_init=1, group_split=1, mem_div=1, compat=compat, step=step, n=counts)
 
     return brute_level(c, p, a, bnd, -1, n - 1, w2, b2, n_states=n, mem=mem, ratio=ratio, straight=straight, extra_version=ev,
                        group_init=w1, group_split=1 if compat else w1, mem_div=1 if compat else w1, compat=compat,
@@ -170,15 +199,20 @@ def test_chain_dp_matches_brute_force(cluster: Cluster, compat: bool) -> None:
             cluster = Cluster(cluster.name, cluster.levels, rng.uniform(0.3, 1.0) * total)
         straight = trial % 5 == 2 and cluster.workers <= len(layers)
         ratio = [None, 2.0, 0.5][trial % 3] if trial % 2 else None
-        want = brute_plan(layers, cluster, compat=compat, memory_limit=memory_limit, straight=straight, ratio=ratio)
-        graph = chain_graph(layers)
+        # every other trial steps with measured rates, per call, per tensor and per byte (a CPU profile's Adam)
+        measured = trial % 2 == 0
+        tensors = [rng.randint(0, 6) for _ in layers] if measured else None
+        want = brute_plan(layers, cluster, compat=compat, memory_limit=memory_limit, straight=straight, ratio=ratio,
+                          step=ADAM_STEP if measured else None, tensors=tensors)
+        graph = chain_graph(layers, tensors=tensors)
+        kwargs = {"step": ADAM} if measured else {}
         if not math.isfinite(want):
             with pytest.raises(PipeDreamError, match="memory limit"):
                 plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
-                              straight=straight, activation_compression_ratio=ratio, rerank=False)
+                              straight=straight, activation_compression_ratio=ratio, rerank=False, **kwargs)
             continue
         plan = plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
-                             straight=straight, activation_compression_ratio=ratio, rerank=False)
+                             straight=straight, activation_compression_ratio=ratio, rerank=False, **kwargs)
         got = plan.extra["bottleneck_time_per_minibatch_s"]
         assert rel(got, want) < 1e-12, (trial, layers, got, want)
         assert plan.time_per_sample_s == pytest.approx(want / 8, rel=1e-12)
@@ -308,6 +342,15 @@ def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: py
     assert plan.model == "vgg16" and plan.minibatch_size == 16 and plan.workers == 4
     assert f"config {plan.config}" in printed and "predicted speedup over DP" in printed
     assert plan.extra["explanation"] and plan.extra["explanation"].splitlines()[0] in printed
+    assert plan.extra["simulation"]["optimizer"] == "sgd" and plan.extra["simulation"]["step_s_per_param_byte"] is None
+    # --optimizer: the step the profile measured for it, per byte, per call and per tensor, is what the plan charges
+    (folder / "meta.json").write_text('{"minibatch_size": 16, "optimizer_step_s_per_param_byte": {"adam": 2e-9}, '
+                                      '"optimizer_step_overheads": {"adam": {"s_per_call": 5e-4, "s_per_tensor": 4e-5}}}')
+    assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
+                 "--optimizer", "adam", "--out", str(out), "--explain"]) == 0
+    sim = Plan.load(out).extra["simulation"]
+    assert (sim["optimizer"], sim["step_s_per_param_byte"], sim["step_overhead_s"]) == ("adam", 2e-9, [5e-4, 4e-5])
+    assert "adam steps at the profile's measured rates" in capsys.readouterr().out
     (folder / "meta.json").unlink()
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--out", str(out)]) == 2
@@ -365,7 +408,8 @@ def brute_dag(graph: LayerGraph, cluster: Cluster, *, compat: bool, memory_limit
                     comm = None if compat else (cut(prev) if idx else 0.0, cut(s.ideals[e]) if e < n - 1 else None)
                     worst = max(worst, piece_time(dc, dp, da, r, used, workers, bw, first=idx == 0, group=1, mem=mem,
                                                   extra_version=0 if compat else 1, mem_div=1, comm=comm, compat=compat,
-                                                  inbound=cut(prev) if idx else 0.0))
+                                                  inbound=cut(prev) if idx else 0.0,
+                                                  step=NO_STEP if compat else V100_SGD))
                     prev = s.ideals[e]
                 best = min(best, worst)
     return best

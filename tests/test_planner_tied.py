@@ -19,7 +19,7 @@ from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan, Stage
 from pipedream.planner import plan_pipeline
 from pipedream.planner.placement import replica_ranks
-from pipedream.planner.recurrence import ComputeTable, LevelInput, segment_params
+from pipedream.planner.recurrence import ComputeTable, LevelInput, segment_params, segment_tensors
 from pipedream.planner.rerank import NEAR_TIE, simulation_options
 from pipedream.planner.states import build_states
 from pipedream.profiler import ProfileSettings, profile_module, write_profile
@@ -170,30 +170,37 @@ def test_the_plan_is_the_fastest_one_the_runtime_accepts_not_the_fastest_one() -
     solver = plan_pipeline(g, cluster, model="lm", minibatch_size=8, rerank=False)
     assert solver.config == "4" and accepted(g, solver)
     assert "3-1 was refused" in solver.extra["warnings"][-1]
-    # its estimate: 41 ms of compute and a ring allreduce of 0.1 + 1 + 50 MB (the tied 0.1 MB once), on 4 workers
+    # its estimate: 41 ms of compute, an SGD step over 51.1 MB (6 bytes moved per byte at a V100's 900 GB/s, the
+    # default step) and a ring allreduce of 0.1 + 1 + 50 MB (the tied 0.1 MB once), on 4 workers
     sync = costmodel.ring_allreduce_s(51.1 * MB, 4, 1e9, cluster.latency_s)
-    assert solver.extra["dp_time_per_minibatch_s"] == pytest.approx((41e-3 + sync) / 4, rel=1e-12)
+    step = 6 * 51.1 * MB / 900e9
+    assert solver.extra["dp_time_per_minibatch_s"] == pytest.approx((41e-3 + step + sync) / 4, rel=1e-12)
     assert plan_pipeline(untied, cluster, model="lm", minibatch_size=8, rerank=False).config == "3-1"
 
 
 def test_the_dynamic_programs_segment_bytes_count_each_tied_tensor_once() -> None:
-    """For every segment between two nested states, :func:`segment_params` from the states' cumulative arrays is
-    the stage's bytes by the one definition, :meth:`LayerGraph.param_bytes_of`: a chain whose first and last layers
-    share a 10 B tensor and whose three middle layers share a 7 B one."""
+    """For every segment between two nested states, :func:`segment_params` and :func:`segment_tensors` from the
+    states' cumulative arrays are the stage's bytes and tensors by the one definition,
+    :meth:`LayerGraph.param_bytes_of` and :meth:`LayerGraph.param_tensors_of`: a chain whose first and last layers
+    share a 10 B tensor and whose three middle layers share a 7 B one, each layer with one or two tensors of its own
+    beside the shared one."""
     g = LayerGraph(minibatch_size=1)
     g.add_node(Node("in", "Input", 0.0, 0.0, (1.0,), 0.0))
     for i, own in enumerate([1.0, 2.0, 0.0, 3.0, 4.0]):
         g.add_node(Node(f"l{i}", "Linear", 1.0, 1.0, (1.0,), own + (10.0 if i in (0, 4) else 7.0)))
         g.add_edge("in" if i == 0 else f"l{i - 1}", f"l{i}")
+        g.tensors[f"l{i}"] = 1 + (i % 2) + 1  # its own one or two and the shared one
     g.tied = [Tied("a", ("l0", "l4"), 10.0), Tied("b", ("l1", "l2", "l3"), 7.0)]
     states = build_states(g)
     inp = LevelInput(ComputeTable(states.compute_s, states.nested), states.param_bytes, states.activation_bytes,
-                     states.cut_bytes, states.ancestors, states.tied_users, states.tied_bytes)
+                     states.cut_bytes, states.ancestors, states.tied_users, states.tied_bytes, states.param_tensors)
     pairs = [(r, j) for j in range(states.n) for r in range(j + 1) if r == 0 or states.nested[r - 1, j]]
     assert len(pairs) == 15
     for r, j in pairs:
         assert segment_params(inp, r, j) == g.param_bytes_of(states.nodes_between(r - 1, j))
+        assert segment_tensors(inp, r, j) == g.param_tensors_of(states.nodes_between(r - 1, j))
     assert segment_params(inp, 0, states.n - 1) == 1 + 2 + 3 + 4 + 10 + 7
+    assert segment_tensors(inp, 0, states.n - 1) == (1 + 2 + 1 + 2 + 1) + 2  # own tensors, then a and b once each
 
 
 def test_no_plan_the_runtime_accepts_fits_is_one_error() -> None:

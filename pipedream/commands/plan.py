@@ -43,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation-compression-ratio", type=float, default=None,
                    help="divide activation transfer bytes by R (in --compat, giving it also turns transfers on)")
     p.add_argument("--explain", action="store_true", help="say in words why this split won")
+    p.add_argument("--optimizer", default=None, choices=("sgd", "adam", "muon"),
+                   help="the optimizer the plan's runs train with: its state is held and its step charged, at the rates "
+                        "the profile's meta.json measured where it has them, else memory-bound (muon: Muon on the "
+                        "hidden matrices, Adam on the rest; default: sgd, the paper's, or adam with --planner 2bw; "
+                        "ignored with --compat, whose release optimizer charges no step)")
     g = p.add_argument_group("PipeDream-2BW's planner (--planner 2bw)")
     g.add_argument("--planner", choices=("pipedream", "2bw"), default="pipedream",
                    help="PipeDream's dynamic program, or PipeDream-2BW's search over width x depth x microbatch x "
@@ -54,8 +59,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--schedule", default="2bw", choices=("2bw", "gpipe", "pipedream_flush"),
                    help="the schedule to plan for (gpipe and pipedream_flush flush every batch); pipedream_flush "
                         "where this checkout has it")
-    g.add_argument("--optimizer", default="adam", choices=("sgd", "adam", "muon"),
-                   help="optimizer state held and stepped (muon: Muon on the hidden matrices, Adam on the rest)")
     g.add_argument("--max-microbatch", type=int, default=64, help="largest microbatch tried (powers of two)")
     g.add_argument("--depth", type=int, nargs="+", help="only these depths")
     g.add_argument("--microbatch", type=int, nargs="+", help="only these microbatch sizes")
@@ -86,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = get_cluster(args.cluster, args.clusters)
     plan = partition(str(profile), args.cluster, model=args.model or profile.resolve().parent.name,
                      straight=args.straight, memory_limit=args.memory_limit, compat=args.compat, clusters=args.clusters,
-                     profiled_batch=args.profiled_batch, activation_compression_ratio=args.activation_compression_ratio)
+                     profiled_batch=args.profiled_batch, activation_compression_ratio=args.activation_compression_ratio,
+                     optimizer=args.optimizer or "sgd")
     if args.explain:
         from pipedream.planner.explain import explain
 
@@ -114,6 +118,7 @@ def _run_2bw(args: argparse.Namespace) -> int:
         raise PipeDreamError("--planner 2bw needs --batch-size B (samples per update, a multiple of the workers) and "
                              "a positive --max-microbatch")
     cluster = get_cluster(args.cluster, args.clusters)
+    args.optimizer = args.optimizer or "adam"
     step_rate, overheads = None, (0.0, 0.0)
     if args.flops:
         from pipedream.models.transformer import config_of

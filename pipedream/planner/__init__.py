@@ -50,7 +50,7 @@ The differences (default mode vs. the release) and why:
    string can differ from ours (and from run to run) while the predicted time is the same.
 
 7. Default mode re-ranks (:mod:`.rerank`): the dynamic program's plans (with and without a straight
-   pipeline and the memory limit), :mod:`.fixed_split`'s split of their replica vectors and the paper's
+   pipeline, the memory limit and the optimizer step), :mod:`.fixed_split`'s split of their replica vectors and the paper's
    shapes (``16``, ``15-1``, ``14-1-1``, ``13-1-1-1``, straight) are simulated as our runtime runs them
    (1F1B-RR with the consistent warm-up, lockstep ring allreduce overlapped with the backward, links
    shared), and the fastest is returned with the simulated time as its estimate (the solver's own estimate
@@ -75,6 +75,13 @@ The differences (default mode vs. the release) and why:
    the rule of :func:`pipedream.runtime.shared.check`): the re-ranking drops such candidates, and without it the
    dynamic program's refused plan gives way to its straight pipeline or data parallelism, whichever it estimates
    faster (the rule ties stages far apart, which the recurrence over consecutive stages cannot express).
+11. The optimizer step is charged (:func:`.recurrence.step_s`, :class:`pipedream.costmodel.StepRates`): each
+   replica steps its stage's parameters once per minibatch it trains, beside its compute, with copy on write
+   where the stage stashes weight versions, at the rates the run's profile measured (``pipedream plan
+   --optimizer``; per call, per tensor and per byte) or memory-bound at a V100's bandwidth; data parallelism
+   steps the whole model on every worker. §3.1 leaves it out, and so does compat mode. It matters on CPUs, where
+   a step is 3-48% of a stage's time (the reduced models' Adam on the 2-core CI machine); the re-ranking
+   simulates it too, and also simulates the dynamic program's answer without it (difference 7).
 
 What compat mode cannot copy: the release numbers its states in a depth-first order that depends on
 Python's string hash seed; we use file order instead. Only difference 5 makes the predicted time depend

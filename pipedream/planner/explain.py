@@ -2,8 +2,9 @@
 chosen split won, in words (:func:`explain`).
 
 The numbers are those of the plan (:attr:`pipedream.plan.Plan.extra` ``stage_details``): per stage its
-share of the compute and of the weights, its replicas, its weight synchronisation (§3.1's ``W``) and
-activation transfers (§3.1's ``C``), compared with data parallelism and with a straight pipeline.
+share of the compute and of the weights, its replicas, its weight synchronisation (§3.1's ``W``),
+activation transfers (§3.1's ``C``) and optimizer step, compared with data parallelism and with a straight
+pipeline.
 """
 
 from __future__ import annotations
@@ -157,6 +158,9 @@ def explain(plan: Plan, graph: LayerGraph, cluster: Cluster) -> str:
             line += ": it holds more of the weights than of the compute, so replicas would mostly add weight sync"
         if act > 0:
             line += f"; sending and receiving its activations takes {_ms(act)}"
+        step = d.get("step_s", 0.0)
+        if step > 0.01 * stage.compute_s:  # a step that weighs in the balance (CPU profiles, weight-heavy stages)
+            line += f"; each replica's optimizer step takes {_ms(step)}"
         out.append(line + ".")
     levels = _levels(plan, cluster)
     if levels:
@@ -179,8 +183,10 @@ def _simulated(plan: Plan) -> list[str]:
     ex = plan.extra
     sim = ex.get("simulation", {})
     dp_epoch = float(ex.get("simulated_dp_epoch_s", math.nan))
+    rates = "the profile's measured" if sim.get("step_s_per_param_byte") else "memory-bound"
     out = [f"- Simulated as `pipedream simulate` runs this plan (1F1B-RR, {sim.get('warmup')} warm-up, "
-           f"{sim.get('allreduce')} allreduce overlapped with the backward, an epoch of {sim.get('dataset_size')} samples): "
+           f"{sim.get('allreduce')} allreduce overlapped with the backward, {sim.get('optimizer', 'sgd')} steps at "
+           f"{rates} rates, an epoch of {sim.get('dataset_size')} samples): "
            f"{ex.get('simulated_epoch_s', math.nan):.1f} s per epoch, {_ms(ex.get('bottleneck_time_per_minibatch_s', 0.0))} "
            f"per minibatch of {plan.minibatch_size} in steady state; data parallelism {dp_epoch:.1f} s: "
            f"{plan.predicted_speedup:.2f}x."]

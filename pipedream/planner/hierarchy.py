@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.planner.banded import solve_rows_banded
 from pipedream.planner.compat import data_parallel_total_time
@@ -23,6 +24,7 @@ from pipedream.planner.recurrence import (
     RowSolution,
     solve_row,
     solve_rows,
+    step_s,
     weight_sync_s,
 )
 from pipedream.planner.states import StateGraph
@@ -58,8 +60,12 @@ class Solution:
     level_rules: list[LevelRules]
 
 
-def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight: bool, ratio: float | None) -> list[LevelRules]:
-    """The :class:`LevelRules` of every level, innermost first."""
+def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight: bool, ratio: float | None,
+                step: costmodel.StepRates | None = None) -> list[LevelRules]:
+    """The :class:`LevelRules` of every level, innermost first. ``step``: the optimizer step default mode charges at
+    the innermost level (None: :class:`pipedream.costmodel.StepRates`'s defaults, the memory-bound SGD step the
+    simulator charges by default); compat mode charges none, as the release."""
+    step = step or costmodel.StepRates()
     rules = []
     previous_width, devices = 1, 1
     for workers, bandwidth in cluster.levels:
@@ -71,7 +77,7 @@ def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight:
             rules.append(LevelRules(workers, bandwidth, group_init=devices, group_split=devices,
                                     memory_limit_bytes=mem, memory_divisor=devices, one_memory_model=True,
                                     comm_ratio=1.0 if ratio is None else ratio, straight=straight,
-                                    latency_s=cluster.latency_s))
+                                    latency_s=cluster.latency_s, step=step if not rules else None))
         previous_width = workers
         devices *= workers
     return rules
@@ -79,15 +85,17 @@ def level_rules(cluster: Cluster, *, compat: bool, memory_limit: bool, straight:
 
 def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
     """Predicted data-parallel time per minibatch on all workers, seconds, level by level innermost first:
-    ``t = (t + W(P / g, M)) / M`` from the model's compute time, with the level's weight sync ``W``
-    (:func:`pipedream.planner.recurrence.weight_sync_s`: a ring allreduce in default mode, the release's
-    ``data_parallel_total_time`` in compat mode).
+    ``t = (t + W(P / g, M)) / M`` from the model's compute time and (default mode) one optimizer step of the
+    whole model (:func:`pipedream.planner.recurrence.step_s`, every worker steps all of it), with the level's
+    weight sync ``W`` (:func:`pipedream.planner.recurrence.weight_sync_s`: a ring allreduce in default mode, the
+    release's ``data_parallel_total_time`` in compat mode).
     """
     t = float(states.compute_s[-1])
     p = float(states.param_bytes[-1])
     if rules and rules[0].compat:  # the release counts a tied tensor once per user
         return data_parallel_total_time(t, p, [(lv.workers, lv.bandwidth_Bps, lv.group_init) for lv in rules])
     p = model_param_bytes(states)
+    t += float(step_s(rules[0], p, model_param_tensors(states), 0))
     for lv in rules:
         t = (t + float(weight_sync_s(lv, p, lv.workers, lv.group_init))) / lv.workers
     return t
@@ -96,6 +104,11 @@ def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
 def model_param_bytes(states: StateGraph) -> float:
     """The whole model's parameter bytes, each tied tensor once (what one data-parallel worker holds)."""
     return float(states.param_bytes[-1] - states.tied_bytes @ np.maximum(states.tied_users[:, -1] - 1.0, 0.0))
+
+
+def model_param_tensors(states: StateGraph) -> float:
+    """The whole model's parameter tensors, each tied tensor once (what one data-parallel worker steps)."""
+    return float(states.param_tensors[-1] - np.maximum(states.tied_users[:, -1] - 1.0, 0.0).sum())
 
 
 def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, compat: bool) -> Solution:
@@ -126,11 +139,14 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
         keys.append(states.activation_bytes)
     if rules[0].comm_ratio is not None:
         keys.append(boundary)
+    if rules[0].step is not None:
+        keys.append(states.param_tensors)
     pairs = [undominated_pairs(states, keys)]
     if len(rules) > 1:
         pairs += [all_pairs(states)] * (len(rules) - 1)
     for idx, lv in enumerate(rules):
-        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors, *tied)
+        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors, *tied,
+                         **({} if compat else {"tensors": states.param_tensors}))
         inputs.append(inp)
         if idx == len(rules) - 1:
             break

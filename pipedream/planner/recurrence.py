@@ -7,23 +7,27 @@ that segment on ``m + 1`` workers:
 
 * one stage replicated ``m + 1`` times (no split)::
 
-      (T[r, j] + W(P / g, m + 1)) / (m + 1)
+      (T[r, j] + S(P, N, v) + W(P / g, m + 1)) / (m + 1)
 
   where ``P`` is the segment's parameter bytes, ``g`` the size of a lower-level group and ``W`` the
   data-parallel weight synchronisation, *added to* compute (not overlapped, as in the release);
 * or a split after state ``k``: the best prefix on ``m + 1 - m'`` workers and a last stage
   ``(k, j]`` replicated ``m'`` times::
 
-      max(A[r, k, m - m'], (T[k + 1, j] + W(P' [/ g], m')) / m' [, 2 X(a_k / c) / m', 2 X(a_j / c) / m'])
+      max(A[r, k, m - m'], (T[k + 1, j] + S(P', N', v') + W(P' [/ g], m')) / m' [, 2 X(a_k / c) / m', 2 X(a_j / c) / m'])
 
   with the activation terms (``a`` the activation bytes crossing the split, ``c`` the compression
   ratio, ``X`` one transfer) only when activations are charged (see :class:`LevelRules`).
 
-Default mode prices ``W`` and ``X`` with the one cost model (:mod:`pipedream.costmodel`): ``W(S, n)`` a ring
-allreduce of ``S`` bytes over ``n`` groups at this level's bandwidth with the cluster's per-step latency
+Default mode prices ``W``, ``X`` and ``S`` with the one cost model (:mod:`pipedream.costmodel`): ``W(S, n)`` a
+ring allreduce of ``S`` bytes over ``n`` groups at this level's bandwidth with the cluster's per-step latency
 (dividing the bytes by ``g``: after the reduce inside a group, its ``g`` devices each carry ``1 / g`` of the
-gradient over the level's links), ``X(S)`` a transfer ``latency + S / B``. Compat mode uses the release's
-``W = 4 (n - 1) S / (B n)`` and ``X = S / B`` (:mod:`pipedream.planner.compat`).
+gradient over the level's links), ``X(S)`` a transfer ``latency + S / B``, and ``S(P, N, v)`` one optimizer
+step of a replica over the segment's ``P`` bytes in ``N`` tensors (:class:`pipedream.costmodel.StepRates`; each
+replica steps once per minibatch it trains, like its compute), with copy on write where the stage stashes
+weight versions (``v > 0``, below). The step is charged at the innermost level only: a higher level's ``T``
+is a lower level's best time, which holds it. Compat mode uses the release's ``W = 4 (n - 1) S / (B n)`` and
+``X = S / B`` and no step (:mod:`pipedream.planner.compat`).
 
 A stage is memory-feasible when what one replica holds fits the device: in default mode the one memory
 model (:func:`pipedream.memory.stashing_total` with ``versions + 1`` minibatches in flight, the stage's
@@ -69,6 +73,7 @@ class LevelRules:
         compat: price weight sync and transfers with the release's formulas (:mod:`pipedream.planner.compat`)
             instead of :mod:`pipedream.costmodel`'s.
         latency_s: per-step latency of a ring allreduce and of a transfer, seconds (default mode only).
+        step: the optimizer step ``S`` (default mode's innermost level); None: no step (compat mode, higher levels).
     """
 
     workers: int
@@ -82,6 +87,7 @@ class LevelRules:
     straight: bool = False
     compat: bool = False
     latency_s: float = 0.0
+    step: costmodel.StepRates | None = None
 
 
 def weight_sync_s(rules: LevelRules, param_bytes, replicas, group: float):
@@ -89,6 +95,14 @@ def weight_sync_s(rules: LevelRules, param_bytes, replicas, group: float):
     if rules.compat:
         return data_parallel_communication_time(param_bytes, replicas, rules.bandwidth_Bps, group)
     return costmodel.ring_allreduce_s_array(param_bytes / group, replicas, rules.bandwidth_Bps, rules.latency_s)
+
+
+def step_s(rules: LevelRules, param_bytes, tensors, versions):
+    """``S``: one optimizer step of a replica over ``param_bytes`` bytes in ``tensors`` tensors, copying its weights
+    first where it stashes ``versions > 0`` (arrays broadcast), seconds; 0 without ``rules.step``."""
+    if rules.step is None:
+        return 0.0
+    return rules.step.seconds_array(np.asarray(param_bytes, dtype=np.float64), tensors, np.asarray(versions) > 0)
 
 
 def activation_s(rules: LevelRules, boundary_bytes, replicas):
@@ -150,6 +164,8 @@ class LevelInput:
             (:attr:`pipedream.planner.states.StateGraph.tied_users`); none by default. With them a segment's
             parameter bytes count each tied tensor once (:func:`segment_params`).
         tied_bytes: bytes of each tied tensor, shape ``(T,)``.
+        tensors: cumulative parameter tensors per state (a tied tensor once per user), shape ``(n,)``; empty:
+            none (:func:`segment_tensors`).
     """
 
     table: np.ndarray | ComputeTable
@@ -159,6 +175,7 @@ class LevelInput:
     ancestors: np.ndarray
     tied_users: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     tied_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    tensors: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def n(self) -> int:
@@ -174,10 +191,26 @@ def segment_params(inp: LevelInput, rows: np.ndarray | int, j: np.ndarray | int)
     """Parameter bytes of the segment after state ``rows - 1`` (row 0: from the start) up to state ``j``, each
     tied tensor counted once however many of its users the segment holds (arrays broadcast as ``rows`` and
     ``j`` do), bytes."""
-    p = inp.params[j] - _prev(inp.params)[rows]
-    for users, nbytes in zip(inp.tied_users, inp.tied_bytes, strict=True):
-        p = p - nbytes * np.maximum(users[j] - _prev(users)[rows] - 1.0, 0.0)
-    return p
+    return _segment(inp, inp.params, inp.tied_bytes, rows, j)
+
+
+def segment_tensors(inp: LevelInput, rows: np.ndarray | int, j: np.ndarray | int,
+                    rules: LevelRules | None = None) -> np.ndarray | float:
+    """Parameter tensors of the same segment as :func:`segment_params`, each tied tensor once; 0 when ``inp`` has
+    no tensor counts, or when ``rules`` is given and its step charges nothing per tensor (not computed then)."""
+    step = rules.step if rules is not None else None
+    if not len(inp.tensors) or (rules is not None and (step is None or step.s_per_param_byte is None
+                                                       or step.s_per_tensor == 0)):
+        return 0.0
+    return _segment(inp, inp.tensors, np.ones(len(inp.tied_bytes)), rows, j)
+
+
+def _segment(inp: LevelInput, cumulative: np.ndarray, per_tied: np.ndarray, rows, j) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """``cumulative[j] - cumulative[rows - 1]`` less ``per_tied`` for each user of a tied tensor beyond the first."""
+    total = cumulative[j] - _prev(cumulative)[rows]
+    for users, amount in zip(inp.tied_users, per_tied, strict=True):
+        total = total - amount * np.maximum(users[j] - _prev(users)[rows] - 1.0, 0.0)
+    return total
 
 
 def initial_stage(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
@@ -189,14 +222,15 @@ def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.nd
     """The unsplit values laid out as ``A[m, j, r]``, shape ``(M, n, len(rows))``, seconds."""
     n, big_m = inp.n, rules.workers
     p = segment_params(inp, rows[None, :], np.arange(n)[:, None])
+    tensors = segment_tensors(inp, rows[None, :], np.arange(n)[:, None], rules)
     mem = p + inp.acts[:, None] - _prev(inp.acts)[rows][None, :]
     inbound = _prev(inp.boundary)[rows][None, :]  # a segment after state r - 1 receives its boundary
     t = inp.table[rows].T
     out = np.full((big_m, n, len(rows)), INF)
     for m in range(1 if rules.straight else big_m):
-        value = (t + weight_sync_s(rules, p, m + 1, rules.group_init)) / (m + 1)
+        versions = math.ceil((big_m - (m + 1)) / (m + 1))
+        value = (t + step_s(rules, p, tensors, versions) + weight_sync_s(rules, p, m + 1, rules.group_init)) / (m + 1)
         if rules.memory_limit_bytes is not None:
-            versions = math.ceil((big_m - (m + 1)) / (m + 1))
             need = (memory.stashing_total(p, mem - p, inbound, versions + 1) if rules.one_memory_model
                     else versions * mem)  # the release's rule
             value = np.where(need / rules.memory_divisor > rules.memory_limit_bytes, INF, value)
@@ -207,16 +241,17 @@ def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.nd
 def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarray:
     """Time of the last stage ``(k, j]`` on ``m_prime`` replicas when the prefix uses ``m + 1`` workers.
 
-    Includes the weight sync, the memory check (``inf`` when it does not fit) and, when charged, the
+    Includes the optimizer step, the weight sync, the memory check (``inf`` when it does not fit) and, when charged, the
     activation transfers into and out of the stage. All arguments broadcast (integer arrays). Seconds.
     """
     n = inp.n
     m = np.asarray(m)
     m_prime = np.asarray(m_prime, dtype=np.float64)
     p = segment_params(inp, np.asarray(k) + 1, j)
-    value = (inp.table[k + 1, j] + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
+    versions = np.ceil((rules.workers - (m + 1)) / m_prime)
+    step = step_s(rules, p, segment_tensors(inp, np.asarray(k) + 1, j, rules), versions)
+    value = (inp.table[k + 1, j] + step + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
     if rules.memory_limit_bytes is not None:
-        versions = np.ceil((rules.workers - (m + 1)) / m_prime)
         acts = inp.acts[j] - inp.acts[k]
         mem = (memory.stashing_total(p, acts, inp.boundary[k], versions + 1) if rules.one_memory_model
                else versions * (acts + p)) / rules.memory_divisor  # else: the release's rule
@@ -350,8 +385,9 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, pairs: tuple[np.ndarra
         ks, js = pk[None, lo:hi], pj[None, lo:hi]
         starts = heads[(heads >= lo) & (heads < hi)] - lo
         ends = js[0, starts]
-        # Without a memory limit the last stage does not depend on m: price it once per m'.
-        fixed = last_stage(inp, rules, ks, js, 0, mps) if rules.memory_limit_bytes is None else None
+        # Without a memory limit and a step (whose copy on write depends on the versions) the last stage does
+        # not depend on m: price it once per m'.
+        fixed = last_stage(inp, rules, ks, js, 0, mps) if rules.memory_limit_bytes is None and rules.step is None else None
         prefix = np.empty((big_m, hi - lo))  # prefix[m] = time[k, m] per candidate, filled as m grows
         prefix[0] = time[ks[0], 0]
         for m in range(1, big_m):

@@ -1,15 +1,17 @@
 """Default mode's last step: simulate candidate plans and keep the fastest (what the runtime runs).
 
 The dynamic program (:mod:`.hierarchy`) optimises §3.1's cost model: each stage's compute, its weight sync
-(a ring allreduce, :func:`pipedream.costmodel.ring_allreduce_s`) and its activation transfers, replicas
+(a ring allreduce, :func:`pipedream.costmodel.ring_allreduce_s`) and its activation transfers (and, beyond
+§3.1, its optimizer step, :func:`pipedream.planner.recurrence.step_s`), replicas
 assumed independent, no warm-up, no contention. Our runtime runs something else: 1F1B-RR with the consistent warm-up
 (:func:`pipedream.schedules.warmup_count_consistent`), replicas of a stage synchronised in lockstep by a
 ring allreduce overlapped with the backward, transfers and collectives sharing links. On the paper's
 models the gap decides the plan (the solver's VGG-16 plan for cluster A, 9-3-2-1-1, simulates at 0.43x of
 15-1). So the default planner does not trust its own estimate:
 
-1. candidates: the solver's plan with and without a straight pipeline and with and without the memory
-   limit; for the replica vector of each, the split of :mod:`.fixed_split` (balanced for the
+1. candidates: the solver's plan with and without a straight pipeline, with and without the memory
+   limit, and with and without the optimizer step in its cost model (§3.1's has none); for the replica
+   vector of each, the split of :mod:`.fixed_split` (balanced for the
    simulator's own cost terms); and the paper's shapes for the whole cluster: data parallelism
    (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline; and when the model and the
    cluster are small (at most :data:`EVERY_SPLIT_LIMIT` pairs), every split into contiguous stages with
@@ -115,10 +117,11 @@ def compute_bound_s(graph: LayerGraph, plan: Plan, dataset_size: int) -> float:
     return minibatches * per_mb
 
 
-def simulation_options(dataset_size: int | None = None) -> dict[str, Any]:
-    """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime."""
+def simulation_options(dataset_size: int | None = None, step: costmodel.StepRates | None = None) -> dict[str, Any]:
+    """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime, and the
+    optimizer step the dynamic program charges (``step``; None: :class:`pipedream.costmodel.StepRates`'s defaults)."""
     return {"allreduce": DEFAULT_ALLREDUCE, "warmup": DEFAULT_WARMUP, "overlap": True,
-            "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES}
+            "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES, **(step or costmodel.StepRates()).simulator_kwargs()}
 
 
 def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: list[int]) -> list[float]:
@@ -214,7 +217,7 @@ def candidates(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str
 
 
 def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Plan]], *, model: str, minibatch_size: int,
-           memory_limit: bool, straight: bool) -> Plan:
+           memory_limit: bool, straight: bool, step: costmodel.StepRates | None = None) -> Plan:
     """Simulate every candidate (see the module docstring) and return the fastest, its estimate the simulation.
 
     Args:
@@ -224,6 +227,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
         model, minibatch_size: recorded in the plan; the simulated batch.
         memory_limit: drop candidates with a stage that does not fit ``cluster.device_memory_bytes``.
         straight: only straight pipelines.
+        step: the optimizer step the simulation charges (:func:`simulation_options`).
     Raises:
         PipeDreamError: with the memory limit, no candidate fits; or every candidate that fits is one the runtime
             refuses (tied parameters on stages with different replica counts).
@@ -232,7 +236,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     if g.minibatch_size != minibatch_size:
         g = copy.copy(graph)
         g.minibatch_size = minibatch_size
-    opts = simulation_options()
+    opts = simulation_options(step=step)
     device = cluster.device_memory_bytes
     limit = max(device, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
     cands, exact_bytes = [], []  # per candidate, per stage: weights, gradients, optimizer state
@@ -289,7 +293,9 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
     net = Network(cluster, opts["allreduce"])
     latency = cluster.latency_s
     ranks = [s.ranks for s in plan.stages]
-    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size)
+    step_opts = {k: opts[k] for k in ("optimizer", "step_s_per_param_byte", "step_overhead_s", "memory_Bps")}
+    cow = memory.copies_on_write("1f1b", [s.replicas for s in plan.stages], 1, opts["warmup"])
+    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size, copies_on_write=cow, **step_opts)
     details = []
     for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
         # a flat ring over the stage's ranks at its slowest link (DEFAULT_ALLREDUCE), one transfer each way per boundary
@@ -303,8 +309,8 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
         stage.compute_s = cost.fwd_s + cost.bwd_s
         stage.comm_s = sync + act
         stage.memory_bytes = best.memory_bytes[i]
-        details.append({"sync_s": sync, "activation_s": act, "param_bytes": cost.param_bytes,
-                        "time_s": max(stage.compute_s + sync, act) / stage.replicas})
+        details.append({"sync_s": sync, "activation_s": act, "step_s": cost.step_s, "param_bytes": cost.param_bytes,
+                        "time_s": max(stage.compute_s + cost.step_s + sync, act) / stage.replicas})
     ex = plan.extra
     if not best.source.startswith("solver"):  # a fixed split: the solver's per-level record does not describe it
         for key in ("replicas_per_level", "offsets_per_level", "warnings"):

@@ -55,6 +55,8 @@ class StateGraph:
         compute_s: per state, forward+backward seconds of its ideal, cumulative.
         activation_bytes: per state, summed output bytes of its ideal, cumulative.
         param_bytes: per state, summed parameter bytes of its ideal, cumulative (a tied tensor once per user).
+        param_tensors: per state, summed parameter tensors of its ideal (:attr:`LayerGraph.tensors`; 0 for a node
+            without a record), cumulative (a tied tensor once per user, like ``param_bytes``).
         tied_users: per tied tensor of the graph (:attr:`LayerGraph.tied`) and state, how many of its users the
             ideal holds, shape ``(T, n)``: a segment between two states holds ``U_j - U_k`` of them and counts
             the tensor that many times in ``P_j - P_k``, once too often for each beyond the first.
@@ -83,6 +85,7 @@ class StateGraph:
     edges: np.ndarray
     tied_users: np.ndarray
     tied_bytes: np.ndarray
+    param_tensors: np.ndarray
 
     @property
     def n(self) -> int:
@@ -204,6 +207,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
     time = np.array([nd.fwd_s + nd.bwd_s for nd in nodes])
     acts = np.array([nd.output_bytes for nd in nodes])
     params = np.array([nd.param_bytes for nd in nodes])
+    tensors = np.array([float(graph.tensors.get(n_id, 0)) for n_id in node_ids])
     ideals = [ideal_of[s] for s in topo]
     member = _unpack(ideals, v)
     boundary = _row_sums(acts, [augmented[s][0] for s in topo])
@@ -233,6 +237,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
         tied_users=(member @ np.array([[nid in t.nodes for t in graph.tied] for nid in node_ids],
                                       dtype=float).reshape(v, len(graph.tied))).T,
         tied_bytes=np.array([t.nbytes for t in graph.tied], dtype=float),
+        param_tensors=member @ tensors,
     )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipedream import costmodel
+from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, read_meta
 from pipedream.sim import layout
 
@@ -33,6 +35,20 @@ def step_overheads(meta: dict[str, Any], optimizer: str) -> tuple[float, float]:
     values = [record.get(k) for k in ("s_per_call", "s_per_tensor")]
     call_s, tensor_s = (float(v) if isinstance(v, int | float) and v > 0 else 0.0 for v in values)
     return call_s, tensor_s
+
+
+def step_rates(meta: dict[str, Any], optimizer: str) -> costmodel.StepRates:
+    """How the profile prices ``optimizer``'s step, as the planner takes it: its measured seconds per byte, per call
+    and per tensor (:func:`step_rate`, :func:`step_overheads`) where it timed them, else the cost model's
+    memory-bound estimate (:class:`pipedream.costmodel.StepRates`).
+
+    Raises:
+        PipeDreamError: an optimizer the cost model does not know.
+    """
+    if optimizer not in costmodel.STEP_TRAFFIC:
+        raise PipeDreamError(f"unknown optimizer {optimizer!r}; use one of {', '.join(costmodel.STEP_TRAFFIC)}")
+    call_s, tensor_s = step_overheads(meta, optimizer)
+    return costmodel.StepRates(optimizer, step_rate(meta, optimizer), call_s, tensor_s)
 
 
 def missing_step_rate(profile: str | Path, optimizer: str) -> bool:

@@ -61,13 +61,18 @@ def twobw_train_args(schedule):
     return f"--mode pipedream --schedule {schedule} --microbatches {batch // TWOBW['microbatch']}"
 
 
+def run_optimizer(model):
+    """The optimizer ``model``'s training runs use (its ``train.optimizer``, TrainConfig's default where unset): the
+    plan charges its step (`pipedream plan --optimizer`)."""
+    return config["models"][model].get("train", {}).get("optimizer", TrainConfig().optimizer)
+
+
 def profile_optimizers(model):
     """The optimizers whose step `pipedream profile --optimizers` times for ``model``: those its runs train with
     (its ``train.optimizer``, TrainConfig's default where unset, and the 2BW loss check's for the 2BW model). The
     rest are not timed: SGD's, Adam's and Muon's steps took 26 s of the reduced AlexNet's 76 s of profile after
     loading on the 2-core CI VM, Adam's alone 0.7 s."""
-    train = config["models"][model].get("train", {})
-    names = [train.get("optimizer", TrainConfig().optimizer)]
+    names = [run_optimizer(model)]
     if TWOBW and TWOBW.get("model") == model and TWOBW_LOSS:
         names.append(TWOBW_LOSS["optimizer"])
     return " ".join(dict.fromkeys(names))

@@ -9,6 +9,7 @@ rule plan:
         f"{RESULTS}/logs/plan/{{model}}_{{cluster}}.log",
     params:
         pd=PD,
+        optimizer=lambda w: run_optimizer(w.model),  # the plan charges the step of the optimizer the runs use
     conda:
         "../../environment.yml"
     threads: 1
@@ -16,4 +17,4 @@ rule plan:
     priority: PRIORITY["plan"]
     shell:
         "{params.pd} plan --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
-        "--model {wildcards.model} --out {output} > {log} 2>&1"
+        "--model {wildcards.model} --optimizer {params.optimizer} --out {output} > {log} 2>&1"
