@@ -5,6 +5,7 @@ model written out once more, stage by stage (see pipedream/planner/recurrence.py
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from pathlib import Path
@@ -348,9 +349,15 @@ def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: py
                                       '"optimizer_step_overheads": {"adam": {"s_per_call": 5e-4, "s_per_tensor": 4e-5}}}')
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--optimizer", "adam", "--out", str(out), "--explain"]) == 0
-    sim = Plan.load(out).extra["simulation"]
+    adam = Plan.load(out)
+    sim = adam.extra["simulation"]
     assert (sim["optimizer"], sim["step_s_per_param_byte"], sim["step_overhead_s"]) == ("adam", 2e-9, [5e-4, 4e-5])
     assert "adam steps at the profile's measured rates" in capsys.readouterr().out
+    # `simulate --plan` charges the step the plan was made for: its epoch is the plan's estimate
+    assert main(["simulate", "--profile", str(folder / "graph.txt"), "--plan", str(out), "--clusters", str(CLUSTERS),
+                 "--json", str(tmp_path / "sim.json")]) == 0
+    simulated = json.loads((tmp_path / "sim.json").read_text())
+    assert simulated["epoch_time_s"] == pytest.approx(adam.extra["simulated_epoch_s"], rel=1e-12)
     (folder / "meta.json").unlink()
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--out", str(out)]) == 2

@@ -52,17 +52,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-overlap", action="store_true", help="allreduce after the backward, not layer by layer")
     p.add_argument("--allreduce", default="ring", choices=["ring", "hierarchical"],
                    help="allreduce algorithm (default: pipedream.sim.DEFAULT_ALLREDUCE, as the planner assumes)")
+    p.add_argument("--optimizer", default=None, choices=("sgd", "adam", "muon"),
+                   help="whose optimizer step to charge, at the rates the profile's meta.json measured where it has them, "
+                        "else memory-bound (default: the one the --plan was made for, else sgd)")
     p.add_argument("--json", default=None, help="also write the results as JSON to this path")
 
 
 def run(args: argparse.Namespace) -> int:
     """Simulate and print the results; returns 0."""
     from pipedream.errors import PipeDreamError
-    from pipedream.graph import LayerGraph, profiled_batch
+    from pipedream.graph import LayerGraph, profiled_batch, read_meta
     from pipedream.io import atomic_write_json
     from pipedream.paths import shipped
     from pipedream.plan import Plan
     from pipedream.sim import simulate_dp, simulate_plan
+    from pipedream.sim.profiled import step_rates
     from pipedream.topology import get_cluster
 
     if args.microbatches < 1 or (args.batch_size is not None and args.batch_size < 1) or args.dataset_size < 1:
@@ -72,18 +76,22 @@ def run(args: argparse.Namespace) -> int:
     graph.minibatch_size = profiled_batch(path, args.profiled_batch)
     if args.batch_size:
         graph = graph.scaled(args.batch_size)
+    meta = read_meta(path) or {}
     if args.plan:
         plan = Plan.load(args.plan)
         cluster = get_cluster(args.plan_cluster or plan.cluster, args.clusters)
         source = args.plan
+        planned_for = (plan.extra.get("simulation") or {}).get("optimizer") or plan.extra.get("optimizer")
+        step = step_rates(meta, args.optimizer or planned_for or "sgd")
     else:
         from pipedream.planner import plan_pipeline
 
         cluster = get_cluster(args.cluster, args.clusters)
-        plan = plan_pipeline(graph, cluster, model=path.parent.name, minibatch_size=graph.minibatch_size)
+        step = step_rates(meta, args.optimizer or "sgd")
+        plan = plan_pipeline(graph, cluster, model=path.parent.name, minibatch_size=graph.minibatch_size, step=step)
         source = "planner"
     opts = {"dataset_size": args.dataset_size, "overlap": not args.no_overlap, "allreduce": args.allreduce,
-            "microbatches": args.microbatches, "recompute": args.recompute}
+            "microbatches": args.microbatches, "recompute": args.recompute, **step.simulator_kwargs()}
     res = simulate_plan(graph, plan, cluster, schedule=args.schedule, **opts)
     # the baseline DP run never recomputes
     dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **{**opts, "recompute": False})
