@@ -201,15 +201,11 @@ class StepRates:
     s_per_tensor: float = 0.0
     memory_Bps: float | None = V100_MEMORY_BPS
 
-    def seconds(self, param_bytes: float, tensors: float = 0, copy_on_write: bool = False) -> float:
-        """One step over ``param_bytes`` bytes in ``tensors`` tensors, seconds (:func:`optimizer_step_s`)."""
-        return optimizer_step_s(param_bytes, self.optimizer, self.memory_Bps, self.s_per_param_byte, copy_on_write,
-                                int(tensors), self.s_per_tensor, self.s_per_call)
-
     def seconds_array(self, param_bytes: np.ndarray, tensors: np.ndarray, copy_on_write: np.ndarray | bool = False,
                       ) -> np.ndarray:
-        """:meth:`seconds` element-wise over numpy arrays that broadcast (the planner's vectorised recurrence);
-        0 where ``param_bytes <= 0``."""
+        """One step over ``param_bytes`` bytes in ``tensors`` tensors, copying the weights first where
+        ``copy_on_write`` (:func:`optimizer_step_s`), element-wise over numpy arrays that broadcast (the planner's
+        vectorised recurrence), seconds; 0 where ``param_bytes <= 0``."""
         return (param_bytes > 0) * _step_s(param_bytes, tensors, copy_on_write, self.optimizer, self.memory_Bps,
                                            self.s_per_param_byte, self.s_per_tensor, self.s_per_call)
 

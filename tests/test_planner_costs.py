@@ -5,6 +5,7 @@ and against the release's formulas written out by hand."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -25,6 +26,18 @@ def test_array_variants_equal_the_scalar_cost_model() -> None:
     sent = costmodel.transfer_s_array(sizes, 2e9, 1e-5)
     assert list(sent) == [costmodel.transfer_s(float(s), 2e9, 1e-5) for s in sizes]
     assert list(costmodel.transfer_s_array(sizes, float("inf"), 1e-5)) == [0.0] * len(sizes)
+    tensors = np.array([0, 1, 3, 64, 161])
+    for rates in (costmodel.StepRates(), costmodel.StepRates("adam", 1.6e-9, 5e-4, 4.5e-5),
+                  costmodel.StepRates("sgd", memory_Bps=None)):
+        for cow in (False, True):
+            got = np.broadcast_to(rates.seconds_array(sizes[:, None], tensors[None, :], cow), (len(sizes), len(tensors)))
+            for (i, s), (j, n) in itertools.product(enumerate(sizes), enumerate(tensors)):
+                assert got[i, j] == costmodel.optimizer_step_s(float(s), rates.optimizer, rates.memory_Bps,
+                                                               rates.s_per_param_byte, cow, int(n), rates.s_per_tensor,
+                                                               rates.s_per_call)
+    # by hand: Adam over 1 MB in 3 tensors with copy on write (10 bytes moved per byte against 8)
+    one = costmodel.StepRates("adam", 1.6e-9, 5e-4, 4.5e-5).seconds_array(np.array(1e6), np.array(3), True)
+    assert math.isclose(float(one), 5e-4 + 3 * 4.5e-5 + 1.6e-9 * 1e6 * 10 / 8, rel_tol=1e-12)
 
 
 def test_default_mode_charges_a_ring_allreduce_and_transfers_with_latency() -> None:

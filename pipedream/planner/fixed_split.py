@@ -5,7 +5,8 @@ layer split. To simulate that configuration next to our planner's choice, the la
 contiguous pieces of one topological order (every prefix of a topological order is a valid first part,
 so every such split respects the graph) by a min-max dynamic program over cut points. The throughput
 model it minimises is the steady state of 1F1B-RR: a stage replicated ``r`` times does one minibatch per
-``(compute + allreduce) / r`` seconds (paper §3.1's per-stage time, with the allreduce of
+``(compute + optimizer step + allreduce) / r`` seconds (paper §3.1's per-stage time and the step of
+:class:`pipedream.costmodel.StepRates`, with copy on write where 1F1B stashes weights, and the allreduce of
 :mod:`pipedream.sim.network`, affine in its bytes: latency plus bytes / bandwidth, :mod:`pipedream.costmodel`),
 and the link between two stages carries the boundary activations one way
 and their gradients the other way (full duplex), ``cut bytes / bandwidth`` per minibatch; the slowest
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.planner.placement import replica_ranks
@@ -40,7 +42,8 @@ def replicas_of(config: str, workers: int) -> list[int]:
 
 
 def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network, samples: float,
-                       stage_ranks: list[list[int]] | None = None) -> list[list[str]]:
+                       stage_ranks: list[list[int]] | None = None, step: costmodel.StepRates | None = None,
+                       ) -> list[list[str]]:
     """Node ids per stage for ``replicas`` (pipeline order) minimising the modelled period (seconds).
 
     Args:
@@ -50,6 +53,8 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
         samples: samples per minibatch on one worker (scales times and activations).
         stage_ranks: ranks per stage (default :func:`pipedream.planner.placement.replica_ranks` of the
             network's cluster).
+        step: how each replica's optimizer step is priced (default :class:`pipedream.costmodel.StepRates`'s, the
+            simulator's default).
     Raises:
         PipeDreamError: more stages than layers, or an unknown profiled minibatch size.
     """
@@ -67,14 +72,24 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
         pos.setdefault(nid, 0)
     compute = np.concatenate([[0.0], np.cumsum([(graph.nodes[x].fwd_s + graph.nodes[x].bwd_s) * scale for x in order])])
     params = np.concatenate([[0.0], np.cumsum([graph.nodes[x].param_bytes for x in order])])
+    tensors = np.concatenate([[0.0], np.cumsum([graph.tensors.get(x, 0) for x in order])])
     users = [(t.nbytes, np.concatenate([[0.0], np.cumsum([x in t.nodes for x in order])])) for t in graph.tied]
 
-    def stage_params(i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
-        """Parameter bytes of positions ``(i, j]``, a tied tensor once (:meth:`LayerGraph.param_bytes_of`)."""
-        p = params[j] - params[i]
+    def stage_params(i: np.ndarray | int, j: np.ndarray | int, cumulative: np.ndarray = params,
+                     bytes_per_tied: bool = True) -> np.ndarray:
+        """Parameter bytes (or with ``cumulative=tensors`` and not ``bytes_per_tied``, tensors) of positions
+        ``(i, j]``, a tied tensor once (:meth:`LayerGraph.param_bytes_of`, :meth:`LayerGraph.param_tensors_of`)."""
+        p = cumulative[j] - cumulative[i]
         for nbytes, u in users:
-            p = p - nbytes * np.maximum(u[j] - u[i] - 1.0, 0.0)
+            p = p - (nbytes if bytes_per_tied else 1.0) * np.maximum(u[j] - u[i] - 1.0, 0.0)
         return p
+
+    rates = step or costmodel.StepRates()
+    copies = memory.copies_on_write("1f1b", replicas)
+
+    def step_s(s: int, i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """One optimizer step of a replica of stage ``s`` holding positions ``(i, j]``, seconds."""
+        return rates.seconds_array(stage_params(i, j), stage_params(i, j, tensors, False), copies[s])
     # cut[c]: bytes of outputs of nodes at positions <= c consumed at positions > c
     last_use = {nid: max((pos[d] for d in graph.successors(nid)), default=pos[nid]) for nid in topo}
     delta = np.zeros(n + 2)
@@ -95,12 +110,13 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
     link_bw = [network.path(ranks[s][0], ranks[s + 1][0])[1] for s in range(k - 1)]
     best = np.full((k, n + 1), np.inf)
     back = np.zeros((k, n + 1), dtype=int)
-    best[0] = (compute + sync_s(0, stage_params(0, np.arange(n + 1)))) / replicas[0]
+    ends = np.arange(n + 1)
+    best[0] = (compute + step_s(0, 0, ends) + sync_s(0, stage_params(0, ends))) / replicas[0]
     best[0][0] = np.inf
     for s in range(1, k):
         for j in range(s + 1, n + 1):
             i = np.arange(s, j)  # previous stage ends at i, this one is (i, j]
-            stage = (compute[j] - compute[i] + sync_s(s, stage_params(i, j))) / replicas[s]
+            stage = (compute[j] - compute[i] + step_s(s, i, j) + sync_s(s, stage_params(i, j))) / replicas[s]
             cand = np.maximum(np.maximum(best[s - 1][i], stage), cut[i] / link_bw[s - 1])
             t = int(np.argmin(cand))
             best[s][j], back[s][j] = cand[t], i[t]

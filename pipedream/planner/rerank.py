@@ -130,7 +130,8 @@ def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: l
     return [m.total for m in memory.plan_memory(graph, stages, replicas)]
 
 
-def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int) -> Plan | None:
+def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model: str, minibatch_size: int,
+                step: costmodel.StepRates | None = None) -> Plan | None:
     """A plan of :mod:`.fixed_split` for ``replicas``, placed by :func:`.placement.replica_ranks` (copies of
     the pipeline on whole servers where the replica counts allow, else consecutive ranks), or None if it
     cannot be split."""
@@ -138,7 +139,7 @@ def _split_plan(graph: LayerGraph, cluster: Cluster, replicas: list[int], model:
     if len(replicas) > non_input:
         return None
     ranks = replica_ranks(replicas, cluster)
-    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size, ranks)
+    nodes = split_for_replicas(graph, replicas, Network(cluster, DEFAULT_ALLREDUCE), minibatch_size, ranks, step)
     stages = [Stage(nodes=ns, replicas=r, ranks=rk) for ns, r, rk in zip(nodes, replicas, ranks, strict=True)]
     return Plan(model=model, cluster=cluster.name, workers=sum(replicas), stages=stages, minibatch_size=minibatch_size,
                 time_per_sample_s=math.nan, dp_time_per_sample_s=math.nan)
@@ -193,7 +194,7 @@ def every_split(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_si
 
 
 def candidates(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Plan]], *, model: str,
-               minibatch_size: int, straight: bool) -> list[tuple[str, Plan]]:
+               minibatch_size: int, straight: bool, step: costmodel.StepRates | None = None) -> list[tuple[str, Plan]]:
     """The solver's plans, :mod:`.fixed_split`'s split of each of their replica vectors and of the paper's
     shapes (straight ones only if ``straight``), and, when there are at most :data:`EVERY_SPLIT_LIMIT` of
     them, every split and replica vector (:func:`every_split`); without duplicates, in that order."""
@@ -202,7 +203,7 @@ def candidates(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str
     vectors += [v for v in paper_shapes(cluster.workers, layers) if not straight or all(r == 1 for r in v)]
     out = list(solver_plans)
     for reps in vectors:
-        plan = _split_plan(graph, cluster, reps, model, minibatch_size)
+        plan = _split_plan(graph, cluster, reps, model, minibatch_size, step)
         if plan is not None:
             out.append((f"split {config_string(reps)}", plan))
     out += every_split(graph, cluster, model=model, minibatch_size=minibatch_size, straight=straight)
@@ -240,7 +241,8 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     device = cluster.device_memory_bytes
     limit = max(device, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
     cands, exact_bytes = [], []  # per candidate, per stage: weights, gradients, optimizer state
-    for source, plan in candidates(g, cluster, solver_plans, model=model, minibatch_size=minibatch_size, straight=straight):
+    for source, plan in candidates(g, cluster, solver_plans, model=model, minibatch_size=minibatch_size, straight=straight,
+                                   step=step):
         need = memory.plan_memory(g, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
         # weights, gradients and optimizer state are exact: a hard limit at the device's memory
         exact = [m.weights + m.gradients + m.optimizer for m in need]
