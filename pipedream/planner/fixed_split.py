@@ -75,21 +75,24 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
     tensors = np.concatenate([[0.0], np.cumsum([graph.tensors.get(x, 0) for x in order])])
     users = [(t.nbytes, np.concatenate([[0.0], np.cumsum([x in t.nodes for x in order])])) for t in graph.tied]
 
-    def stage_params(i: np.ndarray | int, j: np.ndarray | int, cumulative: np.ndarray = params,
-                     bytes_per_tied: bool = True) -> np.ndarray:
-        """Parameter bytes (or with ``cumulative=tensors`` and not ``bytes_per_tied``, tensors) of positions
-        ``(i, j]``, a tied tensor once (:meth:`LayerGraph.param_bytes_of`, :meth:`LayerGraph.param_tensors_of`)."""
-        p = cumulative[j] - cumulative[i]
+    def stage_sum(cumulative: np.ndarray, i: np.ndarray | int, j: np.ndarray | int, bytes_: bool) -> np.ndarray:
+        """``cumulative`` over positions ``(i, j]``, a tied tensor once: its bytes (``bytes_``) or one tensor
+        (:meth:`LayerGraph.param_bytes_of`, :meth:`LayerGraph.param_tensors_of`)."""
+        total = cumulative[j] - cumulative[i]
         for nbytes, u in users:
-            p = p - (nbytes if bytes_per_tied else 1.0) * np.maximum(u[j] - u[i] - 1.0, 0.0)
-        return p
+            total = total - (nbytes if bytes_ else 1.0) * np.maximum(u[j] - u[i] - 1.0, 0.0)
+        return total
+
+    def stage_params(i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """Parameter bytes of positions ``(i, j]``, a tied tensor once."""
+        return stage_sum(params, i, j, True)
 
     rates = step or costmodel.StepRates()
     copies = memory.copies_on_write("1f1b", replicas)
 
     def step_s(s: int, i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
         """One optimizer step of a replica of stage ``s`` holding positions ``(i, j]``, seconds."""
-        return rates.seconds_array(stage_params(i, j), stage_params(i, j, tensors, False), copies[s])
+        return rates.seconds_array(stage_params(i, j), stage_sum(tensors, i, j, False), copies[s])
     # cut[c]: bytes of outputs of nodes at positions <= c consumed at positions > c
     last_use = {nid: max((pos[d] for d in graph.successors(nid)), default=pos[nid]) for nid in topo}
     delta = np.zeros(n + 2)

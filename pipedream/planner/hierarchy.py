@@ -146,7 +146,7 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
         pairs += [all_pairs(states)] * (len(rules) - 1)
     for idx, lv in enumerate(rules):
         inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors, *tied,
-                         **({} if compat else {"tensors": states.param_tensors}))
+                         tensors=states.param_tensors)
         inputs.append(inp)
         if idx == len(rules) - 1:
             break
