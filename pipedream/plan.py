@@ -85,6 +85,13 @@ class Plan:
         """Predicted DP time / pipeline time (>1 means the pipeline is faster)."""
         return self.dp_time_per_sample_s / self.time_per_sample_s if self.time_per_sample_s > 0 else float("nan")
 
+    @property
+    def optimizer(self) -> str | None:
+        """The optimizer whose step the planner charged (``extra["optimizer"]``: PipeDream's planner and
+        re-ranking, the 2BW planner); None for a plan that does not say (older plans, hand-written ones)."""
+        value = self.extra.get("optimizer")
+        return value if isinstance(value, str) else None
+
     def stage_of_rank(self, rank: int) -> int:
         """Index of the stage that global ``rank`` runs; raises PipeDreamError if none does."""
         for i, s in enumerate(self.stages):

@@ -344,12 +344,14 @@ def test_cli_plan_reads_meta_json_and_writes_the_plan(tmp_path: Path, capsys: py
     assert f"config {plan.config}" in printed and "predicted speedup over DP" in printed
     assert plan.extra["explanation"] and plan.extra["explanation"].splitlines()[0] in printed
     assert plan.extra["simulation"]["optimizer"] == "sgd" and plan.extra["simulation"]["step_s_per_param_byte"] is None
+    assert plan.optimizer == "sgd"
     # --optimizer: the step the profile measured for it, per byte, per call and per tensor, is what the plan charges
     (folder / "meta.json").write_text('{"minibatch_size": 16, "optimizer_step_s_per_param_byte": {"adam": 2e-9}, '
                                       '"optimizer_step_overheads": {"adam": {"s_per_call": 5e-4, "s_per_tensor": 4e-5}}}')
     assert main(["plan", "--profile", str(folder / "graph.txt"), "--cluster", "cpu4", "--clusters", str(CLUSTERS),
                  "--optimizer", "adam", "--out", str(out), "--explain"]) == 0
     adam = Plan.load(out)
+    assert adam.optimizer == "adam"
     sim = adam.extra["simulation"]
     assert (sim["optimizer"], sim["step_s_per_param_byte"], sim["step_overhead_s"]) == ("adam", 2e-9, [5e-4, 4e-5])
     assert "adam steps at the profile's measured rates" in capsys.readouterr().out

@@ -81,8 +81,7 @@ def run(args: argparse.Namespace) -> int:
         plan = Plan.load(args.plan)
         cluster = get_cluster(args.plan_cluster or plan.cluster, args.clusters)
         source = args.plan
-        planned_for = (plan.extra.get("simulation") or {}).get("optimizer") or plan.extra.get("optimizer")
-        step = step_rates(meta, args.optimizer or planned_for or "sgd")
+        step = step_rates(meta, args.optimizer or plan.optimizer or "sgd")
     else:
         from pipedream.planner import plan_pipeline
 

@@ -233,9 +233,8 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
         print(f"warning: the profile timed no {cfg.optimizer} step (meta.json optimizer_step_s_per_param_byte): the "
               f"prediction leaves the optimizer step out; profile again with --optimizers {cfg.optimizer}",
               file=sys.stderr)
-    planned_for = (plan.extra.get("simulation") or {}).get("optimizer") or plan.extra.get("optimizer")
-    if args.mode == "pipedream" and planned_for and planned_for != cfg.optimizer:
-        print(f"warning: the plan charged {planned_for}'s optimizer step, this run trains with {cfg.optimizer}: plan "
+    if args.mode == "pipedream" and plan.optimizer and plan.optimizer != cfg.optimizer:
+        print(f"warning: the plan charged {plan.optimizer}'s optimizer step, this run trains with {cfg.optimizer}: plan "
               f"again with `pipedream plan --optimizer {cfg.optimizer}` for a split balanced for its step",
               file=sys.stderr)
     scales = "/".join(f"{f:.2f}" for f in pred.compute_scale)

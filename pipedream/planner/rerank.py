@@ -237,6 +237,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     if g.minibatch_size != minibatch_size:
         g = copy.copy(graph)
         g.minibatch_size = minibatch_size
+    step = step or costmodel.StepRates()
     opts = simulation_options(step=step)
     device = cluster.device_memory_bytes
     limit = max(device, runtime_memory_bytes(g, [list(g.nodes)], [1])[0])
@@ -279,12 +280,12 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     near = [c for c in fitting if c.epoch_s is not None and c.epoch_s <= fastest * (1 + NEAR_TIE)]
     best = min(near, key=lambda c: (len(c.plan.stages), c.epoch_s))
     dp = simulate_dp(g, cluster, workers=best.plan.workers, **opts)
-    return _finish(g, cluster, best, dp, cands, solver_plans[0][1], opts, memory_limit=memory_limit, straight=straight,
+    return _finish(g, cluster, best, dp, cands, solver_plans[0][1], opts, step, memory_limit=memory_limit, straight=straight,
                    limit=limit)
 
 
 def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands: list[Candidate], solver_answer: Plan,
-            opts: dict[str, Any], *, memory_limit: bool, straight: bool, limit: float) -> Plan:
+            opts: dict[str, Any], step: costmodel.StepRates, *, memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""
     plan = copy.deepcopy(best.plan)
@@ -295,9 +296,9 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
     net = Network(cluster, opts["allreduce"])
     latency = cluster.latency_s
     ranks = [s.ranks for s in plan.stages]
-    step_opts = {k: opts[k] for k in ("optimizer", "step_s_per_param_byte", "step_overhead_s", "memory_Bps")}
     cow = memory.copies_on_write("1f1b", [s.replicas for s in plan.stages], 1, opts["warmup"])
-    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size, copies_on_write=cow, **step_opts)
+    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size, copies_on_write=cow,
+                        **step.simulator_kwargs())
     details = []
     for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
         # a flat ring over the stage's ranks at its slowest link (DEFAULT_ALLREDUCE), one transfer each way per boundary
@@ -321,6 +322,7 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
         "mode": "default",
         "memory_limit": memory_limit,
         "straight": straight,
+        "optimizer": step.optimizer,
         "device_memory_bytes": cluster.device_memory_bytes,
         "memory_limit_bytes": limit if memory_limit else None,
         "levels": [list(lv) for lv in cluster.levels],
