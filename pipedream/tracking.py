@@ -3,6 +3,10 @@
 The store is ``$MLFLOW_TRACKING_URI`` when it is set, else one sqlite file in the checkout,
 ``<repo>/results/mlflow.db`` (what ``make ui`` shows), whatever the working directory; artifacts go
 to ``mlartifacts`` beside a sqlite store (:func:`artifact_root`).
+
+``PIPEDREAM_TRACKING=off`` trains without MLflow (:func:`tracking_enabled`): for a machine that has no MLflow
+installed, such as a GPU node of a cluster or the lent device machine (``benchmarks/cores``); the run's own files
+(``run.json``, ``metrics.json``, ``prediction.json``) are written as always, and its ``run_id`` is empty.
 """
 
 from __future__ import annotations
@@ -15,12 +19,27 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pipedream.errors import PipeDreamError
 from pipedream.paths import REPO, RESULTS
 
 DEFAULT_TRACKING_URI = f"sqlite:///{RESULTS / 'mlflow.db'}"
 DEFAULT_ARTIFACT_ROOT = RESULTS / "mlartifacts"
 STORE_HELP = "$MLFLOW_TRACKING_URI if set, else sqlite:///<repo>/results/mlflow.db"
 UI_URL = "http://127.0.0.1:5000"  # where `make ui` serves the store
+TRACKING_ENV = "PIPEDREAM_TRACKING"
+
+
+def tracking_enabled() -> bool:
+    """Whether training runs are logged to MLflow: yes unless ``$PIPEDREAM_TRACKING`` is ``off`` (or ``0``,
+    ``false``, ``no``; any case). Raises PipeDreamError for any other value than those and ``on``/``1``/``true``/
+    ``yes``, so a typo does not silently drop the tracking."""
+    value = os.environ.get(TRACKING_ENV, "on").strip().lower()
+    if value in ("on", "1", "true", "yes", ""):
+        return True
+    if value in ("off", "0", "false", "no"):
+        return False
+    raise PipeDreamError(f"${TRACKING_ENV}={os.environ[TRACKING_ENV]!r} is not on or off; unset it to log runs to "
+                         "MLflow, or set it to off to train without MLflow")
 
 
 def tracking_uri() -> str:
@@ -42,7 +61,11 @@ def _mlflow():  # type: ignore[no-untyped-def]
     setting ``MLFLOW_DISABLE_TELEMETRY=false``."""
     logging.getLogger("alembic").setLevel(logging.WARNING)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import mlflow
+    try:
+        import mlflow
+    except ImportError as e:
+        raise PipeDreamError(f"MLflow does not import here ({e}): install it (`make setup`, or pip install -r "
+                             f"requirements.txt), or set {TRACKING_ENV}=off to train without logging to MLflow") from e
 
     uri = tracking_uri()
     if uri.startswith("sqlite:///"):
@@ -105,6 +128,12 @@ class LiveRun:
 
     def __init__(self, experiment: str, run_name: str, params: dict[str, Any], tags: dict[str, str] | None = None,
                  start_time_s: float | None = None) -> None:
+        self.logged = 0  # epochs logged so far
+        self.ended = False  # whether finish() has ended the run
+        self.enabled = tracking_enabled()
+        if not self.enabled:  # $PIPEDREAM_TRACKING=off: every method below is a no-op
+            self.experiment_id = self.run_id = ""
+            return
         mlflow = _mlflow()
         from mlflow.entities import Param
 
@@ -117,16 +146,15 @@ class LiveRun:
         run = self.client.create_run(self.experiment_id, start_time=self.start_ms, run_name=run_name, tags=self.tags)
         self.run_id: str = run.info.run_id
         self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in params.items()])
-        self.logged = 0  # epochs logged so far
-        self.ended = False  # whether finish() has ended the run
 
     def log_epochs(self, epochs: list[dict[str, float]]) -> None:
         """Log the epochs of ``epochs`` (all of the run so far, in order) that are not logged yet."""
+        new = epochs[self.logged:]
+        if not new or not self.enabled:
+            self.logged += len(new)
+            return
         from mlflow.entities import Metric
 
-        new = epochs[self.logged:]
-        if not new:
-            return
         metrics = []
         for step, row in enumerate(new, start=self.logged + 1):
             ts = self.start_ms + int(1000 * float(row.get("wall_time_s", 0.0)))
@@ -138,6 +166,8 @@ class LiveRun:
         """Log metric ``name`` of every epoch of ``epochs`` that has it, at the epoch's step and real time
         (as :meth:`log_epochs` would have): a metric scored after training, such as BLEU of each epoch's
         saved model, lands where the epoch ended on the wall-time axis, not when it was scored."""
+        if not self.enabled:
+            return
         from mlflow.entities import Metric
 
         metrics = [Metric(name, float(row[name]), self.start_ms + int(1000 * float(row.get("wall_time_s", 0.0))), step)
@@ -150,6 +180,9 @@ class LiveRun:
         """Log final metrics (step 0, now), extra tags and artifacts (missing files skipped), then end
         the run with ``status`` (``FINISHED``, ``FAILED`` or ``KILLED``), then retire the earlier runs of the
         same target (see the class docstring)."""
+        if not self.enabled:
+            self.ended = True
+            return
         from mlflow.entities import Metric, RunTag
 
         now = int(1000 * time.time())

@@ -51,15 +51,15 @@ def test_cores_takes_one_cpu_per_physical_core_among_the_allowed() -> None:
 
 
 def test_cores_gives_the_longest_model_to_the_least_loaded_group() -> None:
-    """SECONDS: awd_lm 342, gnmt16 319, gnmt8 261, resnet50 180, s2vt 172, vgg16 161, alexnet 108. Four groups:
-    the first four one each; s2vt to resnet50's (180, the least), vgg16 to gnmt8's (261 < 319, 342), alexnet to
-    gnmt16's (319 < 342, 352, 422). An unknown model counts the median, 180."""
+    """SECONDS: gnmt16 270, awd_lm 245, gnmt8 215, resnet50 154, s2vt 147, vgg16 132, alexnet 109. Four groups:
+    the first four one each; s2vt to resnet50's (154, the least), vgg16 to gnmt8's (215 < 245, 270, 301), alexnet
+    to awd_lm's (245 < 270, 301, 347). An unknown model counts the median, 154."""
     cores = load("cores")
     models = ["vgg16", "resnet50", "alexnet", "gnmt8", "gnmt16", "awd_lm", "s2vt"]
-    assert cores.assign(models, 4) == [["awd_lm"], ["gnmt16", "alexnet"], ["gnmt8", "vgg16"], ["resnet50", "s2vt"]]
-    # two groups: awd_lm 342 -> 0; gnmt16 -> 1 (319); gnmt8 -> 1 (319 < 342: 580); resnet50 -> 0 (522);
-    # s2vt -> 0 (522 < 580: 694); vgg16 -> 1 (580 < 694: 741); alexnet -> 0 (694 < 741: 802)
-    assert cores.assign(models, 2) == [["awd_lm", "resnet50", "s2vt", "alexnet"], ["gnmt16", "gnmt8", "vgg16"]]
+    assert cores.assign(models, 4) == [["gnmt16"], ["awd_lm", "alexnet"], ["gnmt8", "vgg16"], ["resnet50", "s2vt"]]
+    # two groups: gnmt16 270 -> 0; awd_lm -> 1 (245); gnmt8 -> 1 (245 < 270: 460); resnet50 -> 0 (424);
+    # s2vt -> 0 (424 < 460: 571); vgg16 -> 1 (460 < 571: 592); alexnet -> 0 (571 < 592: 680)
+    assert cores.assign(models, 2) == [["gnmt16", "resnet50", "s2vt", "alexnet"], ["awd_lm", "gnmt8", "vgg16"]]
     assert cores.assign(["mystery"], 2) == [["mystery"], []]
 
 
@@ -84,6 +84,42 @@ def test_cores_runs_the_workflows_commands() -> None:
     assert cmds["pipedream"].endswith("--out-dir /w/runs/vgg16/pipedream")  # make run's layout: the report reads it
     cfg["profile"]["host_seconds"] = 6
     assert "--host-seconds 6 --optimizers sgd " in dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    again = dict(cores.commands(cfg, "vgg16", Path("/w"), "clusters.yaml", cores.repeat_dir(Path("/w"), 2)))
+    assert again["dp"].endswith("--out-dir /w/repeat2/runs/vgg16/dp")  # a repeat trains on the same profile and plan
+    assert "--plan /w/plans/vgg16.json --profile /w/profiles/vgg16/graph.txt " in again["dp"]
+    assert cores.repeat_dir(Path("/w"), 1) == Path("/w")
+
+
+def test_cores_reuses_an_earlier_runs_profiles_and_plans(tmp_path: Path) -> None:
+    """``--reuse``: each model's profile folder and plan copied into OUT; a model without them is refused by name."""
+    cores = load("cores")
+    src, out = tmp_path / "first", tmp_path / "second"
+    (src / "profiles" / "vgg16").mkdir(parents=True)
+    (src / "profiles" / "vgg16" / "graph.txt").write_text("g")
+    (src / "profiles" / "vgg16" / "meta.json").write_text("{}")
+    (src / "plans").mkdir()
+    (src / "plans" / "vgg16.json").write_text("{}")
+    cores.reuse(src, out, ["vgg16"])
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "plans/vgg16.json", "profiles/vgg16/graph.txt", "profiles/vgg16/meta.json"]
+    cores.reuse(src, src, ["vgg16"])  # the same folder: nothing to copy
+    with pytest.raises(ValueError, match="alexnet/graph.txt.*alexnet.json"):
+        cores.reuse(src, out, ["vgg16", "alexnet"])
+
+
+def test_cores_self_agreement_by_hand() -> None:
+    """Epochs of one run 10, 12 and 9 s: pairs |10/12 - 1| = 1/6, |10/9 - 1| = 1/9, |12/9 - 1| = 1/3; another run
+    4 and 4 s: 0; a failed run (no epoch) and a run without a pair add none. Median of (1/6, 1/9, 1/3, 0): (1/9 +
+    1/6) / 2."""
+    cores = load("cores")
+
+    def r(model: str, mode: str, epoch: float | str) -> list[object]:
+        return [model, mode, "0,1", "straight", epoch, 1.0, 1.0, 1.0, "1.0", 1]
+
+    rows = [r("a", "dp", 10.0), r("a", "dp", 12.0), r("a", "dp", 9.0), r("b", "dp", 4.0), r("b", "dp", 4.0),
+            r("b", "pipedream", ""), r("c", "dp", 3.0)]
+    assert cores.self_agreement(rows) == pytest.approx((1 / 9 + 1 / 6) / 2)
+    assert cores.self_agreement([r("c", "dp", 3.0)]) is None
 
 
 def test_cores_resizes_the_configs_cluster_for_fewer_workers(tmp_path: Path) -> None:

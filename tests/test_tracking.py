@@ -81,3 +81,46 @@ def test_mlflow_is_imported_without_telemetry(mlflow_store: Path, monkeypatch: p
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "false")
     _mlflow()
     assert os.environ["MLFLOW_DISABLE_TELEMETRY"] == "false"
+
+
+def test_tracking_off_trains_without_mlflow(mlflow_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PIPEDREAM_TRACKING=off``: a run is neither logged nor needs MLflow to import (a machine without it);
+    otherwise a missing MLflow is one clear error that names the switch."""
+    import sys
+
+    from pipedream.errors import PipeDreamError
+    from pipedream.tracking import LiveRun
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # `import mlflow` raises ImportError, as where it is missing
+    monkeypatch.setenv("PIPEDREAM_TRACKING", "off")
+    run = LiveRun("exp", "dp", {"seed": 0})
+    run.log_epochs([{"epoch_time_s": 1.0}, {"epoch_time_s": 2.0}])
+    run.log_scores("bleu", [{"bleu": 1.0}])
+    run.finish({"time_to_accuracy_s": 3.0}, artifacts=[mlflow_store / "missing.json"])
+    assert (run.run_id, run.experiment_id, run.logged, run.ended) == ("", "", 2, True)
+    monkeypatch.setenv("PIPEDREAM_TRACKING", "on")
+    with pytest.raises(PipeDreamError, match="PIPEDREAM_TRACKING=off"):
+        LiveRun("exp", "dp", {"seed": 0})
+    monkeypatch.delitem(sys.modules, "mlflow")
+    assert load_runs("exp") == []  # nothing reached the store
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("off", False), ("OFF", False), ("0", False), ("no", False),
+                                                ("on", True), ("1", True), ("", True), (None, True)])
+def test_tracking_switch_values(value: str | None, enabled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipedream.tracking import tracking_enabled
+
+    if value is None:
+        monkeypatch.delenv("PIPEDREAM_TRACKING", raising=False)
+    else:
+        monkeypatch.setenv("PIPEDREAM_TRACKING", value)
+    assert tracking_enabled() is enabled
+
+
+def test_tracking_switch_typo_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipedream.errors import PipeDreamError
+    from pipedream.tracking import tracking_enabled
+
+    monkeypatch.setenv("PIPEDREAM_TRACKING", "of")
+    with pytest.raises(PipeDreamError, match="not on or off"):
+        tracking_enabled()

@@ -14,11 +14,18 @@ one model at a time on the first group's cores.
 Models go to groups longest first, each to the group with the least work (:data:`SECONDS`: profile and both
 trainings on the device machine). ``OUT`` is laid out as ``make run``'s results (``profiles/<model>/``,
 ``plans/<model>.json``, ``runs/<model>/<mode>/``, ``logs/<model>/``); rows go to ``OUT/check.csv`` as runs finish
-(``model, mode, cpus, config, measured_epoch_s, predicted_epoch_s, ratio, first_epoch_s, wall_s``), and at the end
-``OUT/prediction_check.csv``, ``OUT/compute_check.csv`` and ``OUT/plots/prediction_check.png`` are written as the
-report writes them (:func:`pipedream.table1.prediction.write_prediction_check`). ``--tar`` also packs ``OUT``
+(``model, mode, cpus, config, measured_epoch_s, predicted_epoch_s, ratio, first_epoch_s, wall_s, repeat``), and at
+the end ``OUT/prediction_check.csv``, ``OUT/compute_check.csv`` and ``OUT/plots/prediction_check.png`` are written as
+the report writes them (:func:`pipedream.table1.prediction.write_prediction_check`). ``--tar`` also packs ``OUT``
 (without model files and the MLflow database) into one file after every model, for machines that hand back few
 files. A model whose group would start it with less than ``--min-left-s`` of ``--deadline-s`` left is skipped.
+
+``--repeats N`` trains each model's two runs N times, one after the other, on the same profile and plan (repeat
+``k > 1`` in ``OUT/repeat<k>``, with its own prediction check), and prints the median ``|a / b - 1|`` between
+repeats of the same run: how far the host moves a run from itself. ``--reuse DIR`` takes the profiles and plans
+of an earlier ``OUT`` (an unpacked ``--tar`` too) and runs only the trainings. On a machine without MLflow set
+``PIPEDREAM_TRACKING=off`` (:func:`pipedream.tracking.tracking_enabled`); ``device_kit.py`` beside this file packs
+what the lent device machine lacks.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/cores/main.py [--out results/benchmarks/cores]
 """
@@ -30,6 +37,8 @@ import csv
 import json
 import os
 import shlex
+import shutil
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -46,11 +55,11 @@ sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a workt
 from pipedream.runtime.config import TrainConfig, flags_from_experiment  # noqa: E402
 from pipedream.table1.prediction import summary, write_prediction_check  # noqa: E402
 
-# Wall seconds of each model's profile and two trainings in its group of 4 cores, four groups at once, on the
-# device machine (16-core Intel Xeon, 2026-11-27, experiments/ci.yaml): only the order of the work matters
-SECONDS = {"awd_lm": 342, "gnmt16": 319, "gnmt8": 261, "resnet50": 180, "s2vt": 172, "vgg16": 161, "alexnet": 108}
+# Wall seconds of each model's profile, plan and two trainings in its group of 4 cores, four groups at once, on
+# the device machine (16-core Intel Xeon, 2026-11-29, experiments/ci.yaml): only the order of the work matters
+SECONDS = {"gnmt16": 270, "awd_lm": 245, "gnmt8": 215, "resnet50": 154, "s2vt": 147, "vgg16": 132, "alexnet": 109}
 HEADER = ["model", "mode", "cpus", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s",
-          "wall_s"]
+          "wall_s", "repeat"]
 
 
 def physical_cpus(lscpu: str, allowed: set[int]) -> list[int]:
@@ -108,10 +117,11 @@ def with_workers(cfg: dict[str, Any], workers: int, out: Path) -> dict[str, Any]
     return {**cfg, "workers": workers, "cluster": name, "clusters_file": str(out / "clusters.yaml")}
 
 
-def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str) -> list[tuple[str, str]]:
+def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str, runs: Path | None = None) -> list[tuple[str, str]]:
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
     settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) in ``make run``'s layout under
-    ``out`` (``profiles/<model>``, ``plans/<model>.json``, ``runs/<model>/<mode>``)."""
+    ``out`` (``profiles/<model>``, ``plans/<model>.json``, ``runs/<model>/<mode>``; the trainings under
+    ``runs/runs/<model>/<mode>`` where ``runs`` is given, :func:`repeat_dir`)."""
     mc, prof = cfg["models"][model], cfg["profile"]
     profile, plan = out / "profiles" / model, out / "plans" / f"{model}.json"
     optimizer = mc["train"].get("optimizer", TrainConfig().optimizer)
@@ -126,18 +136,56 @@ def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str) -> list[
         cmds.append((mode, f"train --mode {mode} --model {model} --preset {mc['preset']} --plan {plan} "
                            f"--profile {profile}/graph.txt --clusters {clusters} --workers {cfg['workers']} "
                            f"{flags_from_experiment(mc['train'])} {link}--timeout-s 1800 --experiment cores/{model} "
-                           f"--no-progress --out-dir {out}/runs/{model}/{mode}"))
+                           f"--no-progress --out-dir {runs or out}/runs/{model}/{mode}"))
     return cmds
 
 
-def row(model: str, mode: str, cpus: list[int], run_dir: Path, rc: int, wall_s: float) -> list[Any]:
+def row(model: str, mode: str, cpus: list[int], run_dir: Path, rc: int, wall_s: float, repeat: int = 1) -> list[Any]:
     """One ``check.csv`` row from ``run_dir/run.json`` (``failed rc=N`` in the config column without one)."""
     try:
         r = json.loads((run_dir / "run.json").read_text())
     except OSError:
-        return [model, mode, ",".join(map(str, cpus)), f"failed rc={rc}", "", "", "", "", f"{wall_s:.1f}"]
+        return [model, mode, ",".join(map(str, cpus)), f"failed rc={rc}", "", "", "", "", f"{wall_s:.1f}", repeat]
     return [model, mode, ",".join(map(str, cpus)), r.get("config"), r.get("steady_epoch_time_s"),
-            r.get("predicted_epoch_time_s"), r.get("prediction_ratio"), r.get("first_epoch_time_s"), f"{wall_s:.1f}"]
+            r.get("predicted_epoch_time_s"), r.get("prediction_ratio"), r.get("first_epoch_time_s"), f"{wall_s:.1f}",
+            repeat]
+
+
+def repeat_dir(out: Path, repeat: int) -> Path:
+    """Where repeat ``repeat`` (1-based) of the trainings writes ``runs/<model>/<mode>``: ``out`` for the first,
+    ``out/repeat<k>`` for the others."""
+    return out if repeat == 1 else out / f"repeat{repeat}"
+
+
+def reuse(source: Path, out: Path, models: list[str]) -> None:
+    """Copy each model's profile (``profiles/<model>/``) and plan (``plans/<model>.json``) of an earlier ``OUT``
+    (``source``) into ``out``, so that only the trainings run again, on the same predictions' inputs.
+
+    Raises:
+        ValueError: ``source`` lacks a model's profile or plan.
+    """
+    missing = [str(p) for m in models for p in (source / "profiles" / m / "graph.txt", source / "plans" / f"{m}.json")
+               if not p.is_file()]
+    if missing:
+        raise ValueError(f"--reuse {source}: no {', '.join(missing)}; give the folder of an earlier run of this script")
+    if source.resolve() == out.resolve():
+        return
+    for m in models:
+        shutil.copytree(source / "profiles" / m, out / "profiles" / m, dirs_exist_ok=True)
+        (out / "plans").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / "plans" / f"{m}.json", out / "plans" / f"{m}.json")
+
+
+def self_agreement(rows: list[list[Any]]) -> float | None:
+    """Median over every pair of repeats of the same run (model and mode) of ``|a / b - 1|`` of their measured
+    epochs (``check.csv`` rows): what an exact prediction of one repeat would score against another; None without
+    a pair."""
+    epochs: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if isinstance(r[4], float | int):
+            epochs.setdefault((r[0], r[1]), []).append(float(r[4]))
+    pairs = [abs(a / b - 1) for xs in epochs.values() for i, a in enumerate(xs) for b in xs[i + 1:]]
+    return statistics.median(pairs) if pairs else None
 
 
 def main() -> int:
@@ -155,6 +203,10 @@ def main() -> int:
                    help="workers a run (default: the config's); fewer than the config's put a core per worker "
                         "within reach of a small machine (2 on a 2-core one), on the config's cluster with that "
                         "many workers (OUT/clusters.yaml)")
+    p.add_argument("--reuse", type=Path, default=None,
+                   help="an earlier OUT whose profiles and plans to train on again (no profile, no plan)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="trainings of each model, one after the other (default 1); repeat k>1 writes to OUT/repeat<k>")
     p.add_argument("--deadline-s", type=float, default=3600.0,
                    help="seconds after which no model starts (default 3600)")
     p.add_argument("--min-left-s", type=float, default=120.0,
@@ -171,6 +223,15 @@ def main() -> int:
     if args.workers is not None:
         try:
             cfg = with_workers(cfg, args.workers, args.out.resolve())
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    if args.repeats < 1:
+        print(f"error: --repeats {args.repeats}: give 1 or more", file=sys.stderr)
+        return 2
+    if args.reuse is not None:
+        try:
+            reuse(args.reuse, args.out, models)
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
@@ -205,31 +266,44 @@ def main() -> int:
             f.flush()
             return subprocess.run(full, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
 
-    def group(gi: int) -> None:
+    rows: list[list[Any]] = []
+
+    def step(gi: int, model: str, name: str, cmd: str, repeat: int) -> bool:
+        """Run one command of ``model`` on group ``gi``'s cores; a training's row goes to check.csv. False when
+        a profile or plan failed."""
         cpuset = groups[gi]
+        log = out / "logs" / model / (f"{name}.log" if repeat == 1 else f"{name}-r{repeat}.log")
+        ts = time.time()
+        rc = run(cmd, cpuset, log)
+        wall = time.time() - ts
+        if name in ("profile", "plan"):
+            print(f"[group {gi}] {model} {name}: rc={rc} in {wall:.0f} s", flush=True)
+            return rc == 0
+        r = row(model, name, cpuset, repeat_dir(out, repeat) / "runs" / model / name, rc, wall, repeat)
+        errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
+        measured, predicted, ratio = (f"{x:.3g}" if isinstance(x, float | int) else "none" for x in r[4:7])
+        again = f" (repeat {repeat})" if args.repeats > 1 else ""
+        print(f"[group {gi}] {model} {name}{again}: " + (f"{r[3]}, {errors[-1] if errors else 'see ' + str(log)}"
+              if str(r[3]).startswith("failed") else f"{r[3]} measured {measured} s predicted {predicted} s "
+              f"ratio {ratio}"), flush=True)
+        with lock, open(csv_path, "a", newline="") as f:
+            csv.writer(f).writerow(r)
+            rows.append(r)
+        return True
+
+    def group(gi: int) -> None:
         for model in plan[gi]:
-            left = args.deadline_s - (time.time() - t0)
-            if left < args.min_left_s:
-                print(f"[group {gi}] {model}: skipped, {left:.0f} s left", flush=True)
-                continue
-            for name, cmd in commands(cfg, model, out, clusters):
-                log = out / "logs" / model / f"{name}.log"
-                ts = time.time()
-                rc = run(cmd, cpuset, log)
-                wall = time.time() - ts
-                if name in ("profile", "plan"):
-                    print(f"[group {gi}] {model} {name}: rc={rc} in {wall:.0f} s", flush=True)
-                    if rc:
-                        break
-                    continue
-                r = row(model, name, cpuset, out / "runs" / model / name, rc, wall)
-                errors = [line for line in log.read_text().splitlines() if line.startswith("error:")]
-                measured, predicted, ratio = (f"{x:.3g}" if isinstance(x, float | int) else "none" for x in r[4:7])
-                print(f"[group {gi}] {model} {name}: " + (f"{r[3]}, {errors[-1] if errors else 'see ' + str(log)}"
-                      if str(r[3]).startswith("failed") else f"{r[3]} measured {measured} s predicted {predicted} s "
-                      f"ratio {ratio}"), flush=True)
-                with lock, open(csv_path, "a", newline="") as f:
-                    csv.writer(f).writerow(r)
+            cmds = commands(cfg, model, out, clusters)
+            for repeat in range(1, args.repeats + 1):
+                left = args.deadline_s - (time.time() - t0)
+                if left < args.min_left_s:
+                    print(f"[group {gi}] {model}: skipped{'' if repeat == 1 else f' from repeat {repeat}'}, "
+                          f"{left:.0f} s left", flush=True)
+                    break
+                if repeat == 1 and args.reuse is None and not all(step(gi, model, n, c, 1) for n, c in cmds[:2]):
+                    break
+                for name, cmd in commands(cfg, model, out, clusters, repeat_dir(out, repeat))[2:]:
+                    step(gi, model, name, cmd, repeat)
             if args.tar:
                 with lock, tarfile.open(args.tar, "w:gz") as tar:
                     tar.add(out, arcname=out.name, filter=lambda ti: None if ti.name.endswith((".pt", ".db")) else ti)
@@ -239,20 +313,31 @@ def main() -> int:
         t.start()
     for t in threads:
         t.join()
-    df = write_prediction_check(out, models)
-    if df.empty:
-        print(f"done in {time.time() - t0:.0f} s: no run finished (logs in {out / 'logs'})", flush=True)
-        return 1
-    ten, fifteen = summary(df, 0.10), summary(df)
-    print(f"done in {time.time() - t0:.0f} s: {ten['runs']} runs predicted, {ten['within']} within 10%, "
-          f"{fifteen['within']} within 15%, median |ratio - 1| {100 * ten['median_abs_error']:.1f}% "
-          f"({out / 'prediction_check.csv'}, compute_check.csv)", flush=True)
-    resim = summary(df, 0.10, "resimulated_ratio")
-    if resim["runs"]:
-        print(f"resimulated with each stage's compute as measured (a diagnosis, not a prediction): {resim['within']} "
-              f"of {resim['runs']} within 10%, {summary(df, column='resimulated_ratio')['within']} within 15%, "
-              f"median |ratio - 1| {100 * resim['median_abs_error']:.1f}%", flush=True)
-    return 0
+    finished = 0
+    for repeat in range(1, args.repeats + 1):
+        where = repeat_dir(out, repeat)
+        df = write_prediction_check(where, models)
+        if df.empty:
+            continue
+        finished += 1
+        ten, fifteen = summary(df, 0.10), summary(df)
+        again = f"repeat {repeat}: " if args.repeats > 1 else ""
+        print(f"{again}{ten['runs']} runs predicted, {ten['within']} within 10%, {fifteen['within']} within 15%, "
+              f"median |ratio - 1| {100 * ten['median_abs_error']:.1f}% ({where / 'prediction_check.csv'}, "
+              f"compute_check.csv)", flush=True)
+        resim = summary(df, 0.10, "resimulated_ratio")
+        if resim["runs"]:
+            print(f"  resimulated with each stage's compute as measured (a diagnosis, not a prediction): "
+                  f"{resim['within']} of {resim['runs']} within 10%, "
+                  f"{summary(df, column='resimulated_ratio')['within']} within 15%, "
+                  f"median |ratio - 1| {100 * resim['median_abs_error']:.1f}%", flush=True)
+    agreement = self_agreement(rows)
+    if agreement is not None:
+        print(f"the same run against itself (every pair of repeats): median |a / b - 1| {100 * agreement:.1f}%",
+              flush=True)
+    print(f"done in {time.time() - t0:.0f} s" + ("" if finished else f": no run finished (logs in {out / 'logs'})"),
+          flush=True)
+    return 0 if finished else 1
 
 
 if __name__ == "__main__":

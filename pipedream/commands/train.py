@@ -481,5 +481,6 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         + (f", {final['resimulated_ratio']:.2f}x with the compute as measured" if "resimulated_ratio" in final else "")
         + ")")
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
-          f"mean epoch {final['mean_epoch_time_s']:.1f} s{checked}, MLflow run {live.run_id}")
+          f"mean epoch {final['mean_epoch_time_s']:.1f} s{checked}, "
+          + (f"MLflow run {live.run_id}" if live.enabled else "not logged to MLflow ($PIPEDREAM_TRACKING=off)"))
     return 0

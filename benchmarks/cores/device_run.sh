@@ -1,0 +1,42 @@
+#!/bin/bash
+# The lent device machine's check of issue 18, in one call of the device tool: the reduced Table 1's runs with a
+# core per worker (benchmarks/cores/main.py; extra arguments are passed to it), then tests/test_gpu.py.
+#   here:   .venv/bin/python benchmarks/cores/device_kit.py        (packs .devkit: wheels and data the device lacks)
+#   device: run(command="bash benchmarks/cores/device_run.sh", carry=[".devkit"], timeout_s=600)
+# Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
+# without model files), check.csv, prediction_check.csv, compute_check.csv, test_gpu.log. Runs train without
+# MLflow (PIPEDREAM_TRACKING=off). CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s) the tests.
+set -u
+KIT=${KIT:-.devkit}
+OUT=${OUT:-/tmp/device_out}
+PY=${PY:-python3}
+CORES_TIMEOUT=${CORES_TIMEOUT:-480}
+GPU_TIMEOUT=${GPU_TIMEOUT:-75}
+mkdir -p "$OUT"
+if [ ! -d "$KIT/whl" ]; then
+  echo "error: no $KIT/whl: run benchmarks/cores/device_kit.py here first and carry $KIT" >&2
+  exit 2
+fi
+KIT=$(cd "$KIT" && pwd)
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 MLFLOW_DISABLE_TELEMETRY=true PIPEDREAM_TRACKING=off
+t0=$(date +%s)
+site=/tmp/devkit_site
+rm -rf "$site" && mkdir -p "$site"
+"$PY" -c "import glob, sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in glob.glob(sys.argv[2] + '/whl/*')]" \
+  "$site" "$KIT" || exit 1
+gunzip -c "$KIT/de-en.gz" > /tmp/devkit_de-en || exit 1
+export PYTHONPATH="$PWD:$site" PIPEDREAM_FASHION_MNIST="$KIT/fashion-mnist" PIPEDREAM_DING=/tmp/devkit_de-en
+{ date; lscpu; nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } \
+  > "$OUT/env.txt" 2>&1
+models=vgg16,resnet50,alexnet,gnmt8,gnmt16,awd_lm,s2vt
+if ! "$PY" -c "from fairseq.models import lstm" >> "$OUT/env.txt" 2>&1; then
+  echo "fairseq does not import (env.txt): GNMT-8 and GNMT-16 left out" | tee -a "$OUT/env.txt"
+  models=vgg16,resnet50,alexnet,awd_lm,s2vt
+fi
+echo "set up in $(( $(date +%s) - t0 )) s"
+timeout "$CORES_TIMEOUT" "$PY" benchmarks/cores/main.py --out /tmp/device_cores --tar "$OUT/cores.tar.gz" \
+  --models "$models" --deadline-s $(( CORES_TIMEOUT - 40 )) "$@" 2>&1 | tee "$OUT/cores.log"
+cp /tmp/device_cores/*.csv "$OUT/" 2>/dev/null
+echo "runs done at $(( $(date +%s) - t0 )) s"
+timeout "$GPU_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" | tail -5
+echo "all done at $(( $(date +%s) - t0 )) s"
