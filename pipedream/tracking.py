@@ -242,7 +242,10 @@ def load_runs(experiment: str) -> list[dict[str, Any]]:
 
 
 def attach_artifacts(run_id: str, paths: Iterable[Path]) -> None:
-    """Attach files (e.g. the report's plots) to an existing run; missing files are skipped."""
+    """Attach files (e.g. the report's plots) to an existing run; missing files are skipped. A run trained with
+    ``$PIPEDREAM_TRACKING=off`` (an empty ``run_id``) has no MLflow run: nothing is attached."""
+    if not run_id:
+        return
     client = _mlflow().MlflowClient()
     for path in paths:
         if Path(path).is_file():

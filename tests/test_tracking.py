@@ -124,3 +124,20 @@ def test_tracking_switch_typo_is_an_error(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("PIPEDREAM_TRACKING", "of")
     with pytest.raises(PipeDreamError, match="not on or off"):
         tracking_enabled()
+
+
+def test_an_untracked_run_is_left_out_of_the_reports_links(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run trained with ``PIPEDREAM_TRACKING=off`` (``run_id`` empty in run.json): the report links no MLflow run
+    for it and attaches nothing, without importing MLflow; a tracked run beside it keeps its link."""
+    import json
+    import sys
+
+    from pipedream.table1.measured import mlflow_runs
+    from pipedream.tracking import attach_artifacts
+
+    for mode, rid, eid in (("pipedream", "", ""), ("dp", "abc", "7")):
+        (tmp_path / mode).mkdir()
+        (tmp_path / mode / "run.json").write_text(json.dumps({"run_id": rid, "experiment_id": eid}))
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # any import of MLflow would raise
+    assert mlflow_runs(tmp_path) == [("dp", "abc", run_url("7", "abc"))]
+    attach_artifacts("", [tmp_path / "pipedream" / "run.json"])

@@ -170,7 +170,8 @@ def mlflow_runs(run_dir: Path) -> list[tuple[str, str, str | None]]:
     """The MLflow runs behind one model's measurement: ``(mode, run_id, url or None)`` per mode.
 
     Reads ``<run_dir>/<mode>/run.json``; a run.json written before it carried ``experiment_id`` gets it
-    from the MLflow store. The url is the run's page under ``make ui`` (None if the store lacks the run).
+    from the MLflow store. The url is the run's page under ``make ui`` (None if the store lacks the run). A run
+    trained with ``$PIPEDREAM_TRACKING=off`` (an empty ``run_id``) is left out.
     """
     from pipedream.tracking import experiment_of_run, run_url
 
@@ -180,6 +181,8 @@ def mlflow_runs(run_dir: Path) -> list[tuple[str, str, str | None]]:
         if not path.is_file():
             continue
         run = json.loads(path.read_text())
+        if not run.get("run_id"):
+            continue
         eid = run.get("experiment_id") or experiment_of_run(run["run_id"])
         out.append((mode, str(run["run_id"]), run_url(eid, run["run_id"]) if eid else None))
     return out
