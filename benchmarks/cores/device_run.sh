@@ -4,8 +4,9 @@
 #   here:   .venv/bin/python benchmarks/cores/device_kit.py        (packs .devkit: wheels and data the device lacks)
 #   device: run(command="bash benchmarks/cores/device_run.sh", carry=[".devkit"], timeout_s=600)
 # Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
-# without model files), check.csv, prediction_check.csv, compute_check.csv, test_gpu.log. Runs train without
-# MLflow (PIPEDREAM_TRACKING=off). CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s) the tests.
+# without model files: every CSV), prediction_check.csv, test_gpu.log, inflight.log, ddp.log. Runs train without
+# MLflow (PIPEDREAM_TRACKING=off). CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s) the tests,
+# BUDGET_S (570 s) the whole script, the two benchmarks after the tests taking what is left.
 set -u
 KIT=${KIT:-.devkit}
 OUT=${OUT:-/tmp/device_out}
@@ -36,7 +37,20 @@ fi
 echo "set up in $(( $(date +%s) - t0 )) s"
 timeout "$CORES_TIMEOUT" "$PY" benchmarks/cores/main.py --out /tmp/device_cores --tar "$OUT/cores.tar.gz" \
   --models "$models" --deadline-s $(( CORES_TIMEOUT - 40 )) "$@" 2>&1 | tee "$OUT/cores.log"
-cp /tmp/device_cores/*.csv "$OUT/" 2>/dev/null
+cp /tmp/device_cores/prediction_check.csv "$OUT/" 2>/dev/null
 echo "runs done at $(( $(date +%s) - t0 )) s"
 timeout "$GPU_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" | tail -5
+# in the time left of BUDGET_S (default 570 s): what a run's compute does that the profile's copies do not, on every
+# core (benchmarks/inflight: 1F1B's minibatches in flight) and on 4 (benchmarks/ddp: DDP's passes beside plain ones)
+left=$(( ${BUDGET_S:-570} - ($(date +%s) - t0) ))
+if [ "$left" -gt 100 ]; then
+  timeout $(( left * 6 / 10 )) "$PY" benchmarks/inflight/main.py --models resnet50 gnmt8 --rounds 4 2>&1 \
+    | grep -v -i "warn\|^INFO" | tee "$OUT/inflight.log"
+  left=$(( ${BUDGET_S:-570} - ($(date +%s) - t0) ))
+  four=$("$PY" -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:4])))')
+  if [ "$left" -gt 40 ]; then
+    timeout "$left" taskset -c "$four" "$PY" benchmarks/ddp/main.py --model alexnet --processes 4 2>&1 \
+      | grep -v -i "warn\|^INFO" | tee "$OUT/ddp.log"
+  fi
+fi
 echo "all done at $(( $(date +%s) - t0 )) s"
