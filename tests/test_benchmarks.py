@@ -218,3 +218,29 @@ def test_layout_summary_by_hand() -> None:
     with pytest.raises(ValueError, match="1 long-lived windows but 2"):
         layout.summary([1.0], [1.0, 2.0])
     assert math.isnan(layout.cv([1.0]))
+
+
+def test_device_kit_slims_fairseq_to_what_gnmt_loads(tmp_path: Path) -> None:
+    """The kit's fairseq wheel loses its C++ extensions (built against another torch) and its examples, and keeps
+    every other entry byte for byte."""
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location("device_kit", ROOT / "benchmarks" / "cores" / "device_kit.py")
+    assert spec is not None and spec.loader is not None
+    kit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kit)
+    wheel = tmp_path / "fairseq_fixed-0.12.3.1-cp312-cp312-manylinux_2_28_x86_64.whl"
+    entries = {"fairseq/models/lstm.py": b"lstm", "fairseq/libnat.cpython-312-x86_64-linux-gnu.so": b"so",
+               "fairseq/libbase.cpython-312-x86_64-linux-gnu.so": b"so", "fairseq/examples/hubert/x.npy": b"x",
+               "alignment_train_cpu_binding.cpython-312-x86_64-linux-gnu.so": b"so",
+               "fairseq/data/data_utils_fast.cpython-312-x86_64-linux-gnu.so": b"kept",
+               "fairseq_fixed-0.12.3.1.dist-info/METADATA": b"meta"}
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in entries.items():
+            z.writestr(name, data)
+    slim = kit.slim_fairseq(wheel, tmp_path / "slim.zip")
+    with zipfile.ZipFile(slim) as z:
+        kept = {n: z.read(n) for n in z.namelist()}
+    assert kept == {"fairseq/models/lstm.py": b"lstm",
+                    "fairseq/data/data_utils_fast.cpython-312-x86_64-linux-gnu.so": b"kept",
+                    "fairseq_fixed-0.12.3.1.dist-info/METADATA": b"meta"}

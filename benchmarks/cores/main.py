@@ -121,7 +121,7 @@ def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str, runs: Pa
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
     settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) in ``make run``'s layout under
     ``out`` (``profiles/<model>``, ``plans/<model>.json``, ``runs/<model>/<mode>``; the trainings under
-    ``runs/runs/<model>/<mode>`` where ``runs`` is given, :func:`repeat_dir`)."""
+    ``<runs>/runs/<model>/<mode>`` where ``runs`` is given, :func:`repeat_dir`)."""
     mc, prof = cfg["models"][model], cfg["profile"]
     profile, plan = out / "profiles" / model, out / "plans" / f"{model}.json"
     optimizer = mc["train"].get("optimizer", TrainConfig().optimizer)
@@ -316,6 +316,8 @@ def main() -> int:
     finished = 0
     for repeat in range(1, args.repeats + 1):
         where = repeat_dir(out, repeat)
+        if not (where / "runs").is_dir():  # every run of this repeat skipped at the deadline
+            continue
         df = write_prediction_check(where, models)
         if df.empty:
             continue
