@@ -209,11 +209,27 @@ class StepRates:
         return (param_bytes > 0) * _step_s(param_bytes, tensors, copy_on_write, self.optimizer, self.memory_Bps,
                                            self.s_per_param_byte, self.s_per_tensor, self.s_per_call)
 
-    def simulator_kwargs(self) -> dict[str, Any]:
-        """The same rates as :func:`pipedream.sim.simulate_stages`'s keywords (``optimizer``,
-        ``step_s_per_param_byte``, ``step_overhead_s``, ``memory_Bps``)."""
+    def seconds(self, param_bytes: float, tensors: int = 0, copy_on_write: bool = False) -> float:
+        """One step over ``param_bytes`` bytes in ``tensors`` tensors (:func:`optimizer_step_s`), seconds.
+
+        Raises:
+            ValueError: an optimizer :data:`STEP_TRAFFIC` does not know, or a negative rate or bandwidth.
+        """
+        negative = [r for r in (self.s_per_param_byte, self.memory_Bps, self.s_per_call, self.s_per_tensor)
+                    if r is not None and r < 0]
+        if negative:
+            raise ValueError(f"optimizer step rates {self.s_per_call} s a call, {self.s_per_tensor} s a tensor, "
+                             f"{self.s_per_param_byte} s/byte and memory bandwidth {self.memory_Bps} B/s must not "
+                             "be negative")
+        return optimizer_step_s(param_bytes, self.optimizer, self.memory_Bps, self.s_per_param_byte, copy_on_write,
+                                tensors, self.s_per_tensor, self.s_per_call)
+
+    def record(self) -> dict[str, Any]:
+        """The rates as a plan's or a run's JSON record keeps them (``optimizer``, ``step_s_per_param_byte``,
+        ``step_overhead_s`` as ``[per call, per tensor]``, ``memory_Bps``): ``plan.extra["simulation"]`` and a
+        prediction's ``sim_kwargs`` in ``run.json``."""
         return {"optimizer": self.optimizer, "step_s_per_param_byte": self.s_per_param_byte,
-                "step_overhead_s": (self.s_per_call, self.s_per_tensor), "memory_Bps": self.memory_Bps}
+                "step_overhead_s": [self.s_per_call, self.s_per_tensor], "memory_Bps": self.memory_Bps}
 
 
 def _ring_s(nbytes, ranks, bandwidth_Bps, latency_s):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 
+from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan
@@ -89,7 +90,7 @@ def brute_force(g: LayerGraph, server: int, servers: int, bw: tuple[float, float
 
 
 def settings(batch: int) -> twobw.Settings:
-    return twobw.Settings(batch_size=batch, step_s_per_param_byte=STEP_RATE, step_overhead_s=(STEP_CALL, STEP_TENSOR))
+    return twobw.Settings(batch_size=batch, step=StepRates("adam", STEP_RATE, STEP_CALL, STEP_TENSOR))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -210,11 +211,11 @@ def test_muon_holds_one_state_per_hidden_matrix_byte() -> None:
     cfg = config_of("gpt_2.2b", "full")
     g = transformer_graph(cfg)
     nodes = twobw.stage_nodes(twobw.find_blocks(g), 8)
-    memory = {opt: twobw.stage_memory(g, nodes, 8, 4, 4, False, twobw.Settings(batch_size=512, optimizer=opt))
+    memory = {opt: twobw.stage_memory(g, nodes, 8, 4, 4, False, twobw.Settings(batch_size=512, step=StepRates(opt)))
               for opt in ("adam", "muon")}
     hidden = [g.hidden_bytes_of(stage) for stage in nodes]
     assert hidden[1] == 4 * 12 * cfg.hidden**2 * len([n for n in nodes[1] if g.nodes[n].desc.startswith("Block")])
     assert memory["muon"] == pytest.approx([a - h for a, h in zip(memory["adam"], hidden, strict=True)])
     g.hidden = {}
     with pytest.raises(PipeDreamError, match="re-run `pipedream profile`"):
-        twobw.stage_memory(g, nodes, 8, 4, 4, False, twobw.Settings(batch_size=512, optimizer="muon"))
+        twobw.stage_memory(g, nodes, 8, 4, 4, False, twobw.Settings(batch_size=512, step=StepRates("muon")))

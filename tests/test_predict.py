@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pipedream.commands.train import _predict
+from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
@@ -327,10 +328,10 @@ def test_the_optimizer_steps_work_per_stage_by_hand() -> None:
     g = chain(2, 1.0, 2.0, param_bytes=1000.0)
     shape = EpochShape("1f1b", 8, 1, 6, 48)
     pred = predict_epoch(g, [["node1"], ["node2"]], [[0], [1]], Cluster("c", [(2, 1e9)]), shape, cores=2,
-                         optimizer="sgd", step_s_per_param_byte=1e-3)
+                         step=StepRates("sgd", 1e-3))
     assert pred.step_work_s == pytest.approx([6 * 1.0 * (1 + 2 / 6), 6 * 1.0])
     assert pred.work_s == pytest.approx([18 + 8, 18 + 6])
     assert pred.to_dict()["step_work_s"] == pytest.approx([8.0, 6.0])
     dp = predict_epoch(g, [["node1", "node2"]], [[0, 1]], Cluster("c", [(2, 1e9)]), EpochShape("dp", 8, 1, 4, 32),
-                       cores=2, optimizer="sgd", step_s_per_param_byte=1e-3)
+                       cores=2, step=StepRates("sgd", 1e-3))
     assert dp.step_work_s == pytest.approx([2 * 2.0])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
 from pipedream.planner import plan_pipeline
 from pipedream.schedules import warmup_count, warmup_count_consistent
@@ -73,7 +74,7 @@ def test_replicated_stage_with_weight_sync(r: int) -> None:
     g.nodes["n0"].param_bytes = p
     ring = 2 * (r - 1) * lat + 2 * (r - 1) / r * p / bw
     step = (6 + 2) * p / mem
-    kw = dict(dataset_size=8 * 3000, overlap=False, allreduce="ring", memory_Bps=mem)
+    kw = dict(dataset_size=8 * 3000, overlap=False, allreduce="ring", step=StepRates(memory_Bps=mem))
     res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), **kw)
     assert res.time_per_minibatch_s == pytest.approx((t + ring + step) / r, rel=1e-9)
     planner_term = 4 * (r - 1) * p / (r * bw)  # the release planner: twice the ring's bandwidth term

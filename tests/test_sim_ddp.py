@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
 from pipedream.sim import run_minibatches, simulate_dp
 from pipedream.sim.costs import stage_costs
@@ -32,7 +33,7 @@ def graph() -> LayerGraph:
 
 
 CLUSTER = Cluster(name="flat4", levels=[(4, 0.5e9)], latency_s=1e-3)
-KW = dict(bucket_bytes=6 * MiB, step_s_per_param_byte=1e-9, dataset_size=BATCH * 4 * 100, allreduce="ring")
+KW = dict(bucket_bytes=6 * MiB, step=StepRates(s_per_param_byte=1e-9), dataset_size=BATCH * 4 * 100, allreduce="ring")
 
 # One round: every rank runs the forward (4 x 5 ms = 20 ms), then the backward in reverse order:
 # n3 ends at 0.020 + 0.010 = 0.030, n2 at 0.030 + 0.020 = 0.050, n1 at 0.050 + 0.030 = 0.080,
@@ -85,7 +86,8 @@ def test_gpipe_and_2bw_overlap_only_the_last_backward_before_the_allreduce(sched
     2BW and PipeDream-Flush: F B F B), then ALLREDUCE and STEP. The earlier backward only accumulates gradients; the buckets
     are ready during the last one, which runs 0.110 .. 0.180 in both schedules: [n3, n2] at 0.140, [n1, n0] at
     0.180."""
-    costs = stage_costs(graph(), [["n0", "n1", "n2", "n3"]], BATCH, bucket_bytes=6 * MiB, step_s_per_param_byte=1e-9)
+    costs = stage_costs(graph(), [["n0", "n1", "n2", "n3"]], BATCH, bucket_bytes=6 * MiB,
+                        step=StepRates(s_per_param_byte=1e-9))
     tr = run_minibatches(schedule, [[0, 1]], costs, CLUSTER, 1, 4, record=True)
     # the last backward starts at 0.020 + 0.020 + 0.070 (GPipe) or 0.020 + 0.070 + 0.020 (2BW, PipeDream-Flush) = 0.110; its
     # layers end at 0.120 (n3), 0.140 (n2), 0.170 (n1), 0.180 (n0). Ring over 2 ranks: 2 * 1 ms + S / 0.5e9.
@@ -102,6 +104,6 @@ def test_the_ddp_step_pays_its_call_and_each_tensor_besides_its_bytes() -> None:
     0.090 + 0.024874368 + 0.014382912 = 0.12925728 s."""
     g = graph()
     g.tensors = {n: 2 for n in g.nodes}
-    res = simulate_dp(g, CLUSTER, step_overhead_s=(1e-3, 1e-4), **KW)
+    res = simulate_dp(g, CLUSTER, **{**KW, "step": StepRates(s_per_param_byte=1e-9, s_per_call=1e-3, s_per_tensor=1e-4)})
     assert res.time_per_minibatch_s * 4 == pytest.approx(0.12925728, rel=1e-12)
     assert 0.090 + AR_6MIB + STEP_S + 1e-3 + 8 * 1e-4 == pytest.approx(0.12925728, rel=1e-12)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipedream import schedules
+from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.memory import copies_on_write
@@ -145,7 +146,7 @@ def test_dp_wait_free_backprop_overlaps_layer_allreduces_with_backward() -> None
     ready at 2 s and reduced over [2.5, 4]. The round takes f + 4 + 0.1 s instead of f + 2 + 3 + 0.1 s.
     """
     g = chain(2, fwd_s=0.5, bwd_s=1.0, param_bytes=1.5 * GB, batch=8)
-    kw = dict(dataset_size=8 * 200, step_s_per_param_byte=0.1 / (3 * GB))
+    kw = dict(dataset_size=8 * 200, step=StepRates(s_per_param_byte=0.1 / (3 * GB)))
     over = simulate_dp(g, flat(2), overlap=True, **kw)
     assert over.time_per_minibatch_s * 2 == pytest.approx(1.0 + 4.0 + 0.1, rel=1e-12)
     assert over.comm_stall_fraction == pytest.approx(2.0 / 5.1, rel=1e-12)

@@ -12,7 +12,7 @@ import pipedream.step_rates as step_rates
 from pipedream import costmodel
 from pipedream.commands.profile import runtime_step, worker_step
 from pipedream.errors import PipeDreamError
-from pipedream.graph import LayerGraph
+from pipedream.graph import LayerGraph, Node
 from pipedream.profiler import ProfileSettings, profile_module, write_profile
 from pipedream.runtime.config import TrainConfig
 from pipedream.sim.costs import stage_costs
@@ -78,6 +78,26 @@ def test_a_step_costs_its_call_each_tensor_and_each_byte() -> None:
     assert costmodel.optimizer_step_s(0.0, "sgd", **kw) == 0.0
 
 
+def test_step_rates_price_a_stage_as_the_formula_and_refuse_negative_rates() -> None:
+    """:class:`StepRates` is the one step price the simulator takes: the 1.6 ms above; its record is what a plan
+    keeps; a negative rate and an unknown optimizer are one error each, from the simulator as ``PipeDreamError``."""
+    rates = costmodel.StepRates("sgd", 1e-9, 4e-4, 2e-5)
+    assert rates.seconds(1e6, 10) == pytest.approx(1.6e-3)
+    assert rates.seconds(1e6, 10, copy_on_write=True) == pytest.approx(0.6e-3 + 1e-3 * 8 / 6)
+    assert costmodel.StepRates("adam", memory_Bps=1e11).seconds(1e9) == pytest.approx(8 * 1e9 / 1e11)
+    assert costmodel.StepRates(memory_Bps=None).seconds(1e9) == 0.0
+    assert rates.record() == {"optimizer": "sgd", "step_s_per_param_byte": 1e-9, "step_overhead_s": [4e-4, 2e-5],
+                              "memory_Bps": costmodel.V100_MEMORY_BPS}
+    with pytest.raises(ValueError, match="must not be negative"):
+        costmodel.StepRates(s_per_tensor=-1e-6).seconds(1.0)
+    g = LayerGraph(minibatch_size=1)
+    g.add_node(Node("node1", "Linear", 1.0, 1.0, (8.0,), 1000.0))
+    with pytest.raises(PipeDreamError, match="must not be negative"):
+        stage_costs(g, [["node1"]], 1, step=costmodel.StepRates(s_per_param_byte=-1e-9))
+    with pytest.raises(PipeDreamError, match="unknown optimizer 'lamb'.*--optimizer"):
+        stage_costs(g, [["node1"]], 1, step=costmodel.StepRates("lamb"))
+
+
 def test_the_whole_step_splits_into_call_tensors_and_the_rest_per_byte() -> None:
     """A 10 ms step over 1 MB in 100 tensors, 1 ms a call and 20 us a tensor: 7 ms are left for the bytes, 7 ns a
     byte, and the whole model's step is 10 ms again. Overheads of 3 ms against a 2 ms step are scaled by 2/3."""
@@ -140,7 +160,7 @@ def test_a_stage_steps_over_its_tensors_each_tied_one_once(tmp_path: Path) -> No
     back = LayerGraph.read(tmp_path / "graph.txt", minibatch_size=2)
     assert back.tensors == g.tensors and back.param_tensors_of(back.nodes) == 4
     c, a, b = split_step(0.010, 280.0, 4, 1e-3, 1e-4)
-    kw = dict(step_s_per_param_byte=b, step_overhead_s=(c, a))
+    kw = dict(step=costmodel.StepRates(s_per_param_byte=b, s_per_call=c, s_per_tensor=a))
     (whole,) = stage_costs(back, [list(back.nodes)], 2, **kw)
     assert whole.step_s == pytest.approx(0.010)
     halves = stage_costs(back, [["node0", "node1", "node2"], ["node3"]], 2, **kw)

@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_2bw(args: argparse.Namespace) -> int:
     """``--planner 2bw``: search, write the plan, print it; returns 0."""
+    from pipedream.costmodel import StepRates
     from pipedream.errors import PipeDreamError
     from pipedream.graph import LayerGraph, profiled_batch, read_meta
     from pipedream.paths import shipped
@@ -119,7 +120,7 @@ def _run_2bw(args: argparse.Namespace) -> int:
                              "a positive --max-microbatch")
     cluster = get_cluster(args.cluster, args.clusters)
     args.optimizer = args.optimizer or "adam"
-    step_rate, overheads = None, (0.0, 0.0)
+    step = StepRates(args.optimizer)  # memory bound on a V100: a FLOP model has no measured rates
     if args.flops:
         from pipedream.models.transformer import config_of
         from pipedream.table2bw.paper import transformer_graph
@@ -130,19 +131,16 @@ def _run_2bw(args: argparse.Namespace) -> int:
             raise PipeDreamError(f"--flops {args.flops!r}: no FLOP model; use gpt, gpt_2.2b, gpt_3.8b or bert") from None
         model = args.model or args.flops
     else:
-        from pipedream.sim.profiled import step_overheads
-        from pipedream.sim.profiled import step_rate as measured_rate
+        from pipedream.sim.profiled import step_rates
 
         profile = shipped(args.profile)
         graph = LayerGraph.read(profile)
         graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
         model = args.model or profile.resolve().parent.name
-        meta = read_meta(profile)
-        step_rate, overheads = measured_rate(meta, args.optimizer), step_overheads(meta, args.optimizer)
-    settings = Settings(batch_size=args.batch_size, schedule=args.schedule, optimizer=args.optimizer,
+        step = step_rates(read_meta(profile), args.optimizer)
+    settings = Settings(batch_size=args.batch_size, schedule=args.schedule, step=step,
                         max_microbatch=args.max_microbatch, depths=args.depth, microbatch_sizes=args.microbatch,
-                        recompute=None if args.recompute == "search" else [args.recompute == "on"],
-                        step_s_per_param_byte=step_rate, step_overhead_s=overheads)
+                        recompute=None if args.recompute == "search" else [args.recompute == "on"])
     plan = plan_2bw(graph, cluster, settings, model=model, rerank=args.rerank)
     if args.flops:
         plan.extra["flops_model"] = args.flops

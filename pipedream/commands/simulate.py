@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_pipeline(graph, cluster, model=path.parent.name, minibatch_size=graph.minibatch_size, step=step)
         source = "planner"
     opts = {"dataset_size": args.dataset_size, "overlap": not args.no_overlap, "allreduce": args.allreduce,
-            "microbatches": args.microbatches, "recompute": args.recompute, **step.simulator_kwargs()}
+            "microbatches": args.microbatches, "recompute": args.recompute, "step": step}
     res = simulate_plan(graph, plan, cluster, schedule=args.schedule, **opts)
     # the baseline DP run never recomputes
     dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **{**opts, "recompute": False})

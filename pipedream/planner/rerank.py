@@ -119,9 +119,10 @@ def compute_bound_s(graph: LayerGraph, plan: Plan, dataset_size: int) -> float:
 
 def simulation_options(dataset_size: int | None = None, step: costmodel.StepRates | None = None) -> dict[str, Any]:
     """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime, and the
-    optimizer step the dynamic program charges (``step``; None: :class:`pipedream.costmodel.StepRates`'s defaults)."""
+    optimizer step the dynamic program charges (``step``; None: :class:`pipedream.costmodel.StepRates`'s defaults), as
+    :func:`pipedream.sim.simulate_stages`'s keywords."""
     return {"allreduce": DEFAULT_ALLREDUCE, "warmup": DEFAULT_WARMUP, "overlap": True,
-            "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES, **(step or costmodel.StepRates()).simulator_kwargs()}
+            "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES, "step": step or costmodel.StepRates()}
 
 
 def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: list[int]) -> list[float]:
@@ -297,8 +298,7 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
     latency = cluster.latency_s
     ranks = [s.ranks for s in plan.stages]
     cow = memory.copies_on_write("1f1b", [s.replicas for s in plan.stages], 1, opts["warmup"])
-    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size, copies_on_write=cow,
-                        **step.simulator_kwargs())
+    costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size, copies_on_write=cow, step=step)
     details = []
     for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
         # a flat ring over the stage's ranks at its slowest link (DEFAULT_ALLREDUCE), one transfer each way per boundary
@@ -328,7 +328,7 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands
         "levels": [list(lv) for lv in cluster.levels],
         "estimate": "simulated",
         "source": best.source,
-        "simulation": {"schedule": "1f1b", **opts},
+        "simulation": {"schedule": "1f1b", **{k: v for k, v in opts.items() if k != "step"}, **step.record()},
         "bottleneck_time_per_minibatch_s": best.time_per_minibatch_s,
         "dp_time_per_minibatch_s": dp.time_per_minibatch_s,
         "simulated_epoch_s": best.epoch_s,

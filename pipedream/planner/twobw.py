@@ -48,7 +48,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from pipedream import memory
+from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
@@ -202,24 +202,26 @@ class Settings:
     Attributes:
         batch_size: samples per update ``B`` over all pipelines.
         schedule: one of :data:`SCHEDULES` (default ``2bw``).
-        optimizer: sets the optimizer state held (:func:`pipedream.memory.optimizer_state_bytes`) and the step time.
+        step: the optimizer and how its step is priced (:class:`pipedream.costmodel.StepRates`; default Adam,
+            memory bound on a V100, :data:`pipedream.costmodel.V100_MEMORY_BPS`; the profile's measured rates:
+            :func:`pipedream.sim.profiled.step_rates`). Its optimizer also sets the optimizer state held
+            (:func:`pipedream.memory.optimizer_state_bytes`).
         max_microbatch: largest ``b`` tried (powers of two from 1).
         depths, microbatch_sizes, recompute: restrict the search to these values (None: all).
-        step_s_per_param_byte: measured optimizer step rate (the profile's ``meta.json``); None: memory bound on
-            a V100 (:data:`pipedream.costmodel.V100_MEMORY_BPS`).
-        step_overhead_s: beside a measured rate, the seconds per step call and per parameter tensor
-            (:func:`pipedream.sim.profiled.step_overheads`).
     """
 
     batch_size: int
     schedule: str = "2bw"
-    optimizer: str = "adam"
+    step: costmodel.StepRates = costmodel.StepRates("adam")
     max_microbatch: int = DEFAULT_MAX_MICROBATCH
     depths: Sequence[int] | None = None
     microbatch_sizes: Sequence[int] | None = None
     recompute: Sequence[bool] | None = None
-    step_s_per_param_byte: float | None = None
-    step_overhead_s: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def optimizer(self) -> str:
+        """The optimizer of :attr:`step`."""
+        return self.step.optimizer
 
 
 def evaluate(graph: LayerGraph, cluster: Cluster, blocks: Blocks, width: int, depth: int, microbatch: int,
@@ -255,9 +257,7 @@ def evaluate(graph: LayerGraph, cluster: Cluster, blocks: Blocks, width: int, de
 
 def _costs(graph: LayerGraph, nodes: list[list[str]], microbatch: int, recompute: bool,
            settings: Settings) -> list[StageCost]:
-    costs = stage_costs(graph, nodes, microbatch, optimizer=settings.optimizer,
-                        step_s_per_param_byte=settings.step_s_per_param_byte,
-                        step_overhead_s=settings.step_overhead_s)
+    costs = stage_costs(graph, nodes, microbatch, step=settings.step)
     return recomputed(costs) if recompute else costs
 
 
@@ -418,8 +418,7 @@ def simulate_dp_time(graph: LayerGraph, cluster: Cluster, settings: Settings, da
 
     per_worker = max(1, settings.batch_size // cluster.workers)
     res = simulate_dp(graph, cluster, batch_size=per_worker, dataset_size=dataset_batches * settings.batch_size,
-                      optimizer=settings.optimizer, step_s_per_param_byte=settings.step_s_per_param_byte,
-                      step_overhead_s=settings.step_overhead_s)
+                      step=settings.step)
     return res.time_per_sample_s
 
 

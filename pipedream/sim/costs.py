@@ -117,35 +117,24 @@ def buckets_in_backward(grads: list[tuple[float, float]], bucket_bytes: float) -
     return [(grads[idx[-1]][0], sum(grads[i][1] for i in idx)) for idx in groups]
 
 
-def optimizer_step(param_bytes: float, optimizer: str, step_s_per_param_byte: float | None,
-                   memory_Bps: float | None, copy_on_write: bool = False, tensors: int = 0,
-                   step_overhead_s: tuple[float, float] = (0.0, 0.0)) -> float:
-    """Seconds of one optimizer step over ``param_bytes`` in ``tensors`` tensors:
-    :func:`pipedream.costmodel.optimizer_step_s` (the measured rates when given, ``step_overhead_s`` its seconds
-    per call and per tensor, else memory bound at ``memory_Bps``).
+def optimizer_step(param_bytes: float, step: costmodel.StepRates, copy_on_write: bool = False,
+                   tensors: int = 0) -> float:
+    """Seconds of one optimizer step over ``param_bytes`` in ``tensors`` tensors at ``step``'s rates
+    (:meth:`pipedream.costmodel.StepRates.seconds`).
 
     Raises:
         PipeDreamError: an unknown optimizer, or a negative rate or bandwidth.
     """
-    call_s, tensor_s = step_overhead_s
-    if any(r is not None and r < 0 for r in (step_s_per_param_byte, memory_Bps, call_s, tensor_s)):
-        raise PipeDreamError(f"optimizer step rates {call_s} s a call, {tensor_s} s a tensor, "
-                             f"{step_s_per_param_byte} s/byte and memory bandwidth {memory_Bps} B/s must not be "
-                             "negative")
     try:
-        return costmodel.optimizer_step_s(param_bytes, optimizer, memory_Bps=memory_Bps,
-                                          s_per_param_byte=step_s_per_param_byte, copy_on_write=copy_on_write,
-                                          tensors=tensors, s_per_tensor=tensor_s, s_per_call=call_s)
+        return step.seconds(param_bytes, tensors, copy_on_write)
     except ValueError as e:
-        raise PipeDreamError(f"{e}; pass one of them as --optimizer") from None
+        hint = "; pass one of them as --optimizer" if step.optimizer not in costmodel.STEP_TRAFFIC else ""
+        raise PipeDreamError(f"{e}{hint}") from None
 
 
 def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float, *,
-                bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
-                step_s_per_param_byte: float | None = None,
-                memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
-                copies_on_write: Sequence[bool] = (),
-                step_overhead_s: tuple[float, float] = (0.0, 0.0)) -> list[StageCost]:
+                bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, step: costmodel.StepRates | None = None,
+                copies_on_write: Sequence[bool] = ()) -> list[StageCost]:
     """Per-stage costs for actions of ``samples`` samples each.
 
     Args:
@@ -153,17 +142,13 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
         stage_nodes: node ids of each stage in pipeline order (e.g. ``[s.nodes for s in plan.stages]``).
         samples: samples one forward/backward action processes (the per-worker (micro)batch).
         bucket_bytes: DDP gradient bucket cap, bytes (default DDP's 25 MiB).
-        optimizer: a key of :data:`pipedream.costmodel.STEP_TRAFFIC` (default ``"sgd"``, with momentum).
-        step_s_per_param_byte: measured optimizer step seconds per parameter byte on the run's host; None
-            for the memory-bound estimate.
-        memory_Bps: device memory bandwidth for that estimate, bytes/s (default the V100's 900e9,
-            :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0 models no step time.
+        step: how one optimizer step of a replica is priced (:class:`pipedream.costmodel.StepRates`: the
+            optimizer, the measured seconds per call, per parameter tensor and per byte on the run's host,
+            :func:`pipedream.sim.profiled.step_rates`, else memory bound); None: its defaults, SGD with momentum
+            memory bound at a V100's 900e9 bytes/s. A stage's tensors are counted by
+            :meth:`~pipedream.graph.LayerGraph.param_tensors_of`.
         copies_on_write: per stage, whether its step first copies its weights (the schedule stashes versions
             there: :func:`pipedream.memory.copies_on_write`); missing stages: no.
-        step_overhead_s: with ``step_s_per_param_byte``, the measured seconds a step spends on the call itself
-            and on each parameter tensor (the profile's :attr:`~pipedream.graph.LayerGraph.tensors`, counted by
-            :meth:`~pipedream.graph.LayerGraph.param_tensors_of`; :func:`pipedream.sim.profiled.step_overheads`);
-            zeros: all per byte.
     Raises:
         PipeDreamError: unknown profiled minibatch size, non-positive ``samples``, a bad stage split, a
             non-positive bucket cap or an unknown optimizer.
@@ -176,6 +161,7 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
     if not stage_nodes:
         raise PipeDreamError("no stages to simulate")
     scale = samples / graph.minibatch_size
+    rates = step or costmodel.StepRates()
     where = assign_stages(graph, stage_nodes)
     order = graph.topological_order()
     n_stages = len(stage_nodes)
@@ -200,10 +186,8 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             send_bwd_bytes=0.0,
             param_bytes=param_bytes,
             buckets=buckets_in_backward(grads, bucket_bytes),
-            step_s=optimizer_step(param_bytes, optimizer, step_s_per_param_byte, memory_Bps,
-                                  copy_on_write=s < len(copies_on_write) and copies_on_write[s],
-                                  tensors=graph.param_tensors_of(n.node_id for n in compute),
-                                  step_overhead_s=step_overhead_s),
+            step_s=optimizer_step(param_bytes, rates, copy_on_write=s < len(copies_on_write) and copies_on_write[s],
+                                  tensors=graph.param_tensors_of(n.node_id for n in compute)),
             tied_sums=[(stages, nbytes) for stages, nbytes in sums if s in stages],
         ))
     # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the

@@ -80,7 +80,7 @@ from typing import Any
 
 from pipedream import memory
 from pipedream.baselines import ddp
-from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
+from pipedream.costmodel import DDP_BUCKET_CAP_BYTES, StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.paths import shipped
@@ -96,8 +96,7 @@ from pipedream.sim.profiled import (
     profiled_composition,
     profiled_data_s,
     profiled_host,
-    step_overheads,
-    step_rate,
+    step_rates,
 )
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
@@ -266,9 +265,7 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
 
 def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
                   shape: EpochShape, *, cores: int | None, threads: int = 1, hosts: int = 1,
-                  optimizer: str = "sgd", step_s_per_param_byte: float | None = None,
-                  step_overhead_s: tuple[float, float] = (0.0, 0.0),
-                  bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
+                  step: StepRates | None = None, bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
                   layouts: tuple[float, ...] = (), compute_factors: Sequence[float] | None = None) -> Prediction:
@@ -284,9 +281,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             (one GPU each): no host sharing. threads: threads per worker.
         hosts: hosts the ranks are spread over evenly (``--nnodes``); each host's cores are shared by its
             ranks, so the concurrency per host is ``C / hosts``.
-        optimizer: the run's optimizer (``sgd``, ``adam``); step_s_per_param_byte: its measured rate on the
-            host, s/byte (None: no step time, a profile without the rate); step_overhead_s: its seconds per call
-            and per parameter tensor beside that rate (:func:`pipedream.sim.profiled.step_overheads`).
+        step: the run's optimizer and its step's measured seconds per call, per parameter tensor and per byte
+            on the host (:func:`pipedream.sim.profiled.step_rates`); without a measured rate per byte (a profile
+            that did not time the optimizer) the step takes no time: the host is no V100, so the memory-bound
+            estimate (``memory_Bps``) is never taken. None: SGD, untimed.
         bucket_bytes: the run's gradient bucket cap, bytes (``cfg.bucket_bytes``).
         warmup: 1F1B's warm-up counts (``cfg.warmup``); None: the simulator's default.
         contention: the host's slowdown with every core computing (:func:`host_scale`); 1: none.
@@ -327,9 +325,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                              f"got {list(compute_factors)}")
     copies = memory.copies_on_write(shape.schedule, [len(rs) for rs in stage_ranks], shape.microbatches,
                                     warmup or DEFAULT_WARMUP)
-    base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                       step_s_per_param_byte=step_s_per_param_byte, memory_Bps=None, copies_on_write=copies,
-                       step_overhead_s=step_overhead_s)
+    rates = dataclasses.replace(step or StepRates(), memory_Bps=None)
+    base = stage_costs(graph, stage_nodes, shape.batch_size, bucket_bytes=bucket_bytes, step=rates,
+                       copies_on_write=copies)
     typical, draws = layout.spread(layouts)
     if compute_factors is not None:  # the measured CPU holds the host's sharing costs and the ranks' layouts (above)
         contention, oversubscribed, draws = 1.0, 1.0, ()
@@ -407,9 +405,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       cores=cores, threads=threads, contention=contention, oversubscribed=oversubscribed,
                       composition=composition, shape=shape,
                       cluster=cluster,
-                      sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, "optimizer": optimizer,
-                                  "step_s_per_param_byte": step_s_per_param_byte,
-                                  "step_overhead_s": list(step_overhead_s), "message_s": message_s,
+                      sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, **rates.record(), "message_s": message_s,
                                   "message_s_per_byte": message_s_per_byte}, sim=res)
 
 
@@ -461,8 +457,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
     meta = read_meta(profile)
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, cores=cores, threads=threads, hosts=hosts,
-                         optimizer=cfg.optimizer, step_s_per_param_byte=step_rate(meta, cfg.optimizer),
-                         step_overhead_s=step_overheads(meta, cfg.optimizer),
+                         step=step_rates(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
                          data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
                          compute_factors=compute_factors, **profiled_host(meta, cores))

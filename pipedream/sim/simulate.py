@@ -164,9 +164,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     allreduce: str = DEFAULT_ALLREDUCE, keep_trace: bool = False,
                     costs: list[StageCost] | None = None, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
-                    bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, optimizer: str = costmodel.DEFAULT_OPTIMIZER,
-                    step_s_per_param_byte: float | None = None, step_overhead_s: tuple[float, float] = (0.0, 0.0),
-                    memory_Bps: float | None = costmodel.V100_MEMORY_BPS,
+                    bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, step: costmodel.StepRates | None = None,
                     sharing: Callable[[int], float] | None = None,
                     host_of: Callable[[int], int] | None = None, recompute: bool = False,
                     collective_cpu: Callable[[int, float], float] | None = None) -> SimResult:
@@ -192,15 +190,10 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         warmup: 1F1B warm-up counts, ``consistent`` (:func:`pipedream.schedules.warmup_count_consistent`,
             what our runtime runs by default) or ``release`` (the release runtime's formula, ``--compat``).
         bucket_bytes: DDP gradient bucket cap, bytes (default DDP's 25 MiB); one allreduce per bucket.
-        optimizer: the optimizer whose step is timed (:data:`pipedream.costmodel.STEP_TRAFFIC`; default
-            ``"sgd"``, with momentum).
-        step_s_per_param_byte: optimizer step seconds per parameter byte measured on the host; None for the
-            memory-bound estimate at ``memory_Bps``. step_overhead_s: beside that rate, the measured seconds per
-            step call and per parameter tensor (:func:`pipedream.sim.profiled.step_overheads`).
-        memory_Bps: device memory bandwidth, bytes/s, for that estimate (default the V100's 900e9,
-            :data:`pipedream.costmodel.V100_MEMORY_BPS`); None or 0: no step time.
-        (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte``, ``step_overhead_s`` and ``memory_Bps`` build
-        ``costs``; they are ignored when ``costs`` is given.)
+        step: how a replica's optimizer step is priced (:class:`pipedream.costmodel.StepRates`, e.g.
+            :func:`pipedream.sim.profiled.step_rates` of the profile; None: its defaults, SGD with momentum memory
+            bound at a V100's 900e9 bytes/s).
+        (``bucket_bytes`` and ``step`` build ``costs``; they are ignored when ``costs`` is given.)
         sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
             :mod:`pipedream.sim.cores`; :func:`pipedream.sim.predict.host_scale`); None: none.
         host_of: a rank's host (default: one host).
@@ -227,10 +220,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     m = microbatches if kind in MICROBATCHED else 1
     if costs is None:
         replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]
-        costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, optimizer=optimizer,
-                            step_s_per_param_byte=step_s_per_param_byte, memory_Bps=memory_Bps,
-                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup),
-                            step_overhead_s=step_overhead_s)
+        costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, step=step,
+                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup))
     if recompute:
         costs = recomputed(costs)
     unit, n0 = _unit(kind, stage_ranks, m)
@@ -304,7 +295,7 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[i
 def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "1f1b",
                   **kwargs: Any) -> SimResult:
     """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; ``kwargs`` are those of
-    :func:`simulate_stages` (``bucket_bytes``, ``optimizer``, ``step_s_per_param_byte``, ``memory_Bps``, ...).
+    :func:`simulate_stages` (``bucket_bytes``, ``step``, ...).
 
     The stages run exactly on their ``Stage.ranks``, in that round-robin order (the order the runtime
     builds its schedule from); nothing is re-placed here.
