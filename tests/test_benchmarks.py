@@ -107,6 +107,24 @@ def test_cores_reuses_an_earlier_runs_profiles_and_plans(tmp_path: Path) -> None
         cores.reuse(src, out, ["vgg16", "alexnet"])
 
 
+def test_stages_finds_both_layouts_plans_and_the_pipeline_runs_compute_ratios(tmp_path: Path) -> None:
+    """``plans/<model>.json`` (benchmarks/cores) or the one file of ``plans/<model>/`` (make run), none when there
+    are several; ``compute_check.csv``'s pipeline rows of the model, per stage."""
+    stages = load("stages")
+    (tmp_path / "plans" / "vgg16").mkdir(parents=True)
+    (tmp_path / "plans" / "vgg16" / "cpu4_1gbps.json").write_text("{}")
+    (tmp_path / "plans" / "alexnet.json").write_text("{}")
+    assert stages.plan_file(tmp_path, "vgg16") == tmp_path / "plans" / "vgg16" / "cpu4_1gbps.json"
+    assert stages.plan_file(tmp_path, "alexnet") == tmp_path / "plans" / "alexnet.json"
+    (tmp_path / "plans" / "vgg16" / "other.json").write_text("{}")
+    assert stages.plan_file(tmp_path, "vgg16") is None and stages.plan_file(tmp_path, "gnmt8") is None
+    assert stages.run_ratios(tmp_path, "vgg16") == {}
+    (tmp_path / "compute_check.csv").write_text(
+        "model,mode,stage,compute_cpu_ratio\nvgg16,dp,0,1.5\nvgg16,pipedream,0,1.25\nvgg16,pipedream,1,0.75\n"
+        "alexnet,pipedream,0,2.0\n")
+    assert stages.run_ratios(tmp_path, "vgg16") == {0: 1.25, 1: 0.75}
+
+
 def test_cores_self_agreement_by_hand() -> None:
     """Epochs of one run 10, 12 and 9 s: pairs |10/12 - 1| = 1/6, |10/9 - 1| = 1/9, |12/9 - 1| = 1/3; another run
     4 and 4 s: 0; a failed run (no epoch) and a run without a pair add none. Median of (1/6, 1/9, 1/3, 0): (1/9 +

@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "from it)")
     run.add_argument("--clusters", default=CLUSTERS,
                      help="clusters YAML the plan's cluster is read from, for the predicted epoch time")
+    run.add_argument("--stage-probe-rounds", type=int, default=6, metavar="N",
+                     help="before a pipeline run on CPUs, time each stage of the plan alone against the profile's "
+                          "whole step, N rounds of 3 steps each (pipedream/stage_probe.py; a few seconds), and "
+                          "predict each stage's compute as it runs alone instead of as its layers' share of the "
+                          "whole step; 0: the shares (default %(default)s)"),
     run.add_argument("--threshold", type=float,
                      help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
     from pipedream.experiment import THRESHOLD_METRICS
@@ -204,16 +209,38 @@ def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
         shared.check(shared.find(modules), [s.replicas for s in plan.stages], cfg.schedule, cfg.clip_norm)
 
 
-def _predict_run(args: argparse.Namespace, cfg, plan, compute_factors=None):  # type: ignore[no-untyped-def]
+def _predict_run(args: argparse.Namespace, cfg, plan, stage_factors=None, compute_factors=None):  # type: ignore[no-untyped-def]
     """:func:`pipedream.sim.predict.predict_run` for this run: its profile, plan, clusters, training samples, the
-    cores its workers share (none on GPUs) and its hosts; ``compute_factors`` for a resimulation."""
+    cores its workers share (none on GPUs) and its hosts; ``stage_factors`` from :func:`_stage_probe`,
+    ``compute_factors`` for a resimulation."""
     from pipedream.runtime.distributed import uses_cuda
     from pipedream.runtime.launch import WORKER_THREADS
     from pipedream.sim.predict import predict_run, training_samples
 
     cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
     return predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
-                       cores=cores, threads=WORKER_THREADS, hosts=args.nnodes, compute_factors=compute_factors)
+                       cores=cores, threads=WORKER_THREADS, hosts=args.nnodes, stage_factors=stage_factors,
+                       compute_factors=compute_factors)
+
+
+def _stage_probe(args: argparse.Namespace, cfg, plan):  # type: ignore[no-untyped-def]
+    """The plan's stages timed alone (:func:`pipedream.stage_probe.probe`) for a pipeline run on CPUs with
+    ``--stage-probe-rounds`` above 0, at the run's (micro)batch; None otherwise (DP, one stage, GPUs)."""
+    from pipedream.graph import LayerGraph, profiled_batch
+    from pipedream.runtime.distributed import uses_cuda
+    from pipedream.runtime.launch import WORKER_THREADS
+    from pipedream.runtime.task import load_task
+    from pipedream.stage_probe import probe
+
+    if args.mode != "pipedream" or len(plan.stages) < 2 or args.stage_probe_rounds < 1 or uses_cuda():
+        return None
+    graph = LayerGraph.read(args.profile, profiled_batch(args.profile))
+    task = load_task(cfg)
+    batch = min(cfg.batch_size // max(cfg.microbatches, 1), len(task.train))
+    result = probe(task, plan, graph, batch, rounds=args.stage_probe_rounds, threads=WORKER_THREADS)
+    print("stages alone over their share of the whole step: "
+          + " / ".join(f"{f:.2f}" for f in result.factors), file=sys.stderr)
+    return result
 
 
 def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
@@ -224,7 +251,13 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"
     try:
-        pred = _predict_run(args, cfg, plan)
+        stages = _stage_probe(args, cfg, plan)
+    except Exception as e:  # a failed probe leaves the prediction on the shares
+        stages = None
+        print(f"warning: no stage probe ({(str(e).splitlines() or [''])[0] or type(e).__name__}): each stage is "
+              "predicted at its layers' share of the whole step", file=sys.stderr)
+    try:
+        pred = _predict_run(args, cfg, plan, stage_factors=stages.factors if stages else None)
     except Exception as e:  # any failure of the model must leave the run itself alone
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
@@ -241,14 +274,19 @@ def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  #
     ranks = "/".join(f"{c:.2f}" for c in pred.concurrency)
     print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "
           f"{pred.cores or 'their own'} cores)", file=sys.stderr)
-    return pred.to_dict(), None
+    out = pred.to_dict()
+    if stages is not None:
+        out["stage_probe"] = stages.as_dict()
+    return out, None
 
 
-def _resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: dict[str, Any]) -> float | None:  # type: ignore[no-untyped-def]
+def _resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: dict[str, Any],  # type: ignore[no-untyped-def]
+                 stage_factors: list[float] | None = None) -> float | None:
     """The run's epoch resimulated with each stage's compute as measured
     (:func:`pipedream.sim.predict.resimulation_factors`) and everything else as predicted: the part of the miss
     that the compute does not explain. None (a warning line when it failed) on GPUs (the main thread's CPU is not
-    their compute), without factors, a plan or a profile; never raised (the run has finished)."""
+    their compute), without factors, a plan or a profile; never raised (the run has finished). ``stage_factors``:
+    the prediction's (:func:`_stage_probe`), so that the measured factors apply to the work they were taken over."""
     from pipedream.plan import Plan
     from pipedream.runtime.distributed import uses_cuda
     from pipedream.sim.predict import resimulation_factors
@@ -257,7 +295,7 @@ def _resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: d
     if factors is None or plan_file is None or args.profile is None or uses_cuda():
         return None
     try:
-        return _predict_run(args, cfg, Plan.load(plan_file), factors).epoch_s
+        return _predict_run(args, cfg, Plan.load(plan_file), stage_factors, factors).epoch_s
     except Exception as e:  # a diagnosis: it must not fail the run
         print(f"warning: no resimulation with the measured compute: {(str(e).splitlines() or [''])[0]}",
               file=sys.stderr)
@@ -417,6 +455,8 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         final["profile_age_s"] = age
     work, scale = prediction.get("work_s") or [], prediction.get("compute_scale") or []
     step_work = prediction.get("step_work_s") or []
+    for k, factor in enumerate(prediction.get("stage_factors") or []):  # the stage probe the prediction took
+        final[f"stage_factor_stage{k}"] = factor
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
         final[f"predicted_compute_s_stage{k}"] = busy
@@ -435,7 +475,8 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if step_cpu and k < len(step_work):  # the optimizer steps' CPU against their predicted work
             final[f"measured_step_cpu_s_stage{k}"] = sum(step_cpu) / len(step_cpu)
             final[f"predicted_step_work_s_stage{k}"] = step_work[k]
-    resimulated = _resimulated(args, cfg, plan_file, final) if predicted is not None else None
+    resimulated = (_resimulated(args, cfg, plan_file, final, prediction.get("stage_factors"))
+                   if predicted is not None else None)
     if resimulated is not None:  # how much of the miss the compute explains (not a prediction: it reads the run)
         final.update(resimulated_epoch_time_s=resimulated,
                      resimulated_ratio=final["steady_epoch_time_s"] / resimulated)

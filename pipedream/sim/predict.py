@@ -139,6 +139,7 @@ class Prediction:
             oversubscribed: with two threads per core, over their fair share (None: not measured).
         composition: the factor on the layers' times (:func:`~pipedream.sim.profiled.profiled_composition`,
             times the mean memory layout of :mod:`pipedream.sim.layout`).
+        stage_factors: per stage, the factor on its layers' share (:mod:`pipedream.stage_probe`); None: none.
         shape: the epoch simulated.
         cluster: the cluster simulated (emulated bandwidth applied).
         sim_kwargs: the keyword parameters passed to the simulator (costs excluded).
@@ -167,6 +168,7 @@ class Prediction:
     contention: float = 1.0
     oversubscribed: float | None = None
     composition: float = 1.0
+    stage_factors: list[float] | None = None
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
@@ -180,6 +182,7 @@ class Prediction:
                 "concurrency": self.concurrency, "busy_ranks": self.busy_ranks,
                 "cores": self.cores, "contention": self.contention,
                 "oversubscribed": self.oversubscribed, "composition": self.composition,
+                "stage_factors": self.stage_factors,
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
                 "compute_s": self.compute_s, "work_s": self.work_s, "step_work_s": self.step_work_s}
@@ -268,7 +271,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   step: StepRates | None = None, bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
-                  layouts: tuple[float, ...] = (), compute_factors: Sequence[float] | None = None) -> Prediction:
+                  layouts: tuple[float, ...] = (), stage_factors: Sequence[float] | None = None,
+                  compute_factors: Sequence[float] | None = None) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -301,6 +305,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
             the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each stage at its
             slowest replica's draw (the per-stage figures are the mean copy's); (): none.
+        stage_factors: one factor per stage on its layers' forwards and backwards after ``composition``: the
+            stage's step alone over its layers' share of the whole step, measured before the run
+            (:func:`pipedream.stage_probe.probe`); None: the shares.
         compute_factors: one factor per stage on its forwards and backwards, data loading included; None: the
             prediction. After a run, its measured compute CPU over the prediction's work per stage
             (``measured_compute_cpu_s_stage<s>`` / ``predicted_compute_work_s_stage<s>``) resimulates the run
@@ -316,13 +323,12 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             a stage's predicted work (AlexNet's last stage the most) and ``oversubscribed`` at most 1.095, so at
             most about 6% of a stage's work is left out.
     Raises:
-        PipeDreamError: the simulator's checks, non-positive cores or threads, compute_factors not one positive
-            factor per stage.
+        PipeDreamError: the simulator's checks, non-positive cores or threads, stage_factors or compute_factors
+            not one positive factor per stage.
     """
-    if compute_factors is not None and (len(compute_factors) != len(stage_nodes)
-                                        or not all(f > 0 for f in compute_factors)):
-        raise PipeDreamError(f"compute_factors must be one positive factor per stage ({len(stage_nodes)}), "
-                             f"got {list(compute_factors)}")
+    for name, given in (("stage_factors", stage_factors), ("compute_factors", compute_factors)):
+        if given is not None and (len(given) != len(stage_nodes) or not all(f > 0 for f in given)):
+            raise PipeDreamError(f"{name} must be one positive factor per stage ({len(stage_nodes)}), got {list(given)}")
     copies = memory.copies_on_write(shape.schedule, [len(rs) for rs in stage_ranks], shape.microbatches,
                                     warmup or DEFAULT_WARMUP)
     rates = dataclasses.replace(step or StepRates(), memory_Bps=None)
@@ -332,6 +338,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     if compute_factors is not None:  # the measured CPU holds the host's sharing costs and the ranks' layouts (above)
         contention, oversubscribed, draws = 1.0, 1.0, ()
     composition *= typical
+    if stage_factors is not None:  # each stage's compute as it runs alone
+        base = layout.scaled(base, stage_factors)
     if composition != 1.0:  # the layers' compute as a whole step runs it; the optimizer step is timed apart
         base = layout.scaled(base, [composition] * len(base))
     if shape.recompute:  # after the composition (a forward as a step runs it), before the data: not loaded again
@@ -404,6 +412,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       busy_ranks=sum(res.utilisation),
                       cores=cores, threads=threads, contention=contention, oversubscribed=oversubscribed,
                       composition=composition, shape=shape,
+                      stage_factors=None if stage_factors is None else list(stage_factors),
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, **rates.record(), "message_s": message_s,
                                   "message_s_per_byte": message_s_per_byte}, sim=res)
@@ -426,6 +435,7 @@ def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
                 num_samples: int, cores: int | None, threads: int, hosts: int = 1,
+                stage_factors: Sequence[float] | None = None,
                 compute_factors: Sequence[float] | None = None) -> Prediction:
     """Predict the epoch time of a ``pipedream train`` run before it starts.
 
@@ -439,6 +449,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         num_samples: training samples of the run (``len(task.train)``).
         cores: cores per host (None: the workers compute on GPUs, no sharing); threads: threads per worker;
             hosts: hosts the workers are spread over.
+        stage_factors: per stage, its step alone over its share of the whole step (:mod:`pipedream.stage_probe`,
+            measured before the run; ``mode`` ``pipedream`` only); None: the shares.
         compute_factors: per stage, for a resimulation after the run (:func:`predict_epoch`); None: the prediction.
     Raises:
         PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
@@ -460,7 +472,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
                          step=step_rates(meta, cfg.optimizer),
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
                          data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
-                         compute_factors=compute_factors, **profiled_host(meta, cores))
+                         stage_factors=stage_factors if mode != "dp" else None, compute_factors=compute_factors,
+                         **profiled_host(meta, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred
 

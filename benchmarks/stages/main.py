@@ -1,0 +1,99 @@
+"""Does each stage of a plan, run alone, cost its profile's share of the whole step? One process, one thread, one core.
+
+For each model with a plan of two stages or more in ``--results``, :func:`pipedream.stage_probe.probe` (what
+``pipedream train`` measures before a CPU run, ``--stage-probe-rounds``) builds the plan's stage modules as a worker
+does and times, interleaved, the profile's whole step and each stage's forward and backward alone, pinned to one
+core here. It prints, per stage, its median main-thread CPU per step, its share of the whole step and
+``factor = alone / (share x whole)``; with a ``compute_check.csv`` in ``--results`` (``make run``'s, or
+``benchmarks/cores``'s), also the run's ``compute_cpu_ratio`` (its forwards' and backwards' CPU over the prediction's
+work) and that over the factor: what is left of the run's miss once each stage costs what it costs alone (a
+``make run`` from before the probe: its predictions took the shares).
+
+Why (issue 18): on the device machine's cores (a core per worker, session 33) every pipeline's last stage computed
+at 0.88-1.13x its predicted work and every stage before it at 1.03-1.44x; measured numbers: README.md here.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/stages/main.py --results results [--models resnet50 gnmt16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a worktree
+
+MODELS = ("vgg16", "resnet50", "alexnet", "gnmt8", "gnmt16", "awd_lm", "s2vt")
+
+
+def plan_file(results: Path, model: str) -> Path | None:
+    """``model``'s plan in ``results``: ``plans/<model>.json`` (``benchmarks/cores``) or the one file in
+    ``plans/<model>/`` (``make run``); None if there is none or several."""
+    flat = results / "plans" / f"{model}.json"
+    if flat.is_file():
+        return flat
+    found = sorted((results / "plans" / model).glob("*.json"))
+    return found[0] if len(found) == 1 else None
+
+
+def run_ratios(results: Path, model: str) -> dict[int, float]:
+    """The pipeline run's ``compute_cpu_ratio`` per stage from ``results/compute_check.csv`` (empty if absent)."""
+    path = results / "compute_check.csv"
+    if not path.is_file():
+        return {}
+    with path.open() as f:
+        return {int(r["stage"]): float(r["compute_cpu_ratio"]) for r in csv.DictReader(f)
+                if r["model"] == model and r["mode"] == "pipedream" and r.get("compute_cpu_ratio")}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=ROOT / "results",
+                   help="a make run results folder or a benchmarks/cores OUT: its plans, profiles and compute_check.csv")
+    p.add_argument("--models", nargs="+", default=list(MODELS), help="models (default: all seven)")
+    p.add_argument("--rounds", type=int, default=10, help="rounds of one block per step (default 10)")
+    p.add_argument("--block", type=int, default=4, help="calls of a step in a row (default 4)")
+    p.add_argument("--core", type=int, default=None, help="pin this process to this core (default: the first allowed)")
+    args = p.parse_args()
+    import torch
+
+    from pipedream.allocator import keep_freed_memory
+    from pipedream.graph import LayerGraph, profiled_batch
+    from pipedream.plan import Plan
+    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.task import load_task
+    from pipedream.stage_probe import probe
+
+    os.sched_setaffinity(0, {args.core if args.core is not None else min(os.sched_getaffinity(0))})
+    torch.set_num_threads(1)
+    keep_freed_memory()  # as the workers do
+    for model in args.models:
+        path = plan_file(args.results, model)
+        graph_txt = args.results / "profiles" / model / "graph.txt"
+        if path is None or not graph_txt.is_file():
+            print(f"{model}: no plan or profile in {args.results}, left out")
+            continue
+        plan = Plan.load(path)
+        if len(plan.stages) < 2:
+            print(f"{model}: plan {plan.config} has one stage, left out")
+            continue
+        g = LayerGraph.read(graph_txt, profiled_batch(graph_txt))
+        task = load_task(TrainConfig(model=model, preset="reduced", seed=0, data="real", batch_size=32))
+        res = probe(task, plan, g, 32, rounds=args.rounds, block=args.block)
+        alone, fac = res.alone_s, res.factors
+        ran = run_ratios(args.results, model)
+        print(f"{model} {plan.config}: whole step {res.whole_s * 1e3:.1f} ms, the stages alone "
+              f"{sum(alone) * 1e3:.1f} ms ({sum(alone) / res.whole_s:.3f}x)")
+        for s, (a, sh, f) in enumerate(zip(alone, res.shares, fac, strict=True)):
+            line = f"  stage {s}: alone {a * 1e3:.1f} ms, share {sh:.3f} -> factor {f:.3f}"
+            if s in ran:
+                line += f"; the run's compute {ran[s]:.3f}x its predicted work, {ran[s] / f:.3f}x over the factor"
+            print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
