@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pipedream import stage_probe
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.runtime.stage import straight_plan
@@ -86,7 +87,12 @@ def test_each_stage_steps_on_the_stages_before_it_as_the_whole_model_does() -> N
     assert [p.grad for p in task.model.parameters()] == [None] * 8  # the model itself untouched
 
 
-def test_the_probe_gives_one_positive_factor_per_stage_and_restores_the_threads() -> None:
+def test_the_probe_gives_one_positive_factor_per_stage_keeps_freed_memory_and_restores_the_threads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The factors are the stages' medians over their shares of the whole step's; the process keeps the memory
+    it frees, as the workers do (else the allocator's page faults land on the whole step's large blocks)."""
+    kept = []
+    monkeypatch.setattr(stage_probe, "keep_freed_memory", lambda: kept.append(True) or True)
     g = LayerGraph(minibatch_size=8)
     for i in range(9):
         g.add_node(Node(f"node{i}", "Input" if i == 0 else "Layer", 1.0, 1.0, (0.0,), 0.0))
@@ -94,7 +100,7 @@ def test_the_probe_gives_one_positive_factor_per_stage_and_restores_the_threads(
             g.add_edge(f"node{i - 1}", f"node{i}")
     before = torch.get_num_threads()
     res = probe(tiny_task(), straight_plan("t", 8, [4, 4]), g, 8, rounds=1, block=1, threads=1)
-    assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before and kept == [True]
     assert res.shares == pytest.approx([0.5, 0.5]) and len(res.factors) == 2 and min(res.factors) > 0
     assert res.factors == pytest.approx([a / (0.5 * res.whole_s) for a in res.alone_s])
 
