@@ -53,7 +53,7 @@ class StageProbe:
     batch_size: int
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (``run.json``'s prediction, ``stage_probe``)."""
+        """JSON-ready: the run's ``prediction.json`` keeps it as ``stage_probe``."""
         return {"factors": self.factors, "alone_s": self.alone_s, "whole_s": self.whole_s, "shares": self.shares,
                 "batch_size": self.batch_size}
 
