@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipedream.commands.train import _predict
 from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node, read_meta
 from pipedream.plan import Plan, Stage
 from pipedream.profiler import write_profile
+from pipedream.run_prediction import predict as _predict
+from pipedream.run_prediction import resimulation_factors
 from pipedream.runtime.config import TrainConfig
 from pipedream.sim.predict import (
     EpochShape,
@@ -26,7 +27,6 @@ from pipedream.sim.predict import (
     host_scale,
     predict_epoch,
     predict_memory,
-    resimulation_factors,
 )
 from pipedream.sim.profiled import missing_step_rate, profiled_composition, step_rate
 from pipedream.step_rates import optimizer_step_rates

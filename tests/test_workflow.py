@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipedream.sim.predict import resimulation_factors
+from pipedream.run_prediction import resimulation_factors
 from tests.conftest import REPO
 
 SNAKEMAKE = str(Path(sys.executable).parent / "snakemake")

@@ -60,7 +60,6 @@ def main() -> int:
     args = p.parse_args()
     import torch
 
-    from pipedream.allocator import keep_freed_memory
     from pipedream.graph import LayerGraph, profiled_batch
     from pipedream.plan import Plan
     from pipedream.runtime.config import TrainConfig
@@ -69,7 +68,6 @@ def main() -> int:
 
     os.sched_setaffinity(0, {args.core if args.core is not None else min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
-    keep_freed_memory()  # as the workers do
     for model in args.models:
         path = plan_file(args.results, model)
         graph_txt = args.results / "profiles" / model / "graph.txt"

@@ -30,7 +30,7 @@ predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made 
 ``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
 After training, on a CPU host, the run is resimulated with each stage's compute at its measured CPU, the
 cores shared fairly, and everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``;
-:func:`pipedream.sim.predict.resimulation_factors`):
+:func:`pipedream.run_prediction.resimulation_factors`):
 how much of a miss the compute explains, a diagnosis of the model that reads the run, not a prediction.
 """
 
@@ -45,6 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipedream import run_prediction
 from pipedream.errors import PipeDreamError
 from pipedream.host_timing import host_cores
 from pipedream.io import atomic_write_json
@@ -209,99 +210,6 @@ def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
         shared.check(shared.find(modules), [s.replicas for s in plan.stages], cfg.schedule, cfg.clip_norm)
 
 
-def _predict_run(args: argparse.Namespace, cfg, plan, stage_factors=None, compute_factors=None):  # type: ignore[no-untyped-def]
-    """:func:`pipedream.sim.predict.predict_run` for this run: its profile, plan, clusters, training samples, the
-    cores its workers share (none on GPUs) and its hosts; ``stage_factors`` from :func:`_stage_probe`,
-    ``compute_factors`` for a resimulation."""
-    from pipedream.runtime.distributed import uses_cuda
-    from pipedream.runtime.launch import WORKER_THREADS
-    from pipedream.sim.predict import predict_run, training_samples
-
-    cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
-    return predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
-                       cores=cores, threads=WORKER_THREADS, hosts=args.nnodes, stage_factors=stage_factors,
-                       compute_factors=compute_factors)
-
-
-def _stage_probe(args: argparse.Namespace, cfg, plan):  # type: ignore[no-untyped-def]
-    """The plan's stages timed alone (:func:`pipedream.stage_probe.probe`) for a pipeline run on CPUs with
-    ``--stage-probe-rounds`` above 0, at the run's (micro)batch; None otherwise (DP, one stage, GPUs)."""
-    from pipedream.graph import LayerGraph, profiled_batch
-    from pipedream.runtime.distributed import uses_cuda
-    from pipedream.runtime.launch import WORKER_THREADS
-    from pipedream.runtime.task import load_task
-    from pipedream.stage_probe import probe
-
-    if args.mode != "pipedream" or len(plan.stages) < 2 or args.stage_probe_rounds < 1 or uses_cuda():
-        return None
-    graph = LayerGraph.read(args.profile, profiled_batch(args.profile))
-    task = load_task(cfg)
-    batch = min(cfg.batch_size // max(cfg.microbatches, 1), len(task.train))
-    result = probe(task, plan, graph, batch, rounds=args.stage_probe_rounds, threads=WORKER_THREADS)
-    print("stages alone over their share of the whole step: "
-          + " / ".join(f"{f:.2f}" for f in result.factors), file=sys.stderr)
-    return result
-
-
-def _predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
-    """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
-    a failure to predict is reported in one line, never raised (the run goes on)."""
-    from pipedream.sim.profiled import missing_step_rate
-
-    if plan is None or args.profile is None:
-        return {}, "no --plan and --profile to predict the epoch time from"
-    try:
-        stages = _stage_probe(args, cfg, plan)
-    except Exception as e:  # a failed probe leaves the prediction on the shares
-        stages = None
-        print(f"warning: no stage probe ({(str(e).splitlines() or [''])[0] or type(e).__name__}): each stage is "
-              "predicted at its layers' share of the whole step", file=sys.stderr)
-    try:
-        pred = _predict_run(args, cfg, plan, stage_factors=stages.factors if stages else None)
-    except Exception as e:  # any failure of the model must leave the run itself alone
-        why = (str(e).splitlines() or [""])[0] or type(e).__name__
-        print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
-        return {}, why
-    if missing_step_rate(Path(args.profile), cfg.optimizer):
-        print(f"warning: the profile timed no {cfg.optimizer} step (meta.json optimizer_step_s_per_param_byte): the "
-              f"prediction leaves the optimizer step out; profile again with --optimizers {cfg.optimizer}",
-              file=sys.stderr)
-    if args.mode == "pipedream" and plan.optimizer and plan.optimizer != cfg.optimizer:
-        print(f"warning: the plan charged {plan.optimizer}'s optimizer step, this run trains with {cfg.optimizer}: plan "
-              f"again with `pipedream plan --optimizer {cfg.optimizer}` for a split balanced for its step",
-              file=sys.stderr)
-    scales = "/".join(f"{f:.2f}" for f in pred.compute_scale)
-    ranks = "/".join(f"{c:.2f}" for c in pred.concurrency)
-    print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "
-          f"{pred.cores or 'their own'} cores)", file=sys.stderr)
-    out = pred.to_dict()
-    if stages is not None:
-        out["stage_probe"] = stages.as_dict()
-    return out, None
-
-
-def _resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: dict[str, Any],  # type: ignore[no-untyped-def]
-                 stage_factors: list[float] | None = None) -> float | None:
-    """The run's epoch resimulated with each stage's compute as measured
-    (:func:`pipedream.sim.predict.resimulation_factors`) and everything else as predicted: the part of the miss
-    that the compute does not explain. None (a warning line when it failed) on GPUs (the main thread's CPU is not
-    their compute), without factors, a plan or a profile; never raised (the run has finished). ``stage_factors``:
-    the prediction's (:func:`_stage_probe`), so that the measured factors apply to the work they were taken over."""
-    from pipedream.plan import Plan
-    from pipedream.runtime.distributed import uses_cuda
-    from pipedream.sim.predict import resimulation_factors
-
-    factors = resimulation_factors(final)
-    if factors is None or plan_file is None or args.profile is None or uses_cuda():
-        return None
-    try:
-        return _predict_run(args, cfg, Plan.load(plan_file), stage_factors, factors).epoch_s
-    except Exception as e:  # a diagnosis: it must not fail the run
-        print(f"warning: no resimulation with the measured compute: {(str(e).splitlines() or [''])[0]}",
-              file=sys.stderr)
-        return None
-
-
 def run(args: argparse.Namespace) -> int:
     """``pipedream train``: check the options, stage the run's folder, then train with :func:`pipedream.train`
     (torchrun) while logging each epoch to MLflow; then score, log the final metrics and write ``run.json``."""
@@ -382,7 +290,7 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
     from pipedream.tracking import LiveRun
 
     params, tags = _params_and_tags(args, cfg, config, cluster)
-    prediction, why_not = _predict(args, cfg, plan)
+    prediction, why_not = run_prediction.predict(args, cfg, plan)
     predicted = prediction.get("predicted_epoch_time_s")
     if predicted is not None:
         params.update(predicted_epoch_time_s=predicted,
@@ -475,7 +383,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if step_cpu and k < len(step_work):  # the optimizer steps' CPU against their predicted work
             final[f"measured_step_cpu_s_stage{k}"] = sum(step_cpu) / len(step_cpu)
             final[f"predicted_step_work_s_stage{k}"] = step_work[k]
-    resimulated = (_resimulated(args, cfg, plan_file, final, prediction.get("stage_factors"))
+    resimulated = (run_prediction.resimulated(args, cfg, plan_file, final, prediction.get("stage_factors"))
                    if predicted is not None else None)
     if resimulated is not None:  # how much of the miss the compute explains (not a prediction: it reads the run)
         final.update(resimulated_epoch_time_s=resimulated,

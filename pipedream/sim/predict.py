@@ -418,21 +418,6 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                   "message_s_per_byte": message_s_per_byte}, sim=res)
 
 
-def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
-    """Per stage, the run's measured compute CPU over the work its prediction gave that compute
-    (``measured_compute_cpu_s_stage<s>`` / ``predicted_compute_work_s_stage<s>`` of ``run.json``): the factors
-    :func:`pipedream.sim.predict.predict_epoch` resimulates the run with. None unless every stage has both (a
-    GPU run, or a run without a prediction) and every factor is positive."""
-    factors, k = [], 0
-    while f"predicted_compute_s_stage{k}" in final:
-        cpu, work = final.get(f"measured_compute_cpu_s_stage{k}"), final.get(f"predicted_compute_work_s_stage{k}")
-        if not (isinstance(cpu, float | int) and isinstance(work, float | int) and cpu > 0 and work > 0):
-            return None
-        factors.append(cpu / work)
-        k += 1
-    return factors or None
-
-
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
                 num_samples: int, cores: int | None, threads: int, hosts: int = 1,
                 stage_factors: Sequence[float] | None = None,

@@ -9,7 +9,7 @@ check uses the epochs after it), how long before the run its profile ended (``pr
 whose speed drifts, an old profile predicts at the host's speed back then), and the run resimulated after it
 ended with each stage's compute at its measured CPU, the cores shared fairly (that CPU already holds what the
 sharing costs beyond a fair share) and everything else as predicted (``resimulated_epoch_s``,
-``resimulated_ratio`` = measured / resimulated; :func:`pipedream.sim.predict.resimulation_factors`): the part
+``resimulated_ratio`` = measured / resimulated; :func:`pipedream.run_prediction.resimulation_factors`): the part
 of a miss that the compute does not explain. That is a diagnosis, not a prediction: it reads the run.
 """
 
