@@ -3,7 +3,7 @@
 # core per worker (benchmarks/cores/main.py; extra arguments are passed to it), then tests/test_gpu.py.
 #   here:   .venv/bin/python benchmarks/cores/device_kit.py        (packs .devkit: wheels and data the device lacks)
 #   device: run(command="bash benchmarks/cores/device_run.sh", carry=[".devkit"], timeout_s=600)
-# Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
+# Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, host.log (HOST_BENCH=0 skips it), cores.log, cores.tar.gz (main.py's OUT
 # without model files: every CSV), prediction_check.csv, test_gpu.log, inflight.log, ddp.log. Runs train without
 # MLflow (PIPEDREAM_TRACKING=off). CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s) the tests,
 # BUDGET_S (570 s) the whole script, the two benchmarks after the tests taking what is left.
@@ -35,6 +35,16 @@ if ! "$PY" -c "from fairseq.models import lstm" >> "$OUT/env.txt" 2>&1; then
   models=vgg16,resnet50,alexnet,awd_lm,s2vt
 fi
 echo "set up in $(( $(date +%s) - t0 )) s"
+# first, on the idle machine: a step's CPU after a sleep and after a busy wait, on one core and four (benchmarks/host),
+# and one copy against sixteen at once (every core busy)
+four=$("$PY" -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:4])))')
+if [ "${HOST_BENCH:-1}" = 1 ]; then
+  timeout 100 taskset -c "$four" "$PY" benchmarks/host/main.py --model alexnet --copies 1 4 --gaps 0 0.05 \
+    --spin-gaps 0.05 --steps 20 --repeats 2 2>&1 | grep -v -i "warn\|^INFO" | tee "$OUT/host.log"
+  timeout 40 "$PY" benchmarks/host/main.py --model alexnet --copies 1 16 --gaps 0 --steps 20 --repeats 2 2>&1 \
+    | grep -v -i "warn\|^INFO" | tee -a "$OUT/host.log"
+  echo "host benchmark done at $(( $(date +%s) - t0 )) s"
+fi
 timeout "$CORES_TIMEOUT" "$PY" benchmarks/cores/main.py --out /tmp/device_cores --tar "$OUT/cores.tar.gz" \
   --models "$models" --deadline-s $(( CORES_TIMEOUT - 40 )) "$@" 2>&1 | tee "$OUT/cores.log"
 cp /tmp/device_cores/prediction_check.csv "$OUT/" 2>/dev/null
@@ -47,7 +57,6 @@ if [ "$left" -gt 100 ]; then
   timeout $(( left * 6 / 10 )) "$PY" benchmarks/inflight/main.py --models resnet50 gnmt8 --rounds 4 2>&1 \
     | grep -v -i "warn\|^INFO" | tee "$OUT/inflight.log"
   left=$(( ${BUDGET_S:-570} - ($(date +%s) - t0) ))
-  four=$("$PY" -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:4])))')
   if [ "$left" -gt 40 ]; then
     timeout "$left" taskset -c "$four" "$PY" benchmarks/ddp/main.py --model alexnet --processes 4 2>&1 \
       | grep -v -i "warn\|^INFO" | tee "$OUT/ddp.log"

@@ -10,7 +10,7 @@ each copy gets is processor sharing's and does not enter. The table prints each 
 and the repeats, and its ratio to one copy back to back.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/host/main.py [--model alexnet] [--batch 32] \
-        [--copies 1 4] [--gaps 0 0.05] [--steps 25] [--repeats 4]
+        [--copies 1 4] [--gaps 0 0.05] [--spin-gaps] [--steps 25] [--repeats 4]
 """
 
 from __future__ import annotations
@@ -33,8 +33,10 @@ from pipedream.runtime.config import TrainConfig  # noqa: E402
 from pipedream.runtime.task import load_task  # noqa: E402
 
 
-def _copy(fresh: Callable[[], Callable[[], None]], steps: int, gap_s: float, barrier: Any, out: Any) -> None:
-    """One copy: warm up twice, then ``steps`` steps, each after the barrier and followed by ``gap_s`` of sleep."""
+def _copy(fresh: Callable[[], Callable[[], None]], steps: int, gap_s: float, spin: bool, barrier: Any,
+          out: Any) -> None:
+    """One copy: warm up twice, then ``steps`` steps, each after the barrier and followed by ``gap_s`` of sleep
+    (``spin``: of busy waiting)."""
     step = fresh()
     step()
     step()
@@ -44,16 +46,22 @@ def _copy(fresh: Callable[[], Callable[[], None]], steps: int, gap_s: float, bar
         c0 = time.thread_time()
         step()
         cpu.append(time.thread_time() - c0)
-        if gap_s:
+        if gap_s and spin:
+            end = time.perf_counter() + gap_s
+            while time.perf_counter() < end:
+                pass
+        elif gap_s:
             time.sleep(gap_s)
     out.put(statistics.median(cpu[2:]))
 
 
-def cpu_per_step_s(fresh: Callable[[], Callable[[], None]], copies: int, gap_s: float, steps: int) -> float:
-    """Mean over ``copies`` fresh processes of their median CPU seconds a step (module docstring)."""
+def cpu_per_step_s(fresh: Callable[[], Callable[[], None]], copies: int, gap_s: float, steps: int,
+                   spin: bool = False) -> float:
+    """Mean over ``copies`` fresh processes of their median CPU seconds a step (module docstring); ``spin``: the
+    gap is a busy wait, not a sleep."""
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(copies), ctx.Queue()
-    procs = [ctx.Process(target=_copy, args=(fresh, steps, gap_s, barrier, out), daemon=True) for _ in range(copies)]
+    procs = [ctx.Process(target=_copy, args=(fresh, steps, gap_s, spin, barrier, out), daemon=True) for _ in range(copies)]
     for p in procs:
         p.start()
     try:
@@ -71,25 +79,28 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=32, help="samples a step")
     ap.add_argument("--copies", type=int, nargs="+", default=[1, 4], help="processes stepping in lockstep")
     ap.add_argument("--gaps", type=float, nargs="+", default=[0.0, 0.05], help="sleep after each step, s")
+    ap.add_argument("--spin-gaps", type=float, nargs="*", default=[],
+                    help="busy waits after each step, s (cases beside --gaps' sleeps)")
     ap.add_argument("--steps", type=int, default=25, help="timed steps per copy (the first two are not counted)")
     ap.add_argument("--repeats", type=int, default=4, help="times each case runs, interleaved with the others")
     args = ap.parse_args(argv)
     cfg = TrainConfig(model=args.model, preset="reduced", seed=0, data="real", batch_size=args.batch)
     rows = minibatch_indices(len(load_task(cfg).train), args.batch, 0, 0)[0]
     fresh = functools.partial(worker_step, cfg, rows, 1)
-    cases = [(n, g) for n in args.copies for g in args.gaps]
-    got: dict[tuple[int, float], list[float]] = {c: [] for c in cases}
+    cases = [(n, g, spin) for n in args.copies
+             for g, spin in [(g, False) for g in args.gaps] + [(g, True) for g in args.spin_gaps]]
+    got: dict[tuple[int, float, bool], list[float]] = {c: [] for c in cases}
     for _ in range(args.repeats):
-        for n, g in cases:
-            got[(n, g)].append(cpu_per_step_s(fresh, n, g, args.steps))
+        for n, g, spin in cases:
+            got[(n, g, spin)].append(cpu_per_step_s(fresh, n, g, args.steps, spin))
     base = statistics.fmean(got[cases[0]])
     print(f"{args.model} (reduced), batch {args.batch}: CPU seconds a step, over {cases[0][0]} copy with a "
           f"{cases[0][1]:g} s gap ({base * 1e3:.1f} ms)")
-    print(f"{'copies':>6} {'gap s':>6} {'ms/step':>8} {'ratio':>6}   repeats (ms)")
-    for n, g in cases:
-        mean = statistics.fmean(got[(n, g)])
-        print(f"{n:>6} {g:>6g} {mean * 1e3:>8.1f} {mean / base:>6.2f}   "
-              + " ".join(f"{v * 1e3:.1f}" for v in got[(n, g)]))
+    print(f"{'copies':>6} {'gap s':>6} {'gap':>5} {'ms/step':>8} {'ratio':>6}   repeats (ms)")
+    for n, g, spin in cases:
+        mean = statistics.fmean(got[(n, g, spin)])
+        print(f"{n:>6} {g:>6g} {'spin' if spin else 'sleep':>5} {mean * 1e3:>8.1f} {mean / base:>6.2f}   "
+              + " ".join(f"{v * 1e3:.1f}" for v in got[(n, g, spin)]))
 
 
 if __name__ == "__main__":
