@@ -65,7 +65,8 @@ def test_cores_gives_the_longest_model_to_the_least_loaded_group() -> None:
 
 def test_cores_runs_the_workflows_commands() -> None:
     """The profile times only the optimizer the runs use (TrainConfig's default where unset), the trainings get
-    the config's train flags and emulated link; a config without host_seconds gets no --host-seconds."""
+    the config's train flags and emulated link; a config without host_seconds gets no --host-seconds, and
+    --host-seconds replaces the config's."""
     cores = load("cores")
     cfg = {"workers": 4, "cluster": "c4", "emulate_bandwidth_Bps": 1.25e8,
            "profile": {"batch_size": 32, "warmup": 2, "iters": 10},
@@ -84,6 +85,9 @@ def test_cores_runs_the_workflows_commands() -> None:
     assert cmds["pipedream"].endswith("--out-dir /w/runs/vgg16/pipedream")  # make run's layout: the report reads it
     cfg["profile"]["host_seconds"] = 6
     assert "--host-seconds 6 --optimizers sgd " in dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    short = cores.with_host_seconds(cfg, 3)  # --host-seconds: a shorter probe, the config left as it was
+    assert "--host-seconds 3 --optimizers sgd " in dict(cores.commands(short, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    assert cfg["profile"]["host_seconds"] == 6
     again = dict(cores.commands(cfg, "vgg16", Path("/w"), "clusters.yaml", cores.repeat_dir(Path("/w"), 2)))
     assert again["dp"].endswith("--out-dir /w/repeat2/runs/vgg16/dp")  # a repeat trains on the same profile and plan
     assert "--plan /w/plans/vgg16.json --profile /w/profiles/vgg16/graph.txt " in again["dp"]

@@ -1,12 +1,18 @@
 #!/bin/bash
 # The lent device machine's check of issue 18, in one call of the device tool: the reduced Table 1's runs with a
-# core per worker (benchmarks/cores/main.py; extra arguments are passed to it), then tests/test_gpu.py.
+# core per worker, one model at a time (benchmarks/cores/main.py; extra arguments are passed to it), then
+# tests/test_gpu.py.
 #   here:   .venv/bin/python benchmarks/cores/device_kit.py        (packs .devkit: wheels and data the device lacks)
 #   device: run(command="bash benchmarks/cores/device_run.sh", carry=[".devkit"], timeout_s=600)
-# Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, host.log (HOST_BENCH=0 skips it), cores.log, cores.tar.gz (main.py's OUT
-# without model files: every CSV), prediction_check.csv, test_gpu.log, inflight.log, ddp.log. Runs train without
-# MLflow (PIPEDREAM_TRACKING=off). CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s) the tests,
-# BUDGET_S (570 s) the whole script, the two benchmarks after the tests taking what is left.
+# Settings (environment): MODELS (comma-separated, default all seven, longest first; the runs of all seven one at a
+# time take longer than one call, so a session splits them over two calls, e.g. MODELS=gnmt16,awd_lm,gnmt8 then
+# MODELS=resnet50,s2vt,vgg16,alexnet GPU_TIMEOUT=0), CORE_GROUPS (models at once, default 1: on this machine a core's
+# speed depends on how many cores are busy, benchmarks/cores/README.md), HOST_SECONDS (the profile's host probe per
+# copy count, default 3; the workflow's is 6), CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s;
+# 0 skips) the tests, HOST_BENCH=1 (default 0) first runs benchmarks/host on the idle machine (about 105 s).
+# Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
+# without model files: every CSV), prediction_check.csv, test_gpu.log, host.log. Runs train without MLflow
+# (PIPEDREAM_TRACKING=off).
 set -u
 KIT=${KIT:-.devkit}
 OUT=${OUT:-/tmp/device_out}
@@ -29,16 +35,16 @@ gunzip -c "$KIT/de-en.gz" > /tmp/devkit_de-en || exit 1
 export PYTHONPATH="$PWD:$site" PIPEDREAM_FASHION_MNIST="$KIT/fashion-mnist" PIPEDREAM_DING=/tmp/devkit_de-en
 { date; lscpu; nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } \
   > "$OUT/env.txt" 2>&1
-models=vgg16,resnet50,alexnet,gnmt8,gnmt16,awd_lm,s2vt
+models=${MODELS:-gnmt16,awd_lm,gnmt8,resnet50,s2vt,vgg16,alexnet}
 if ! "$PY" -c "from fairseq.models import lstm" >> "$OUT/env.txt" 2>&1; then
   echo "fairseq does not import (env.txt): GNMT-8 and GNMT-16 left out" | tee -a "$OUT/env.txt"
-  models=vgg16,resnet50,alexnet,awd_lm,s2vt
+  models=$(echo ",$models," | sed 's/,gnmt16,/,/; s/,gnmt8,/,/; s/^,//; s/,$//')
 fi
 echo "set up in $(( $(date +%s) - t0 )) s"
-# first, on the idle machine: a step's CPU after a sleep and after a busy wait, on one core and four (benchmarks/host),
-# and one copy against sixteen at once (every core busy)
-four=$("$PY" -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:4])))')
-if [ "${HOST_BENCH:-1}" = 1 ]; then
+if [ "${HOST_BENCH:-0}" = 1 ]; then
+  # on the idle machine: a step's CPU after a sleep and after a busy wait, on one core and four, and one copy
+  # against sixteen at once (every core busy)
+  four=$("$PY" -c 'import os; print(",".join(map(str, sorted(os.sched_getaffinity(0))[:4])))')
   timeout 100 taskset -c "$four" "$PY" benchmarks/host/main.py --model alexnet --copies 1 4 --gaps 0 0.05 \
     --spin-gaps 0.05 --steps 20 --repeats 2 2>&1 | grep -v -i "warn\|^INFO" | tee "$OUT/host.log"
   timeout 40 "$PY" benchmarks/host/main.py --model alexnet --copies 1 16 --gaps 0 --steps 20 --repeats 2 2>&1 \
@@ -46,20 +52,11 @@ if [ "${HOST_BENCH:-1}" = 1 ]; then
   echo "host benchmark done at $(( $(date +%s) - t0 )) s"
 fi
 timeout "$CORES_TIMEOUT" "$PY" benchmarks/cores/main.py --out /tmp/device_cores --tar "$OUT/cores.tar.gz" \
-  --models "$models" --deadline-s $(( CORES_TIMEOUT - 40 )) "$@" 2>&1 | tee "$OUT/cores.log"
+  --models "$models" --groups "${CORE_GROUPS:-1}" --host-seconds "${HOST_SECONDS:-3}" \
+  --deadline-s $(( CORES_TIMEOUT - 40 )) --min-left-s 100 "$@" 2>&1 | tee "$OUT/cores.log"
 cp /tmp/device_cores/prediction_check.csv "$OUT/" 2>/dev/null
 echo "runs done at $(( $(date +%s) - t0 )) s"
-timeout "$GPU_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" | tail -5
-# in the time left of BUDGET_S (default 570 s): what a run's compute does that the profile's copies do not, on every
-# core (benchmarks/inflight: 1F1B's minibatches in flight) and on 4 (benchmarks/ddp: DDP's passes beside plain ones)
-left=$(( ${BUDGET_S:-570} - ($(date +%s) - t0) ))
-if [ "$left" -gt 100 ]; then
-  timeout $(( left * 6 / 10 )) "$PY" benchmarks/inflight/main.py --models resnet50 gnmt8 --rounds 4 2>&1 \
-    | grep -v -i "warn\|^INFO" | tee "$OUT/inflight.log"
-  left=$(( ${BUDGET_S:-570} - ($(date +%s) - t0) ))
-  if [ "$left" -gt 40 ]; then
-    timeout "$left" taskset -c "$four" "$PY" benchmarks/ddp/main.py --model alexnet --processes 4 2>&1 \
-      | grep -v -i "warn\|^INFO" | tee "$OUT/ddp.log"
-  fi
+if [ "$GPU_TIMEOUT" -gt 0 ]; then
+  timeout "$GPU_TIMEOUT" "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu.log" | tail -5
 fi
 echo "all done at $(( $(date +%s) - t0 )) s"

@@ -8,8 +8,13 @@ split into groups of the config's ``workers`` (or ``--workers``: 2 puts a core p
 pinned to the group's cores with ``taskset``: each run's workers have a core each, and its profile's host probe
 and its prediction see those cores (:func:`pipedream.host_timing.host_cores`). The config's settings are the
 workflow's (profile, trainings, cluster, emulated link); no time-to-accuracy threshold is set, so no BLEU is
-scored after training. Groups run at once and share the machine's memory system and caches: ``--groups 1`` runs
-one model at a time on the first group's cores.
+scored after training. By default one model runs at a time, on the first group's cores, as ``make run`` runs one
+job at a time: a core's speed depends on how many of the machine's cores are busy (on the device machine one copy
+of AlexNet's step alone took 16.8 ms of CPU, four at once on four cores 21.3 ms, sixteen on sixteen 24.3 ms:
+``benchmarks/host``), which a profile measures only for its own copies. ``--groups N`` runs N groups at once (N
+times faster), each group's profile then taken and its runs trained beside whatever the others do at the time
+(session 35: four groups at once, then two of the models again alone on profiles from the crowded machine, 0.75-0.96
+of their predictions; experiments/prediction_log.md).
 
 Models go to groups longest first, each to the group with the least work (:data:`SECONDS`: profile and both
 trainings on the device machine). ``OUT`` is laid out as ``make run``'s results (``profiles/<model>/``,
@@ -117,6 +122,11 @@ def with_workers(cfg: dict[str, Any], workers: int, out: Path) -> dict[str, Any]
     return {**cfg, "workers": workers, "cluster": name, "clusters_file": str(out / "clusters.yaml")}
 
 
+def with_host_seconds(cfg: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``cfg`` with its profile's host probe at ``seconds`` per copy count (``pipedream profile --host-seconds``)."""
+    return {**cfg, "profile": {**cfg["profile"], "host_seconds": seconds}}
+
+
 def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str, runs: Path | None = None) -> list[tuple[str, str]]:
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
     settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) in ``make run``'s layout under
@@ -198,7 +208,12 @@ def main() -> int:
                    help="results folder, make run's layout (default results/benchmarks/cores)")
     p.add_argument("--tar", type=Path, default=None, help="also pack OUT into this .tar.gz after every model")
     p.add_argument("--models", default="", help="comma-separated models (default: the config's)")
-    p.add_argument("--groups", type=int, default=4, help="groups of cores at most (default 4)")
+    p.add_argument("--groups", type=int, default=1,
+                   help="groups of cores running at once (default 1: one model at a time; more share the machine "
+                        "with each other, module docstring)")
+    p.add_argument("--host-seconds", type=float, default=None,
+                   help="the profile's host probe per copy count, s (default: the config's profile.host_seconds): "
+                        "shorter where machine time is short (the probe is most of a profile)")
     p.add_argument("--workers", type=int, default=None,
                    help="workers a run (default: the config's); fewer than the config's put a core per worker "
                         "within reach of a small machine (2 on a 2-core one), on the config's cluster with that "
@@ -214,6 +229,8 @@ def main() -> int:
     args = p.parse_args()
     t0 = time.time()
     cfg = yaml.safe_load(args.config.read_text())
+    if args.host_seconds is not None:
+        cfg = with_host_seconds(cfg, args.host_seconds)
     models = args.models.split(",") if args.models else list(cfg["models"])
     unknown = [m for m in models if m not in cfg["models"]]
     if unknown:
