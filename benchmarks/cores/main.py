@@ -11,7 +11,7 @@ workflow's (profile, trainings, cluster, emulated link); no time-to-accuracy thr
 scored after training. By default one model runs at a time, on the first group's cores, as ``make run`` runs one
 job at a time: a core's speed depends on how many of the machine's cores are busy (on the device machine one copy
 of AlexNet's step alone took 16.8 ms of CPU, four at once on four cores 21.3 ms, sixteen on sixteen 24.3 ms:
-``benchmarks/host``), which a profile measures only for its own copies. ``--groups N`` runs N groups at once (N
+``benchmarks/host``), which a profile measures only for its own copies. ``--groups N`` runs N groups at once (up to N
 times faster), each group's profile then taken and its runs trained beside whatever the others do at the time
 (session 35: four groups at once, then two of the models again alone on profiles from the crowded machine, 0.75-0.96
 of their predictions; experiments/prediction_log.md).
