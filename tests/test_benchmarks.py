@@ -75,7 +75,7 @@ def test_cores_runs_the_workflows_commands() -> None:
     cmds = dict(cores.commands(cfg, "vgg16", Path("/w"), "clusters.yaml"))
     assert list(cmds) == ["profile", "plan", "dp", "pipedream"]
     assert cmds["profile"] == ("profile --model vgg16 --preset reduced --profiled-batch 32 --warmup 2 --iters 10 "
-                               "--device cpu --optimizers adam --out-dir /w/profiles/vgg16")
+                               "--device cpu --no-host-oversubscribed --optimizers adam --out-dir /w/profiles/vgg16")
     assert cmds["plan"] == ("plan --profile /w/profiles/vgg16/graph.txt --clusters clusters.yaml --cluster c4 "
                             "--model vgg16 --out /w/plans/vgg16.json")
     assert cmds["dp"].startswith("train --mode dp --model vgg16 --preset reduced --plan /w/plans/vgg16.json "
@@ -84,9 +84,11 @@ def test_cores_runs_the_workflows_commands() -> None:
     assert "--emulate-bandwidth-Bps 125000000.0 " in cmds["pipedream"]
     assert cmds["pipedream"].endswith("--out-dir /w/runs/vgg16/pipedream")  # make run's layout: the report reads it
     cfg["profile"]["host_seconds"] = 6
-    assert "--host-seconds 6 --optimizers sgd " in dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    alexnet = dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    assert "--host-seconds 6 --no-host-oversubscribed --optimizers sgd " in alexnet
     short = cores.with_host_seconds(cfg, 3)  # --host-seconds: a shorter probe, the config left as it was
-    assert "--host-seconds 3 --optimizers sgd " in dict(cores.commands(short, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    alexnet = dict(cores.commands(short, "alexnet", Path("/w"), "c.yaml"))["profile"]
+    assert "--host-seconds 3 --no-host-oversubscribed --optimizers sgd " in alexnet
     assert cfg["profile"]["host_seconds"] == 6
     again = dict(cores.commands(cfg, "vgg16", Path("/w"), "clusters.yaml", cores.repeat_dir(Path("/w"), 2)))
     assert again["dp"].endswith("--out-dir /w/repeat2/runs/vgg16/dp")  # a repeat trains on the same profile and plan

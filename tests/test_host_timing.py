@@ -386,3 +386,42 @@ def test_the_profile_takes_the_copies_mean_optimizer_step_as_its_rate(tmp_path: 
     assert meta["host"]["copy_step_s"] == pytest.approx(1e-3)
     own = meta["host"]["process_optimizer_step_s_per_param_byte"]["adam"]
     assert own > 0
+
+
+@pytest.mark.parametrize(("flag", "cores", "counts"), [("--host-oversubscribed", 2, (2, 4)),
+                                                       ("--no-host-oversubscribed", 2, (2,)),
+                                                       ("--no-host-oversubscribed", 1, (1, 2))])
+def test_the_profile_times_two_copies_per_core_unless_told_not_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  flag: str, cores: int, counts: tuple[int, ...]) -> None:
+    """`pipedream profile --no-host-oversubscribed` asks the host probe for one copy per core only: meta.json then has
+    the contention and the copies' steps alone from those copies and no ``oversubscribed``; by default (or on one
+    core, where one copy shares nothing) it asks for one and two per core and keeps both."""
+    import json
+
+    import pipedream.runtime.message_cost as message_cost
+    from pipedream.cli import build_parser
+    from pipedream.commands import profile as profile_cmd
+
+    asked: list[tuple[int, ...]] = []
+
+    def probe(step, fresh, counts, seconds):  # type: ignore[no-untyped-def]
+        asked.append(counts)
+        return tuple(Sharing(1.0 + 0.1 * k, (1.0,) * n, (1.0 + 0.1 * k,), {}, (1e-3 * (k + 1),) * n)
+                     for k, n in enumerate(counts))
+
+    monkeypatch.setattr(profile_cmd, "host_sharing", probe)
+    monkeypatch.setattr(profile_cmd, "host_cores", lambda: cores)
+    monkeypatch.setattr(message_cost, "message_cost", lambda: (1e-4, 1e-10))
+    args = build_parser().parse_args(["profile", "--model", "alexnet", "--preset", "reduced", "--data", "synthetic",
+                                      "--profiled-batch", "4", "--warmup", "0", "--iters", "1", "--optimizers", "sgd",
+                                      "--host-seconds", "1", flag, "--out-dir", str(tmp_path)])
+    assert profile_cmd.run(args) == 0
+    host = json.loads((tmp_path / "meta.json").read_text())["host"]
+    assert asked == [counts]
+    assert host["contention"] == pytest.approx(1.0)
+    assert ("oversubscribed" in host) == (len(counts) == 2)
+    if len(counts) == 2:
+        assert host["oversubscribed"] == pytest.approx(1.1)
+    # the copies' steps alone come from the last count's copies: 1 ms each with one count, 2 ms with two
+    assert host["copy_step_s"] == pytest.approx(1e-3 * len(counts))
+    assert len(host["copy_steps_s"]) == counts[-1]

@@ -129,16 +129,18 @@ def with_host_seconds(cfg: dict[str, Any], seconds: float) -> dict[str, Any]:
 
 def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str, runs: Path | None = None) -> list[tuple[str, str]]:
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
-    settings from the config (workflows/rules: profile.smk, plan.smk, train.smk) in ``make run``'s layout under
+    settings from the config (workflows/rules: profile.smk, plan.smk, train.smk; the profile without two copies per
+    core, ``--no-host-oversubscribed``, which no run with a core per worker takes) in ``make run``'s layout under
     ``out`` (``profiles/<model>``, ``plans/<model>.json``, ``runs/<model>/<mode>``; the trainings under
     ``<runs>/runs/<model>/<mode>`` where ``runs`` is given, :func:`repeat_dir`)."""
     mc, prof = cfg["models"][model], cfg["profile"]
     profile, plan = out / "profiles" / model, out / "plans" / f"{model}.json"
     optimizer = mc["train"].get("optimizer", TrainConfig().optimizer)
     host = f"--host-seconds {prof['host_seconds']} " if "host_seconds" in prof else ""
+    # every run here has a core per worker: two copies per core (host.oversubscribed) would enter no prediction
     cmds = [("profile", f"profile --model {model} --preset {mc['preset']} --profiled-batch {prof['batch_size']} "
                         f"--warmup {prof['warmup']} --iters {prof['iters']} --device cpu {host}"
-                        f"--optimizers {optimizer} --out-dir {profile}"),
+                        f"--no-host-oversubscribed --optimizers {optimizer} --out-dir {profile}"),
             ("plan", f"plan --profile {profile}/graph.txt --clusters {clusters} --cluster {cfg['cluster']} "
                      f"--model {model} --out {plan}")]
     link = f"--emulate-bandwidth-Bps {cfg['emulate_bandwidth_Bps']} " if cfg.get("emulate_bandwidth_Bps") else ""

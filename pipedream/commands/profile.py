@@ -55,6 +55,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "memory) is drawn for each rank (every copy's step alone: host.copy_steps_s; their mean, "
                         "host.copy_step_s, is the step predictions take); and time the CPU a message costs its two ranks "
                         "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
+    p.add_argument("--host-oversubscribed", action=argparse.BooleanOptionalAction, default=True,
+                   help="with the host probe, also time two copies per core (host.oversubscribed), which the "
+                        "predictions of runs with more worker threads than cores take. --no-host-oversubscribed "
+                        "times one copy per core only, with half the copies: for a host where every run has a core "
+                        "per worker (runs with more threads than cores are then predicted with host.contention). On "
+                        "one core both are timed (one copy has nothing to share). Default: both")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS, metavar="OPT",
                    help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
                         "prediction charges a run): any of %(choices)s. A run with an optimizer the "
@@ -204,18 +210,21 @@ def run(args: argparse.Namespace) -> int:
         fresh = functools.partial(worker_step, cfg, rows, args.threads, timed)
         # one copy per core, then two per core (each gets half a core, and their switches evict each other's
         # caches), by the same 2 x cores fresh processes
-        one, two = host_sharing(step, fresh, (cores, 2 * cores), args.host_seconds)
-        lap(f"{cores} and {2 * cores} copies")
+        counts = (cores, 2 * cores) if args.host_oversubscribed or cores < 2 else (cores,)
+        sharing = host_sharing(step, fresh, counts, args.host_seconds)
+        one, two = sharing[0], sharing[-1]
+        lap(" and ".join(map(str, counts)) + " copies")
         print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
-        print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x twice "
-              f"its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
-        # every copy of every round (the 2 x cores copies serve both counts): where a fresh copy's memory lands, and
+        if len(counts) > 1:
+            print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x "
+                  f"twice its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
+            host.update(oversubscribed=two.slowdown, oversubscribed_rounds=[round(x, 4) for x in two.rounds])
+        # every copy of every round (the most copies serve every count): where a fresh copy's memory lands, and
         # the step of a typical one (pipedream.sim.profiled.profiled_composition)
         layouts, copy_step_s = two.layouts, two.alone_s
-        host.update(contention=one.slowdown, oversubscribed=two.slowdown, layouts=[round(p, 4) for p in layouts],
+        host.update(contention=one.slowdown, layouts=[round(p, 4) for p in layouts],
                     copy_step_s=copy_step_s, copy_steps_s=[round(x, 6) for x in two.alone],
-                    contention_rounds=[round(x, 4) for x in one.rounds],
-                    oversubscribed_rounds=[round(x, 4) for x in two.rounds])
+                    contention_rounds=[round(x, 4) for x in one.rounds])
         print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
