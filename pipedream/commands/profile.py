@@ -209,30 +209,30 @@ def run(args: argparse.Namespace) -> int:
         timed = tuple(name for name in rates if name in COPY_TIMED)
         fresh = functools.partial(worker_step, cfg, rows, args.threads, timed)
         # one copy per core, then two per core (each gets half a core, and their switches evict each other's
-        # caches), by the same 2 x cores fresh processes
+        # caches), by the same 2 x cores fresh processes; --no-host-oversubscribed: one per core only
         counts = (cores, 2 * cores) if args.host_oversubscribed or cores < 2 else (cores,)
         sharing = host_sharing(step, fresh, counts, args.host_seconds)
-        one, two = sharing[0], sharing[-1]
+        one, most = sharing[0], sharing[-1]
         lap(" and ".join(map(str, counts)) + " copies")
         print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
         if len(counts) > 1:
-            print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {two.slowdown:.2f}x "
-                  f"twice its time alone (rounds {', '.join(f'{x:.2f}' for x in two.rounds)})")
-            host.update(oversubscribed=two.slowdown, oversubscribed_rounds=[round(x, 4) for x in two.rounds])
+            print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {most.slowdown:.2f}x "
+                  f"twice its time alone (rounds {', '.join(f'{x:.2f}' for x in most.rounds)})")
+            host.update(oversubscribed=most.slowdown, oversubscribed_rounds=[round(x, 4) for x in most.rounds])
         # every copy of every round (the most copies serve every count): where a fresh copy's memory lands, and
         # the step of a typical one (pipedream.sim.profiled.profiled_composition)
-        layouts, copy_step_s = two.layouts, two.alone_s
+        layouts, copy_step_s = most.layouts, most.alone_s
         host.update(contention=one.slowdown, layouts=[round(p, 4) for p in layouts],
-                    copy_step_s=copy_step_s, copy_steps_s=[round(x, 6) for x in two.alone],
+                    copy_step_s=copy_step_s, copy_steps_s=[round(x, 6) for x in most.alone],
                     contention_rounds=[round(x, 4) for x in one.rounds])
         print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
               f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
               f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
         # each optimizer step: the copies' mean over their layouts and the probe's time, not this process's one draw
-        if two.updates and param_bytes:
+        if most.updates and param_bytes:
             host["process_optimizer_step_s_per_param_byte"] = dict(rates)
-            host["optimizer_steps_s"] = {name: [round(x, 6) for x in xs] for name, xs in two.updates.items()}
-            for name, xs in two.updates.items():
+            host["optimizer_steps_s"] = {name: [round(x, 6) for x in xs] for name, xs in most.updates.items()}
+            for name, xs in most.updates.items():
                 mine = rates[name] * param_bytes
                 rates[name] = statistics.fmean(xs) / param_bytes
                 print(f"{args.model}: one {name} step takes {min(xs) * 1e3:.1f}-{max(xs) * 1e3:.1f} ms in the copies "
