@@ -4,12 +4,12 @@
 # tests/test_gpu.py.
 #   here:   .venv/bin/python benchmarks/cores/device_kit.py        (packs .devkit: wheels and data the device lacks)
 #   device: run(command="bash benchmarks/cores/device_run.sh", carry=[".devkit"], timeout_s=600)
-# Settings (environment): MODELS (comma-separated, default all seven, longest first; the runs of all seven one at a
-# time take longer than one call, so a session splits them over two calls, e.g. MODELS=gnmt16,awd_lm,gnmt8 then
-# MODELS=resnet50,s2vt,vgg16,alexnet GPU_TIMEOUT=0), CORE_GROUPS (models at once, default 1: on this machine a core's
-# speed depends on how many cores are busy, benchmarks/cores/README.md), HOST_SECONDS (the profile's host probe per
-# copy count, default 3; the workflow's is 6), CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s;
-# 0 skips) the tests, HOST_BENCH=1 (default 0) first runs benchmarks/host on the idle machine (about 105 s).
+# Settings (environment): MODELS (comma-separated, default all seven, longest first; all seven one at a time take
+# longer than one call, so a session splits them over two, e.g. MODELS=gnmt16,awd_lm,gnmt8,resnet50 GPU_TIMEOUT=0
+# CORES_TIMEOUT=570, then the rest: benchmarks/cores/README.md), CORE_GROUPS (models at once, default 1: on this
+# machine a core's speed depends on how many cores are busy), HOST_SECONDS (the profile's host probe per copy
+# count, default 3; the workflow's is 6), CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s; 0
+# skips) the tests, HOST_BENCH=1 (default 0) first runs benchmarks/host on the idle machine (about 105 s).
 # Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
 # without model files: every CSV), prediction_check.csv, test_gpu.log, host.log. Runs train without MLflow
 # (PIPEDREAM_TRACKING=off).
