@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pipedream.runtime.message_cost import message_end_cpu_s
+from pipedream.schedules import Action, Kind, Schedule
+from pipedream.sim.cores import Cores
 from pipedream.sim.costs import StageCost
+from pipedream.sim.engine import run
+from pipedream.sim.network import Network
 from pipedream.sim.predict import EpochShape, predict_epoch
 from pipedream.sim.profiled import profiled_host
 from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
@@ -31,6 +35,46 @@ def test_each_action_pays_the_message_ends_it_sends_and_receives() -> None:
     assert with_transport_cpu(costs, 0.0, 0.0) == costs  # nothing measured: unchanged
     dp = [StageCost(1.0, 2.0, 0.0, 0.0, 1000.0, [(0.5, 1000.0)], 0.25)]
     assert with_transport_cpu(dp, 1e-3, 1e-5) == dp  # one stage (DP): no activations to send
+
+
+def test_a_replicated_backward_pays_the_allreduces_of_the_buckets_launched_while_it_goes_on() -> None:
+    """4 replicas, buckets of 1000, 2000 and 3000 bytes ready 0.5, 1.5 and 2.0 s into a 2 s backward; a message
+    end costs 1 ms + 10 us/byte. A ring over 4 costs each member 12 ends of a quarter bucket: 12 x 3.5 ms = 42 ms
+    for the first, 12 x 6 ms = 72 ms for the second, both in the backward; the second is ready 42 ms later, the
+    last 114 ms later, and its own CPU stays the simulator's background work. One replica, or one bucket: nothing."""
+    dp = StageCost(1.0, 2.0, 0.0, 0.0, 6000.0, [(0.5, 1000.0), (1.5, 2000.0), (2.0, 3000.0)], 0.25)
+    got, = with_transport_cpu([dp], 1e-3, 1e-5, [4])
+    assert got.bwd_s == pytest.approx(2.114) and got.fwd_s == 1.0 and got.step_s == 0.25
+    assert [x for b in got.buckets for x in b] == pytest.approx([0.5, 1000.0, 1.542, 2000.0, 2.114, 3000.0])
+    assert got.buckets_cpu_in_bwd == 2
+    assert with_transport_cpu([dp], 1e-3, 1e-5, [1]) == [dp]
+    one_bucket = StageCost(1.0, 2.0, 0.0, 0.0, 6000.0, [(2.0, 6000.0)])
+    assert with_transport_cpu([one_bucket], 1e-3, 1e-5, [4]) == [one_bucket]
+    with pytest.raises(ValueError, match="one count per stage"):
+        with_transport_cpu([dp], 1e-3, 1e-5, [4, 1])
+
+
+def test_an_early_buckets_cpu_delays_the_last_launch_and_only_the_last_runs_beside() -> None:
+    """Two replicas on one core (each at 1/n speed), F 1 s, B 2 s, step 1 s; bucket 0 (100 kB) ready 0.5 s and
+    bucket 1 (200 kB) 2 s into the backward; the link moves 100 kB/s (a ring over 2: a bucket's bytes); a bucket's
+    allreduce costs each member 4 x 0.25 s = 1 s of CPU. By hand: the forwards end at 2; the backwards, 2 + 1 s of
+    work each at half speed, at 8; bucket 0 is ready at 2 + 0.5 x 2 = 3 and on the link 3-4, bucket 1 at 8 and
+    on the link 8-10; bucket 1's CPU, 1 s a replica beside nothing else, runs 8-10 at half speed; the steps 10-12.
+    (Both buckets' CPU as background from 8, the model before: the backwards end at 6 and the replicas step at 8.)"""
+    sched = Schedule("dp", [[0, 1]], 1, 1, {
+        r: [Action(0, Kind.F, r), Action(0, Kind.B, r), Action(0, Kind.ALLREDUCE, r), Action(0, Kind.STEP, r)]
+        for r in (0, 1)})
+    raw = StageCost(1.0, 2.0, 0.0, 0.0, 3e5, buckets=[(0.5, 1e5), (2.0, 2e5)], step_s=1.0)
+    costs = with_transport_cpu([raw], 0.25, 0.0, [2])
+    cluster = Cluster(name="slow", levels=[(2, 1e5)], latency_s=0.0)
+    tr = run(sched, costs, Network(cluster),
+             cores=Cores(lambda n: float(n), collective_cpu=lambda n, nbytes: allreduce_cpu_s(n, nbytes, 0.25, 0.0)))
+    assert [sp.end for sp in tr.compute[0]] == pytest.approx([2.0, 8.0])
+    assert [x for sp in sorted(tr.collectives, key=lambda sp: sp.start) for x in (sp.start, sp.end)] == pytest.approx(
+        [3.0, 4.0, 8.0, 10.0])
+    assert [x for sp in sorted(tr.background, key=lambda sp: sp.rank) for x in (sp.rank, sp.start, sp.end, sp.work_s)] \
+        == pytest.approx([0, 8.0, 10.0, 1.0, 1, 8.0, 10.0, 1.0])
+    assert tr.makespan_s == pytest.approx(12.0)
 
 
 def test_the_prediction_charges_the_transport_on_shared_cores_only() -> None:

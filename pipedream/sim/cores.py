@@ -13,7 +13,8 @@ Background work. A collective's own CPU (gloo's socket copies and reductions,
 :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, ``collective_cpu``) runs on a thread of its own while the
 rank waits for the link, and takes a share of the host like any action: the simulator starts it as a job under
 a key of its own (a negative number, :meth:`Cores.start` with ``host``), so a rank's backward or another
-rank's forward computing beside it slows down.
+rank's forward computing beside it slows down. (A bucket reduced while the backward goes on has its CPU in the
+backward's work instead, ``StageCost.buckets_cpu_in_bwd``: :func:`pipedream.sim.transport_cpu.with_transport_cpu`.)
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             end = max(last, *members.values())
         else:
             end, started = reduce_buckets(stage, ranks, max(members.values()), None, book=True)
-        background(ranks, started, max(members.values()))
+        background(ranks, started[costs[stage].buckets_cpu_in_bwd:], max(members.values()))
         tr.allreduce_bytes += sum(network.allreduce_bytes(ranks, nbytes) for _, nbytes in costs[stage].buckets)
         for r in ranks:
             tr.allreduce_wait_s[r] += end - members[r]

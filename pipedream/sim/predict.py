@@ -26,8 +26,9 @@ What is modelled, term by term:
   profile's measured ``host.message_s + host.message_s_per_byte * bytes`` of CPU
   (:mod:`pipedream.sim.transport_cpu`, :mod:`pipedream.runtime.message_cost`), added to the forward or
   backward that sends or receives it; each member of a gradient allreduce spends ``4 (n - 1)`` message ends of
-  ``1/n`` of each bucket beside its actions, from the bucket's start, sharing the cores with them
-  (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, :mod:`pipedream.sim.cores`);
+  ``1/n`` of each bucket (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`): in its backward for the buckets
+  launched while the backward goes on, beside its actions from the bucket's start for the last bucket, sharing
+  the cores with them (:func:`pipedream.sim.transport_cpu.with_transport_cpu`, :mod:`pipedream.sim.cores`);
 * the optimizer step: the profile's measured seconds per call, per parameter tensor and per parameter byte of
   the run's optimizer (``optimizer_step_overheads`` and ``optimizer_step_s_per_param_byte`` in ``meta.json``,
   :mod:`pipedream.step_rates`; :func:`pipedream.costmodel.optimizer_step_s`), with the copy of the weights
@@ -352,7 +353,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         return [dataclasses.replace(costs[0], fwd_s=costs[0].fwd_s + extra), *costs[1:]]
 
     def with_cpu(costs: list[StageCost]) -> list[StageCost]:  # the workers share the cores with the transport
-        return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte)
+        return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte,
+                                                              [len(rs) for rs in stage_ranks])
 
     def measured(costs: list[StageCost]) -> list[StageCost]:  # a resimulation: each stage's compute as measured
         return costs if compute_factors is None else layout.scaled(costs, compute_factors)

@@ -11,17 +11,25 @@ This module charges it where it costs the run time:
   sends its input's; each is one message end of the boundary's bytes;
 * the gradient allreduce: a ring over ``n`` replicas (reduce-scatter, then all-gather: ``2 (n - 1)`` steps,
   each sending one ``1/n`` chunk of the bucket and receiving another) costs each member ``4 (n - 1)`` message
-  ends of ``nbytes / n`` bytes (:func:`allreduce_cpu_s`). gloo does that work on a thread of its own while the
-  rank waits for the link (:mod:`pipedream.runtime.buckets`), so it is not added to the rank's actions: the
-  simulator runs it beside them as background work that takes a share of the host's cores
-  (:class:`pipedream.sim.cores.Cores` ``collective_cpu``), from the bucket's start on. It slows whatever
-  computes then (in a pipeline, the other stages; in DP, whose ranks all wait for the link together, mostly
-  nothing), and it does not hold the allreduce itself: at the emulated 1 Gbps a bucket's link time is several
-  times its CPU. (Charged to the step after the allreduce instead, as a first version of this model did, it
-  made every DP prediction 10-30% too slow, AlexNet DP 0.72 measured/predicted.) Measured on the 2-core CI
-  machine: the replicated stage of VGG-16's 3-1 pipeline spent 0.18 s of CPU outside its forwards and
-  backwards per epoch where the transport of its activations predicted 0.08 s, S2VT's four replicas 0.29 s
-  where 0.09 s (``compute_cpu_s_stage<s>`` against ``cpu_s_stage<s>``).
+  ends of ``nbytes / n`` bytes (:func:`allreduce_cpu_s`), done by gloo's threads, not the rank's. Where that CPU
+  lands decides what it costs. A bucket launched while the backward goes on (every bucket but the last, which
+  holds the first layers' gradients and is launched as the backward ends) is reduced once the last replica has
+  launched it, beside that replica's backward and whatever else computes: its CPU competes with the compute, and
+  :func:`with_transport_cpu` adds it to the backward of each replica (``bwd_s``; the later buckets' ready times
+  move by it) and marks it so (``StageCost.buckets_cpu_in_bwd``). The last bucket is reduced while the ranks
+  wait for the link (:mod:`pipedream.runtime.buckets`): the simulator runs its CPU beside the ranks' actions as
+  background work that takes a share of the host's cores from the bucket's start
+  (:class:`pipedream.sim.cores.Cores` ``collective_cpu``): in a pipeline it slows the other stages, in DP, whose
+  ranks all wait for the link together, mostly nothing. (Charged to the step after the allreduce, as a first
+  version of this model did, every bucket's CPU made every DP prediction 10-30% too slow, AlexNet DP 0.72
+  measured/predicted. Run as background from the last replica's arrival at its allreduce, as the second did,
+  the early buckets' CPU landed in the link's wait as well, where it costs nothing: the reduced AlexNet's DP run
+  on the 2-core CI VM, 2026-11-30, whose first bucket, 1 MiB, is launched a millisecond into the backward, spent
+  11 ms of gloo threads' CPU a step on each rank, and the last replica launched its last bucket 74-92 ms after
+  the link had freed the replicas, where the four main threads' CPU, 33.5 ms a step each on 2 cores, fills 67
+  ms.) Measured on the 2-core CI machine: the replicated stage of VGG-16's 3-1 pipeline spent 0.18 s of CPU
+  outside its forwards and backwards per epoch where the transport of its activations predicted 0.08 s, S2VT's
+  four replicas 0.29 s where 0.09 s (``compute_cpu_s_stage<s>`` against ``cpu_s_stage<s>``).
 
 On GPUs (no shared cores) nothing is charged: the prediction's compute is the GPU's.
 """
@@ -29,6 +37,7 @@ On GPUs (no shared cores) nothing is charged: the prediction's compute is the GP
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from pipedream.sim.costs import StageCost
 
@@ -50,15 +59,26 @@ def allreduce_cpu_s(replicas: int, nbytes: float, fixed_s: float, per_byte_s: fl
     return 4 * (replicas - 1) * message_end_s(nbytes / replicas, fixed_s, per_byte_s)
 
 
-def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float) -> list[StageCost]:
+def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float,
+                       replicas: Sequence[int] | None = None) -> list[StageCost]:
     """``costs`` (one per stage, in order; DP: one stage) with each forward and backward lengthened by the
-    transport CPU its rank spends on activations and gradients (module docstring).
+    transport CPU its rank spends on activations and gradients, and each backward of a replicated stage by the
+    CPU of the allreduces of the buckets launched while it goes on (module docstring).
 
     A stage's sent activation is ``send_fwd_bytes`` and its sent input gradient ``send_bwd_bytes``; what it
-    receives is its neighbour's. Without a measured cost (both 0) ``costs`` come back unchanged.
+    receives is its neighbour's. With ``replicas`` (one count per stage), a stage of ``n >= 2`` replicas and
+    buckets ``0 .. K`` pays ``allreduce_cpu_s(n, bytes_k)`` of every bucket ``k < K`` in its backward; bucket
+    ``j``'s ready time moves by the CPU of the buckets before it, and ``buckets_cpu_in_bwd`` says ``K`` of them
+    are paid (the simulator runs only the last one's CPU as background work). Without a measured cost (both 0)
+    ``costs`` come back unchanged.
+
+    Raises:
+        ValueError: ``replicas`` not one count per stage.
     """
     if fixed_s <= 0 and per_byte_s <= 0:
         return costs
+    if replicas is not None and len(replicas) != len(costs):
+        raise ValueError(f"replicas must be one count per stage ({len(costs)}), got {list(replicas)}")
 
     def end(nbytes: float) -> float:
         return message_end_s(nbytes, fixed_s, per_byte_s)
@@ -68,5 +88,15 @@ def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float
     for s, c in enumerate(costs):
         fwd = (end(costs[s - 1].send_fwd_bytes) if s > 0 else 0.0) + (end(c.send_fwd_bytes) if s < last else 0.0)
         bwd = (end(costs[s + 1].send_bwd_bytes) if s < last else 0.0) + (end(c.send_bwd_bytes) if s > 0 else 0.0)
-        out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd))
+        n = replicas[s] if replicas is not None else 1
+        if n < 2 or len(c.buckets) < 2:
+            out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd))
+            continue
+        buckets, overlapped = [], 0.0  # each bucket's ready time after the CPU of the buckets before it
+        for k, (ready_s, nbytes) in enumerate(c.buckets):
+            buckets.append((ready_s + overlapped, nbytes))
+            if k < len(c.buckets) - 1:
+                overlapped += allreduce_cpu_s(n, nbytes, fixed_s, per_byte_s)
+        out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd + overlapped, buckets=buckets,
+                                       buckets_cpu_in_bwd=len(c.buckets) - 1))
     return out
