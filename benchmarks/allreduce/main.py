@@ -10,17 +10,23 @@ iteration, times three cases of an allreduce of ``--mib`` MiB:
 - after skewed compute: each computes a different amount, then a blocking allreduce: its wait (the skew
   between replicas plus the allreduce, DDP's last bucket).
 
+The quiet case's process CPU (every thread: gloo's included) is printed too, the CPU one member spends on one
+allreduce; with ``--profile`` beside the simulator's estimate of it from that profile's point-to-point message
+cost (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`).
+
 Why: in `make run` (4 workers on 2 cores) every data-parallel run's measured wait for its allreduce exceeded
 the simulated one by 22-64 ms a step (README, session 20); gloo's ring advances only when each process's
 communication thread gets a core, which on an oversubscribed host it shares with every worker's compute.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/allreduce/main.py [--processes 4] [--mib 1.5] [--iters 40]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/allreduce/main.py [--processes 4] [--mib 1.5] [--iters 40] \
+        [--profile results/profiles/alexnet]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import sys
@@ -36,7 +42,8 @@ CASES = ("quiet", "overlapped", "after skewed compute")
 
 
 def _worker(rank: int, world: int, store_path: str, mib: float, iters: int, compute_s: float, out: object) -> None:
-    """One process: the three cases, ``iters`` times each, interleaved; puts ``(rank, product_s, {case: [s]})``."""
+    """One process: the three cases, ``iters`` times each, interleaved; puts ``(rank, product_s, {case: [s]},
+    [quiet CPU s])``."""
     torch.set_num_threads(1)
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
@@ -53,11 +60,13 @@ def _worker(rank: int, world: int, store_path: str, mib: float, iters: int, comp
         product()
     product_s = (time.perf_counter() - t) / 50
     times: dict[str, list[float]] = {c: [] for c in CASES}
+    cpu: list[float] = []  # the quiet case's process CPU, every thread
     for it in range(iters):
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         dist.all_reduce(buf)
         times["quiet"].append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         dist.barrier()
         t0 = time.perf_counter()
         work = dist.all_reduce(buf, async_op=True)
@@ -75,7 +84,7 @@ def _worker(rank: int, world: int, store_path: str, mib: float, iters: int, comp
         dist.all_reduce(buf)
         times["after skewed compute"].append(time.perf_counter() - t0)
     dist.barrier()
-    out.put((rank, product_s, times))  # type: ignore[attr-defined]
+    out.put((rank, product_s, times, cpu))  # type: ignore[attr-defined]
     dist.destroy_process_group()
 
 
@@ -89,10 +98,23 @@ def main() -> int:
     p.add_argument("--iters", type=int, default=40, help="iterations of the three cases (default 40)")
     p.add_argument("--compute-ms", type=float, default=150.0,
                    help="ms each process computes in the overlapped case (default 150: about a backward)")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="a profile folder (its meta.json): print the simulator's estimate of the quiet CPU beside it")
     args = p.parse_args()
     if args.processes < 2 or args.mib <= 0 or args.iters < 1 or args.compute_ms <= 0:
         print("error: --processes must be >= 2 and --mib, --iters, --compute-ms positive", file=sys.stderr)
         return 2
+    estimate = None
+    if args.profile is not None:
+        if not (args.profile / "meta.json").is_file():
+            print(f"error: no {args.profile / 'meta.json'}: give a profile folder (`pipedream profile --out-dir`)",
+                  file=sys.stderr)
+            return 2
+        estimate = profile_estimate_s(args.profile, args.processes, args.mib * 2**20)
+        if estimate is None:
+            print(f"error: {args.profile / 'meta.json'} has no host.message_s: profile on this host with "
+                  "`pipedream profile --device cpu`", file=sys.stderr)
+            return 2
     print(f"{args.processes} processes on {len(os.sched_getaffinity(0))} cores, {args.mib:g} MiB, "
           f"{args.iters} iterations, {args.compute_ms:g} ms of compute", flush=True)
     ctx = mp.get_context("spawn")
@@ -115,12 +137,31 @@ def main() -> int:
         xs = sorted(xs)
         return f"{statistics.median(xs) * 1e3:6.1f} (p90 {xs[int(0.9 * (len(xs) - 1))] * 1e3:5.1f})"
 
-    print(f"{'rank':>4} {'product ms':>10}  " + "  ".join(f"{c:>22}" for c in CASES) + "  overlapped/quiet")
-    for rank, product_s, times in results:
+    print(f"{'rank':>4} {'product ms':>10}  " + "  ".join(f"{c:>22}" for c in CASES)
+          + "  overlapped/quiet  quiet CPU ms")
+    for rank, product_s, times, cpu in results:
         ratio = statistics.median(times["overlapped"]) / statistics.median(times["quiet"])
         print(f"{rank:>4} {product_s * 1e3:10.2f}  " + "  ".join(f"{ms(times[c]):>22}" for c in CASES)
-              + f"  {ratio:16.2f}")
+              + f"  {ratio:16.2f}  {statistics.median(cpu) * 1e3:12.2f}")
+    if estimate is not None:
+        print(f"the simulator's estimate from {args.profile}'s message cost (allreduce_cpu_s): {estimate * 1e3:.2f} ms")
     return 0
+
+
+def profile_estimate_s(profile: Path, processes: int, nbytes: float) -> float | None:
+    """:func:`pipedream.sim.transport_cpu.allreduce_cpu_s` for ``processes`` members and ``nbytes`` bytes at the
+    message cost in ``profile/meta.json`` (``host.message_s``, ``host.message_s_per_byte``), s; None when the
+    profile has none (not profiled on a CPU host).
+
+    Raises:
+        OSError: no ``meta.json`` in ``profile``.
+    """
+    from pipedream.sim.transport_cpu import allreduce_cpu_s
+
+    host = json.loads((profile / "meta.json").read_text()).get("host", {})
+    if "message_s" not in host:
+        return None
+    return allreduce_cpu_s(processes, nbytes, host["message_s"], host.get("message_s_per_byte", 0.0))
 
 
 if __name__ == "__main__":
