@@ -170,12 +170,13 @@ def test_cores_resizes_the_configs_cluster_for_fewer_workers(tmp_path: Path) -> 
 
 def test_allreduce_prints_the_simulators_estimate_from_the_profiles_message_cost(tmp_path: Path) -> None:
     """4 members, 4 MB, a message end of 100 us + 1 ns/byte: 12 ends of 1 MB, 12 x 1.1 ms = 13.2 ms; a profile
-    without the host's message cost has no estimate."""
+    without the host's message cost, or of a host with other cores (what a prediction reads), has no estimate."""
     allreduce = load("allreduce")
-    (tmp_path / "meta.json").write_text('{"host": {"message_s": 1e-4, "message_s_per_byte": 1e-9}}')
-    assert allreduce.profile_estimate_s(tmp_path, 4, 4e6) == pytest.approx(0.0132)
+    (tmp_path / "meta.json").write_text('{"host": {"cores": 2, "message_s": 1e-4, "message_s_per_byte": 1e-9}}')
+    assert allreduce.profile_estimate_s(tmp_path, 4, 4e6, 2) == pytest.approx(0.0132)
+    assert allreduce.profile_estimate_s(tmp_path, 4, 4e6, 16) is None
     (tmp_path / "meta.json").write_text('{"host": {"cores": 2}}')
-    assert allreduce.profile_estimate_s(tmp_path, 4, 4e6) is None
+    assert allreduce.profile_estimate_s(tmp_path, 4, 4e6, 2) is None
 
 
 def test_drift_window_means_slide_by_a_quarter_window() -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -110,10 +109,11 @@ def main() -> int:
             print(f"error: no {args.profile / 'meta.json'}: give a profile folder (`pipedream profile --out-dir`)",
                   file=sys.stderr)
             return 2
-        estimate = profile_estimate_s(args.profile, args.processes, args.mib * 2**20)
+        cores = len(os.sched_getaffinity(0))
+        estimate = profile_estimate_s(args.profile, args.processes, args.mib * 2**20, cores)
         if estimate is None:
-            print(f"error: {args.profile / 'meta.json'} has no host.message_s: profile on this host with "
-                  "`pipedream profile --device cpu`", file=sys.stderr)
+            print(f"error: {args.profile / 'meta.json'} has no message cost of a host of {cores} cores: profile on "
+                  "this host with `pipedream profile --device cpu`", file=sys.stderr)
             return 2
     print(f"{args.processes} processes on {len(os.sched_getaffinity(0))} cores, {args.mib:g} MiB, "
           f"{args.iters} iterations, {args.compute_ms:g} ms of compute", flush=True)
@@ -148,20 +148,23 @@ def main() -> int:
     return 0
 
 
-def profile_estimate_s(profile: Path, processes: int, nbytes: float) -> float | None:
+def profile_estimate_s(profile: Path, processes: int, nbytes: float, cores: int) -> float | None:
     """:func:`pipedream.sim.transport_cpu.allreduce_cpu_s` for ``processes`` members and ``nbytes`` bytes at the
-    message cost in ``profile/meta.json`` (``host.message_s``, ``host.message_s_per_byte``), s; None when the
-    profile has none (not profiled on a CPU host).
+    message cost a prediction on a host of ``cores`` cores reads from ``profile/meta.json``
+    (:func:`pipedream.sim.profiled.profiled_host`), s; None when it reads none (another host, or a profile without
+    the host probe).
 
     Raises:
-        OSError: no ``meta.json`` in ``profile``.
+        PipeDreamError: ``meta.json`` is not a JSON object.
     """
+    from pipedream.graph import read_meta
+    from pipedream.sim.profiled import profiled_host
     from pipedream.sim.transport_cpu import allreduce_cpu_s
 
-    host = json.loads((profile / "meta.json").read_text()).get("host", {})
-    if "message_s" not in host:
+    host = profiled_host(read_meta(profile / "graph.txt"), cores)
+    if not (host["message_s"] or host["message_s_per_byte"]):
         return None
-    return allreduce_cpu_s(processes, nbytes, host["message_s"], host.get("message_s_per_byte", 0.0))
+    return allreduce_cpu_s(processes, nbytes, host["message_s"], host["message_s_per_byte"])
 
 
 if __name__ == "__main__":

@@ -89,14 +89,12 @@ def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float
         fwd = (end(costs[s - 1].send_fwd_bytes) if s > 0 else 0.0) + (end(c.send_fwd_bytes) if s < last else 0.0)
         bwd = (end(costs[s + 1].send_bwd_bytes) if s < last else 0.0) + (end(c.send_bwd_bytes) if s > 0 else 0.0)
         n = replicas[s] if replicas is not None else 1
-        if n < 2 or len(c.buckets) < 2:
-            out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd))
-            continue
+        paid = max(len(c.buckets) - 1, 0) if n >= 2 else 0  # the buckets launched while the backward goes on
         buckets, overlapped = [], 0.0  # each bucket's ready time after the CPU of the buckets before it
         for k, (ready_s, nbytes) in enumerate(c.buckets):
             buckets.append((ready_s + overlapped, nbytes))
-            if k < len(c.buckets) - 1:
+            if k < paid:
                 overlapped += allreduce_cpu_s(n, nbytes, fixed_s, per_byte_s)
         out.append(dataclasses.replace(c, fwd_s=c.fwd_s + fwd, bwd_s=c.bwd_s + bwd + overlapped, buckets=buckets,
-                                       buckets_cpu_in_bwd=len(c.buckets) - 1))
+                                       buckets_cpu_in_bwd=paid))
     return out
