@@ -57,6 +57,28 @@ def host_cores() -> int:
         return os.cpu_count() or 1
 
 
+def last_level_cache_bytes(cpu_dir: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """Bytes of the largest cache of this host's first CPU (Linux sysfs ``index*/size``, e.g. ``32768K``: the
+    last level, which the cores share), or None where sysfs does not say (another platform, a container without
+    it, an unreadable size)."""
+    sizes = []
+    try:
+        entries = [e for e in os.listdir(cpu_dir) if e.startswith("index")]
+    except OSError:
+        return None
+    for e in entries:
+        try:
+            with open(os.path.join(cpu_dir, e, "size")) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:].upper(), 1)
+        digits = text[:-1] if unit > 1 else text
+        if digits.isdigit():
+            sizes.append(int(digits) * unit)
+    return max(sizes) if sizes else None
+
+
 @dataclass(frozen=True)
 class Sharing:
     """One :func:`host_contention` measurement.

@@ -19,6 +19,19 @@ of their shape and of its floating-point inputs, every weight gradient added int
 stage's loss), each stage on the output of the stages before it for the same minibatch. The factor of a stage is
 its step alone over its share of the whole step, both in one process, so the process's own speed (its memory
 layout, the host's drift) divides out.
+
+Cold caches. In a run a stage's process takes turns on its core with the other stages' processes, so between its
+forward of a microbatch and its backward, and between one action and the next, their work evicts its weights and
+activations from the caches; timed back to back, the small stages found them warm. :func:`probe` therefore evicts the
+caches (writes a buffer of twice the host's last-level cache, :func:`evict`) before each stage's forward and again
+before its backward, outside the time it counts; the whole step is timed as the profile timed it, back to back (its
+layers already stream the model through the caches: cold and warm took the same time within noise). On the 2-core
+CI VM (AMD EPYC, 32 MiB of L3, 2026-11-30, the plans of that day's ``make run``) the reduced AlexNet's last stage
+(its fully connected layers) took 1.32-1.51 ms warm and 2.60-2.84 ms cold, its first three stages 8-22% more cold;
+ResNet-50's four 3-21%, VGG-16's two 0-8%, GNMT's and AWD-LM's stages, whose weights and activations never fit,
+the same within noise. Its runs had computed AlexNet's last stage at 1.60-1.89x the warm probe's prediction
+(sessions 34-37); predicted with the cold factors, that ``make run``'s AlexNet and ResNet-50 straight pipelines came
+out at 1.02 and 1.01 of their epochs where the warm ones had said 1.11 and 1.09.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from typing import Any
 
 from pipedream.allocator import keep_freed_memory
 from pipedream.graph import LayerGraph
+from pipedream.host_timing import last_level_cache_bytes
 from pipedream.plan import Plan
 
 
@@ -44,6 +58,7 @@ class StageProbe:
         whole_s: the median main-thread CPU seconds of the profile's whole step, same batch.
         shares: per stage, its layers' share of the profile's layers' sum (:func:`layer_shares`).
         batch_size: samples of each step.
+        evict_bytes: bytes written to evict the caches before each stage's forward and backward (0: timed warm).
     """
 
     factors: list[float]
@@ -51,11 +66,12 @@ class StageProbe:
     whole_s: float
     shares: list[float]
     batch_size: int
+    evict_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the run's ``prediction.json`` keeps it as ``stage_probe``."""
         return {"factors": self.factors, "alone_s": self.alone_s, "whole_s": self.whole_s, "shares": self.shares,
-                "batch_size": self.batch_size}
+                "batch_size": self.batch_size, "evict_bytes": self.evict_bytes}
 
 
 def layer_shares(graph: LayerGraph, stage_nodes: list[list[str]]) -> list[float]:
@@ -87,11 +103,12 @@ def factors(alone_s: Sequence[float], whole_s: float, shares: Sequence[float]) -
     return [a / (p * whole_s) for a, p in zip(alone_s, shares, strict=True)]
 
 
-def interleaved_medians(steps: dict[str, Callable[[], None]], rounds: int, block: int, warmup: int = 2,
+def interleaved_medians(steps: dict[str, Callable[[], float | None]], rounds: int, block: int, warmup: int = 2,
                         clock: Callable[[], float] = time.thread_time) -> dict[str, float]:
     """Median seconds of one call of each step by ``clock`` (default this thread's CPU), after ``warmup`` calls
     each, the steps taking turns in blocks of ``block`` calls, their order reversed every other round, so that a
-    drift of the host falls on all alike.
+    drift of the host falls on all alike. A step that returns a number has timed itself (the seconds of the part
+    it counts, e.g. without evicting the caches): that number is its time.
 
     Raises:
         ValueError: ``rounds`` or ``block`` below 1.
@@ -106,17 +123,29 @@ def interleaved_medians(steps: dict[str, Callable[[], None]], rounds: int, block
         for k in (list(steps) if r % 2 == 0 else list(reversed(steps))):
             for _ in range(block):
                 t0 = clock()
-                steps[k]()
-                times[k].append(clock() - t0)
+                own = steps[k]()
+                times[k].append(own if isinstance(own, float) else clock() - t0)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def stage_steps(task: Any, plan: Plan, batch_size: int) -> dict[str, Callable[[], None]]:
+def evict(buffer: Any) -> None:
+    """Evict this core's caches and the shared last level: add 1 to every byte of ``buffer`` (a uint8 tensor of
+    about twice the last-level cache), which reads and writes all of it."""
+    buffer.add_(1)
+
+
+def stage_steps(task: Any, plan: Plan, batch_size: int, evict_bytes: int = 0,
+                clock: Callable[[], float] = time.thread_time) -> dict[str, Callable[[], float | None]]:
     """``{"whole": the profile's step, "stage<s>": stage s's forward and backward}`` on the first ``batch_size``
     training samples of ``task`` (:class:`pipedream.runtime.task.Task`), built as the workers build them (module
     docstring). The model's parameters are not changed. A stage's step keeps its master gradients, in the order of
     its module's parameters that need one, as ``step.grads`` and the output gradients it backpropagates as
     ``step.grad_out`` (the whole step's: :func:`pipedream.commands.profile.runtime_step`).
+
+    A stage's step times itself by ``clock`` and returns the seconds of its forward and backward; with
+    ``evict_bytes`` above 0 it evicts the caches (:func:`evict`, a buffer of that many bytes) before each of the
+    two, outside those seconds (module docstring: the run's stages find cold caches). The whole step returns
+    nothing (:func:`interleaved_medians` times it).
 
     Raises:
         PipeDreamError: the plan does not cut the model (:func:`pipedream.runtime.stage.build_stages`).
@@ -129,6 +158,7 @@ def stage_steps(task: Any, plan: Plan, batch_size: int) -> dict[str, Callable[[]
     from pipedream.runtime.stage import Boundary, build_stages
 
     model = task.model
+    buffer = torch.zeros(evict_bytes, dtype=torch.uint8) if evict_bytes > 0 else None
     example = task.example if isinstance(model, torch.nn.Sequential) else task.input_batch(batch_size)
     modules = build_stages(model, plan, example).modules
     x, y = task.train.batch(list(range(batch_size)))
@@ -153,17 +183,25 @@ def stage_steps(task: Any, plan: Plan, batch_size: int) -> dict[str, Callable[[]
                 grad_out = [torch.randn_like(o) if o.is_floating_point() else None
                             for o in Boundary.unpack(functional_call(module, aliases, ins))]
 
-        def step() -> None:
+        def step() -> float:
+            if buffer is not None:
+                evict(buffer)
+            t0 = clock()
             out = functional_call(module, aliases, ins)
             if last:
                 outputs, grads_of = [task.criterion(out, y)], None
             else:
                 pairs = [(o, g) for o, g in zip(Boundary.unpack(out), grad_out, strict=True) if o.requires_grad]
                 outputs, grads_of = [o for o, _ in pairs], [g for _, g in pairs]
+            spent = clock() - t0
+            if buffer is not None:
+                evict(buffer)
+            t0 = clock()
             grads = torch.autograd.grad(outputs, wrt + in_float, grad_outputs=grads_of, allow_unused=True)
             for master, g in zip(masters, grads[:len(wrt)], strict=True):
                 if g is not None:
                     master.add_(g)
+            return spent + clock() - t0
 
         step.grads = masters  # type: ignore[attr-defined]
         step.grad_out = grad_out  # type: ignore[attr-defined]
@@ -172,10 +210,18 @@ def stage_steps(task: Any, plan: Plan, batch_size: int) -> dict[str, Callable[[]
     return {"whole": runtime_step(model, task.criterion, x, y), **{f"stage{s}": stage(s) for s in range(len(modules))}}
 
 
+def default_evict_bytes() -> int:
+    """Twice this host's last-level cache (:func:`pipedream.host_timing.last_level_cache_bytes`), 64 MiB where the
+    host does not say: what :func:`probe` writes to evict the caches before each stage's forward and backward."""
+    return 2 * (last_level_cache_bytes() or 32 << 20)
+
+
 def probe(task: Any, plan: Plan, graph: LayerGraph, batch_size: int, *, rounds: int = 6, block: int = 3,
-          threads: int = 1) -> StageProbe:
+          threads: int = 1, evict_bytes: int | None = None) -> StageProbe:
     """Time ``plan``'s stages alone against the whole step in this process on ``threads`` threads (restored
-    after), ``rounds`` rounds of ``block`` steps each (:func:`interleaved_medians`), and return the factors.
+    after), ``rounds`` rounds of ``block`` steps each (:func:`interleaved_medians`), each stage with cold caches
+    (``evict_bytes`` written before its forward and its backward, :func:`default_evict_bytes` by default; 0: warm,
+    back to back; module docstring), and return the factors.
 
     The process keeps the memory it frees from then on, as the workers and the profile do
     (:func:`pipedream.allocator.keep_freed_memory`): by default glibc hands the whole step's large blocks back to
@@ -188,6 +234,7 @@ def probe(task: Any, plan: Plan, graph: LayerGraph, batch_size: int, *, rounds: 
         plan: the run's plan (two stages or more).
         graph: the profile the plan came from (its layers' shares).
         batch_size: samples per step (the run's (micro)batch, at most its training samples).
+        evict_bytes: bytes written to evict the caches before each stage's forward and backward; None: the default.
     Raises:
         PipeDreamError: the plan does not cut the model.
         ValueError: a stage without profiled time, or bad counts.
@@ -195,12 +242,15 @@ def probe(task: Any, plan: Plan, graph: LayerGraph, batch_size: int, *, rounds: 
     import torch
 
     shares = layer_shares(graph, [s.nodes for s in plan.stages])
+    evict_bytes = default_evict_bytes() if evict_bytes is None else evict_bytes
+    if evict_bytes < 0:
+        raise ValueError(f"evict_bytes must be at least 0, got {evict_bytes}")
     keep_freed_memory()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        med = interleaved_medians(stage_steps(task, plan, batch_size), rounds, block)
+        med = interleaved_medians(stage_steps(task, plan, batch_size, evict_bytes), rounds, block)
     finally:
         torch.set_num_threads(before)
     alone = [med[f"stage{s}"] for s in range(len(plan.stages))]
-    return StageProbe(factors(alone, med["whole"], shares), alone, med["whole"], shares, batch_size)
+    return StageProbe(factors(alone, med["whole"], shares), alone, med["whole"], shares, batch_size, evict_bytes)

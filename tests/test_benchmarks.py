@@ -115,7 +115,8 @@ def test_cores_reuses_an_earlier_runs_profiles_and_plans(tmp_path: Path) -> None
 
 def test_stages_finds_both_layouts_plans_and_the_pipeline_runs_compute_ratios(tmp_path: Path) -> None:
     """``plans/<model>.json`` (benchmarks/cores) or the one file of ``plans/<model>/`` (make run), none when there
-    are several; ``compute_check.csv``'s pipeline rows of the model, per stage."""
+    are several; ``compute_check.csv``'s pipeline rows of the model, per stage: the compute ratio times the stage
+    factor the prediction took (1 where the row has none)."""
     stages = load("stages")
     (tmp_path / "plans" / "vgg16").mkdir(parents=True)
     (tmp_path / "plans" / "vgg16" / "cpu4_1gbps.json").write_text("{}")
@@ -126,9 +127,9 @@ def test_stages_finds_both_layouts_plans_and_the_pipeline_runs_compute_ratios(tm
     assert stages.plan_file(tmp_path, "vgg16") is None and stages.plan_file(tmp_path, "gnmt8") is None
     assert stages.run_ratios(tmp_path, "vgg16") == {}
     (tmp_path / "compute_check.csv").write_text(
-        "model,mode,stage,compute_cpu_ratio\nvgg16,dp,0,1.5\nvgg16,pipedream,0,1.25\nvgg16,pipedream,1,0.75\n"
-        "alexnet,pipedream,0,2.0\n")
-    assert stages.run_ratios(tmp_path, "vgg16") == {0: 1.25, 1: 0.75}
+        "model,mode,stage,compute_cpu_ratio,stage_factor\nvgg16,dp,0,1.5,\nvgg16,pipedream,0,1.25,0.8\n"
+        "vgg16,pipedream,1,0.75,\nalexnet,pipedream,0,2.0,1.0\n")
+    assert stages.run_ratios(tmp_path, "vgg16") == {0: 1.0, 1: 0.75}
 
 
 def test_cores_self_agreement_by_hand() -> None:

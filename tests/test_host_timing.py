@@ -76,6 +76,20 @@ def test_the_host_has_the_cores_this_process_may_run_on(monkeypatch: pytest.Monk
     assert host_timing.host_cores() == 1
 
 
+def test_the_last_level_cache_is_the_largest_size_sysfs_gives(tmp_path: Path) -> None:
+    """The 2-core CI VM's sysfs: L1d and L1i 32K, L2 1024K, L3 32768K: 32 MiB; a size without a unit is bytes, an
+    unreadable one is skipped; no cache directory: None."""
+    for index, size in enumerate(["32K", "32K", "1024K", "32768K", "garbage"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    (tmp_path / "index9").mkdir()  # no size file
+    assert host_timing.last_level_cache_bytes(str(tmp_path)) == 32 << 20
+    (tmp_path / "index5").mkdir()
+    (tmp_path / "index5" / "size").write_text("40000000")
+    assert host_timing.last_level_cache_bytes(str(tmp_path)) == 40_000_000
+    assert host_timing.last_level_cache_bytes(str(tmp_path / "none")) is None
+
+
 def _logged_sleeper(log: str) -> Callable[[], None]:  # each call appends this process's pid to ``log``
     with open(log, "a") as f:
         f.write(f"{os.getpid()}\n")

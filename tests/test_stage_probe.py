@@ -60,6 +60,22 @@ def test_the_steps_take_turns_in_blocks_reversed_every_other_round_on_the_clock_
         interleaved_medians({}, rounds=0, block=1)
 
 
+def test_a_step_that_times_itself_is_taken_at_its_own_time() -> None:
+    """A step returning 2 s while the clock moves 5 s a call is taken at 2 s (the part it counts, say without
+    evicting the caches); one returning nothing at the clock's 5 s."""
+    now = [0.0]
+
+    def costly() -> float:
+        now[0] += 5.0
+        return 2.0
+
+    def plain() -> None:
+        now[0] += 5.0
+
+    assert interleaved_medians({"own": costly, "clock": plain}, rounds=2, block=2, warmup=0,
+                               clock=lambda: now[0]) == {"own": 2.0, "clock": 5.0}
+
+
 def tiny_task(n: int = 8) -> SimpleNamespace:
     torch.manual_seed(0)
     x, y = torch.randn(n, 3, 32, 32), torch.randint(0, 10, (n,))
@@ -85,6 +101,52 @@ def test_each_stage_steps_on_the_stages_before_it_as_the_whole_model_does() -> N
     for mine, r in zip(steps["stage0"].grads, ref, strict=True):
         torch.testing.assert_close(mine, r)
     assert [p.grad for p in task.model.parameters()] == [None] * 8  # the model itself untouched
+
+
+def test_a_cold_stage_evicts_the_caches_before_its_forward_and_its_backward_outside_its_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``evict_bytes`` each call of a stage evicts twice (one buffer of that many bytes), the evictions cost
+    100 s each on the fake clock and the step returns the clock's time without them; the gradients are the
+    whole model's as warm; without ``evict_bytes`` nothing is evicted."""
+    now, evicted = [0.0], []
+
+    def fake_evict(buffer: torch.Tensor) -> None:
+        evicted.append(buffer.numel())
+        now[0] += 100.0
+
+    monkeypatch.setattr(stage_probe, "evict", fake_evict)
+    task = tiny_task()
+    steps = stage_steps(task, straight_plan("t", 8, [4, 4]), 8, evict_bytes=4096, clock=lambda: now[0])
+    steps["whole"]()
+    assert evicted == []
+    for s in ("stage0", "stage1"):
+        before = now[0]
+        assert steps[s]() == 0.0  # the fake clock moves only in the evictions
+        assert now[0] - before == 200.0
+    assert evicted == [4096] * 4
+    for mine, ref in zip(steps["stage1"].grads, steps["whole"].grads[4:], strict=True):
+        torch.testing.assert_close(mine, ref)
+    warm = stage_steps(task, straight_plan("t", 8, [4, 4]), 8)
+    warm["stage0"]()
+    assert evicted == [4096] * 4
+
+
+def test_the_probe_evicts_twice_the_last_level_cache_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host with a 1 MiB last level: 2 MiB written before each stage's forward and backward (64 MiB where the
+    host does not say); 0 times the stages warm; a negative count is refused."""
+    g = LayerGraph(minibatch_size=8)
+    for i in range(9):
+        g.add_node(Node(f"node{i}", "Input" if i == 0 else "Layer", 1.0, 1.0, (0.0,), 0.0))
+        if i:
+            g.add_edge(f"node{i - 1}", f"node{i}")
+    monkeypatch.setattr(stage_probe, "last_level_cache_bytes", lambda: 1 << 20)
+    plan = straight_plan("t", 8, [4, 4])
+    assert probe(tiny_task(), plan, g, 8, rounds=1, block=1).evict_bytes == 2 << 20
+    assert probe(tiny_task(), plan, g, 8, rounds=1, block=1, evict_bytes=0).as_dict()["evict_bytes"] == 0
+    monkeypatch.setattr(stage_probe, "last_level_cache_bytes", lambda: None)
+    assert stage_probe.default_evict_bytes() == 64 << 20
+    with pytest.raises(ValueError, match="evict_bytes must be at least 0"):
+        probe(tiny_task(), plan, g, 8, rounds=1, block=1, evict_bytes=-1)
 
 
 def test_the_probe_gives_one_positive_factor_per_stage_keeps_freed_memory_and_restores_the_threads(

@@ -3,11 +3,12 @@
 For each model with a plan of two stages or more in ``--results``, :func:`pipedream.stage_probe.probe` (what
 ``pipedream train`` measures before a CPU run, ``--stage-probe-rounds``) builds the plan's stage modules as a worker
 does and times, interleaved, the profile's whole step and each stage's forward and backward alone, pinned to one
-core here. It prints, per stage, its median main-thread CPU per step, its share of the whole step and
-``factor = alone / (share x whole)``; with a ``compute_check.csv`` in ``--results`` (``make run``'s, or
-``benchmarks/cores``'s), also the run's ``compute_cpu_ratio`` (its forwards' and backwards' CPU over the prediction's
-work) and that over the factor: what is left of the run's miss once each stage costs what it costs alone (a
-``make run`` from before the probe: its predictions took the shares).
+core here, twice side by side: warm (each stage's steps back to back, as the probe did before session 37) and cold
+(the caches evicted before each forward and each backward, as the probe does now and as a run's stages find them). It
+prints, per stage, its median main-thread CPU per step both ways, its share of the whole step and
+``factor = alone / (share x whole)`` both ways; with a ``compute_check.csv`` in ``--results`` (``make run``'s, or
+``benchmarks/cores``'s), also the run's ``compute_cpu_ratio`` times its prediction's factor (``stage_factor``): the
+run's stage over its share, to set beside the two factors.
 
 Why (issue 18): on the device machine's cores (a core per worker, session 33) every pipeline's last stage computed
 at 0.88-1.13x its predicted work and every stage before it at 1.03-1.44x; measured numbers: README.md here.
@@ -40,12 +41,15 @@ def plan_file(results: Path, model: str) -> Path | None:
 
 
 def run_ratios(results: Path, model: str) -> dict[int, float]:
-    """The pipeline run's ``compute_cpu_ratio`` per stage from ``results/compute_check.csv`` (empty if absent)."""
+    """The pipeline run's stages over their shares: ``compute_cpu_ratio`` (its compute's CPU over the prediction's
+    work) times ``stage_factor`` (the factor that work was taken at; 1 where the run had none) per stage, from
+    ``results/compute_check.csv`` (empty if absent)."""
     path = results / "compute_check.csv"
     if not path.is_file():
         return {}
     with path.open() as f:
-        return {int(r["stage"]): float(r["compute_cpu_ratio"]) for r in csv.DictReader(f)
+        return {int(r["stage"]): float(r["compute_cpu_ratio"]) * float(r.get("stage_factor") or 1.0)
+                for r in csv.DictReader(f)
                 if r["model"] == model and r["mode"] == "pipedream" and r.get("compute_cpu_ratio")}
 
 
@@ -80,15 +84,18 @@ def main() -> int:
             continue
         g = LayerGraph.read(graph_txt, profiled_batch(graph_txt))
         task = load_task(TrainConfig(model=model, preset="reduced", seed=0, data="real", batch_size=32))
-        res = probe(task, plan, g, 32, rounds=args.rounds, block=args.block)
-        alone, fac = res.alone_s, res.factors
+        warm = probe(task, plan, g, 32, rounds=args.rounds, block=args.block, evict_bytes=0)
+        cold = probe(task, plan, g, 32, rounds=args.rounds, block=args.block)
         ran = run_ratios(args.results, model)
-        print(f"{model} {plan.config}: whole step {res.whole_s * 1e3:.1f} ms, the stages alone "
-              f"{sum(alone) * 1e3:.1f} ms ({sum(alone) / res.whole_s:.3f}x)")
-        for s, (a, sh, f) in enumerate(zip(alone, res.shares, fac, strict=True)):
-            line = f"  stage {s}: alone {a * 1e3:.1f} ms, share {sh:.3f} -> factor {f:.3f}"
+        print(f"{model} {plan.config}: whole step {warm.whole_s * 1e3:.1f} / {cold.whole_s * 1e3:.1f} ms, the stages "
+              f"alone warm {sum(warm.alone_s) * 1e3:.1f} ms, cold {sum(cold.alone_s) * 1e3:.1f} ms "
+              f"({cold.evict_bytes >> 20} MiB evicted before each forward and backward)")
+        for s, sh in enumerate(cold.shares):
+            line = (f"  stage {s}: share {sh:.3f}; alone warm {warm.alone_s[s] * 1e3:.2f} ms -> factor "
+                    f"{warm.factors[s]:.3f}, cold {cold.alone_s[s] * 1e3:.2f} ms -> {cold.factors[s]:.3f} "
+                    f"(cold/warm {cold.alone_s[s] / warm.alone_s[s]:.3f})")
             if s in ran:
-                line += f"; the run's compute {ran[s]:.3f}x its predicted work, {ran[s] / f:.3f}x over the factor"
+                line += f"; the run's stage over its share {ran[s]:.3f}"
             print(line, flush=True)
     return 0
 
