@@ -178,6 +178,10 @@ def test_allreduce_prints_the_simulators_estimate_from_the_profiles_message_cost
     assert allreduce.profile_estimate_s(tmp_path, 4, 4e6, 16) is None
     (tmp_path / "meta.json").write_text('{"host": {"cores": 2}}')
     assert allreduce.profile_estimate_s(tmp_path, 4, 4e6, 2) is None
+    # a profile that measured the allreduce (over 4: 2 ms + 0.5 ns/byte) is charged that: 2 + 2 ms
+    (tmp_path / "meta.json").write_text('{"host": {"cores": 2, "message_s": 1e-4, "message_s_per_byte": 1e-9, '
+                                        '"allreduce_s": {"4": [2e-3, 5e-10]}}}')
+    assert allreduce.profile_estimate_s(tmp_path, 4, 4e6, 2) == pytest.approx(0.004)
 
 
 def test_drift_window_means_slide_by_a_quarter_window() -> None:

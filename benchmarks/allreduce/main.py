@@ -11,7 +11,8 @@ iteration, times three cases of an allreduce of ``--mib`` MiB:
   between replicas plus the allreduce, DDP's last bucket).
 
 The quiet case's process CPU (every thread: gloo's included) is printed too, the CPU one member spends on one
-allreduce; with ``--profile`` beside the simulator's estimate of it from that profile's point-to-point message
+allreduce; with ``--profile`` beside what the simulator charges for it from that profile: its measured allreduce
+(``host.allreduce_s``, since session 37) or, in an older profile, the estimate from its point-to-point message
 cost (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`).
 
 Why: in `make run` (4 workers on 2 cores) every data-parallel run's measured wait for its allreduce exceeded
@@ -98,7 +99,7 @@ def main() -> int:
     p.add_argument("--compute-ms", type=float, default=150.0,
                    help="ms each process computes in the overlapped case (default 150: about a backward)")
     p.add_argument("--profile", type=Path, default=None,
-                   help="a profile folder (its meta.json): print the simulator's estimate of the quiet CPU beside it")
+                   help="a profile folder (its meta.json): print what the simulator charges for the quiet CPU beside it")
     args = p.parse_args()
     if args.processes < 2 or args.mib <= 0 or args.iters < 1 or args.compute_ms <= 0:
         print("error: --processes must be >= 2 and --mib, --iters, --compute-ms positive", file=sys.stderr)
@@ -112,7 +113,7 @@ def main() -> int:
         cores = len(os.sched_getaffinity(0))
         estimate = profile_estimate_s(args.profile, args.processes, args.mib * 2**20, cores)
         if estimate is None:
-            print(f"error: {args.profile / 'meta.json'} has no message cost of a host of {cores} cores: profile on "
+            print(f"error: {args.profile / 'meta.json'} has no allreduce or message cost of a host of {cores} cores: profile on "
                   "this host with `pipedream profile --device cpu`", file=sys.stderr)
             return 2
     print(f"{args.processes} processes on {len(os.sched_getaffinity(0))} cores, {args.mib:g} MiB, "
@@ -144,24 +145,28 @@ def main() -> int:
         print(f"{rank:>4} {product_s * 1e3:10.2f}  " + "  ".join(f"{ms(times[c]):>22}" for c in CASES)
               + f"  {ratio:16.2f}  {statistics.median(cpu) * 1e3:12.2f}")
     if estimate is not None:
-        print(f"the simulator's estimate from {args.profile}'s message cost (allreduce_cpu_s): {estimate * 1e3:.2f} ms")
+        print(f"what the simulator charges from {args.profile} (its measured allreduce, else its message cost): "
+              f"{estimate * 1e3:.2f} ms")
     return 0
 
 
 def profile_estimate_s(profile: Path, processes: int, nbytes: float, cores: int) -> float | None:
-    """:func:`pipedream.sim.transport_cpu.allreduce_cpu_s` for ``processes`` members and ``nbytes`` bytes at the
-    message cost a prediction on a host of ``cores`` cores reads from ``profile/meta.json``
-    (:func:`pipedream.sim.profiled.profiled_host`), s; None when it reads none (another host, or a profile without
-    the host probe).
+    """The CPU a prediction on a host of ``cores`` cores charges each of ``processes`` members for one allreduce
+    of ``nbytes`` bytes, from what it reads in ``profile/meta.json`` (:func:`pipedream.sim.profiled.profiled_host`),
+    s: the profile's measured allreduce (:func:`pipedream.sim.transport_cpu.measured_allreduce_cpu_s`), else the
+    estimate from its message cost (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`); None when it reads
+    neither (another host, or a profile without the host probe).
 
     Raises:
         PipeDreamError: ``meta.json`` is not a JSON object.
     """
     from pipedream.graph import read_meta
     from pipedream.sim.profiled import profiled_host
-    from pipedream.sim.transport_cpu import allreduce_cpu_s
+    from pipedream.sim.transport_cpu import allreduce_cpu_s, measured_allreduce_cpu_s
 
     host = profiled_host(read_meta(profile / "graph.txt"), cores)
+    if host["allreduce_s"]:
+        return measured_allreduce_cpu_s(host["allreduce_s"], processes, nbytes)
     if not (host["message_s"] or host["message_s_per_byte"]):
         return None
     return allreduce_cpu_s(processes, nbytes, host["message_s"], host["message_s_per_byte"])

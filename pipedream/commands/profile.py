@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "copy's time alone over this process's (host.layouts: where a copy's tensors land in "
                         "memory) is drawn for each rank (every copy's step alone: host.copy_steps_s; their mean, "
                         "host.copy_step_s, is the step predictions take); and time the CPU a message costs its two ranks "
-                        "(host.message_s, host.message_s_per_byte). 0: skip (no slowdown, free messages)")
+                        "(host.message_s, host.message_s_per_byte) and a gloo allreduce each of 2 to 4 members "
+                        "(host.allreduce_s). 0: skip (no slowdown, free messages)")
     p.add_argument("--host-oversubscribed", action=argparse.BooleanOptionalAction, default=True,
                    help="with the host probe, also time two copies per core (host.oversubscribed), which the "
                         "predictions of runs with more worker threads than cores take. --no-host-oversubscribed "
@@ -150,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         whole_step_s,
         write_profile,
     )
+    from pipedream.runtime.allreduce_cost import allreduce_costs
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
@@ -242,6 +244,13 @@ def run(args: argparse.Namespace) -> int:
         host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
         lap("messages")
         print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
+        # what a gloo allreduce costs each member (the replicas' gradient buckets), 2 up to 4 members (make run's 4
+        # workers; the simulator scales the largest measured to more)
+        reduce = allreduce_costs(range(2, min(2 * cores, 4) + 1))
+        host["allreduce_s"] = {str(n): [f, b] for n, (f, b) in reduce.items()}
+        lap("allreduces")
+        print(f"{args.model}: one allreduce costs each member " + ", ".join(
+            f"{f * 1e3:.2f} ms + {b * 2**20 * 1e3:.2f} ms/MiB over {n}" for n, (f, b) in reduce.items()))
     # a step's calls and tensors apart from its bytes (pipedream.step_rates.split_step): the whole model's step stays
     # the time just taken, a stage's is its share of the three
     split = {}

@@ -25,8 +25,10 @@ What is modelled, term by term:
 * the transport's CPU (CPU hosts): every activation or gradient a rank sends or receives costs it the
   profile's measured ``host.message_s + host.message_s_per_byte * bytes`` of CPU
   (:mod:`pipedream.sim.transport_cpu`, :mod:`pipedream.runtime.message_cost`), added to the forward or
-  backward that sends or receives it; each member of a gradient allreduce spends ``4 (n - 1)`` message ends of
-  ``1/n`` of each bucket (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`): in its backward for the buckets
+  backward that sends or receives it; each member of a gradient allreduce spends what the profile measured one
+  gloo allreduce of the bucket to cost a member of that many (``host.allreduce_s``,
+  :mod:`pipedream.runtime.allreduce_cost`; a profile without it: ``4 (n - 1)`` message ends of ``1/n`` of the
+  bucket, :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`): in its backward for the buckets
   launched while the backward goes on, beside its actions from the bucket's start for the last bucket, sharing
   the cores with them (:func:`pipedream.sim.transport_cpu.with_transport_cpu`, :mod:`pipedream.sim.cores`);
 * the optimizer step: the profile's measured seconds per call, per parameter tensor and per parameter byte of
@@ -74,7 +76,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,7 +102,7 @@ from pipedream.sim.profiled import (
     step_rates,
 )
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
-from pipedream.sim.transport_cpu import allreduce_cpu_s, with_transport_cpu
+from pipedream.sim.transport_cpu import allreduce_cpu_s, measured_allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -272,6 +274,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   step: StepRates | None = None, bucket_bytes: float = DDP_BUCKET_CAP_BYTES, warmup: str | None = None,
                   contention: float = 1.0, oversubscribed: float | None = None, data_s: float = 0.0,
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
+                  allreduce_s: Mapping[int, tuple[float, float]] | None = None,
                   layouts: tuple[float, ...] = (), stage_factors: Sequence[float] | None = None,
                   compute_factors: Sequence[float] | None = None) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
@@ -302,6 +305,10 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         message_s, message_s_per_byte: CPU one message end costs a rank on this host, s and s/byte
             (:mod:`pipedream.runtime.message_cost`); with ``cores`` set, charged to the forwards and backwards
             that send and receive (:func:`pipedream.sim.transport_cpu.with_transport_cpu`).
+        allreduce_s: CPU one gloo allreduce costs each member on this host, member count -> ``(fixed_s,
+            per_byte_s)`` (:mod:`pipedream.runtime.allreduce_cost`, the profile's ``host.allreduce_s``;
+            :func:`pipedream.sim.transport_cpu.measured_allreduce_cpu_s`); None or empty: estimated from the
+            message cost (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`).
         layouts: fresh copies' step over the profiled one's on this host (``host.layouts``,
             :mod:`pipedream.sim.layout`): their mean scales the layers like ``composition``; with two or more,
             the epoch is the mean over :data:`pipedream.sim.layout.SAMPLES` simulations, each stage at its
@@ -352,9 +359,15 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         extra = data_s * shape.batch_size / graph.minibatch_size
         return [dataclasses.replace(costs[0], fwd_s=costs[0].fwd_s + extra), *costs[1:]]
 
+    def collective_cpu(replicas: int, nbytes: float) -> float:  # gloo's own CPU, beside the rank's actions
+        if allreduce_s:
+            return measured_allreduce_cpu_s(allreduce_s, replicas, nbytes)
+        return allreduce_cpu_s(replicas, nbytes, message_s, message_s_per_byte)
+
     def with_cpu(costs: list[StageCost]) -> list[StageCost]:  # the workers share the cores with the transport
         return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte,
-                                                              [len(rs) for rs in stage_ranks])
+                                                              [len(rs) for rs in stage_ranks],
+                                                              collective_cpu if allreduce_s else None)
 
     def measured(costs: list[StageCost]) -> list[StageCost]:  # a resimulation: each stage's compute as measured
         return costs if compute_factors is None else layout.scaled(costs, compute_factors)
@@ -374,13 +387,11 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def slowdown(n: int) -> float:
         return host_scale(n, threads, cores, contention, oversubscribed)  # type: ignore[arg-type]
 
-    def collective_cpu(replicas: int, nbytes: float) -> float:  # gloo's own CPU, beside the rank's actions
-        return allreduce_cpu_s(replicas, nbytes, message_s, message_s_per_byte)
-
     def simulated(costs: list[StageCost], trace: bool) -> SimResult:
         return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
-                               collective_cpu=collective_cpu if message_s or message_s_per_byte else None, **kwargs)
+                               collective_cpu=collective_cpu if message_s or message_s_per_byte or allreduce_s else None,
+                               **kwargs)
 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s
@@ -417,7 +428,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       stage_factors=None if stage_factors is None else list(stage_factors),
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, **rates.record(), "message_s": message_s,
-                                  "message_s_per_byte": message_s_per_byte}, sim=res)
+                                  "message_s_per_byte": message_s_per_byte,
+                                  "allreduce_s": {str(n): list(c) for n, c in (allreduce_s or {}).items()}}, sim=res)
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,

@@ -91,8 +91,10 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     measurement below 1 is noise: other copies cannot speed a step up), ``layouts`` (the same measurement's fresh
     copies, positive ratios; over their mean where the profile has ``copy_step_s``, which :func:`profiled_composition`
     already takes as the typical copy's step), ``message_s`` and ``message_s_per_byte``
-    (:mod:`pipedream.runtime.message_cost`; at least 0). What is missing (another host, GPUs, the release's profiles)
-    is no slowdown: contention 1.0, oversubscribed None, no layouts, free messages."""
+    (:mod:`pipedream.runtime.message_cost`; at least 0), ``allreduce_s`` (:mod:`pipedream.runtime.allreduce_cost`:
+    member count -> ``(fixed_s, per_byte_s)``, each at least 0; counts below 2 and malformed entries left out). What
+    is missing (another host, GPUs, the release's profiles) is no slowdown: contention 1.0, oversubscribed None, no
+    layouts, free messages, no measured allreduce (an empty table: estimated from the message cost)."""
     host = meta.get("host")
     if cores is None or not isinstance(host, dict) or host.get("cores") != cores:
         host = {}
@@ -105,6 +107,12 @@ def profiled_host(meta: dict[str, Any], cores: int | None) -> dict[str, Any]:
     layouts = tuple(float(p) for p in draws if isinstance(p, int | float) and p > 0) if isinstance(draws, list) else ()
     if layouts and isinstance(host.get("copy_step_s"), int | float):  # the typical copy is in the composition
         layouts = layout.spread(layouts)[1]
+    table = host.get("allreduce_s")
+    allreduce: dict[int, tuple[float, float]] = {}
+    for members, line in (table.items() if isinstance(table, dict) else ()):
+        if (str(members).isdigit() and int(members) >= 2 and isinstance(line, list) and len(line) == 2
+                and all(isinstance(x, int | float) for x in line)):
+            allreduce[int(members)] = (max(0.0, float(line[0])), max(0.0, float(line[1])))
     return {"contention": number("contention", 1.0) or 1.0, "oversubscribed": number("oversubscribed", 1.0),
             "message_s": number("message_s", 0.0) or 0.0, "message_s_per_byte": number("message_s_per_byte", 0.0) or 0.0,
-            "layouts": layouts}
+            "allreduce_s": allreduce, "layouts": layouts}
