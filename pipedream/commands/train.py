@@ -74,8 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--clusters", default=CLUSTERS,
                      help="clusters YAML the plan's cluster is read from, for the predicted epoch time")
     run.add_argument("--stage-probe-rounds", type=int, default=6, metavar="N",
-                     help="before a pipeline run on CPUs, time each stage of the plan alone against the profile's "
-                          "whole step, N rounds of 3 steps each (pipedream/stage_probe.py; a few seconds), and "
+                     help="before a pipeline run on CPUs, time each stage of the plan alone, with the caches "
+                          "evicted before its forward and its backward as the run's other workers evict them, "
+                          "against the profile's whole step, N rounds of 3 steps each (pipedream/stage_probe.py; a "
+                          "few seconds), and "
                           "predict each stage's compute as it runs alone instead of as its layers' share of the "
                           "whole step; 0: the shares (default %(default)s)"),
     run.add_argument("--threshold", type=float,
