@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.runtime.allreduce_cost import allreduce_cost
-from pipedream.runtime.allreduce_cost import allreduce_cpu_s as probe_allreduce_cpu_s
+from pipedream.runtime.allreduce_cost import allreduce_cost, measure_allreduce_cpu_s
 from pipedream.runtime.message_cost import message_end_cpu_s
 from pipedream.schedules import Action, Kind, Schedule
 from pipedream.sim.cores import Cores
@@ -187,9 +186,9 @@ def test_the_prediction_takes_the_measured_allreduce_where_the_profile_has_one()
 
 def test_the_allreduce_probe_refuses_what_it_cannot_measure() -> None:
     with pytest.raises(ValueError, match="2 members or more"):
-        probe_allreduce_cpu_s(1, (4096,), (2,))
+        measure_allreduce_cpu_s(1, (4096,), (2,))
     with pytest.raises(ValueError, match="one positive call count per size"):
-        probe_allreduce_cpu_s(2, (4096, 8192), (2,))
+        measure_allreduce_cpu_s(2, (4096, 8192), (2,))
 
 
 @pytest.mark.slow
@@ -197,7 +196,7 @@ def test_the_allreduce_probe_measures_a_positive_cost_that_grows_with_the_bytes(
     """Two gloo processes allreduce 4 KiB and 4 MiB: each costs a member some CPU, the larger more (a thousand
     times the bytes), neither near the 0.1 s that would mean a wait on a timeout; the line through them is
     non-negative."""
-    small, large = probe_allreduce_cpu_s(2, (4096, 4 << 20), (8, 4), rounds=1, timeout_s=60.0)
+    small, large = measure_allreduce_cpu_s(2, (4096, 4 << 20), (8, 4), rounds=1, timeout_s=60.0)
     assert 0.0 < small < large < 0.1
     fixed, per_byte = allreduce_cost(2, 4096, 4 << 20, rounds=1)
     assert fixed >= 0.0 and per_byte > 0.0

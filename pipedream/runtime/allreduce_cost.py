@@ -13,8 +13,8 @@ Why measured, not derived from a point-to-point message's cost (:mod:`pipedream.
 message ends of ``1/n`` of the tensor per ring step and member): on the 2-core CI VM (AMD EPYC, 2026-11-30) a
 1 MiB allreduce over 4 processes cost each 1.3-2.4 ms of CPU and 4 MiB 3.8 ms, where the message cost gave
 6.2-8.3 and 9.1-9.4 ms (``benchmarks/allreduce``); over 2 processes 1.8 / 3.5 / 11.1 ms for 1 / 4 / 16 MiB.
-Gloo's ring moves each chunk with one send and one receive and reduces in place, not as the runtime's
-point-to-point transfers (a header and a tensor each, waited on by the main thread).
+Gloo moves an allreduce's pieces itself, without what the message probe also pays for each of the runtime's
+transfers (a header and a tensor, each issued from Python and waited on by the main thread).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def _member(rank: int, world: int, store_path: str, numels: tuple[int, ...], cal
         dist.destroy_process_group()
 
 
-def allreduce_cpu_s(members: int, sizes_bytes: tuple[int, ...], calls: tuple[int, ...], rounds: int = 3,
+def measure_allreduce_cpu_s(members: int, sizes_bytes: tuple[int, ...], calls: tuple[int, ...], rounds: int = 3,
                     timeout_s: float = 120.0) -> list[float]:
     """CPU seconds one allreduce of each of ``sizes_bytes`` (float32 tensors) costs a member of a gloo group of
     ``members`` processes on this host: per size, the median over ``rounds`` of the members' mean.
@@ -96,12 +96,12 @@ def allreduce_cost(members: int, small_bytes: int = 1 << 20, large_bytes: int = 
                    rounds: int = 3) -> tuple[float, float]:
     """``(fixed_s, per_byte_s)``: CPU seconds one gloo allreduce of ``bytes`` costs each of ``members`` processes
     on this host, ``fixed_s + per_byte_s * bytes``, through the probe at ``small_bytes`` and ``large_bytes``
-    (:func:`allreduce_cpu_s`, 24 and 6 calls a round); both at least 0.
+    (:func:`measure_allreduce_cpu_s`, 24 and 6 calls a round); both at least 0.
 
     Raises:
-        ValueError, RuntimeError: as :func:`allreduce_cpu_s`.
+        ValueError, RuntimeError: as :func:`measure_allreduce_cpu_s`.
     """
-    small, large = allreduce_cpu_s(members, (small_bytes, large_bytes), (24, 6), rounds)
+    small, large = measure_allreduce_cpu_s(members, (small_bytes, large_bytes), (24, 6), rounds)
     per_byte = max(0.0, (large - small) / (large_bytes - small_bytes))
     return max(0.0, small - per_byte * small_bytes), per_byte
 
