@@ -17,7 +17,7 @@ profiling process's as everyone's.
 
 Sharing. The workers of a CPU run share the host's memory bandwidth and last-level cache even where each has a
 core of its own, and copies taking turns on a core evict each other's caches at every switch; processor sharing
-(:func:`pipedream.sim.predict.host_scale`) does not see that. :func:`host_contention` times copies stepping at
+(:func:`pipedream.sim.cores.host_scale`) does not see that. :func:`host_contention` times copies stepping at
 once against each copy's own time alone, so that the layout's draw cancels in the ratio (timed against the
 profiling process alone, as before, the reduced S2VT's two-copy figure came out 0.89-1.31 across profiles).
 

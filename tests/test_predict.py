@@ -19,12 +19,12 @@ from pipedream.profiler import write_profile
 from pipedream.run_prediction import predict as _predict
 from pipedream.run_prediction import resimulation_factors
 from pipedream.runtime.config import TrainConfig
+from pipedream.sim.cores import host_scale
 from pipedream.sim.predict import (
     EpochShape,
     compute_concurrency,
     emulated_cluster,
     epoch_shape,
-    host_scale,
     predict_epoch,
     predict_memory,
 )

@@ -13,7 +13,7 @@ from pipedream.sim.engine import run
 from pipedream.sim.network import Network
 from pipedream.sim.predict import EpochShape, predict_epoch
 from pipedream.sim.profiled import profiled_host
-from pipedream.sim.transport_cpu import allreduce_cpu_s, measured_allreduce_cpu_s, with_transport_cpu
+from pipedream.sim.transport_cpu import allreduce_cpu_of, allreduce_cpu_s, measured_allreduce_cpu_s, with_transport_cpu
 from pipedream.topology import Cluster
 from tests.test_predict import chain
 
@@ -200,3 +200,13 @@ def test_the_allreduce_probe_measures_a_positive_cost_that_grows_with_the_bytes(
     assert 0.0 < small < large < 0.1
     fixed, per_byte = allreduce_cost(2, 4096, 4 << 20, rounds=1)
     assert fixed >= 0.0 and per_byte > 0.0
+
+
+def test_a_prediction_charges_the_measured_allreduce_else_the_estimate_else_nothing() -> None:
+    """4 MB over 4: measured (2 ms + 0.5 ns/byte) 4 ms even where a message cost is known; without the table the
+    message-cost estimate (12 ends of 1 MB at 100 us + 1 ns/byte: 13.2 ms); with neither, no charge."""
+    measured = allreduce_cpu_of({4: (2e-3, 5e-10)}, 1e-4, 1e-9)
+    assert measured is not None and measured(4, 4e6) == pytest.approx(4e-3)
+    estimate = allreduce_cpu_of({}, 1e-4, 1e-9)
+    assert estimate is not None and estimate(4, 4e6) == pytest.approx(0.0132)
+    assert allreduce_cpu_of(None, 0.0, 0.0) is None

@@ -153,23 +153,19 @@ def main() -> int:
 def profile_estimate_s(profile: Path, processes: int, nbytes: float, cores: int) -> float | None:
     """The CPU a prediction on a host of ``cores`` cores charges each of ``processes`` members for one allreduce
     of ``nbytes`` bytes, from what it reads in ``profile/meta.json`` (:func:`pipedream.sim.profiled.profiled_host`),
-    s: the profile's measured allreduce (:func:`pipedream.sim.transport_cpu.measured_allreduce_cpu_s`), else the
-    estimate from its message cost (:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`); None when it reads
-    neither (another host, or a profile without the host probe).
+    s (:func:`pipedream.sim.transport_cpu.allreduce_cpu_of`: its measured allreduce, else the estimate from its
+    message cost); None when it reads neither (another host, or a profile without the host probe).
 
     Raises:
         PipeDreamError: ``meta.json`` is not a JSON object.
     """
     from pipedream.graph import read_meta
     from pipedream.sim.profiled import profiled_host
-    from pipedream.sim.transport_cpu import allreduce_cpu_s, measured_allreduce_cpu_s
+    from pipedream.sim.transport_cpu import allreduce_cpu_of
 
     host = profiled_host(read_meta(profile / "graph.txt"), cores)
-    if host["allreduce_s"]:
-        return measured_allreduce_cpu_s(host["allreduce_s"], processes, nbytes)
-    if not (host["message_s"] or host["message_s_per_byte"]):
-        return None
-    return allreduce_cpu_s(processes, nbytes, host["message_s"], host["message_s_per_byte"])
+    charge = allreduce_cpu_of(host["allreduce_s"], host["message_s"], host["message_s_per_byte"])
+    return None if charge is None else charge(processes, nbytes)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ The simulator (:mod:`pipedream.sim.engine`) hands every compute action (``F``, `
 an action of ``w`` seconds started at ``t`` ends at ``t + w``. With sharing, the ``n`` actions computing at
 once on one host each progress at ``1 / slowdown(n)`` seconds of work per second: the fluid model of a fair
 scheduler (Linux CFS gives each of ``n`` runnable single-threaded processes ``cores / n`` of a core when
-``n > cores``), with ``slowdown`` from :func:`pipedream.sim.predict.host_scale`. A rank blocked in a receive or
+``n > cores``), with ``slowdown`` from :func:`host_scale`. A rank blocked in a receive or
 an allreduce computes nothing and takes no share. Every start and end on a host changes the speed of the
 others there, so each returns the new end times of the actions it moved.
 
@@ -21,6 +21,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from pipedream.errors import PipeDreamError
+
+
+def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0,
+               oversubscribed: float | None = None) -> float:
+    """Slowdown of compute on a shared host: processor sharing times contention,
+    ``max(1, n / cores) * c(n)`` with ``n = busy_ranks * threads`` threads computing at once and
+    ``c(n) = 1 + (contention - 1) * clip((n - 1) / (cores - 1), 0, 1)`` up to ``cores`` threads,
+    ``contention + (oversubscribed - contention) * clip((n - cores) / cores, 0, 1)`` above.
+
+    The first factor: ``n`` threads share ``cores`` cores, each gets ``cores / n`` of a core when that is
+    below 1 (a fair-share scheduler such as Linux CFS). The second: threads on different cores still share
+    memory bandwidth and caches; ``contention`` is the measured slowdown of one step with a copy on every core
+    (the profile's ``host.contention``, :func:`pipedream.host_timing.host_contention`), taken linearly from 1
+    with one thread computing to its full value with every core busy. Threads that take turns on a core also
+    evict each other's caches at every switch: ``oversubscribed`` is the measured slowdown with two copies per
+    core over their fair share (``host.oversubscribed``: the step's time with ``2 * cores`` copies over twice
+    its time alone), taken linearly from ``contention`` at ``cores`` threads to its full value at twice as
+    many; None: ``contention`` (no measurement). Raises PipeDreamError for non-positive ``threads`` or ``cores``.
+    """
+    if threads < 1 or cores < 1:
+        raise PipeDreamError(f"threads per worker and host cores must be positive, got {threads} and {cores}")
+    n = busy_ranks * threads
+    if n > cores and oversubscribed is not None:
+        over = min(1.0, (n - cores) / cores)
+        return n / cores * (contention + (oversubscribed - contention) * over)
+    shared = min(1.0, max(0.0, (n - 1) / (cores - 1))) if cores > 1 else 0.0
+    return max(1.0, n / cores) * (1 + (contention - 1) * shared)
 
 
 @dataclass

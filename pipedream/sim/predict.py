@@ -93,6 +93,7 @@ from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.task import load_datasets
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim import layout
+from pipedream.sim.cores import host_scale
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.engine import Span
 from pipedream.sim.profiled import (
@@ -102,7 +103,7 @@ from pipedream.sim.profiled import (
     step_rates,
 )
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
-from pipedream.sim.transport_cpu import allreduce_cpu_s, measured_allreduce_cpu_s, with_transport_cpu
+from pipedream.sim.transport_cpu import allreduce_cpu_of, with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -189,33 +190,6 @@ class Prediction:
                 "threads": self.threads, "shape": dataclasses.asdict(self.shape), "cluster": self.cluster.describe(),
                 "sim_kwargs": {k: v for k, v in self.sim_kwargs.items() if k != "costs"}, "memory_bytes": self.memory,
                 "compute_s": self.compute_s, "work_s": self.work_s, "step_work_s": self.step_work_s}
-
-
-def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0,
-               oversubscribed: float | None = None) -> float:
-    """Slowdown of compute on a shared host: processor sharing times contention,
-    ``max(1, n / cores) * c(n)`` with ``n = busy_ranks * threads`` threads computing at once and
-    ``c(n) = 1 + (contention - 1) * clip((n - 1) / (cores - 1), 0, 1)`` up to ``cores`` threads,
-    ``contention + (oversubscribed - contention) * clip((n - cores) / cores, 0, 1)`` above.
-
-    The first factor: ``n`` threads share ``cores`` cores, each gets ``cores / n`` of a core when that is
-    below 1 (a fair-share scheduler such as Linux CFS). The second: threads on different cores still share
-    memory bandwidth and caches; ``contention`` is the measured slowdown of one step with a copy on every core
-    (the profile's ``host.contention``, :func:`pipedream.host_timing.host_contention`), taken linearly from 1
-    with one thread computing to its full value with every core busy. Threads that take turns on a core also
-    evict each other's caches at every switch: ``oversubscribed`` is the measured slowdown with two copies per
-    core over their fair share (``host.oversubscribed``: the step's time with ``2 * cores`` copies over twice
-    its time alone), taken linearly from ``contention`` at ``cores`` threads to its full value at twice as
-    many; None: ``contention`` (no measurement). Raises PipeDreamError for non-positive ``threads`` or ``cores``.
-    """
-    if threads < 1 or cores < 1:
-        raise PipeDreamError(f"threads per worker and host cores must be positive, got {threads} and {cores}")
-    n = busy_ranks * threads
-    if n > cores and oversubscribed is not None:
-        over = min(1.0, (n - cores) / cores)
-        return n / cores * (contention + (oversubscribed - contention) * over)
-    shared = min(1.0, max(0.0, (n - 1) / (cores - 1))) if cores > 1 else 0.0
-    return max(1.0, n / cores) * (1 + (contention - 1) * shared)
 
 
 def compute_concurrency(spans: list[tuple[float, float]], mine: list[bool] | None = None) -> float:
@@ -359,15 +333,11 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
         extra = data_s * shape.batch_size / graph.minibatch_size
         return [dataclasses.replace(costs[0], fwd_s=costs[0].fwd_s + extra), *costs[1:]]
 
-    def collective_cpu(replicas: int, nbytes: float) -> float:  # gloo's own CPU, beside the rank's actions
-        if allreduce_s:
-            return measured_allreduce_cpu_s(allreduce_s, replicas, nbytes)
-        return allreduce_cpu_s(replicas, nbytes, message_s, message_s_per_byte)
+    collective_cpu = allreduce_cpu_of(allreduce_s, message_s, message_s_per_byte)  # gloo's own CPU, per member
 
     def with_cpu(costs: list[StageCost]) -> list[StageCost]:  # the workers share the cores with the transport
         return costs if cores is None else with_transport_cpu(costs, message_s, message_s_per_byte,
-                                                              [len(rs) for rs in stage_ranks],
-                                                              collective_cpu if allreduce_s else None)
+                                                              [len(rs) for rs in stage_ranks], collective_cpu)
 
     def measured(costs: list[StageCost]) -> list[StageCost]:  # a resimulation: each stage's compute as measured
         return costs if compute_factors is None else layout.scaled(costs, compute_factors)
@@ -390,8 +360,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def simulated(costs: list[StageCost], trace: bool) -> SimResult:
         return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
-                               collective_cpu=collective_cpu if message_s or message_s_per_byte or allreduce_s else None,
-                               **kwargs)
+                               collective_cpu=collective_cpu, **kwargs)
 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s

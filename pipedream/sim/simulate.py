@@ -195,7 +195,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             bound at a V100's 900e9 bytes/s).
         (``bucket_bytes`` and ``step`` build ``costs``; they are ignored when ``costs`` is given.)
         sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
-            :mod:`pipedream.sim.cores`; :func:`pipedream.sim.predict.host_scale`); None: none.
+            :mod:`pipedream.sim.cores`; :func:`pipedream.sim.cores.host_scale`); None: none.
         host_of: a rank's host (default: one host).
         collective_cpu: CPU seconds each member of an allreduce of ``nbytes`` over ``n`` ranks spends on it,
             run beside the rank's actions with ``sharing`` (:mod:`pipedream.sim.cores`,

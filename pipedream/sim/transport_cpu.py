@@ -89,6 +89,19 @@ def measured_allreduce_cpu_s(table: Mapping[int, tuple[float, float]], replicas:
     return fixed_s * steps + per_byte_s * nbytes * sent
 
 
+def allreduce_cpu_of(table: Mapping[int, tuple[float, float]] | None, fixed_s: float,
+                     per_byte_s: float) -> Callable[[int, float], float] | None:
+    """What a prediction charges each member of one allreduce, as ``(members, bytes) -> CPU seconds``: the
+    profile's measurement where it has one (``table``, :func:`measured_allreduce_cpu_s`), else the estimate from
+    the message cost (``fixed_s``, ``per_byte_s``: :func:`allreduce_cpu_s`); None where neither was measured
+    (another host, GPUs): the collectives cost no CPU."""
+    if table:
+        return lambda members, nbytes: measured_allreduce_cpu_s(table, members, nbytes)
+    if fixed_s > 0 or per_byte_s > 0:
+        return lambda members, nbytes: allreduce_cpu_s(members, nbytes, fixed_s, per_byte_s)
+    return None
+
+
 def with_transport_cpu(costs: list[StageCost], fixed_s: float, per_byte_s: float,
                        replicas: Sequence[int] | None = None,
                        allreduce_cpu: Callable[[int, float], float] | None = None) -> list[StageCost]:
