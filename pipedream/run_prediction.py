@@ -34,16 +34,18 @@ def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
 
 def _predict_run(args: argparse.Namespace, cfg, plan, stage_factors=None, compute_factors=None):  # type: ignore[no-untyped-def]
     """:func:`pipedream.sim.predict.predict_run` for this run: its profile, plan, clusters, training samples, the
-    cores its workers share (none on GPUs) and its hosts; ``stage_factors`` from :func:`_stage_probe`,
+    cores its workers share (none on GPUs), as run queues balanced at this host's scheduler tick
+    (:mod:`pipedream.sim.run_queues`), and its hosts; ``stage_factors`` from :func:`_stage_probe`,
     ``compute_factors`` for a resimulation."""
     from pipedream.runtime.distributed import uses_cuda
     from pipedream.runtime.launch import WORKER_THREADS
     from pipedream.sim.predict import predict_run, training_samples
+    from pipedream.sim.run_queues import scheduler_tick_s
 
     cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
     return predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
                        cores=cores, threads=WORKER_THREADS, hosts=args.nnodes, stage_factors=stage_factors,
-                       compute_factors=compute_factors)
+                       compute_factors=compute_factors, tick_s=None if cores is None else scheduler_tick_s())
 
 
 def _stage_probe(args: argparse.Namespace, cfg, plan):  # type: ignore[no-untyped-def]

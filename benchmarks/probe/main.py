@@ -51,6 +51,7 @@ from pipedream.host_timing import host_cores  # noqa: E402
 from pipedream.plan import Plan  # noqa: E402
 from pipedream.runtime.config import TrainConfig  # noqa: E402
 from pipedream.sim.predict import predict_run, training_samples  # noqa: E402
+from pipedream.sim.run_queues import scheduler_tick_s  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("pipedream", "dp")
@@ -138,7 +139,7 @@ class Predictor:
             (prof / "meta.json").write_text(json.dumps(meta))
         cfg, plan, samples = self.run(model)
         return predict_run(cfg, mode, plan, prof / "graph.txt", self.clusters, num_samples=samples,
-                           cores=self.cores, threads=1).epoch_s
+                           cores=self.cores, threads=1, tick_s=scheduler_tick_s()).epoch_s
 
 
 def main() -> int:

@@ -7,7 +7,9 @@ once on one host each progress at ``1 / slowdown(n)`` seconds of work per second
 scheduler (Linux CFS gives each of ``n`` runnable single-threaded processes ``cores / n`` of a core when
 ``n > cores``), with ``slowdown`` from :func:`host_scale`. A rank blocked in a receive or
 an allreduce computes nothing and takes no share. Every start and end on a host changes the speed of the
-others there, so each returns the new end times of the actions it moved.
+others there, so each returns the new end times of the actions it moved. (A run's prediction shares the cores
+of a host of single-threaded workers as per-core run queues, :mod:`pipedream.sim.run_queues`, which keep this
+class's interface.)
 
 Background work. A collective's own CPU (gloo's socket copies and reductions,
 :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, ``collective_cpu``) runs on a thread of its own while the

@@ -46,7 +46,11 @@ operating system shares the cores among them fairly (Linux CFS): each of ``n`` c
 throttle sleeps) uses no core. The simulator models exactly that (:mod:`pipedream.sim.cores`): every forward,
 backward and optimizer step is an amount of work, and the ``n`` ranks computing at once on a host each
 progress at ``1 / host_scale(n)`` of full speed, re-timed whenever one starts or ends; ranks are spread over
-``hosts`` hosts in blocks, as torchrun numbers them. What the prediction reports per stage: ``f_s`` (wall
+``hosts`` hosts in blocks, as torchrun numbers them. With one thread per worker and the host's scheduler tick
+known (``tick_s``; ``pipedream train`` reads its kernel's), each core is a run queue of its own instead
+(:mod:`pipedream.sim.run_queues`): a rank waking from a wait takes an idle core or its previous one, one that goes
+on computing keeps its core, and a core left idle while another queues two ranks takes one only at the next tick,
+as Linux does; the fluid model never idles a core while more ranks compute than there are cores. What the prediction reports per stage: ``f_s`` (wall
 seconds of the stage's forwards and backwards per second of their work) and ``C_s`` (the compute-weighted
 number of ranks computing at once, ``integral k_s(t) n(t) dt / integral k_s(t) dt`` with ``n(t)`` the ranks
 computing at ``t`` and ``k_s(t)`` those of stage ``s``).
@@ -102,6 +106,7 @@ from pipedream.sim.profiled import (
     profiled_host,
     step_rates,
 )
+from pipedream.sim.run_queues import RunQueues
 from pipedream.sim.simulate import MICROBATCHED, SimResult, simulate_stages
 from pipedream.sim.transport_cpu import allreduce_cpu_of, with_transport_cpu
 from pipedream.topology import Cluster, get_cluster
@@ -250,7 +255,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                   composition: float = 1.0, message_s: float = 0.0, message_s_per_byte: float = 0.0,
                   allreduce_s: Mapping[int, tuple[float, float]] | None = None,
                   layouts: tuple[float, ...] = (), stage_factors: Sequence[float] | None = None,
-                  compute_factors: Sequence[float] | None = None) -> Prediction:
+                  compute_factors: Sequence[float] | None = None, tick_s: float | None = None) -> Prediction:
     """Predict one epoch on a host of ``cores`` cores, its ranks sharing the cores (module docstring).
 
     Args:
@@ -304,6 +309,9 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
             the host's slowdown of at most ``oversubscribed``: in session 27's ``make run`` that work was 7-63% of
             a stage's predicted work (AlexNet's last stage the most) and ``oversubscribed`` at most 1.095, so at
             most about 6% of a stage's work is left out.
+        tick_s: the host kernel's scheduler tick (:func:`pipedream.sim.run_queues.scheduler_tick_s`): with
+            ``cores`` and one thread per worker, each core is a run queue of its own, balanced at the ticks
+            (:mod:`pipedream.sim.run_queues`); None: the fluid model of :mod:`pipedream.sim.cores`.
     Raises:
         PipeDreamError: the simulator's checks, non-positive cores or threads, stage_factors or compute_factors
             not one positive factor per stage.
@@ -354,13 +362,15 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     workers = sum(len(rs) for rs in stage_ranks)
     per_host = math.ceil(workers / hosts)  # torchrun numbers ranks host by host
 
+    queues = RunQueues(cores, tick_s) if cores is not None and threads == 1 and tick_s is not None else None
+
     def slowdown(n: int) -> float:
         return host_scale(n, threads, cores, contention, oversubscribed)  # type: ignore[arg-type]
 
     def simulated(costs: list[StageCost], trace: bool) -> SimResult:
         return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
-                               collective_cpu=collective_cpu, **kwargs)
+                               collective_cpu=collective_cpu, queues=queues, **kwargs)
 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s
@@ -397,14 +407,14 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       stage_factors=None if stage_factors is None else list(stage_factors),
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, **rates.record(), "message_s": message_s,
-                                  "message_s_per_byte": message_s_per_byte,
+                                  "message_s_per_byte": message_s_per_byte, "tick_s": tick_s if queues else None,
                                   "allreduce_s": {str(n): list(c) for n, c in (allreduce_s or {}).items()}}, sim=res)
 
 
 def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
                 num_samples: int, cores: int | None, threads: int, hosts: int = 1,
                 stage_factors: Sequence[float] | None = None,
-                compute_factors: Sequence[float] | None = None) -> Prediction:
+                compute_factors: Sequence[float] | None = None, tick_s: float | None = None) -> Prediction:
     """Predict the epoch time of a ``pipedream train`` run before it starts.
 
     Args:
@@ -420,6 +430,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
         stage_factors: per stage, its step alone over its share of the whole step (:mod:`pipedream.stage_probe`,
             measured before the run; ``mode`` ``pipedream`` only); None: the shares.
         compute_factors: per stage, for a resimulation after the run (:func:`predict_epoch`); None: the prediction.
+        tick_s: the host kernel's scheduler tick, for run queues per core (:func:`predict_epoch`); None: fluid.
     Raises:
         PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
     """
@@ -441,6 +452,7 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
                          bucket_bytes=cfg.bucket_bytes, warmup=cfg.warmup if mode == "pipedream" else None,
                          data_s=profiled_data_s(meta), composition=profiled_composition(meta, graph),
                          stage_factors=stage_factors if mode != "dp" else None, compute_factors=compute_factors,
+                         tick_s=tick_s,
                          **profiled_host(meta, cores))
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
     return pred

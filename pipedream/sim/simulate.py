@@ -33,10 +33,10 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
 from pipedream.schedules import DEFAULT_WARMUP
-from pipedream.sim.cores import Cores
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
+from pipedream.sim.run_queues import RunQueues, make_cores
 from pipedream.topology import Cluster
 
 # command-line name -> pipedream.schedules name ("pipedream" is the old name of 1f1b, still accepted)
@@ -135,13 +135,14 @@ def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCo
                     allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
                     sharing: Callable[[int], float] | None = None, host_of: Callable[[int], int] | None = None,
-                    collective_cpu: Callable[[int, float], float] | None = None) -> Trace:
+                    collective_cpu: Callable[[int, float], float] | None = None,
+                    queues: RunQueues | None = None) -> Trace:
     """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
     (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`) and fresh cores
-    (``sharing``, ``host_of``, ``collective_cpu``: :class:`pipedream.sim.cores.Cores`)."""
+    (``sharing``, ``queues``, ``host_of``, ``collective_cpu``: :func:`pipedream.sim.run_queues.make_cores`)."""
     sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
     return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync,
-               cores=Cores(sharing, host_of, collective_cpu))
+               cores=make_cores(sharing, queues, host_of, collective_cpu))
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -167,7 +168,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, step: costmodel.StepRates | None = None,
                     sharing: Callable[[int], float] | None = None,
                     host_of: Callable[[int], int] | None = None, recompute: bool = False,
-                    collective_cpu: Callable[[int, float], float] | None = None) -> SimResult:
+                    collective_cpu: Callable[[int, float], float] | None = None,
+                    queues: RunQueues | None = None) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -200,6 +202,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         collective_cpu: CPU seconds each member of an allreduce of ``nbytes`` over ``n`` ranks spends on it,
             run beside the rank's actions with ``sharing`` (:mod:`pipedream.sim.cores`,
             :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`); None: none.
+        queues: with ``sharing``, each host's cores as run queues of their own (:mod:`pipedream.sim.run_queues`:
+            single-threaded workers placed as the kernel places them); None: the fluid model of ``sharing``.
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
     Raises:
@@ -229,7 +233,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     def sim(n: int, record: bool = False) -> Trace:
         return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
                                contention=contention, sync=sync, warmup=warmup, sharing=sharing, host_of=host_of,
-                               collective_cpu=collective_cpu)
+                               collective_cpu=collective_cpu, queues=queues)
 
     first = sim(n0, record=keep_trace)
     n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)
