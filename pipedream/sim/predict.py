@@ -50,10 +50,10 @@ progress at ``1 / host_scale(n)`` of full speed, re-timed whenever one starts or
 known (``tick_s``; ``pipedream train`` reads its kernel's), each core is a run queue of its own instead
 (:mod:`pipedream.sim.run_queues`): a rank waking from a wait takes an idle core or its previous one, one that goes
 on computing keeps its core, and a core left idle while another queues two ranks takes one only at the next tick,
-as Linux does; the fluid model never idles a core while more ranks compute than there are cores. What the prediction reports per stage: ``f_s`` (wall
-seconds of the stage's forwards and backwards per second of their work) and ``C_s`` (the compute-weighted
-number of ranks computing at once, ``integral k_s(t) n(t) dt / integral k_s(t) dt`` with ``n(t)`` the ranks
-computing at ``t`` and ``k_s(t)`` those of stage ``s``).
+as Linux does; the fluid model never idles a core while more ranks compute than there are cores. What the
+prediction reports per stage: ``f_s`` (wall seconds of the stage's forwards and backwards per second of their
+work) and ``C_s`` (the compute-weighted number of ranks computing at once, ``integral k_s(t) n(t) dt / integral
+k_s(t) dt`` with ``n(t)`` the ranks computing at ``t`` and ``k_s(t)`` those of stage ``s``).
 
 Contention. Threads on different cores still share the host's memory bandwidth and caches, so compute is
 slower with every core busy even without sharing a core. The profiler measures it on the profiling host: the
@@ -67,7 +67,8 @@ Memory layout. A copy's step time depends on where its tensors land in memory (t
 and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_timing`); every rank is a copy of its own,
 and replicas wait for their slowest (:mod:`pipedream.sim.layout`).
 
-Assumptions: the fluid model of the scheduler (time slices are short against an action); a blocked rank
+Assumptions: the fluid model of each run queue (time slices are short against an action; replicas that share
+the cores evenly finish together, where a run's stagger a little before each allreduce); a blocked rank
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
 either); compute of an action scales linearly with its samples; the profile was taken with the workers' thread
 count (``meta.json`` ``threads``, :mod:`pipedream.commands.profile`); the runtime's own per-action costs

@@ -14,9 +14,10 @@ Measured on the CI VM (2026-11-30): 4 workers of the reduced AlexNet's straight 
 the core time idle over 4 s of training (``/proc/stat``), while their threads wanted 3.5 cores on average
 (main threads runnable 2.8, gloo's 0.7, sampled every 2.4 ms); in 7% of 2,527 samples one core had no runnable
 thread while the other queued two or more. The fluid model, fed each stage's compute as that run measured it,
-kept the cores 99.6% busy; these run queues keep them 92% busy. Over session 37's fourth ``make run`` the
-pipelines' epochs so resimulated moved from 1.04-1.10x short to 0.99-1.09x (DP is unchanged: its replicas share
-the cores evenly either way).
+kept the cores 99.6% busy; these run queues keep them 92% busy. Over six ``make run``s (sessions 37 and 38,
+``benchmarks/sharing``) the pipelines' measured epochs came out a mean 1.052-1.071x their resimulation with the
+queues, 1.073-1.109x with the fluid model, every straight, 1-1-2 and 3-1 pipeline closer to 1; runs made of
+replicated stages only (DP) are unchanged: two replicas a core share it evenly either way.
 
 :class:`QueuedCores` is :class:`~pipedream.sim.cores.Cores` with the queues: each action is on one core and
 shares it equally with the others there, at ``1 / (k * c(n))`` of full speed with ``k`` actions on its core and
