@@ -68,7 +68,7 @@ and GNMT-8 82-106 ms in fresh processes on the CI machine, :mod:`pipedream.host_
 and replicas wait for their slowest (:mod:`pipedream.sim.layout`).
 
 Assumptions: the fluid model of each run queue (time slices are short against an action; replicas that share
-the cores evenly finish together, where a run's stagger a little before each allreduce); a blocked rank
+the cores evenly finish together, where a run's replicas stagger a little before each allreduce); a blocked rank
 uses no core (the launcher, MLflow logging, gloo's own threads and other processes on the host use none
 either); compute of an action scales linearly with its samples; the profile was taken with the workers' thread
 count (``meta.json`` ``threads``, :mod:`pipedream.commands.profile`); the runtime's own per-action costs
@@ -408,7 +408,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                       stage_factors=None if stage_factors is None else list(stage_factors),
                       cluster=cluster,
                       sim_kwargs={**kwargs, "bucket_bytes": bucket_bytes, **rates.record(), "message_s": message_s,
-                                  "message_s_per_byte": message_s_per_byte, "tick_s": tick_s if queues else None,
+                                  "message_s_per_byte": message_s_per_byte, "tick_s": tick_s if queues is not None else None,
                                   "allreduce_s": {str(n): list(c) for n, c in (allreduce_s or {}).items()}}, sim=res)
 
 

@@ -13,8 +13,9 @@ core's average idle time is shorter than a balance costs or the queued thread ra
 Measured on the CI VM (2026-11-30): 4 workers of the reduced AlexNet's straight pipeline on 2 cores left 8.6% of
 the core time idle over 4 s of training (``/proc/stat``), while their threads wanted 3.5 cores on average
 (main threads runnable 2.8, gloo's 0.7, sampled every 2.4 ms); in 7% of 2,527 samples one core had no runnable
-thread while the other queued two or more. The fluid model, fed each stage's compute as that run measured it,
-kept the cores 99.6% busy; these run queues keep them 92% busy. Over six ``make run``s (sessions 37 and 38,
+thread while the other queued two or more. Session 37's fourth ``make run`` trained the same pipeline with its
+cores 90.0% busy; resimulated with each stage's compute as that run measured it, the fluid model kept them 99.6%
+busy, these run queues 91.9%. Over six ``make run``s (sessions 37 and 38,
 ``benchmarks/sharing``) the pipelines' measured epochs came out a mean 1.052-1.071x their resimulation with the
 queues, 1.073-1.109x with the fluid model, every straight, 1-1-2 and 3-1 pipeline closer to 1; runs made of
 replicated stages only (DP) are unchanged: two replicas a core share it evenly either way.
@@ -23,8 +24,8 @@ replicated stages only (DP) are unchanged: two replicas a core share it evenly e
 shares it equally with the others there, at ``1 / (k * c(n))`` of full speed with ``k`` actions on its core and
 ``c(n) = slowdown(n) / max(1, n / cores)`` the host's contention with ``n`` computing in all (the fluid
 slowdown's factor beyond sharing, :func:`pipedream.sim.cores.host_scale`). It models single-threaded workers (a
-worker with several threads keeps the fluid model). With at most ``cores`` actions computing each has a core of
-its own, as in the fluid model.
+worker with several threads keeps the fluid model). With at most ``cores`` actions computing, each has a core of
+its own by the next tick at the latest (at once in the fluid model).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from dataclasses import dataclass
 from pipedream.errors import PipeDreamError
 from pipedream.sim.cores import Cores, Job
 
-# the scheduler tick where the kernel's configuration cannot be read: CONFIG_HZ=250, the default of most
-# distributions' x86 kernels (the CI VM's too)
+# the scheduler tick where the kernel's configuration cannot be read: CONFIG_HZ=250, the kernel's own default
+# (kernel/Kconfig.hz) and the CI VM's; distributions build 100-1000
 DEFAULT_TICK_S = 0.004
 
 
