@@ -51,9 +51,11 @@ def repeat_module() -> ModuleType:
     return module
 
 
-def resimulated_ratios(results: Path, model: str, mode: str, command: str, tick_s: float) -> tuple[float, float] | None:
+def resimulated_ratios(results: Path, model: str, mode: str, argv: list[str],
+                       tick_s: float) -> tuple[float, float] | None:
     """``(fluid, queues)``: the run's measured steady epoch over its resimulation with the fluid model and with run
-    queues at ``tick_s``; None for a run without the measurements a resimulation takes (a GPU run, no prediction)."""
+    queues at ``tick_s`` (``argv``: the run's command line, :func:`repeat_argv` of ``benchmarks/repeat``); None for
+    a run without the measurements a resimulation takes (a GPU run, no prediction)."""
     from pipedream.cli import build_parser
     from pipedream.commands.train import _config
 
@@ -62,7 +64,6 @@ def resimulated_ratios(results: Path, model: str, mode: str, command: str, tick_
     factors = resimulation_factors(run)
     if factors is None:
         return None
-    argv = repeat_module().repeat_argv(command, Path("/nonexistent"))
     args = build_parser().parse_args(argv[argv.index("train"):])
     args.profile = Path(str(args.profile).replace("results/", f"{results}/", 1))
     cfg = _config(args)
@@ -90,13 +91,15 @@ def main() -> int:
     if not targets:
         print(f"error: no runs in {args.results}/runs: run `make run` first", file=sys.stderr)
         return 1
-    commands = repeat_module().workflow_commands(args.config, list(targets.values()))
+    repeat = repeat_module()
+    commands = repeat.workflow_commands(args.config, list(targets.values()))
     tick = scheduler_tick_s()
     print(f"{host_cores()} cores, scheduler tick {tick * 1e3:g} ms; measured epoch over its resimulation")
     print(f"{'model':9s} {'mode':9s} {'fluid':>7s} {'queues':>7s}")
     got: dict[str, list[tuple[float, float]]] = {"pipedream": [], "dp": []}
     for (model, mode), target in targets.items():
-        pair = resimulated_ratios(args.results, model, mode, commands[target], tick)
+        pair = resimulated_ratios(args.results, model, mode, repeat.repeat_argv(commands[target], Path("/nonexistent")),
+                                  tick)
         if pair is None:
             print(f"{model:9s} {mode:9s} (not resimulated: no measured compute)")
             continue

@@ -55,8 +55,9 @@ def scheduler_tick_s(paths: tuple[str, ...] | None = None) -> float:
             opener = gzip.open if path.endswith(".gz") else open
             with opener(path, "rt") as f:
                 for line in f:
-                    if line.startswith("CONFIG_HZ=") and line.strip()[10:].isdigit() and int(line.strip()[10:]) > 0:
-                        return 1.0 / int(line.strip()[10:])
+                    hz = line.strip().removeprefix("CONFIG_HZ=")
+                    if line.startswith("CONFIG_HZ=") and hz.isdigit() and int(hz) > 0:
+                        return 1.0 / int(hz)
         except OSError:
             continue
     return DEFAULT_TICK_S
@@ -181,16 +182,16 @@ class QueuedCores(Cores):
             return []
         saved = {j.rank: (j.left_s, self.core_of[j.rank], self.last_core[j.rank]) for j in jobs}
         now = t
-        while True:
+        while True:  # at most one balance: after it no core is idle or none queues two
             rates = self._rates(host)
             ends = {j.rank: now + j.left_s / rates[j.rank] for j in jobs}
             tick = self._next_tick(now) if self._unbalanced(host) else math.inf
             if min(ends.values()) <= tick:
                 break
-            for j in jobs:
-                j.left_s -= (tick - now) * rates[j.rank]
-            now = tick
+            self._advance(host, tick)
             self._balance(host)
+            now = tick
+        self._since[host] = t
         for j in jobs:
             j.left_s, self.core_of[j.rank], self.last_core[j.rank] = saved[j.rank]
         return [(end, rank) for rank, end in ends.items()]
