@@ -17,18 +17,18 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # no calls to outside servers from MLflow (the workflow's runs, mlflow ui)
 export MLFLOW_DISABLE_TELEMETRY ?= true
 
-.PHONY: run run-2bw test setup data ui lint dry-run-paper clean-results
+.PHONY: run run-2bw test setup data jemalloc ui lint dry-run-paper clean-results
 
-run: setup data
+run: setup data jemalloc
 	@$(BIN)/python -m pipedream.cli check --config $(CONFIG)
 	$(BIN)/snakemake --cores $(CORES) --configfile $(CONFIG) --rerun-incomplete
 
 # PipeDream-2BW's table (not part of `make run`): the reduced GPT with every schedule, and the paper-scale predictions
-run-2bw: setup data
+run-2bw: setup data jemalloc
 	@$(BIN)/python -m pipedream.cli check --config experiments/2bw.yaml
 	$(BIN)/snakemake --cores $(CORES) --configfile experiments/2bw.yaml --rerun-incomplete
 
-test: setup data
+test: setup data jemalloc
 	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal
 
 setup: $(STAMP)
@@ -54,6 +54,15 @@ data: $(FMNIST)
 	    || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q $$missing; } \
 	    || { echo "error: could not apt-get install$$missing; install them by hand (Debian packages)" >&2; exit 1; }; \
 	fi
+
+# the workers' allocator (pipedream/allocator.py); optional: without it they keep glibc's freed memory, with a warning
+jemalloc:
+	@ldconfig -p 2>/dev/null | grep -q libjemalloc.so.2 && exit 0; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \
+	  echo "warning: libjemalloc2 is missing and apt is not allowed here: the workers use glibc's malloc" >&2; exit 0; fi; \
+	$$SUDO apt-get install -y -q libjemalloc2 >/dev/null 2>&1 \
+	  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q libjemalloc2 >/dev/null; } \
+	  || echo "warning: could not apt-get install libjemalloc2: the workers use glibc's malloc" >&2
 
 $(FMNIST):
 	@if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null; then SUDO=sudo; else \

@@ -1,5 +1,5 @@
-"""Keep freed memory in the process: the C allocator settings every process that computes a training step on the
-CPU runs with (the workers of both modes, the profile, the host probe's copies).
+"""The C allocator of every process that computes a training step on the CPU: jemalloc for the workers, glibc with
+its freed memory kept for everything else (the profile, the host probe's copies, the stage probe).
 
 PyTorch's CPU tensors come from the C library's ``malloc`` (``posix_memalign``). glibc serves a request of
 more than its mmap threshold (128 KiB at first, raised up to 32 MiB as such blocks are freed) with a fresh
@@ -11,22 +11,35 @@ each fresh process is a draw. Measured on the 2-core CI VM (Intel Xeon, glibc 2.
 step of the reduced models, median of 25 steps, 2026-11-29): S2VT 15,456 minor faults a step in one process
 and none in the next, VGG-16 3,257, 3,680, 896 or none, ResNet-50, AlexNet and GNMT-8 none; with an Adam step
 between steps, as a worker has, every one of those five models faulted in some processes
-(``benchmarks/malloc``, which also gives the step's time both ways). A worker's step, with its optimizer step
-and messages between, allocates in another order than the profile's step, so it is a draw of its own: the
-prediction timed one allocator's behaviour and the run paid another's. In one S2VT DP run (4 workers, 3 epochs
+(``benchmarks/malloc``, which also gives the step's time both ways). In one S2VT DP run (4 workers, 3 epochs
 of 16 steps) the workers took 181,565, 453,015, 470,280 and 916,208 minor faults by default, the last about
 15,300 a step more than the first over the 48 steps (every allreduce waits for it), and 147,201-149,693 each with
 the heap kept (start-up and validation).
 
 :func:`keep_freed_memory` sets glibc's ``M_MMAP_THRESHOLD`` to 1 GiB (blocks up to that size come from the heap)
 and ``M_TRIM_THRESHOLD`` to 2 GiB - 1 (free memory at the heap's top stays), with ``mallopt(3)``, the C library's
-own interface (see glibc's manual, "Malloc Tunable Parameters"). After the first steps a step's blocks are reused
-and nothing is faulted in; the price is memory: a process keeps its peak heap resident until it exits (a
-training process reaches it again every step anyway), and because ``posix_memalign``'s padding keeps a block from
-fitting exactly where a freed one of the same size was, the heap can hold a few freed copies of a large block
-(one 64 MiB block allocated and freed over and over settles at 448 MiB more resident, 7 blocks; a reduced
-VGG-16 DP worker peaked at 801 MiB resident against 778 MiB). Set ``PIPEDREAM_MALLOC=default`` to leave the allocator as
-it is (benchmarks/malloc compares the two).
+own interface (see glibc's manual, "Malloc Tunable Parameters"). In a loop of the same step, as the profile and the
+probes run it, a step's blocks are then reused after the first steps and nothing is faulted in; the price is
+memory: a process keeps its peak heap resident (``posix_memalign``'s padding keeps a block from fitting exactly
+where a freed one of the same size was, so the heap can hold a few freed copies of a large block: one 64 MiB
+block allocated and freed over and over settles at 448 MiB more resident, 7 blocks).
+
+A worker is not such a loop: weight versions, messages, optimizer steps and two minibatches in flight allocate
+between its large blocks, and glibc's heap then fragments without end. On the 2-core CI VM (AMD EPYC, glibc 2.36,
+2026-11-30, AWD-LM's 2-2 pipeline, one epoch) each decoder-stage worker grew from 1.1 to 2.9 GB resident in 35 s,
+faulting its 90 MB logits gradient (21,875 pages) in again in 25 of 128 backwards (546,918 minor faults, 2.7 s
+of system time in one rank's backwards; the slowest took 300-385 ms of CPU against a median of 83-101 ms): the
+stage computed at 1.13-1.25x its profiled work in five runs of that hour, 1.04-1.09x in four others (the heap's
+layout is a draw). With glibc as it is, the same
+worker stayed at 0.9 GB but faulted some 120,000 pages a second. The workers therefore run on jemalloc (Debian
+``libjemalloc2``, conda-forge ``jemalloc``), preloaded (:func:`worker_env`, ``LD_PRELOAD``) with
+:data:`JEMALLOC_CONF`: no separate arena for blocks over 8 MiB (``oversize_threshold:0``; jemalloc's own default
+returns those to the system at once, and a worker faulted the same 570,000 pages in 5 s as without) and no
+purging of freed pages (``dirty_decay_ms:-1,muzzy_decay_ms:-1``). The same AWD-LM worker then stayed at 0.93-0.98
+GB, took about 600 faults a second, its backwards 78-113 ms of CPU, its stage at 1.09x its work. Where jemalloc is
+not installed the workers fall back to :func:`keep_freed_memory` (one warning line). ``PIPEDREAM_MALLOC``:
+``default`` leaves every process's allocator as it is (``benchmarks/malloc`` compares), ``keep`` gives the workers
+glibc with freed memory kept, ``jemalloc`` (and unset) jemalloc where installed.
 """
 
 from __future__ import annotations
@@ -34,12 +47,19 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import sys
+import sysconfig
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 ENV = "PIPEDREAM_MALLOC"
 # mallopt(3) parameter numbers (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 1 << 30
+JEMALLOC = "libjemalloc.so.2"
+# jemalloc's options for the workers (module docstring; jemalloc's manual, "opt.oversize_threshold", "opt.dirty_decay_ms")
+JEMALLOC_CONF = "oversize_threshold:0,dirty_decay_ms:-1,muzzy_decay_ms:-1"
 TRIM_THRESHOLD_BYTES = 2**31 - 1  # mallopt takes an int
 
 
@@ -66,3 +86,50 @@ def glibc() -> bool:
     """Whether this process runs on glibc, whose ``mallopt`` thresholds :func:`keep_freed_memory` sets
     (:func:`platform.libc_ver`)."""
     return platform.libc_ver()[0] == "glibc"
+
+
+def jemalloc_library(dirs: Sequence[str | Path] | None = None) -> str | None:
+    """Path of jemalloc's shared library (:data:`JEMALLOC`), or None where it is not installed: the first of
+    ``dirs`` that holds it; by default this Python's prefix's ``lib`` (a conda environment's ``jemalloc``), then
+    ``/usr/local/lib``, the multiarch ``/usr/lib/<triplet>`` (Debian's ``libjemalloc2``), ``/usr/lib64`` and ``/usr/lib``."""
+    if dirs is None:
+        multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+        dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", "/usr/local/lib",
+                *([f"/usr/lib/{multiarch}"] if multiarch else []), "/usr/lib64", "/usr/lib"]
+    for d in dirs:
+        path = Path(d) / JEMALLOC
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def worker_env(environ: Mapping[str, str] | None = None, library: str | None = None) -> dict[str, str]:
+    """The variables a worker process must start with for its allocator (module docstring): ``LD_PRELOAD`` with
+    jemalloc first and ``MALLOC_CONF`` with :data:`JEMALLOC_CONF` first (a user's own options after it, so theirs
+    win), or nothing: with ``PIPEDREAM_MALLOC`` ``default`` or ``keep``, or where jemalloc is not installed (the
+    worker then keeps glibc's freed memory, :func:`keep_freed_memory`).
+
+    Args:
+        environ: the environment the workers inherit (default ``os.environ``).
+        library: jemalloc's path (default :func:`jemalloc_library`).
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(ENV, "").strip().lower() in ("default", "keep"):
+        return {}
+    library = library or jemalloc_library()
+    if library is None:
+        return {}
+    preload = environ.get("LD_PRELOAD", "").strip()
+    conf = environ.get("MALLOC_CONF", "").strip()
+    return {"LD_PRELOAD": f"{library} {preload}".strip() if library not in preload.split() else preload,
+            "MALLOC_CONF": f"{JEMALLOC_CONF},{conf}" if conf else JEMALLOC_CONF}
+
+
+def allocator_in_use(maps: str | Path = "/proc/self/maps") -> str:
+    """``"jemalloc"`` where this process has jemalloc mapped (``maps``, Linux), else ``"glibc"`` or ``"other"``."""
+    try:
+        if "libjemalloc" in Path(maps).read_text():
+            return "jemalloc"
+    except OSError:
+        pass
+    return "glibc" if glibc() else "other"

@@ -57,3 +57,76 @@ def test_glibc_as_it_is_faults_a_large_block_in_every_time():
 def test_leaving_the_allocator_alone_on_request(monkeypatch):
     monkeypatch.setenv(allocator.ENV, "default")
     assert allocator.keep_freed_memory() is False
+
+
+jemalloc = pytest.mark.skipif(allocator.jemalloc_library() is None,
+                              reason="jemalloc is not installed (make test installs Debian's libjemalloc2)")
+
+
+def _child(env: dict[str, str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", CHILD + "from pipedream.allocator import allocator_in_use\n"
+                          "print(json.dumps({'allocator': allocator_in_use()}))"],
+                         env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, check=True)
+    lines = out.stdout.strip().splitlines()
+    return {**json.loads(lines[-2]), **json.loads(lines[-1])}
+
+
+@jemalloc
+def test_a_worker_runs_on_jemalloc_that_keeps_freed_blocks():
+    env = allocator.worker_env({})
+    assert env["MALLOC_CONF"] == allocator.JEMALLOC_CONF
+    got = _child(env)
+    assert got["allocator"] == "jemalloc", got
+    assert got["faults"][0] >= 16_000  # 64 MiB: 16,384 pages of 4 KiB faulted in once
+    assert max(got["faults"][-5:]) < 100, got
+
+
+@jemalloc
+def test_jemalloc_as_it_is_gives_a_large_block_back_every_time():
+    # why worker_env sets MALLOC_CONF: jemalloc's own defaults put blocks over 8 MiB in an arena that returns
+    # them to the system when freed, so every page is faulted in again (as glibc's default does)
+    got = _child({"LD_PRELOAD": allocator.jemalloc_library(), "MALLOC_CONF": ""})
+    assert got["allocator"] == "jemalloc"
+    assert min(got["faults"][-5:]) >= 16_000, got
+
+
+def test_worker_env_preloads_jemalloc_before_the_users_own(tmp_path):
+    lib = str(tmp_path / allocator.JEMALLOC)
+    assert allocator.worker_env({}, library=lib) == {"LD_PRELOAD": lib, "MALLOC_CONF": allocator.JEMALLOC_CONF}
+    got = allocator.worker_env({"LD_PRELOAD": "/x/libfoo.so", "MALLOC_CONF": "narenas:2"}, library=lib)
+    assert got == {"LD_PRELOAD": f"{lib} /x/libfoo.so", "MALLOC_CONF": f"{allocator.JEMALLOC_CONF},narenas:2"}
+    assert allocator.worker_env({"LD_PRELOAD": lib}, library=lib)["LD_PRELOAD"] == lib  # not twice
+
+
+@pytest.mark.parametrize("mode", ["default", "keep", " Keep "])
+def test_worker_env_leaves_glibc_on_request(mode, tmp_path):
+    assert allocator.worker_env({allocator.ENV: mode}, library=str(tmp_path / allocator.JEMALLOC)) == {}
+
+
+def test_jemalloc_library_is_the_first_directory_that_holds_it(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    assert allocator.jemalloc_library([a, b]) is None
+    (b / allocator.JEMALLOC).write_bytes(b"")
+    assert allocator.jemalloc_library([a, b]) == str(b / allocator.JEMALLOC)
+
+
+def test_allocator_in_use_reads_the_maps(tmp_path):
+    maps = tmp_path / "maps"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libjemalloc.so.2\n")
+    assert allocator.allocator_in_use(maps) == "jemalloc"
+    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n")
+    assert allocator.allocator_in_use(maps) == ("glibc" if allocator.glibc() else "other")
+
+
+def test_the_launcher_warns_once_where_jemalloc_is_missing(monkeypatch, capsys):
+    from pipedream.runtime import launch
+
+    monkeypatch.setattr(launch, "worker_env", lambda: {})
+    monkeypatch.delenv(allocator.ENV, raising=False)
+    assert launch.workers_allocator() == {}
+    err = capsys.readouterr().err
+    assert err.startswith("warning: libjemalloc.so.2 not found") and err.count("\n") == 1
+    monkeypatch.setenv(allocator.ENV, "keep")
+    assert launch.workers_allocator() == {}
+    assert capsys.readouterr().err == ""

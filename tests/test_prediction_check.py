@@ -117,15 +117,15 @@ def test_compute_check_rows_by_hand(tmp_path: Path) -> None:
                                             "measured_compute_cpu_s_stage0": 1.8,
                                             "predicted_compute_work_s_stage0": 1.5,
                                             "measured_step_cpu_s_stage0": 0.6, "predicted_step_work_s_stage0": 0.4,
-                                            "stage_factor_stage0": 1.1}))
+                                            "stage_factor_stage0": 1.1, "minor_faults_stage0": 21875.0}))
     df = compute_rows(tmp_path, ["gnmt8"])
     assert list(df.columns) == COMPUTE_COLUMNS
     assert df.iloc[0].tolist() == ["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5, 2.5, 2.0, 1.25, 1.8, 1.5,
-                                   pytest.approx(1.2), 0.6, 0.4, pytest.approx(1.5), 1.1]
+                                   pytest.approx(1.2), 0.6, 0.4, pytest.approx(1.5), 1.1, 21875.0]
     assert df.iloc[1].tolist()[:7] == ["gnmt8", "pipedream", 1, 1.0, 1.25, 0.8, 2.0]
     older = df.iloc[1][["measured_cpu_s", "predicted_work_s", "cpu_ratio", "compute_cpu_ratio", "step_cpu_ratio",
-                        "stage_factor"]]
-    assert older.isna().all()  # an older run: no CPU logged, no stage probe
+                        "stage_factor", "minor_faults"]]
+    assert older.isna().all()  # an older run: no CPU logged, no stage probe, no faults
 
 
 def test_the_check_compares_the_epochs_after_the_first(tmp_path: Path) -> None:

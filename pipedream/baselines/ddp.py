@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -111,14 +112,18 @@ class Busy:
             rate's update and ``optimizer.step()``), what the prediction charges as each step's work.
         wait_s: wall seconds inside ``loss.backward()`` after the last bucket's launch (with the emulated link).
         cpu_s: CPU seconds of the whole process over the epoch's training, every thread (gloo's included).
+        minor_faults: the process's minor page faults over the epoch's training (``getrusage``'s ``ru_minflt``:
+            pages the kernel mapped and zeroed because the allocator handed out memory the process had not
+            touched, :mod:`pipedream.allocator`).
     """
 
-    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s")
+    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s", "minor_faults")
     compute_s: float = 0.0
     compute_cpu_s: float = 0.0
     step_cpu_s: float = 0.0
     wait_s: float = 0.0
     cpu_s: float = 0.0
+    minor_faults: float = 0.0
 
     def add_forward(self, wall0: float, cpu0: float) -> None:
         """A forward (with its minibatch's loading and the loss) began at ``wall0`` (perf_counter) and
@@ -215,7 +220,7 @@ def train(cfg: TrainConfig) -> None:
             meter.reset()
         loss_sum, count = 0.0, 0
         busy = Busy()
-        cpu0 = time.process_time()
+        cpu0, faults0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
         for i, rows in enumerate(mine):
             w0, c0 = time.perf_counter(), time.thread_time()
@@ -248,6 +253,7 @@ def train(cfg: TrainConfig) -> None:
             if fault is not None and epoch * steps + i >= fault[0]:
                 os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
         busy.cpu_s = time.process_time() - cpu0
+        busy.minor_faults = float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
         loss_total, n, *spent = D.allreduce_sum([loss_sum, count, *busy.values()], cfg.comm_timeout_s,
                                                 "end-of-epoch loss and time reduction")
         epoch_time = time.time() - t0
@@ -310,7 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = from_args(parser.parse_args(argv))
     rank = int(os.environ.get("RANK", "0"))
     die_with_parent()
-    keep_freed_memory()  # the profile's step ran with it (pipedream/allocator.py)
+    keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
 
     def _run() -> None:
         D.init(cfg.comm_timeout_s)

@@ -381,6 +381,9 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
         if compute_cpu and k < len(scale) and scale[k] > 0:  # the compute's CPU against its work at full speed
             final[f"measured_compute_cpu_s_stage{k}"] = sum(compute_cpu) / len(compute_cpu)
             final[f"predicted_compute_work_s_stage{k}"] = busy / scale[k]
+        faults = [e[f"minor_faults_stage{k}"] for e in steady if f"minor_faults_stage{k}" in e]
+        if faults:  # pages the allocator handed out untouched (pipedream/allocator.py): the kernel's CPU, not the profile's
+            final[f"minor_faults_stage{k}"] = sum(faults) / len(faults)
         step_cpu = [e[f"step_cpu_s_stage{k}"] for e in steady if f"step_cpu_s_stage{k}" in e]
         if step_cpu and k < len(step_work):  # the optimizer steps' CPU against their predicted work
             final[f"measured_step_cpu_s_stage{k}"] = sum(step_cpu) / len(step_cpu)

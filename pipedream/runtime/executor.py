@@ -96,6 +96,9 @@ class EpochStats:
     # ru_nivcsw, a thread preempted by another on its core)
     voluntary_switches: float = 0.0
     involuntary_switches: float = 0.0
+    # the process's minor page faults over the pass (ru_minflt: untouched memory the allocator handed out, which
+    # the kernel maps and zeroes page by page; pipedream.allocator)
+    minor_faults: float = 0.0
     losses: list[tuple[int, int, float]] = field(default_factory=list)  # (minibatch, micro, loss)
 
 
@@ -214,6 +217,7 @@ class StageExecutor:
         use = resource.getrusage(resource.RUSAGE_SELF)
         self.stats.voluntary_switches = float(use.ru_nvcsw - use0.ru_nvcsw)
         self.stats.involuntary_switches = float(use.ru_nivcsw - use0.ru_nivcsw)
+        self.stats.minor_faults = float(use.ru_minflt - use0.ru_minflt)
         if phase == 0:
             self.stats_history.append(self.stats.losses)
         return self.stats

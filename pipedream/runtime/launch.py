@@ -39,6 +39,8 @@ from typing import IO, Any
 
 import torch.multiprocessing as mp
 
+from pipedream.allocator import ENV as MALLOC_ENV
+from pipedream.allocator import JEMALLOC, worker_env
 from pipedream.errors import PipeDreamError
 from pipedream.runtime.config import TrainConfig
 
@@ -161,6 +163,18 @@ def start_method() -> str:
     return START_METHOD
 
 
+def workers_allocator() -> dict[str, str]:
+    """The workers' allocator variables (:func:`pipedream.allocator.worker_env`: jemalloc preloaded); one warning
+    line where jemalloc is wanted and not installed (the workers then keep glibc's freed memory)."""
+    env = worker_env()
+    if not env and os.environ.get(MALLOC_ENV, "").strip().lower() not in ("default", "keep"):
+        print(f"warning: {JEMALLOC} not found: the workers run on glibc's malloc with freed memory kept, whose heap "
+              "fragments in a long run (pipedream/allocator.py); install it (Debian: apt-get install libjemalloc2, "
+              "conda: conda install -c conda-forge jemalloc) or set PIPEDREAM_MALLOC=keep to silence this",
+              file=sys.stderr)
+    return env
+
+
 def run_torchrun(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
     """Run the torchrun command ``cmd`` (:func:`torchrun_command`) and wait for it; the workers' stdout (progress)
     goes to stderr and ``out_dir/train.log``, everything else (warnings, tracebacks, torchrun's report) to
@@ -177,7 +191,7 @@ def run_torchrun(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
     """
     from pipedream.runtime import supervise as S
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1",
+    env = {**os.environ, **workers_allocator(), "OMP_NUM_THREADS": str(WORKER_THREADS), "PYTHONUNBUFFERED": "1",
            S.LAUNCHER_PID_ENV: str(os.getpid())}
     out_dir.mkdir(parents=True, exist_ok=True)
     log_path = out_dir / "train.log"

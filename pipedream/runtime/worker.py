@@ -46,7 +46,8 @@ from pipedream.runtime.versions import Policy, WeightVersions
 FAULT_ENV = D.FAULT_ENV
 # the EpochStats fields each rank sums over the epoch's training and rank 0 logs per stage (``<name>_stage<s>``,
 # mean over the stage's replicas; :func:`_stage_row`)
-BUSY = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches")
+BUSY = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches",
+        "minor_faults")
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 
 
@@ -296,7 +297,8 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
       ``wait_s_stage<s>`` (blocked on receives and allreduces) and ``cpu_s_stage<s>`` (CPU seconds of the
       whole process, every thread, :attr:`EpochStats.cpu_s`), seconds, and ``voluntary_switches_stage<s>`` and
       ``involuntary_switches_stage<s>`` (the process's context switches: blocked, preempted;
-      :attr:`EpochStats.voluntary_switches`), mean over the stage's replicas;
+      :attr:`EpochStats.voluntary_switches`) and ``minor_faults_stage<s>`` (its minor page faults,
+      :attr:`EpochStats.minor_faults`), mean over the stage's replicas;
     * with ``measure_memory``: ``peak_memory_bytes_stage<s>``, the categories at that peak as
       ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory_meter.CATEGORIES`) and on CUDA
       ``cuda_max_allocated_bytes_stage<s>``, bytes, of the stage's largest replica.
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = cfg.run_dir("pipedream")
     rank = int(os.environ.get("RANK", "0"))
     die_with_parent()
-    keep_freed_memory()  # the profile's step ran with it (pipedream/allocator.py)
+    keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
 
     def _run() -> None:
         D.init(cfg.comm_timeout_s)

@@ -32,7 +32,7 @@ CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
                    "measured_cpu_s", "predicted_work_s", "cpu_ratio", "measured_compute_cpu_s",
                    "predicted_compute_work_s", "compute_cpu_ratio", "measured_step_cpu_s", "predicted_step_work_s",
-                   "step_cpu_ratio", "stage_factor"]
+                   "step_cpu_ratio", "stage_factor", "minor_faults"]
 # compute_check.csv's measured CPU, the work the prediction gave it and their ratio: the whole process, the
 # forwards and backwards, the optimizer steps
 CPU_AGAINST_WORK = (("measured_cpu_s", "predicted_work_s", "cpu_ratio"),
@@ -83,7 +83,9 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
     (``measured_step_cpu_s_stage<s>``) over the steps' predicted work (``predicted_step_work_s_stage<s>``: the
     profile's step rate, with copy on write where the stage stashes weight versions). ``stage_factor``: the stage's
     step alone over its layers' share of the whole step, measured before the run and in its prediction
-    (:mod:`pipedream.stage_probe`; NaN for DP and without the probe).
+    (:mod:`pipedream.stage_probe`; NaN for DP and without the probe). ``minor_faults``: the process's minor page
+    faults over an epoch's training (the kernel's CPU in memory the allocator handed out untouched, spent inside
+    the compute; :mod:`pipedream.allocator`; NaN where the run did not log them).
     Columns: :data:`COMPUTE_COLUMNS` (seconds; ratio = measured /
     predicted compute; NaN where a run logged no CPU seconds)."""
     rows = []
@@ -100,6 +102,7 @@ def compute_rows(results: Path, models: list[str]) -> pd.DataFrame:
                 cpu, work = _number(run.get(f"{cpu_key}_stage{stage}")), _number(run.get(f"{work_key}_stage{stage}"))
                 rows[-1].update({cpu_key: cpu, work_key: work, ratio_key: cpu / work if work > 0 else math.nan})
             rows[-1]["stage_factor"] = _number(run.get(f"stage_factor_stage{stage}"))
+            rows[-1]["minor_faults"] = _number(run.get(f"minor_faults_stage{stage}"))
             stage += 1
     return pd.DataFrame(rows, columns=COMPUTE_COLUMNS)
 
