@@ -27,17 +27,18 @@ block allocated and freed over and over settles at 448 MiB more resident, 7 bloc
 A worker is not such a loop: weight versions, messages, optimizer steps and two minibatches in flight allocate
 between its large blocks, and glibc's heap then fragments without end. On the 2-core CI VM (AMD EPYC, glibc 2.36,
 2026-11-30, AWD-LM's 2-2 pipeline, one epoch) each decoder-stage worker grew from 1.1 to 2.9 GB resident in 35 s,
-faulting its 90 MB logits gradient (21,875 pages) in again in 25 of 128 backwards (546,918 minor faults, 2.7 s
-of system time in one rank's backwards; the slowest took 300-385 ms of CPU against a median of 83-101 ms): the
-stage computed at 1.13-1.25x its profiled work in five runs of that hour, 1.04-1.09x in four others (the heap's
-layout is a draw). With glibc as it is, the same
-worker stayed at 0.9 GB but faulted some 120,000 pages a second. The workers therefore run on jemalloc (Debian
-``libjemalloc2``, conda-forge ``jemalloc``), preloaded (:func:`worker_env`, ``LD_PRELOAD``) with
-:data:`JEMALLOC_CONF`: no separate arena for blocks over 8 MiB (``oversize_threshold:0``; jemalloc's own default
-returns those to the system at once, and a worker faulted the same 570,000 pages in 5 s as without) and no
-purging of freed pages (``dirty_decay_ms:-1,muzzy_decay_ms:-1``). The same AWD-LM worker then stayed at 0.93-0.98
-GB, took about 600 faults a second, its backwards 78-113 ms of CPU, its stage at 1.09x its work. Where jemalloc is
-not installed the workers fall back to :func:`keep_freed_memory` (one warning line). ``PIPEDREAM_MALLOC``:
+faulting its 90 MB logits gradient (21,875 pages) in again in 25 of 128 backwards (546,918 minor faults, 2.7 s of
+system time in one rank's backwards; the slowest took 300-385 ms of CPU against a median of 83-101 ms): the stage
+computed at 1.13-1.37x its profiled work in eleven runs within the hour, 1.04-1.09x in five (the heap's layout is a
+draw). With glibc as it is the same worker stayed at 0.9 GB but faulted some 120,000 pages a second (1.64x).
+
+The workers therefore run on jemalloc (Debian ``libjemalloc2``, conda-forge ``jemalloc``), preloaded
+(:func:`worker_env`, ``LD_PRELOAD``) with :data:`JEMALLOC_CONF`: no separate arena for blocks over 8 MiB
+(``oversize_threshold:0``; jemalloc's own default returns those to the system at once: that decoder-stage worker
+faulted some 116,000 pages a second (1.79x), as many as on glibc as it is) and no purging of freed pages
+(``dirty_decay_ms:-1,muzzy_decay_ms:-1``). The same AWD-LM worker then stayed at 0.93-0.98 GB, took 240-630 faults
+a second (its stage-0 peers the most), its backwards 78-113 ms of CPU, its stage at 1.09x its work. Where jemalloc
+is not installed the workers fall back to :func:`keep_freed_memory` (one warning line). ``PIPEDREAM_MALLOC``:
 ``default`` leaves every process's allocator as it is (``benchmarks/malloc`` compares), ``keep`` gives the workers
 glibc with freed memory kept, ``jemalloc`` (and unset) jemalloc where installed.
 """

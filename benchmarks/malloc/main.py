@@ -1,15 +1,19 @@
 """Does the C allocator make a fresh process's training step a draw? Fresh processes, one thread, one at a time.
 
-Every process that computes a step on the CPU keeps freed memory (:func:`pipedream.allocator.keep_freed_memory`:
-glibc's mmap and trim thresholds raised, so a step's blocks are reused rather than unmapped and faulted in again).
-This starts ``--processes`` fresh processes per mode, alternating ``default`` (``PIPEDREAM_MALLOC=default``: glibc
-as it is) and ``keep``, each setting its allocator first, as a worker does, then building the model and the
-profile's step (:func:`pipedream.commands.profile.runtime_step` on the first minibatch of epoch 1) and timing
-``--steps`` steps after ``--warmup``, with the ``--optimizer``'s step between steps as a worker has (none: the
-profile's step alone). For each model and mode it prints the mean over processes of each one's median step
-(main-thread CPU, :func:`time.thread_time`), their spread (min-max and coefficient of variation: how much of a
-draw a fresh process is) and the minor page faults a step (``getrusage(RUSAGE_THREAD)``), then keep's mean over
-default's.
+The profile and the probes keep freed memory (:func:`pipedream.allocator.keep_freed_memory`: glibc's mmap and
+trim thresholds raised, so a step's blocks are reused rather than unmapped and faulted in again); the workers run
+on jemalloc where it is installed. This starts ``--processes`` fresh processes per mode, alternating ``default``
+(``PIPEDREAM_MALLOC=default``: glibc as it is), ``keep`` and, where it is installed, ``jemalloc`` (started with
+:func:`pipedream.allocator.worker_env`, as the launcher starts the workers since 2026-11-30), each setting its
+allocator first, as a worker does, then building the model and the profile's step
+(:func:`pipedream.commands.profile.runtime_step` on the first minibatch of epoch 1) and timing ``--steps`` steps
+after ``--warmup``, with the ``--optimizer``'s step between steps as a worker has (none: the profile's step
+alone). For each model and mode it prints the mean over processes of each one's median step (main-thread CPU,
+:func:`time.thread_time`), their spread (min-max and coefficient of variation: how much of a draw a fresh process
+is) and the minor page faults a step (``getrusage(RUSAGE_THREAD)``), then each mode's mean over default's. A loop
+of one step is the pattern in which glibc's kept heap does not fragment; a worker's is not
+(:mod:`pipedream.allocator`): to compare allocators on the runs themselves, run ``benchmarks/repeat`` with
+``PIPEDREAM_MALLOC=keep`` and without.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/malloc/main.py --models s2vt vgg16 --processes 6
 """
@@ -29,7 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a worktree
 
-MODES = ("default", "keep")
+from pipedream.allocator import jemalloc_library, worker_env  # noqa: E402
+
+MODES = ("default", "keep", "jemalloc") if jemalloc_library() else ("default", "keep")
 
 
 def child(model: str, steps: int, warmup: int, optimizer: str) -> dict[str, float]:
@@ -87,7 +93,7 @@ def main() -> None:
         got: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
         for _ in range(args.processes):
             for mode in MODES:
-                run_env = dict(env, PIPEDREAM_MALLOC=mode)
+                run_env = dict(env, PIPEDREAM_MALLOC=mode, **(worker_env(env) if mode == "jemalloc" else {}))
                 out = subprocess.run([sys.executable, __file__, "--child", model, "--steps", str(args.steps),
                                       "--warmup", str(args.warmup), "--optimizer", args.optimizer],
                                      env=run_env, capture_output=True, text=True, check=True)
@@ -100,7 +106,7 @@ def main() -> None:
             cv = statistics.pstdev(ms) / means[mode]
             print(f"{model:10} {mode:8} {means[mode]:7.1f}  {min(ms):6.1f}-{max(ms):<6.1f}  {cv:6.3f}  "
                   f"{min(f):.0f}-{max(f):.0f}")
-        print(f"{model:10} keep / default: {means['keep'] / means['default']:.3f}")
+        print(f"{model:10} " + ", ".join(f"{m} / default: {means[m] / means['default']:.3f}" for m in MODES[1:]))
 
 
 if __name__ == "__main__":
