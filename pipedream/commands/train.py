@@ -382,7 +382,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
             final[f"measured_compute_cpu_s_stage{k}"] = sum(compute_cpu) / len(compute_cpu)
             final[f"predicted_compute_work_s_stage{k}"] = busy / scale[k]
         faults = [e[f"minor_faults_stage{k}"] for e in steady if f"minor_faults_stage{k}" in e]
-        if faults:  # pages the allocator handed out untouched (pipedream/allocator.py): the kernel's CPU, not the profile's
+        if faults:  # pages the kernel zeroed because the allocator handed out untouched memory (pipedream/allocator.py)
             final[f"minor_faults_stage{k}"] = sum(faults) / len(faults)
         step_cpu = [e[f"step_cpu_s_stage{k}"] for e in steady if f"step_cpu_s_stage{k}" in e]
         if step_cpu and k < len(step_work):  # the optimizer steps' CPU against their predicted work
