@@ -26,11 +26,12 @@ block allocated and freed over and over settles at 448 MiB more resident, 7 bloc
 
 A worker is not such a loop: weight versions, messages, optimizer steps and two minibatches in flight allocate
 between its large blocks, and glibc's heap then fragments without end. On the 2-core CI VM (AMD EPYC, glibc 2.36,
-2026-11-30, AWD-LM's 2-2 pipeline, one epoch) each decoder-stage worker grew from 1.1 to 2.9 GB resident in 35 s,
-faulting its 90 MB logits gradient (21,875 pages) in again in 25 of 128 backwards (546,918 minor faults, 2.7 s of
-system time in one rank's backwards; the slowest took 300-385 ms of CPU against a median of 83-101 ms): the stage
-computed at 1.13-1.37x its profiled work in eleven runs within the hour, 1.04-1.09x in five (the heap's layout is a
-draw). With glibc as it is the same worker stayed at 0.9 GB but faulted some 120,000 pages a second (1.64x).
+2026-11-30, AWD-LM's 2-2 pipeline, one epoch) the two decoder-stage workers grew from 1.1 to 2.7 and 2.9 GB
+resident in 35 s; in another run one of them faulted its 90 MB logits gradient (21,875 pages) in again in 25 of 128
+backwards (546,918 minor faults, 2.7 s of system time in its backwards; the slowest took up to 198-385 ms of CPU
+against a median of 82-101 ms in two such runs): the stage computed at 1.13-1.37x its profiled work in eleven runs
+within the hour, 1.04-1.09x in five (the heap's layout is a draw). With glibc as it is the same worker stayed at
+0.9 GB but faulted some 120,000 pages a second (1.64x).
 
 The workers therefore run on jemalloc (Debian ``libjemalloc2``, conda-forge ``jemalloc``), preloaded
 (:func:`worker_env`, ``LD_PRELOAD``) with :data:`JEMALLOC_CONF`: no separate arena for blocks over 8 MiB
@@ -104,6 +105,13 @@ def jemalloc_library(dirs: Sequence[str | Path] | None = None) -> str | None:
     return None
 
 
+def wants_jemalloc(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the workers should run on jemalloc: ``PIPEDREAM_MALLOC`` unset or ``jemalloc``, not ``default`` or
+    ``keep`` (glibc; module docstring). ``environ``: default ``os.environ``."""
+    environ = os.environ if environ is None else environ
+    return environ.get(ENV, "").strip().lower() not in ("default", "keep")
+
+
 def worker_env(environ: Mapping[str, str] | None = None, library: str | None = None) -> dict[str, str]:
     """The variables a worker process must start with for its allocator (module docstring): ``LD_PRELOAD`` with
     jemalloc first and ``MALLOC_CONF`` with :data:`JEMALLOC_CONF` first (a user's own options after it, so theirs
@@ -115,7 +123,7 @@ def worker_env(environ: Mapping[str, str] | None = None, library: str | None = N
         library: jemalloc's path (default :func:`jemalloc_library`).
     """
     environ = os.environ if environ is None else environ
-    if environ.get(ENV, "").strip().lower() in ("default", "keep"):
+    if not wants_jemalloc(environ):
         return {}
     library = library or jemalloc_library()
     if library is None:

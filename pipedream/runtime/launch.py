@@ -39,8 +39,7 @@ from typing import IO, Any
 
 import torch.multiprocessing as mp
 
-from pipedream.allocator import ENV as MALLOC_ENV
-from pipedream.allocator import JEMALLOC, worker_env
+from pipedream.allocator import JEMALLOC, wants_jemalloc, worker_env
 from pipedream.errors import PipeDreamError
 from pipedream.runtime.config import TrainConfig
 
@@ -167,7 +166,7 @@ def workers_allocator() -> dict[str, str]:
     """The workers' allocator variables (:func:`pipedream.allocator.worker_env`: jemalloc preloaded); one warning
     line where jemalloc is wanted and not installed (the workers then keep glibc's freed memory)."""
     env = worker_env()
-    if not env and os.environ.get(MALLOC_ENV, "").strip().lower() not in ("default", "keep"):
+    if not env and wants_jemalloc():
         print(f"warning: {JEMALLOC} not found: the workers run on glibc's malloc with freed memory kept, whose heap "
               "fragments in a long run (pipedream/allocator.py); install it (Debian: apt-get install libjemalloc2, "
               "conda: conda install -c conda-forge jemalloc) or set PIPEDREAM_MALLOC=keep to silence this",
