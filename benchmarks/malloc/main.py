@@ -93,7 +93,8 @@ def main() -> None:
         got: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
         for _ in range(args.processes):
             for mode in MODES:
-                run_env = dict(env, PIPEDREAM_MALLOC=mode, **(worker_env(env) if mode == "jemalloc" else {}))
+                run_env = dict(env, PIPEDREAM_MALLOC=mode)
+                run_env.update(worker_env(run_env))  # jemalloc's variables for that mode only (the mode decides)
                 out = subprocess.run([sys.executable, __file__, "--child", model, "--steps", str(args.steps),
                                       "--warmup", str(args.warmup), "--optimizer", args.optimizer],
                                      env=run_env, capture_output=True, text=True, check=True)
