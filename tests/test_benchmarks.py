@@ -86,6 +86,9 @@ def test_cores_runs_the_workflows_commands() -> None:
     cfg["profile"]["host_seconds"] = 6
     alexnet = dict(cores.commands(cfg, "alexnet", Path("/w"), "c.yaml"))["profile"]
     assert "--host-seconds 6 --no-host-oversubscribed --optimizers sgd " in alexnet
+    assert cores.profile_command(cfg, "alexnet", Path("/p")) == (  # benchmarks/probe/repeat.py's: two copies a core too
+        "profile --model alexnet --preset reduced --profiled-batch 32 --warmup 2 --iters 10 --device cpu "
+        "--host-seconds 6 --optimizers sgd --out-dir /p")
     short = cores.with_host_seconds(cfg, 3)  # --host-seconds: a shorter probe, the config left as it was
     alexnet = dict(cores.commands(short, "alexnet", Path("/w"), "c.yaml"))["profile"]
     assert "--host-seconds 3 --no-host-oversubscribed --optimizers sgd " in alexnet

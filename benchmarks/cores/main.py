@@ -127,20 +127,29 @@ def with_host_seconds(cfg: dict[str, Any], seconds: float) -> dict[str, Any]:
     return {**cfg, "profile": {**cfg["profile"], "host_seconds": seconds}}
 
 
+def profile_command(cfg: dict[str, Any], model: str, profile: Path, oversubscribed: bool = True) -> str:
+    """The ``pipedream profile`` command line (without ``pipedream``) of ``model`` into ``profile``, with the
+    workflow's settings from the config (workflows/rules/profile.smk): its batch, warm-up, iterations and host probe
+    seconds, timing the optimizer the model's runs use (TrainConfig's default where unset); with
+    ``oversubscribed`` False, ``--no-host-oversubscribed`` (no two copies per core)."""
+    mc, prof = cfg["models"][model], cfg["profile"]
+    optimizer = mc["train"].get("optimizer", TrainConfig().optimizer)
+    host = f"--host-seconds {prof['host_seconds']} " if "host_seconds" in prof else ""
+    return (f"profile --model {model} --preset {mc['preset']} --profiled-batch {prof['batch_size']} "
+            f"--warmup {prof['warmup']} --iters {prof['iters']} --device cpu {host}"
+            f"{'' if oversubscribed else '--no-host-oversubscribed '}--optimizers {optimizer} --out-dir {profile}")
+
+
 def commands(cfg: dict[str, Any], model: str, out: Path, clusters: str, runs: Path | None = None) -> list[tuple[str, str]]:
     """``(name, pipedream command line)`` of one model's profile, plan and two trainings, with the workflow's
     settings from the config (workflows/rules: profile.smk, plan.smk, train.smk; the profile without two copies per
     core, ``--no-host-oversubscribed``, which no run with a core per worker takes) in ``make run``'s layout under
     ``out`` (``profiles/<model>``, ``plans/<model>.json``, ``runs/<model>/<mode>``; the trainings under
     ``<runs>/runs/<model>/<mode>`` where ``runs`` is given, :func:`repeat_dir`)."""
-    mc, prof = cfg["models"][model], cfg["profile"]
+    mc = cfg["models"][model]
     profile, plan = out / "profiles" / model, out / "plans" / f"{model}.json"
-    optimizer = mc["train"].get("optimizer", TrainConfig().optimizer)
-    host = f"--host-seconds {prof['host_seconds']} " if "host_seconds" in prof else ""
     # every run here has a core per worker: two copies per core (host.oversubscribed) would enter no prediction
-    cmds = [("profile", f"profile --model {model} --preset {mc['preset']} --profiled-batch {prof['batch_size']} "
-                        f"--warmup {prof['warmup']} --iters {prof['iters']} --device cpu {host}"
-                        f"--no-host-oversubscribed --optimizers {optimizer} --out-dir {profile}"),
+    cmds = [("profile", profile_command(cfg, model, profile, oversubscribed=False)),
             ("plan", f"plan --profile {profile}/graph.txt --clusters {clusters} --cluster {cfg['cluster']} "
                      f"--model {model} --out {plan}")]
     link = f"--emulate-bandwidth-Bps {cfg['emulate_bandwidth_Bps']} " if cfg.get("emulate_bandwidth_Bps") else ""
