@@ -26,11 +26,11 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `pipedream` from this checkout, also in a worktree
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a worktree
 
 from benchmarks.cores.main import profile_command, with_host_seconds  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 FIGURES = ("copy_step_s", "oversubscribed", "contention")
 
 
@@ -63,8 +63,11 @@ def main() -> None:
                                     stdout=log, stderr=subprocess.STDOUT).returncode
             if rc:
                 sys.exit(f"error: profiling {args.model} failed (rc={rc}); see {folder / 'profile.log'}")
-            host = json.loads((folder / "meta.json").read_text())["host"]
-            row = (time.perf_counter() - start, *(host.get(f, 1.0) for f in FIGURES))
+            host = json.loads((folder / "meta.json").read_text()).get("host", {})
+            if any(f not in host for f in FIGURES):
+                sys.exit(f"error: {folder / 'meta.json'} has no host probe ({', '.join(FIGURES)}); "
+                         "give --seconds above 0")
+            row = (time.perf_counter() - start, *(host[f] for f in FIGURES))
             got[seconds].append(row)
             print(f"--host-seconds {seconds:g}: {row[0]:.1f} s, copy step {row[1] * 1e3:.1f} ms, two a core "
                   f"{row[2]:.3f}, one a core {row[3]:.3f}", flush=True)
