@@ -143,3 +143,36 @@ def test_one_queue_per_core_is_the_fluid_model_on_one_core_or_with_a_core_per_ra
     assert pipeline(4, tick_s=0.004) == pytest.approx(pipeline(4), rel=1e-12)
     assert pipeline(4, threads=2, tick_s=0.004) == pytest.approx(pipeline(4, threads=2), rel=1e-12)
     assert pipeline(2, tick_s=0.004) > pipeline(2) * 1.001
+
+
+def test_a_short_epoch_ends_the_steady_state_search_and_is_simulated_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four uneven stages on 2 tick-balanced cores never settle to a periodic state (runs of 10 to 120
+    minibatches). An epoch of 64 minibatches stops the search at the first run that covers it (120; before, it
+    went on doubling to 2,560) and is simulated exactly: its time is that of one event simulation of 64
+    minibatches. A long epoch still searches on."""
+    from pipedream.graph import LayerGraph, Node
+    from pipedream.sim import simulate
+    from pipedream.sim.costs import stage_costs
+
+    g = LayerGraph(minibatch_size=8)
+    for i, (f, b) in enumerate([(0.0031, 0.0067), (0.0043, 0.0081), (0.0029, 0.0059), (0.0052, 0.011)]):
+        g.add_node(Node(f"n{i}", "Linear", f, b, (1e5,), 0.0))
+        if i:
+            g.add_edge(f"n{i - 1}", f"n{i}")
+    nodes, ranks, cluster = [[f"n{i}"] for i in range(4)], [[i] for i in range(4)], Cluster("c", [(4, 1e9)])
+    queues, lengths = RunQueues(2, 0.004), []
+    real = simulate.run_minibatches
+
+    def recorded(kind, stage_ranks, costs, net, n, *args, **kwargs):  # type: ignore[no-untyped-def]
+        lengths.append(n)
+        return real(kind, stage_ranks, costs, net, n, *args, **kwargs)
+
+    monkeypatch.setattr(simulate, "run_minibatches", recorded)
+    res = simulate.simulate_stages(g, nodes, ranks, cluster, dataset_size=8 * 64, sharing=shared, queues=queues)
+    assert lengths == [10, 20, 30, 40, 60, 80, 120, 64]
+    assert not res.steady_state_converged
+    exact = real("1f1b", ranks, stage_costs(g, nodes, 8), cluster, 64, sharing=shared, queues=queues)
+    assert res.epoch_time_s == pytest.approx(exact.makespan_s, rel=1e-12)
+    lengths.clear()
+    simulate.simulate_stages(g, nodes, ranks, cluster, dataset_size=8 * 10**5, sharing=shared, queues=queues)
+    assert max(lengths) > 120
