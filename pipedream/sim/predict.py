@@ -143,7 +143,8 @@ class Prediction:
         compute_scale: per stage, ``f_s``: wall seconds of its forwards and backwards per second of their work
             in the simulated run (1: no sharing).
         concurrency: per stage, ``C_s``: ranks computing at once, as an average unit of the stage's compute sees it.
-        busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged (steady state).
+        busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged over the steady-state search's
+            last runs (``steady_figures=False``: for a short epoch they need not have settled).
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`);
             oversubscribed: with two threads per core, over their fair share (None: not measured).
@@ -371,7 +372,7 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     def simulated(costs: list[StageCost], trace: bool) -> SimResult:
         return simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=with_cpu(costs), keep_trace=trace,
                                sharing=None if cores is None else slowdown, host_of=lambda r: r // per_host,
-                               collective_cpu=collective_cpu, queues=queues, **kwargs)
+                               collective_cpu=collective_cpu, queues=queues, steady_figures=False, **kwargs)
 
     res = simulated(compute, True)
     epoch_s = res.epoch_time_s

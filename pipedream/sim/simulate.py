@@ -169,7 +169,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     sharing: Callable[[int], float] | None = None,
                     host_of: Callable[[int], int] | None = None, recompute: bool = False,
                     collective_cpu: Callable[[int, float], float] | None = None,
-                    queues: RunQueues | None = None) -> SimResult:
+                    queues: RunQueues | None = None, steady_figures: bool = True) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -206,6 +206,10 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             single-threaded workers placed as the kernel places them); None: the fluid model of ``sharing``.
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
+        steady_figures: for an epoch short enough to simulate exactly, search for the steady state past the
+            epoch's length all the same (the steady-state figures: ``time_per_minibatch_s``, ``utilisation``, ...);
+            False stops the search at the first run that covers the epoch (:func:`_steady_state`): the epoch time is
+            the same, the figures come from the runs tried (``steady_state_converged`` says whether they settled).
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster, or a tied
             parameter on stages the runtime refuses for the schedule (:func:`pipedream.tied.replica_conflict`).
@@ -238,7 +242,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     per_mb = batch * m
     n_epoch = math.ceil(dataset_size / per_mb)
     first = sim(n0, record=keep_trace)
-    n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first, n_epoch)
+    n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first, math.inf if steady_figures else n_epoch)
     if n_epoch <= n_b:  # short enough to simulate exactly
         tr_e = sim(unit * math.ceil(n_epoch / unit))
         epoch_s, busy_epoch = tr_e.makespan_s, sum(tr_e.busy_s.values())
@@ -288,11 +292,13 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace,
     """Find run lengths past the transient: ``T(2n) - T(n) == T(3n) - T(2n)`` (relative :data:`STEADY_RTOL`), doubling ``n``
     from ``n0`` (at most :data:`MAX_DOUBLINGS` times); returns ``(2n, 3n, trace(2n), trace(3n), converged)``.
 
-    The search also stops once ``3n`` reaches ``epoch`` (the epoch's minibatches): :func:`simulate_stages` then
-    simulates the epoch exactly, and the runs only give the steady-state figures (``converged`` says whether they
-    reached it). A short epoch on shared cores rarely reaches it at all: tick-balanced run queues
-    (:mod:`pipedream.sim.run_queues`) keep shifting the period, and the reduced GNMT-8's straight pipeline (64
-    minibatches an epoch) went on to runs of 2,560 minibatches, 2 minutes of its 2-minute prediction."""
+    With ``epoch`` (the epoch's minibatches) the search also stops once ``3n`` reaches it: :func:`simulate_stages`
+    then simulates the epoch exactly, and the runs only give the steady-state figures (``converged`` says whether
+    they settled). A prediction needs only the epoch (:func:`pipedream.sim.predict.predict_epoch`), and a short
+    epoch on shared cores settles late or never: tick-balanced run queues (:mod:`pipedream.sim.run_queues`) keep
+    shifting the period. The reduced GNMT-8's straight pipeline (64 minibatches an epoch) went on to runs of 480
+    minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18: 127 s of
+    its 135 s prediction on the 2-core CI VM (14 s since)."""
     n, t1, t2 = n0, first, sim(2 * n0)
     for _ in range(MAX_DOUBLINGS + 1):
         t3 = sim(3 * n)
