@@ -3,10 +3,11 @@
 
 :func:`pipedream.sim.simulate.simulate_stages` looks for the steady state by doubling its runs of minibatches until
 two successive periods agree (:func:`pipedream.sim.simulate._steady_state`). An epoch short enough to simulate
-exactly needs that search only for the steady-state figures, so the search now stops once its longer run covers the
-epoch; before, it went on doubling, to 2,560 minibatches for the reduced GNMT-8's 64 when tick-balanced run queues
-(:mod:`pipedream.sim.run_queues`) kept it from settling, for each of the prediction's 65 simulations (the layouts'
-draws, :mod:`pipedream.sim.layout`). This times :func:`pipedream.sim.predict.predict_run` for every run of
+exactly needs that search only for the steady-state figures, so a prediction's search now stops once its longer run
+covers the epoch (``steady_figures=False``); before, it went on doubling: for the reduced GNMT-8's straight pipeline
+(64 minibatches an epoch) to runs of 480 minibatches in 47 of the prediction's 65 simulations (the mean and the
+layouts' draws, :mod:`pipedream.sim.layout`) and to 2,560 in the other 18, which tick-balanced run queues
+(:mod:`pipedream.sim.run_queues`) kept from settling. This times :func:`pipedream.sim.predict.predict_run` for every run of
 ``--results`` (its profile, plan, stage factors from its ``prediction.json``, this host's cores and tick) both ways,
 and prints both predicted epochs (they must be equal: the epoch is simulated exactly either way), both times and
 their ratio. Nothing is trained; the old search takes minutes per pipeline on the 2-core VM (``--models``).
