@@ -21,34 +21,22 @@ as ``benchmarks/repeat`` gets them). Measured numbers: README.md here.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a worktree
 
+from benchmarks.sharing import main as sharing  # noqa: E402  (its models and make run's command lines)
 from pipedream.host_timing import host_cores  # noqa: E402
 from pipedream.plan import Plan  # noqa: E402
 from pipedream.runtime.launch import WORKER_THREADS  # noqa: E402
 from pipedream.sim import simulate  # noqa: E402
 from pipedream.sim.predict import predict_run, training_samples  # noqa: E402
 from pipedream.sim.run_queues import scheduler_tick_s  # noqa: E402
-
-MODELS = ("vgg16", "resnet50", "alexnet", "gnmt8", "gnmt16", "awd_lm", "s2vt")
-
-
-def repeat_module() -> ModuleType:
-    """``benchmarks/repeat/main.py``: the workflow's command lines of ``make run``'s trainings."""
-    spec = importlib.util.spec_from_file_location("benchmark_repeat", ROOT / "benchmarks" / "repeat" / "main.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def timed_predictions(results: Path, model: str, mode: str, argv: list[str]) -> list[tuple[float, float]]:
@@ -84,14 +72,14 @@ def main() -> int:
     p.add_argument("--results", type=Path, default=ROOT / "results", help="a make run results folder (default results)")
     p.add_argument("--config", type=Path, default=ROOT / "experiments" / "ci.yaml",
                    help="the workflow config the runs were made with (default experiments/ci.yaml)")
-    p.add_argument("--models", nargs="+", default=list(MODELS), help="models (default: all seven)")
+    p.add_argument("--models", nargs="+", default=list(sharing.MODELS), help="models (default: all seven)")
     args = p.parse_args()
     targets = {(m, mode): f"results/runs/{m}/{mode}/run.json" for m in args.models for mode in ("pipedream", "dp")
                if (args.results / "runs" / m / mode / "prediction.json").is_file()}
     if not targets:
         print(f"error: no runs with a prediction in {args.results}/runs: run `make run` first", file=sys.stderr)
         return 1
-    repeat = repeat_module()
+    repeat = sharing.repeat_module()
     commands = repeat.workflow_commands(args.config, list(targets.values()))
     print(f"{host_cores()} cores; the prediction with the search stopping at the epoch (now) and uncapped (before)")
     print(f"{'model':9s} {'mode':9s} {'epoch now':>10s} {'before':>10s} {'s now':>7s} {'s before':>9s} {'ratio':>6s}")
