@@ -297,8 +297,8 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace,
     they settled). A prediction needs only the epoch (:func:`pipedream.sim.predict.predict_epoch`), and a short
     epoch on shared cores settles late or never: tick-balanced run queues (:mod:`pipedream.sim.run_queues`) keep
     shifting the period. The reduced GNMT-8's straight pipeline (64 minibatches an epoch) went on to runs of 480
-    minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18: 127 s of
-    its 135 s prediction on the 2-core CI VM (14 s since)."""
+    minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18: the
+    prediction took 135 s on the 2-core CI VM, 14.7 s with the search stopped at the epoch."""
     n, t1, t2 = n0, first, sim(2 * n0)
     for _ in range(MAX_DOUBLINGS + 1):
         t3 = sim(3 * n)
