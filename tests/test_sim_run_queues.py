@@ -145,11 +145,13 @@ def test_one_queue_per_core_is_the_fluid_model_on_one_core_or_with_a_core_per_ra
     assert pipeline(2, tick_s=0.004) > pipeline(2) * 1.001
 
 
-def test_a_short_epoch_ends_the_steady_state_search_and_is_simulated_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_short_epoch_is_simulated_alone_without_the_steady_state_search(monkeypatch: pytest.MonkeyPatch) -> None:
     """Four uneven stages on 2 tick-balanced cores do not settle to a periodic state in runs of 10 to 120
-    minibatches. Without the steady-state figures (as a prediction asks), an epoch of 64 minibatches stops the
-    search at the first run that covers it (120) and is simulated exactly: its time is that of one event simulation
-    of 64 minibatches. With them (the default) the search goes on past the epoch, to the same epoch time."""
+    minibatches. Without the steady-state figures (as a prediction asks), an epoch of 64 minibatches gets one look
+    (runs of 10, 20, 30), then is simulated once: its time is that of one event simulation of 64 minibatches. With
+    them (the default) the search runs past the epoch, then simulates the epoch: the same time. Past
+    EXACT_EPOCH_MINIBATCHES the search runs either way. On cores of their own the stages settle at once: an epoch
+    of 640 minibatches is extrapolated from the one look, to the time of its exact simulation."""
     from pipedream.graph import LayerGraph, Node
     from pipedream.sim import simulate
     from pipedream.sim.costs import stage_costs
@@ -170,7 +172,7 @@ def test_a_short_epoch_ends_the_steady_state_search_and_is_simulated_exactly(mon
     monkeypatch.setattr(simulate, "run_minibatches", recorded)
     res = simulate.simulate_stages(g, nodes, ranks, cluster, dataset_size=8 * 64, sharing=shared, queues=queues,
                                    steady_figures=False)
-    assert lengths == [10, 20, 30, 40, 60, 80, 120, 64]
+    assert lengths == [10, 20, 30, 64]
     assert not res.steady_state_converged
     exact = real("1f1b", ranks, stage_costs(g, nodes, 8), cluster, 64, sharing=shared, queues=queues)
     assert res.epoch_time_s == pytest.approx(exact.makespan_s, rel=1e-12)
@@ -178,3 +180,14 @@ def test_a_short_epoch_ends_the_steady_state_search_and_is_simulated_exactly(mon
     full = simulate.simulate_stages(g, nodes, ranks, cluster, dataset_size=8 * 64, sharing=shared, queues=queues)
     assert lengths[:7] == [10, 20, 30, 40, 60, 80, 120] and max(lengths) > 120 and lengths[-1] == 64
     assert full.epoch_time_s == res.epoch_time_s
+    lengths.clear()
+    monkeypatch.setattr(simulate, "EXACT_EPOCH_MINIBATCHES", 63)
+    searched = simulate.simulate_stages(g, nodes, ranks, cluster, dataset_size=8 * 64, sharing=shared,
+                                        queues=queues, steady_figures=False)
+    assert lengths[:7] == [10, 20, 30, 40, 60, 80, 120] and lengths[-1] == 64
+    assert searched.epoch_time_s == res.epoch_time_s
+    lengths.clear()
+    alone = simulate.simulate_stages(g, nodes, ranks, cluster, dataset_size=8 * 640, steady_figures=False)
+    assert lengths == [10, 20, 30] and alone.steady_state_converged
+    exact = real("1f1b", ranks, stage_costs(g, nodes, 8), cluster, 640)
+    assert alone.epoch_time_s == pytest.approx(exact.makespan_s, rel=1e-9)

@@ -1,19 +1,19 @@
 """How long does a ``pipedream train`` run's prediction take? Every run of a ``make run`` predicted again as
-``pipedream train`` predicts it, with the steady-state search as it is and as it was before session 43, side by side.
-
-:func:`pipedream.sim.simulate.simulate_stages` looks for the steady state by doubling its runs of minibatches until
-two successive periods agree (:func:`pipedream.sim.simulate._steady_state`). An epoch short enough to simulate
-exactly needs that search only for the steady-state figures, so a prediction's search now stops once its longer run
-covers the epoch (``steady_figures=False``); before, it went on doubling: for the reduced GNMT-8's straight pipeline
-(64 minibatches an epoch) to runs of 480 minibatches in 47 of the prediction's 65 simulations (the mean and the
-layouts' draws, :mod:`pipedream.sim.layout`) and to 2,560 in the other 18, which tick-balanced run queues
-(:mod:`pipedream.sim.run_queues`) kept from settling. This times :func:`pipedream.sim.predict.predict_run` for every run of
-``--results`` (its profile, plan, stage factors from its ``prediction.json``, this host's cores and tick) both ways,
-and prints both predicted epochs (they must be equal: the epoch is simulated exactly either way), both times and
-their ratio. Nothing is trained; the old search takes minutes per pipeline on the 2-core VM (``--models``).
-
-Needs a ``make run`` results folder (the trainings' command lines come from ``snakemake -n -p`` on ``--config``,
-as ``benchmarks/repeat`` gets them). Measured numbers: README.md here.
+``pipedream train`` predicts it, with the epoch simulated alone (as it is) and after the simulator's steady-state
+search (as before), side by side. :func:`pipedream.sim.simulate.simulate_stages` looks for the steady state by
+doubling its runs of minibatches until two successive periods agree (:func:`pipedream.sim.simulate._steady_state`),
+then simulates an epoch no longer than its last run exactly. An epoch of at most
+:data:`pipedream.sim.simulate.EXACT_EPOCH_MINIBATCHES` minibatches needs that search only for the steady-state
+figures, so a prediction (``steady_figures=False``) now simulates it alone, after one short first run. With the
+search, the reduced GNMT-8's straight pipeline (64 minibatches an epoch) ran to 480 minibatches in 47 of the
+prediction's 65 simulations (the mean and the layouts' draws, :mod:`pipedream.sim.layout`) and to 2,560 in the other
+18, which tick-balanced run queues (:mod:`pipedream.sim.run_queues`) kept from settling. This times
+:func:`pipedream.sim.predict.predict_run` for every run of ``--results`` (its profile, plan, stage factors from its
+``prediction.json``, this host's cores and tick) both ways, and prints both predicted epochs (equal up to the
+search's extrapolation where it settled before the epoch), both times and their ratio. Nothing is trained; the
+search takes minutes per pipeline on the 2-core VM (``--models``). Needs a ``make run`` results folder (the
+trainings' command lines come from ``snakemake -n -p`` on ``--config``, as ``benchmarks/repeat`` gets them).
+Measured numbers: README.md here.
 
     .venv/bin/python benchmarks/prediction_time/main.py --results results [--models gnmt8 alexnet]
 """
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -40,8 +39,9 @@ from pipedream.sim.run_queues import scheduler_tick_s  # noqa: E402
 
 
 def timed_predictions(results: Path, model: str, mode: str, argv: list[str]) -> list[tuple[float, float]]:
-    """``[(epoch s, seconds to predict it)]``, the search stopping at the epoch and then uncapped, for the run of
-    ``model`` in ``mode`` whose command line is ``argv`` (:func:`repeat_argv` of ``benchmarks/repeat``)."""
+    """``[(epoch s, seconds to predict it)]``, the epoch simulated alone and then after the steady-state search,
+    for the run of ``model`` in ``mode`` whose command line is ``argv`` (:func:`repeat_argv` of
+    ``benchmarks/repeat``)."""
     from pipedream.cli import build_parser
     from pipedream.commands.train import _config
 
@@ -51,18 +51,19 @@ def timed_predictions(results: Path, model: str, mode: str, argv: list[str]) -> 
     cfg = _config(args)
     plan = Plan.load(next((results / "plans" / model).glob("*.json")))
     stage_factors = json.loads((run_dir / "prediction.json").read_text()).get("stage_factors")
-    capped = simulate._steady_state
+    samples = training_samples(cfg)
+    limit = simulate.EXACT_EPOCH_MINIBATCHES
     out = []
-    for search in (capped, lambda sim, n0, first, epoch=math.inf: capped(sim, n0, first)):  # as is; uncapped
-        simulate._steady_state = search
+    for exact in (limit, 0):  # as is; every epoch searched
+        simulate.EXACT_EPOCH_MINIBATCHES = exact
         try:
             t0 = time.perf_counter()
-            pred = predict_run(cfg, mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
+            pred = predict_run(cfg, mode, plan, Path(args.profile), args.clusters, num_samples=samples,
                                cores=host_cores(), threads=WORKER_THREADS, hosts=args.nnodes,
                                stage_factors=stage_factors, tick_s=scheduler_tick_s())
             out.append((pred.epoch_s, time.perf_counter() - t0))
         finally:
-            simulate._steady_state = capped
+            simulate.EXACT_EPOCH_MINIBATCHES = limit
     return out
 
 
@@ -81,7 +82,7 @@ def main() -> int:
         return 1
     repeat = sharing.repeat_module()
     commands = repeat.workflow_commands(args.config, list(targets.values()))
-    print(f"{host_cores()} cores; the prediction with the search stopping at the epoch (now) and uncapped (before)")
+    print(f"{host_cores()} cores; the prediction with the epoch simulated alone (now) and after the search (before)")
     print(f"{'model':9s} {'mode':9s} {'epoch now':>10s} {'before':>10s} {'s now':>7s} {'s before':>9s} {'ratio':>6s}")
     total = [0.0, 0.0]
     for (model, mode), target in targets.items():

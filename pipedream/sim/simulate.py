@@ -50,6 +50,11 @@ DEFAULT_ALLREDUCE = "ring"
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 MAX_DOUBLINGS = 6
 STEADY_RTOL = 1e-4  # relative agreement of successive periods that counts as the steady state
+# Without the steady-state figures (simulate_stages(steady_figures=False)), an epoch of at most this many
+# minibatches gets one look for the steady state (runs of n0, 2 n0, 3 n0) and, unsettled, is simulated exactly
+# instead of searched: on tick-balanced run queues a short pipeline settles late or never, and the search's runs
+# cost several times the epoch. Every epoch of make run is at most a few hundred minibatches.
+EXACT_EPOCH_MINIBATCHES = 1024
 
 
 @dataclass
@@ -206,10 +211,12 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             single-threaded workers placed as the kernel places them); None: the fluid model of ``sharing``.
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
-        steady_figures: for an epoch short enough to simulate exactly, search for the steady state past the
-            epoch's length all the same (the steady-state figures: ``time_per_minibatch_s``, ``utilisation``, ...);
-            False stops the search at the first run that covers the epoch (:func:`_steady_state`): the epoch time is
-            the same, the figures come from the runs tried (``steady_state_converged`` says whether they settled).
+        steady_figures: search for the steady state (the steady-state figures: ``time_per_minibatch_s``,
+            ``utilisation``, ...; :func:`_steady_state`) whatever the epoch's length. False (what a prediction
+            asks, :func:`pipedream.sim.predict.predict_epoch`): for an epoch of at most
+            :data:`EXACT_EPOCH_MINIBATCHES` minibatches, one look (runs of ``n0``, ``2 n0``, ``3 n0``); if those
+            have not settled, the epoch is simulated once, exactly, and the figures are those of the runs tried
+            (``steady_state_converged`` False). Longer epochs are searched as with True.
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster, or a tied
             parameter on stages the runtime refuses for the schedule (:func:`pipedream.tied.replica_conflict`).
@@ -241,10 +248,16 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
 
     per_mb = batch * m
     n_epoch = math.ceil(dataset_size / per_mb)
+    n_exact = unit * math.ceil(n_epoch / unit)  # the epoch in whole rounds of the replicas
     first = sim(n0, record=keep_trace)
-    n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first, math.inf if steady_figures else n_epoch)
-    if n_epoch <= n_b:  # short enough to simulate exactly
-        tr_e = sim(unit * math.ceil(n_epoch / unit))
+    short = not steady_figures and n_exact <= EXACT_EPOCH_MINIBATCHES
+    if short:  # one look for the steady state, in runs of n0, 2 n0 and 3 n0
+        t2, t3 = sim(2 * n0), sim(3 * n0)
+        n_a, n_b, tr_a, tr_b, converged = 2 * n0, 3 * n0, t2, t3, _settled(first, t2, t3)
+    else:
+        n_a, n_b, tr_a, tr_b, converged = _steady_state(sim, n0, first)
+    if n_epoch <= n_b or (short and not converged):  # simulate the epoch exactly
+        tr_e = sim(n_exact)
         epoch_s, busy_epoch = tr_e.makespan_s, sum(tr_e.busy_s.values())
     else:
         epoch_s = extrapolate(tr_a.makespan_s, tr_b.makespan_s, n_a, n_b, n_epoch)
@@ -287,27 +300,28 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
     )
 
 
-def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace,
-                  epoch: float = math.inf) -> tuple[int, int, Trace, Trace, bool]:
+def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[int, int, Trace, Trace, bool]:
     """Find run lengths past the transient: ``T(2n) - T(n) == T(3n) - T(2n)`` (relative :data:`STEADY_RTOL`), doubling ``n``
     from ``n0`` (at most :data:`MAX_DOUBLINGS` times); returns ``(2n, 3n, trace(2n), trace(3n), converged)``.
 
-    With ``epoch`` (the epoch's minibatches) the search also stops once ``3n`` reaches it: :func:`simulate_stages`
-    then simulates the epoch exactly, and the runs only give the steady-state figures (``converged`` says whether
-    they settled). A prediction needs only the epoch (:func:`pipedream.sim.predict.predict_epoch`), and a short
-    epoch on shared cores settles late or never: tick-balanced run queues (:mod:`pipedream.sim.run_queues`) keep
-    shifting the period. The reduced GNMT-8's straight pipeline (64 minibatches an epoch) went on to runs of 480
-    minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18: the
-    prediction took 135 s on the 2-core CI VM, 14.7 s with the search stopped at the epoch."""
+    On shared cores a short pipeline settles late or never: tick-balanced run queues (:mod:`pipedream.sim.run_queues`)
+    keep shifting the period. The reduced GNMT-8's straight pipeline (64 minibatches an epoch) went on to runs of
+    480 minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18 (135 s
+    on the 2-core CI VM), which is why a prediction simulates a short epoch alone (``steady_figures=False``)."""
     n, t1, t2 = n0, first, sim(2 * n0)
     for _ in range(MAX_DOUBLINGS + 1):
         t3 = sim(3 * n)
-        s1, s2 = t2.makespan_s - t1.makespan_s, t3.makespan_s - t2.makespan_s
-        converged = abs(s1 - s2) <= STEADY_RTOL * abs(s2)
-        if converged or 3 * n >= epoch:
-            return 2 * n, 3 * n, t2, t3, converged
+        if _settled(t1, t2, t3):
+            return 2 * n, 3 * n, t2, t3, True
         n, t1, t2 = 2 * n, t2, sim(4 * n)
     return n, 2 * n, t1, t2, False
+
+
+def _settled(t1: Trace, t2: Trace, t3: Trace) -> bool:
+    """Runs of ``n``, ``2n`` and ``3n`` minibatches are in the steady state: ``T(2n) - T(n)`` and ``T(3n) - T(2n)``
+    agree to :data:`STEADY_RTOL` (relative)."""
+    s1, s2 = t2.makespan_s - t1.makespan_s, t3.makespan_s - t2.makespan_s
+    return abs(s1 - s2) <= STEADY_RTOL * abs(s2)
 
 
 def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "1f1b",
