@@ -143,8 +143,9 @@ class Prediction:
         compute_scale: per stage, ``f_s``: wall seconds of its forwards and backwards per second of their work
             in the simulated run (1: no sharing).
         concurrency: per stage, ``C_s``: ranks computing at once, as an average unit of the stage's compute sees it.
-        busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged over the steady-state search's
-            last runs (``steady_figures=False``: for a short epoch they need not have settled).
+        busy_ranks: ``sum(utilisation)``: ranks computing at once, time-averaged between the simulator's last two
+            runs (``steady_figures=False``: for a short epoch, runs of ``2 n0`` and ``3 n0`` minibatches that need
+            not have settled; :func:`pipedream.sim.simulate.simulate_stages`).
         cores: cores per host assumed (None: no sharing, ranks on GPUs); threads: threads per worker assumed;
             contention: the host's measured slowdown with every core computing (:func:`host_scale`);
             oversubscribed: with two threads per core, over their fair share (None: not measured).
