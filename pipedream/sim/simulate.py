@@ -53,7 +53,7 @@ STEADY_RTOL = 1e-4  # relative agreement of successive periods that counts as th
 # Without the steady-state figures (simulate_stages(steady_figures=False)), an epoch of at most this many
 # minibatches gets one look for the steady state (runs of n0, 2 n0, 3 n0) and, unsettled, is simulated exactly
 # instead of searched: on tick-balanced run queues a short pipeline settles late or never, and the search's runs
-# cost several times the epoch. Every epoch of make run is at most a few hundred minibatches.
+# cost several times the epoch. make run's epochs are 16-256 minibatches (AWD-LM's 256).
 EXACT_EPOCH_MINIBATCHES = 1024
 
 
@@ -307,7 +307,8 @@ def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[i
     On shared cores a short pipeline settles late or never: tick-balanced run queues (:mod:`pipedream.sim.run_queues`)
     keep shifting the period. The reduced GNMT-8's straight pipeline (64 minibatches an epoch) went on to runs of
     480 minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18 (135 s
-    on the 2-core CI VM), which is why a prediction simulates a short epoch alone (``steady_figures=False``)."""
+    on the 2-core CI VM), which is why a prediction gives a short epoch one look and then simulates it
+    exactly (``steady_figures=False``, :func:`simulate_stages`)."""
     n, t1, t2 = n0, first, sim(2 * n0)
     for _ in range(MAX_DOUBLINGS + 1):
         t3 = sim(3 * n)
