@@ -145,7 +145,7 @@ def test_one_queue_per_core_is_the_fluid_model_on_one_core_or_with_a_core_per_ra
     assert pipeline(2, tick_s=0.004) > pipeline(2) * 1.001
 
 
-def test_a_short_epoch_is_simulated_alone_without_the_steady_state_search(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_short_epoch_gets_one_look_for_the_steady_state_then_is_simulated_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """Four uneven stages on 2 tick-balanced cores do not settle to a periodic state in runs of 10 to 120
     minibatches. Without the steady-state figures (as a prediction asks), an epoch of 64 minibatches gets one look
     (runs of 10, 20, 30), then is simulated once: its time is that of one event simulation of 64 minibatches. With

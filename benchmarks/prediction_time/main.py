@@ -1,10 +1,12 @@
 """How long does a ``pipedream train`` run's prediction take? Every run of a ``make run`` predicted again as
-``pipedream train`` predicts it, with the epoch simulated alone (as it is) and after the simulator's steady-state
-search (as before), side by side. :func:`pipedream.sim.simulate.simulate_stages` looks for the steady state by
+``pipedream train`` predicts it, with a short epoch simulated after one look for the steady state (as it is) and
+after the simulator's full steady-state search (as before), side by side.
+:func:`pipedream.sim.simulate.simulate_stages` looks for the steady state by
 doubling its runs of minibatches until two successive periods agree (:func:`pipedream.sim.simulate._steady_state`),
 then simulates an epoch no longer than its last run exactly. An epoch of at most
 :data:`pipedream.sim.simulate.EXACT_EPOCH_MINIBATCHES` minibatches needs that search only for the steady-state
-figures, so a prediction (``steady_figures=False``) now simulates it alone, after one short first run. With the
+figures, so a prediction (``steady_figures=False``) now gives it one look (runs of n0, 2 n0, 3 n0) and, unsettled,
+simulates it exactly. With the
 search, the reduced GNMT-8's straight pipeline (64 minibatches an epoch) ran to 480 minibatches in 47 of the
 prediction's 65 simulations (the mean and the layouts' draws, :mod:`pipedream.sim.layout`) and to 2,560 in the other
 18, which tick-balanced run queues (:mod:`pipedream.sim.run_queues`) kept from settling. This times
@@ -39,7 +41,7 @@ from pipedream.sim.run_queues import scheduler_tick_s  # noqa: E402
 
 
 def timed_predictions(results: Path, model: str, mode: str, argv: list[str]) -> list[tuple[float, float]]:
-    """``[(epoch s, seconds to predict it)]``, the epoch simulated alone and then after the steady-state search,
+    """``[(epoch s, seconds to predict it)]``, a short epoch after one look and then after the full search,
     for the run of ``model`` in ``mode`` whose command line is ``argv`` (:func:`repeat_argv` of
     ``benchmarks/repeat``)."""
     from pipedream.cli import build_parser
@@ -82,7 +84,7 @@ def main() -> int:
         return 1
     repeat = sharing.repeat_module()
     commands = repeat.workflow_commands(args.config, list(targets.values()))
-    print(f"{host_cores()} cores; the prediction with the epoch simulated alone (now) and after the search (before)")
+    print(f"{host_cores()} cores; the prediction after one look (now) and after the full search (before)")
     print(f"{'model':9s} {'mode':9s} {'epoch now':>10s} {'before':>10s} {'s now':>7s} {'s before':>9s} {'ratio':>6s}")
     total = [0.0, 0.0]
     for (model, mode), target in targets.items():
