@@ -41,7 +41,10 @@ faulted some 116,000 pages a second (1.79x), as many as on glibc as it is) and n
 a second (its stage-0 peers the most), its backwards 78-113 ms of CPU, its stage at 1.09x its work. Where jemalloc
 is not installed the workers fall back to :func:`keep_freed_memory` (one warning line). ``PIPEDREAM_MALLOC``:
 ``default`` leaves every process's allocator as it is (``benchmarks/malloc`` compares), ``keep`` gives the workers
-glibc with freed memory kept, ``jemalloc`` (and unset) jemalloc where installed.
+glibc with freed memory kept, ``jemalloc`` (and unset) jemalloc where installed. ``PIPEDREAM_JEMALLOC``: the path
+of ``libjemalloc.so.2`` where it is not in a standard directory (a cluster's module tree, a home directory, the
+device kit of ``benchmarks/cores``); set to a path that is no file, the run stops with an error before any worker
+starts, rather than running on another allocator than asked.
 """
 
 from __future__ import annotations
@@ -54,7 +57,10 @@ import sysconfig
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pipedream.errors import PipeDreamError
+
 ENV = "PIPEDREAM_MALLOC"
+LIBRARY_ENV = "PIPEDREAM_JEMALLOC"  # jemalloc's path, where it is not in a standard directory (module docstring)
 # mallopt(3) parameter numbers (glibc's malloc.h)
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -90,10 +96,25 @@ def glibc() -> bool:
     return platform.libc_ver()[0] == "glibc"
 
 
-def jemalloc_library(dirs: Sequence[str | Path] | None = None) -> str | None:
-    """Path of jemalloc's shared library (:data:`JEMALLOC`), or None where it is not installed: the first of
-    ``dirs`` that holds it; by default this Python's prefix's ``lib`` (a conda environment's ``jemalloc``), then
-    ``/usr/local/lib``, the multiarch ``/usr/lib/<triplet>`` (Debian's ``libjemalloc2``), ``/usr/lib64`` and ``/usr/lib``."""
+def jemalloc_library(dirs: Sequence[str | Path] | None = None, environ: Mapping[str, str] | None = None) -> str | None:
+    """Path of jemalloc's shared library (:data:`JEMALLOC`), or None where it is not installed: without ``dirs``,
+    ``$PIPEDREAM_JEMALLOC`` (:data:`LIBRARY_ENV`) where set, else the first of this Python's prefix's ``lib`` (a
+    conda environment's ``jemalloc``), ``/usr/local/lib``, the multiarch ``/usr/lib/<triplet>`` (Debian's
+    ``libjemalloc2``), ``/usr/lib64`` and ``/usr/lib`` that holds it; with ``dirs``, the first of them.
+
+    Args:
+        dirs: directories to look in, in order (the variable is not read then).
+        environ: where to read the variable (default ``os.environ``).
+    Raises:
+        PipeDreamError: ``$PIPEDREAM_JEMALLOC`` names no file.
+    """
+    environ = os.environ if environ is None else environ
+    given = environ.get(LIBRARY_ENV, "").strip()
+    if dirs is None and given:
+        if not Path(given).is_file():
+            raise PipeDreamError(f"{LIBRARY_ENV}={given} is not a file: point it at {JEMALLOC} (Debian: "
+                                 f"/usr/lib/x86_64-linux-gnu/{JEMALLOC}) or unset it")
+        return given
     if dirs is None:
         multiarch = sysconfig.get_config_var("MULTIARCH") or ""
         dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", "/usr/local/lib",
@@ -121,11 +142,13 @@ def worker_env(environ: Mapping[str, str] | None = None, library: str | None = N
     Args:
         environ: the environment the workers inherit (default ``os.environ``).
         library: jemalloc's path (default :func:`jemalloc_library`).
+    Raises:
+        PipeDreamError: ``$PIPEDREAM_JEMALLOC`` names no file (:func:`jemalloc_library`).
     """
     environ = os.environ if environ is None else environ
     if not wants_jemalloc(environ):
         return {}
-    library = library or jemalloc_library()
+    library = library or jemalloc_library(environ=environ)
     if library is None:
         return {}
     preload = environ.get("LD_PRELOAD", "").strip()

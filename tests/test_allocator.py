@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -109,6 +110,51 @@ def test_jemalloc_library_is_the_first_directory_that_holds_it(tmp_path):
     assert allocator.jemalloc_library([a, b]) is None
     (b / allocator.JEMALLOC).write_bytes(b"")
     assert allocator.jemalloc_library([a, b]) == str(b / allocator.JEMALLOC)
+
+
+def test_pipedream_jemalloc_names_the_library_where_no_standard_directory_holds_it(tmp_path):
+    lib = tmp_path / "opt" / allocator.JEMALLOC  # e.g. a cluster's module tree, or benchmarks/cores' device kit
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    env = {allocator.LIBRARY_ENV: str(lib)}
+    assert allocator.jemalloc_library(environ=env) == str(lib)
+    assert allocator.jemalloc_library([tmp_path], environ=env) is None  # directories given: only those
+    assert allocator.worker_env(env) == {"LD_PRELOAD": str(lib), "MALLOC_CONF": allocator.JEMALLOC_CONF}
+    assert allocator.worker_env({**env, allocator.ENV: "keep"}) == {}  # glibc asked for: the path is not read
+
+
+def test_a_pipedream_jemalloc_that_names_no_file_is_an_error(tmp_path):
+    from pipedream.errors import PipeDreamError
+
+    missing = tmp_path / "nowhere" / allocator.JEMALLOC
+    with pytest.raises(PipeDreamError, match=f"^PIPEDREAM_JEMALLOC={missing} is not a file: point it at "):
+        allocator.jemalloc_library(environ={allocator.LIBRARY_ENV: str(missing)})
+    with pytest.raises(PipeDreamError, match="PIPEDREAM_JEMALLOC"):
+        allocator.worker_env({allocator.LIBRARY_ENV: str(tmp_path)})  # a directory is no library either
+
+
+@jemalloc
+def test_a_worker_preloads_jemalloc_from_pipedream_jemalloc(tmp_path):
+    lib = tmp_path / "kit" / "lib" / allocator.JEMALLOC  # a copy where no standard search looks
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(Path(allocator.jemalloc_library(environ={})).read_bytes())
+    env = allocator.worker_env({allocator.LIBRARY_ENV: str(lib)})
+    assert env["LD_PRELOAD"] == str(lib)
+    out = subprocess.run([sys.executable, "-c", "print(open('/proc/self/maps').read())"],
+                         env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    assert str(lib) in out.stdout  # this copy is what the child runs on
+
+
+def test_train_refuses_a_pipedream_jemalloc_that_names_no_file_before_any_worker(tmp_path):
+    env = {**os.environ, allocator.LIBRARY_ENV: str(tmp_path / allocator.JEMALLOC)}
+    env.pop(allocator.ENV, None)
+    out = subprocess.run([sys.executable, "-m", "pipedream.cli", "train", "--model", "vgg16", "--mode", "dp",
+                          "--workers", "2", "--out-dir", str(tmp_path / "run")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == (f"error: PIPEDREAM_JEMALLOC={tmp_path / allocator.JEMALLOC} is not a file: point it "
+                                  "at libjemalloc.so.2 (Debian: /usr/lib/x86_64-linux-gnu/libjemalloc.so.2) or unset it")
+    assert not (tmp_path / "run").exists()  # nothing staged, no run started
 
 
 def test_allocator_in_use_reads_the_maps(tmp_path):

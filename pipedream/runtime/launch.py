@@ -169,7 +169,8 @@ def workers_allocator() -> dict[str, str]:
     if not env and wants_jemalloc():
         print(f"warning: {JEMALLOC} not found: the workers run on glibc's malloc with freed memory kept, whose heap "
               "fragments in a long run (pipedream/allocator.py); install it (Debian: apt-get install libjemalloc2, "
-              "conda: conda install -c conda-forge jemalloc) or set PIPEDREAM_MALLOC=keep to silence this",
+              "conda: conda install -c conda-forge jemalloc; elsewhere: PIPEDREAM_JEMALLOC=/path/to/libjemalloc.so.2) "
+              "or set PIPEDREAM_MALLOC=keep to silence this",
               file=sys.stderr)
     return env
 
