@@ -18,8 +18,9 @@ Treebank and none of the Debian data packages, and reaches no package index. Thi
   there; the runs of ``make run`` have had their workers on jemalloc since session 39, and a check on glibc would
   check another runtime.
 
-MLflow is not packed: the runs train with ``PIPEDREAM_TRACKING=off`` there. The kit is about 43 MiB, under the
-tool's 64 MiB for the working tree and carried paths together (``--check`` prints the total).
+MLflow is not packed: the runs train with ``PIPEDREAM_TRACKING=off`` there. The kit is about 44 MiB (43.5 with
+jemalloc, 2026-12-01), under the tool's 64 MiB for the working tree and carried paths together (``--check`` prints
+the total).
 
     .venv/bin/python benchmarks/cores/device_kit.py [--out .devkit]
 """

@@ -8,7 +8,7 @@
 # longer than one call, so a session splits them over two, e.g. MODELS=gnmt16,awd_lm,gnmt8,resnet50 GPU_TIMEOUT=0
 # CORES_TIMEOUT=570, then the rest: benchmarks/cores/README.md), CORE_GROUPS (models at once, default 1: on this
 # machine a core's speed depends on how many cores are busy), HOST_SECONDS (the profile's host probe per copy
-# count, default 3; the workflow's is 6), CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s; 0
+# count, default 3; experiments/ci.yaml's is 24), CORES_TIMEOUT (default 480 s) bounds the runs, GPU_TIMEOUT (75 s; 0
 # skips) the tests, HOST_BENCH=1 (default 0) first runs benchmarks/host on the idle machine (about 105 s).
 # The workers run on the kit's jemalloc where it loads (else glibc; env.txt says which).
 # Results in $OUT (the tool's folder; default /tmp/device_out): env.txt, cores.log, cores.tar.gz (main.py's OUT
