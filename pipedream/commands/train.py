@@ -215,7 +215,7 @@ def _check_plan_covers_model(plan, cfg) -> None:  # type: ignore[no-untyped-def]
 def run(args: argparse.Namespace) -> int:
     """``pipedream train``: check the options, stage the run's folder, then train with :func:`pipedream.train`
     (torchrun) while logging each epoch to MLflow; then score, log the final metrics and write ``run.json``."""
-    from pipedream.allocator import jemalloc_library, wants_jemalloc
+    from pipedream.allocator import worker_env
     from pipedream.plan import Plan
     from pipedream.runtime.launch import check_nodes
 
@@ -223,8 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0:
         raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive")
     check_nodes(args.workers, args.nnodes, args.rdzv_endpoint)
-    if wants_jemalloc():
-        jemalloc_library()  # a $PIPEDREAM_JEMALLOC that names no file: one line, before any worker
+    worker_env()  # what the launcher will preload; a $PIPEDREAM_JEMALLOC that names no file: one line, before any worker
     if args.mode == "dp" and (args.checkpoint or args.checkpoint_every is not None or args.resume):
         raise PipeDreamError("--mode dp does not checkpoint: --checkpoint, --checkpoint-every and --resume are "
                              "PipeDream options; leave them out of a data-parallel run")
