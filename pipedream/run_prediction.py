@@ -1,10 +1,9 @@
-"""The prediction of a ``pipedream train`` run, made before it starts, and its resimulation after it ends
-(issue 18's check of the simulator on every run).
+"""The prediction of a ``pipedream train`` run, made before it starts (DESIGN.md, "Checks").
 
-:func:`predict` probes the plan's stages on CPUs (:mod:`pipedream.stage_probe`) and predicts the epoch with
-:func:`pipedream.sim.predict.predict_run` on the run's profile, plan, clusters, training samples and host;
-:func:`resimulated` predicts it again with each stage's compute as the run measured it
-(:func:`resimulation_factors`): a diagnosis of the model, never a prediction.
+:func:`predict_run` puts together what the simulator's :func:`pipedream.sim.predict.predict_epoch` needs from the
+run: the epoch its workers will train (:func:`epoch_shape`, from the functions the workers call), its profile's
+measured costs (:mod:`pipedream.sim.profiled`), its plan and cluster, and the host its workers share. This
+module sits above both the simulator and the runtime, so that neither imports the other.
 """
 
 from __future__ import annotations
@@ -14,75 +13,123 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipedream.host_timing import host_cores
+from pipedream import memory
+from pipedream.baselines import ddp
+from pipedream.errors import PipeDreamError
+from pipedream.graph import LayerGraph, profiled_batch, read_meta
+from pipedream.paths import shipped
+from pipedream.plan import Plan
+from pipedream.runtime import worker
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.distributed import uses_cuda
+from pipedream.runtime.task import load_datasets
+from pipedream.sim.cores import Host, host_cores
+from pipedream.sim.predict import EpochShape, Prediction, RunCosts, emulated_cluster, predict_epoch
+from pipedream.sim.profiled import missing_step_rate, profiled_composition, profiled_data_s, step_rates
+from pipedream.sim.simulate import MICROBATCHED
+from pipedream.topology import get_cluster
 
 
-def resimulation_factors(final: dict[str, Any]) -> list[float] | None:
-    """Per stage, the run's measured compute CPU over the work its prediction gave that compute
-    (``measured_compute_cpu_s_stage<s>`` / ``predicted_compute_work_s_stage<s>`` of ``run.json``): the factors
-    :func:`pipedream.sim.predict.predict_epoch` resimulates the run with. None unless every stage has both (a
-    GPU run, or a run without a prediction) and every factor is positive."""
-    factors, k = [], 0
-    while f"predicted_compute_s_stage{k}" in final:
-        cpu, work = final.get(f"measured_compute_cpu_s_stage{k}"), final.get(f"predicted_compute_work_s_stage{k}")
-        if not (isinstance(cpu, float | int) and isinstance(work, float | int) and cpu > 0 and work > 0):
-            return None
-        factors.append(cpu / work)
-        k += 1
-    return factors or None
+def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, replicas: list[int]) -> EpochShape:
+    """The epoch the run's workers train, from the same functions the workers call.
+
+    PipeDream: :func:`pipedream.runtime.worker.minibatches_per_epoch` minibatches of ``cfg.batch_size``
+    (GPipe, 2BW and PipeDream-Flush: ``cfg.microbatches`` microbatches of ``batch_size / microbatches`` each). DP
+    (:func:`pipedream.baselines.ddp.minibatches_per_epoch`): ``per_worker``, each worker takes whole
+    minibatches of ``cfg.batch_size`` in turn; ``global``, every minibatch is split over the workers, so the
+    simulator's round robin deals ``workers`` shares of ``batch_size / workers`` per minibatch.
+
+    Raises:
+        PipeDreamError: an unknown mode, or the workers' own checks (too few samples).
+    """
+    if mode == "dp":
+        nb, _ = ddp.minibatches_per_epoch(cfg, num_samples, workers)
+        per_action = cfg.batch_size if cfg.dp_batch == "per_worker" else cfg.batch_size // workers
+        return EpochShape("dp", per_action, 1, nb, nb * cfg.batch_size)
+    if mode != "pipedream":
+        raise PipeDreamError(f"unknown mode {mode!r}; use pipedream or dp")
+    nb = worker.minibatches_per_epoch(cfg, num_samples, replicas)
+    m = cfg.microbatches if cfg.schedule in MICROBATCHED else 1
+    return EpochShape(cfg.schedule, cfg.batch_size // m, m, nb, nb * cfg.batch_size, cfg.recompute)
 
 
-def _predict_run(args: argparse.Namespace, cfg, plan, stage_factors=None, compute_factors=None):  # type: ignore[no-untyped-def]
-    """:func:`pipedream.sim.predict.predict_run` for this run: its profile, plan, clusters, training samples, the
-    cores its workers share (none on GPUs), as run queues balanced at this host's scheduler tick
-    (:mod:`pipedream.sim.run_queues`), and its hosts; ``stage_factors`` from :func:`_stage_probe`,
-    ``compute_factors`` for a resimulation."""
-    from pipedream.runtime.distributed import uses_cuda
-    from pipedream.runtime.launch import WORKER_THREADS
-    from pipedream.sim.predict import predict_run, training_samples
-    from pipedream.sim.run_queues import scheduler_tick_s
+def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters_file: Path | str, *,
+                num_samples: int, host: Host | None) -> Prediction:
+    """Predict the epoch time of a ``pipedream train`` run before it starts.
 
-    cores = None if uses_cuda() else host_cores()  # on GPUs the workers do not share the CPU's cores
-    return predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
-                       cores=cores, threads=WORKER_THREADS, hosts=args.nnodes, stage_factors=stage_factors,
-                       compute_factors=compute_factors, tick_s=None if cores is None else scheduler_tick_s())
+    Args:
+        cfg: the run's training config (schedule, batch size, optimizer, link throttle, ...).
+        mode: ``pipedream`` (the plan's stages and ranks) or ``dp`` (the whole model on the plan's workers).
+        plan: the run's plan (DP runs use its cluster and worker count).
+        profile: the ``graph.txt`` the plan came from (its ``meta.json`` beside it).
+        clusters_file: the clusters YAML the plan's cluster is read from (a relative path not found here is
+            looked up in the checkout).
+        num_samples: training samples of the run (:func:`training_samples`).
+        host: the CPU hosts the workers share (:class:`pipedream.sim.cores.Host`); None: one GPU per worker.
+    Raises:
+        PipeDreamError: unknown cluster, a profile without its minibatch size, or the simulator's checks.
+    """
+    graph = LayerGraph.read(profile, profiled_batch(profile))
+    cluster = emulated_cluster(get_cluster(plan.cluster, shipped(clusters_file)), cfg.emulate_bandwidth_Bps)
+    if plan.workers > cluster.workers:
+        raise PipeDreamError(f"plan {plan.config!r} uses {plan.workers} workers but cluster {cluster.name!r} "
+                             f"has {cluster.workers}")
+    shape = epoch_shape(cfg, mode, num_samples, plan.workers, [s.replicas for s in plan.stages])
+    if mode == "dp":
+        stage_nodes, stage_ranks = [list(graph.nodes)], [list(range(plan.workers))]
+    else:
+        plan.validate()
+        stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
+    meta = read_meta(profile)
+    costs = RunCosts(host=host, step=step_rates(meta, cfg.optimizer), bucket_bytes=cfg.bucket_bytes,
+                     warmup=cfg.warmup if mode == "pipedream" else None, data_s=profiled_data_s(meta),
+                     composition=profiled_composition(meta, graph))
+    pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, costs)
+    pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
+    return pred
 
 
-def _stage_probe(args: argparse.Namespace, cfg, plan):  # type: ignore[no-untyped-def]
-    """The plan's stages timed alone (:func:`pipedream.stage_probe.probe`) for a pipeline run on CPUs with
-    ``--stage-probe-rounds`` above 0, at the run's (micro)batch; None otherwise (DP, one stage, GPUs)."""
-    from pipedream.graph import LayerGraph, profiled_batch
-    from pipedream.runtime.distributed import uses_cuda
-    from pipedream.runtime.launch import WORKER_THREADS
-    from pipedream.runtime.task import load_task
-    from pipedream.stage_probe import probe
+def predict_memory(cfg: TrainConfig, mode: str, graph: LayerGraph, stage_nodes: list[list[str]], replicas: list[int],
+                   shape: EpochShape) -> list[dict[str, float]]:
+    """Per stage, the bytes one replica of the run holds at its peak (:func:`pipedream.memory.plan_memory`
+    on the profile scaled to the run's (micro)batch, the run's schedule, optimizer and momentum), as dicts
+    of the kinds and ``total``; ``shape.recompute`` counts one (micro)batch's activations, the one being
+    recomputed. DP is one stage on every worker, one minibatch in flight."""
+    scaled = graph.scaled(shape.batch_size)
+    if mode == "dp":
+        schedule = "dp"
+    else:
+        schedule = "vertical" if cfg.schedule == "1f1b" and cfg.weight_sync == "vertical" else cfg.schedule
+    need = memory.plan_memory(scaled, stage_nodes, replicas, schedule=schedule, microbatches=shape.microbatches,
+                              warmup=cfg.warmup, optimizer=cfg.optimizer, momentum=cfg.momentum,
+                              recompute=shape.recompute)
+    return [m.as_dict() for m in need]
 
-    if args.mode != "pipedream" or len(plan.stages) < 2 or args.stage_probe_rounds < 1 or uses_cuda():
+
+def training_samples(cfg: TrainConfig) -> int:
+    """Training samples of the run: the length of the training set its workers load
+    (:func:`pipedream.runtime.task.load_datasets`: the subset of ``cfg.train_subset``, real or synthetic), read
+    without building the model."""
+    return len(load_datasets(cfg)[0])
+
+
+def run_host(workers: int, nnodes: int) -> Host | None:
+    """The hosts a run's ``workers`` share: this host's cores (:func:`pipedream.sim.cores.host_cores`), the workers
+    spread evenly over ``nnodes`` nodes; None on GPUs (the workers do not share the CPU's cores)."""
+    if uses_cuda():
         return None
-    graph = LayerGraph.read(args.profile, profiled_batch(args.profile))
-    task = load_task(cfg)
-    batch = min(cfg.batch_size // max(cfg.microbatches, 1), len(task.train))
-    result = probe(task, plan, graph, batch, rounds=args.stage_probe_rounds, threads=WORKER_THREADS)
-    print("stages alone over their share of the whole step: "
-          + " / ".join(f"{f:.2f}" for f in result.factors), file=sys.stderr)
-    return result
+    return Host(cores=host_cores(), ranks_per_host=-(-workers // nnodes))
 
 
-def predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # type: ignore[no-untyped-def,type-arg]
-    """The run's prediction (:func:`pipedream.sim.predict.predict_run`) as a dict, or ``({}, why not)``:
-    a failure to predict is reported in one line, never raised (the run goes on)."""
-    from pipedream.sim.profiled import missing_step_rate
-
+def predict(args: argparse.Namespace, cfg: TrainConfig, plan: Plan | None) -> tuple[dict[str, Any], str | None]:
+    """The run's prediction (:func:`predict_run`) as a dict, or ``({}, why not)``: a failure to predict is reported
+    in one line, never raised (the run goes on). ``args``: ``pipedream train``'s (``mode``, ``profile``,
+    ``clusters``, ``nnodes``)."""
     if plan is None or args.profile is None:
         return {}, "no --plan and --profile to predict the epoch time from"
     try:
-        stages = _stage_probe(args, cfg, plan)
-    except Exception as e:  # a failed probe leaves the prediction on the shares
-        stages = None
-        print(f"warning: no stage probe ({(str(e).splitlines() or [''])[0] or type(e).__name__}): each stage is "
-              "predicted at its layers' share of the whole step", file=sys.stderr)
-    try:
-        pred = _predict_run(args, cfg, plan, stage_factors=stages.factors if stages else None)
+        pred = predict_run(cfg, args.mode, plan, Path(args.profile), args.clusters, num_samples=training_samples(cfg),
+                           host=run_host(plan.workers, args.nnodes))
     except Exception as e:  # any failure of the model must leave the run itself alone
         why = (str(e).splitlines() or [""])[0] or type(e).__name__
         print(f"warning: no predicted epoch time: {why}", file=sys.stderr)
@@ -95,32 +142,8 @@ def predict(args: argparse.Namespace, cfg, plan) -> tuple[dict, str | None]:  # 
         print(f"warning: the plan charged {plan.optimizer}'s optimizer step, this run trains with {cfg.optimizer}: plan "
               f"again with `pipedream plan --optimizer {cfg.optimizer}` for a split balanced for its step",
               file=sys.stderr)
-    scales = "/".join(f"{f:.2f}" for f in pred.compute_scale)
-    ranks = "/".join(f"{c:.2f}" for c in pred.concurrency)
-    print(f"predicted epoch {pred.epoch_s:.2f} s (compute per stage x{scales}: {ranks} ranks compute at once on "
-          f"{pred.cores or 'their own'} cores)", file=sys.stderr)
-    out = pred.to_dict()
-    if stages is not None:
-        out["stage_probe"] = stages.as_dict()
-    return out, None
-
-
-def resimulated(args: argparse.Namespace, cfg, plan_file: Path | None, final: dict[str, Any],  # type: ignore[no-untyped-def]
-                 stage_factors: list[float] | None = None) -> float | None:
-    """The run's epoch resimulated with each stage's compute as measured
-    (:func:`resimulation_factors`) and everything else as predicted: the part of the miss
-    that the compute does not explain. None (a warning line when it failed) on GPUs (the main thread's CPU is not
-    their compute), without factors, a plan or a profile; never raised (the run has finished). ``stage_factors``:
-    the prediction's (:func:`_stage_probe`), so that the measured factors apply to the work they were taken over."""
-    from pipedream.plan import Plan
-    from pipedream.runtime.distributed import uses_cuda
-
-    factors = resimulation_factors(final)
-    if factors is None or plan_file is None or args.profile is None or uses_cuda():
-        return None
-    try:
-        return _predict_run(args, cfg, Plan.load(plan_file), stage_factors, factors).epoch_s
-    except Exception as e:  # a diagnosis: it must not fail the run
-        print(f"warning: no resimulation with the measured compute: {(str(e).splitlines() or [''])[0]}",
-              file=sys.stderr)
-        return None
+    compute = "/".join(f"{c:.1f}" for c in pred.compute_s)
+    wait = "/".join(f"{w:.1f}" for w in pred.wait_s)
+    print(f"predicted epoch {pred.epoch_s:.2f} s (per stage: compute {compute} s, wait {wait} s; "
+          f"{pred.cores or 'no'} shared cores a host)", file=sys.stderr)
+    return pred.to_dict(), None

@@ -2,15 +2,6 @@
 as a worker steps (``meta.json`` ``optimizer_step_s_per_param_byte``; read back by
 :func:`pipedream.sim.profiled.step_rate`).
 
-One process's step is one draw of where its tensors land in memory and of the host's speed in the moment of its
-timing (:mod:`pipedream.host_timing`): on the 2-core CI VM (2026-11-29) Adam's step over the reduced AlexNet's
-6.4 MB of parameters took 8.9-13.4 ms in four fresh processes (each the median of 10 steps; one process's four
-medians 12.6-13.4 ms, another's 8.9-10.0 ms), GNMT-8's over 15.8 MB 22.5-29.8 ms, and a replay of one `make run`
-moved AlexNet's 3-1 pipeline's prediction by 10% with Adam's rate scaled by 0.75. So where `pipedream profile`
-runs its host probe, the probe's fresh copies each time the step too (:func:`update_step`, once a round, 20 draws
-spread over the probe) and their mean is the rate; :func:`optimizer_step_rates`, the profiling process's own
-median, stays the rate without the probe (GPUs, ``--host-seconds 0``) and for Muon.
-
 A step is not all per byte: it is one call that walks its tensors one by one, so a stage of many small tensors
 steps slower than its bytes say (:func:`pipedream.costmodel.optimizer_step_s`). :func:`step_overheads` times
 SGD's and Adam's step over one and over :data:`OVERHEAD_TENSORS` one-element tensors (``meta.json``
@@ -21,7 +12,7 @@ and a stage's step its share of the calls, the tensors and the bytes."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,47 +29,20 @@ from pipedream.runtime.optim import hidden_matrices, make_optimizer
 STEP_BUDGET_S = 2.0
 # one-element tensors of the second of step_overheads' two timed steps (the first steps over one)
 OVERHEAD_TENSORS = 64
-# optimizers whose step the host probe's copies time (:func:`update_step`): Muon's needs the traced model's hidden
-# matrices and takes seconds on a CPU, so its rate is the profiling process's alone
-COPY_TIMED = ("sgd", "adam")
+# optimizers whose per-call and per-tensor overheads are timed (:func:`step_overheads`): Muon's step is compute on
+# its hidden matrices, its rate stays per byte
+OVERHEAD_TIMED = ("sgd", "adam")
 
 
 def trainable_bytes(model: nn.Module) -> int:
     """Bytes of ``model``'s parameters that require a gradient: what an optimizer step walks, and the bytes a step
-    time is divided by for its rate (:func:`optimizer_step_rates`, and the probe's copies in ``pipedream profile``)."""
+    time is divided by for its rate (:func:`optimizer_step_rates`)."""
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def trainable_tensors(model: nn.Module) -> int:
     """How many parameter tensors of ``model`` require a gradient: what an optimizer step walks one by one."""
     return sum(1 for p in model.parameters() if p.requires_grad)
-
-
-def update_step(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor], optimizer: str) -> Callable[[], None]:
-    """One ``optimizer`` step (built as :func:`pipedream.runtime.optim.make_optimizer` builds it at TrainConfig's
-    defaults) over ``params`` with ``grads`` as their gradients, then the gradients zeroed: what a worker's
-    ``STEP`` does besides copy on write. ``params`` are leaf tensors (the aliases of
-    :func:`pipedream.commands.profile.runtime_step`, ``run.params``, updated in place: the model's weights move)
-    and ``grads`` the buffers its step adds into (``run.grads``; each param's ``.grad`` is set to its buffer).
-    The first call creates the optimizer's state (momentum, Adam's moments) and is slower than the rest.
-
-    Raises:
-        PipeDreamError: an optimizer the copies do not time (:data:`COPY_TIMED`), or params and grads that differ
-            in number.
-    """
-    if optimizer not in COPY_TIMED:
-        raise PipeDreamError(f"a copy of the step times {', '.join(COPY_TIMED)}, not {optimizer!r}")
-    if len(params) != len(grads):
-        raise PipeDreamError(f"{len(params)} parameters but {len(grads)} gradients")
-    for p, g in zip(params, grads, strict=True):
-        p.grad = g
-    opt = make_optimizer(TrainConfig(optimizer=optimizer), params)
-
-    def update() -> None:
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-
-    return update
 
 
 def optimizer_step_rates(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,
@@ -152,10 +116,10 @@ def _forward_backward(net: nn.Module, inputs: Any) -> bool:
 
 
 def step_overheads(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None,
-                   optimizers: Sequence[str] = COPY_TIMED) -> dict[str, tuple[float, float]]:
+                   optimizers: Sequence[str] = OVERHEAD_TIMED) -> dict[str, tuple[float, float]]:
     """Per optimizer, the seconds of one step call and of each tensor it walks, apart from the bytes.
 
-    Each of ``optimizers`` (those of :data:`COPY_TIMED` among them; Muon's step is compute on its hidden matrices,
+    Each of ``optimizers`` (those of :data:`OVERHEAD_TIMED` among them; Muon's step is compute on its hidden matrices,
     its rate stays per byte) is built as :func:`pipedream.runtime.optim.make_optimizer` builds it over one and over
     :data:`OVERHEAD_TENSORS` one-element tensors, each with a gradient; each step is timed right after a forward and
     backward of ``example_input`` through a copy of ``model`` (as :func:`optimizer_step_rates` times a step: the
@@ -179,7 +143,7 @@ def step_overheads(model: nn.Module, example_input: Any, settings: ProfileSettin
         net.zero_grad(set_to_none=True)
 
     out = {}
-    for name in (n for n in optimizers if n in COPY_TIMED):
+    for name in (n for n in optimizers if n in OVERHEAD_TIMED):
         times = []
         for k in (1, OVERHEAD_TENSORS):
             tiny = [torch.zeros(1, device=device, requires_grad=True) for _ in range(k)]

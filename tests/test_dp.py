@@ -106,11 +106,6 @@ def test_a_dp_worker_logs_its_compute_apart_from_the_wait_for_the_emulated_link(
     for row in json.loads((tmp_path / "out" / "metrics.json").read_text()):
         assert 0.3 - 0.02 <= row["wait_s_stage0"] < 0.3 + 0.15
         assert 0.0 < row["compute_s_stage0"] < 0.1
-        # one thread: its CPU within the wall it was measured over (the backward's to loss.backward()'s return)
-        assert 0.0 < row["compute_cpu_s_stage0"] <= row["compute_s_stage0"] + row["wait_s_stage0"] + 1e-3
-        assert row["cpu_s_stage0"] >= row["compute_cpu_s_stage0"]
-        # the optimizer steps' CPU (3 steps of a tiny model): some, and with the compute's within the process's
-        assert 0.0 < row["step_cpu_s_stage0"] and row["compute_cpu_s_stage0"] + row["step_cpu_s_stage0"] <= row["cpu_s_stage0"]
 
 
 def test_dp_trains_with_muon_as_one_process_does(tmp_path: Path) -> None:

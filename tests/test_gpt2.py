@@ -26,7 +26,7 @@ EXACT = "tests.hf_gpt2:make_without_dropout"
 def test_gpt2_profiles_plans_and_trains_in_both_modes(tmp_path: Path) -> None:
     model = "tests.hf_gpt2:make"
     proc = _cli("profile", "--model", model, "--profiled-batch", "8", "--iters", "2", "--warmup", "1",
-                "--host-seconds", "0", "--out-dir", "profile", cwd=tmp_path)
+                "--out-dir", "profile", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     graph = (tmp_path / "profile/graph.txt").read_text()
     assert "GPT2Attention" not in graph and "Embedding transformer.wte" in graph and "Linear lm_head" in graph

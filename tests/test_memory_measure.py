@@ -193,16 +193,9 @@ def test_1f1b_stages_hold_their_stashed_versions_beside_the_live_weights(tmp_pat
     for s, d in enumerate(dumps):
         assert row[f"peak_memory_bytes_stage{s}"] == d["memory"]["peak_bytes"] == sum(d["memory"]["breakdown"].values())
         assert row[f"peak_versions_bytes_stage{s}"] == d["memory"]["breakdown"]["versions"]
-    # the process's context switches per stage: the last stage blocks on its first receive at least
-    assert row["voluntary_switches_stage3"] >= 1 and all(row[f"involuntary_switches_stage{s}"] >= 0 for s in range(4))
-    # minor page faults per stage: the first epoch touches its activations' and gradients' memory for the first time
-    first = json.loads((tmp_path / "out" / "metrics.json").read_text())[0]
-    assert all(first[f"minor_faults_stage{s}"] > 0 for s in range(4)), first
-    # the main thread's CPU in the forwards and backwards: some, and never more than their wall time
-    assert all(0 < row[f"compute_cpu_s_stage{s}"] <= row[f"compute_s_stage{s}"] + 1e-3 for s in range(4))
-    # ... and in the optimizer steps: some on every stage, within the process's CPU with the compute's
-    assert all(0 < row[f"step_cpu_s_stage{s}"] and row[f"compute_cpu_s_stage{s}"] + row[f"step_cpu_s_stage{s}"]
-               <= row[f"cpu_s_stage{s}"] + 1e-3 for s in range(4))
+    # the compute and the wait per stage: some compute on every stage, the last waits for its first input at least
+    assert all(row[f"compute_s_stage{s}"] > 0 and row[f"wait_s_stage{s}"] >= 0 for s in range(4))
+    assert row["wait_s_stage3"] > 0
 
 
 def test_memory_window_ends_after_the_kth_minibatchs_last_backward() -> None:

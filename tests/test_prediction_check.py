@@ -42,7 +42,7 @@ def test_rows_and_summary_by_hand(tmp_path: Path) -> None:
     assert df["ratio"].iloc[:3].tolist() == pytest.approx([1.1, 1.5, 0.95])
     assert math.isnan(df["ratio"].iloc[3]) and math.isnan(df["predicted_epoch_s"].iloc[3])
     s = summary(df)
-    # |ratio - 1| = 0.1, 0.5, 0.05: median 0.1, 2 of 3 within 15%, worst 0.5
+    # |ratio - 1| = 0.1, 0.5, 0.05: median 0.1, 2 of 3 within 25%, worst 0.5
     assert s == {"runs": 3, "within": 2, "median_abs_error": pytest.approx(0.1), "worst_abs_error": pytest.approx(0.5)}
 
 
@@ -58,33 +58,10 @@ def test_csv_plot_and_report_section(tmp_path: Path) -> None:
                                   "paper_speedup_tta"])
     page = html_report(table, [], results, prediction_check=df)
     assert "id='prediction-check'" in page
-    assert "2 of 3 runs within ±15% of their prediction; median |ratio − 1| 10.0%" in page
+    assert "2 of 3 runs within ±25% of their prediction; median |ratio − 1| 10.0% (goal: at most 10%)" in page
+    assert "differs from itself by a median of about 12%" in page  # the noise floor beside the result
     assert page.count("fig-prediction_check") == 1  # in its own section, not again among the other plots
     assert "id='prediction-check'" not in html_report(table, [], results)
-    assert "Resimulated" not in page  # no run was resimulated
-
-
-def test_the_resimulation_with_the_measured_compute_is_shown_apart(tmp_path: Path) -> None:
-    """VGG-16's pipeline (measured 11 s) resimulated at 10.5 s (ratio 1.0476) and its DP run (30 s) at 24 s
-    (1.25): one of two within 15%, median |ratio - 1| (0.0476 + 0.25) / 2 = 14.9%; the prediction's own summary
-    is unchanged."""
-    results = _results(tmp_path)
-    for mode, resim in (("pipedream", 10.5), ("dp", 24.0)):
-        path = results / "runs" / "vgg16" / mode / "run.json"
-        run = json.loads(path.read_text())
-        run.update(resimulated_epoch_time_s=resim, resimulated_ratio=run["mean_epoch_time_s"] / resim)
-        path.write_text(json.dumps(run))
-    df = prediction_rows(results, ["vgg16", "alexnet"])
-    assert df["resimulated_ratio"].iloc[:2].tolist() == pytest.approx([11 / 10.5, 1.25])
-    assert df["resimulated_ratio"].iloc[2:].isna().all()
-    assert summary(df, column="resimulated_ratio") == {"runs": 2, "within": 1,
-                                                       "median_abs_error": pytest.approx((11 / 10.5 - 1 + 0.25) / 2),
-                                                       "worst_abs_error": pytest.approx(0.25)}
-    table = pd.DataFrame(columns=["task", "model", "hardware", "paper_config", "paper_speedup_epoch_time",
-                                  "paper_speedup_tta"])
-    page = html_report(table, [], results, prediction_check=df)
-    assert "2 of 3 runs within ±15% of their prediction; median |ratio − 1| 10.0%" in page
-    assert "1 of 2 within ±15%, median 14.9%" in page
 
 
 def test_memory_check_rows_by_hand(tmp_path: Path) -> None:
@@ -113,19 +90,12 @@ def test_compute_check_rows_by_hand(tmp_path: Path) -> None:
     (d / "run.json").write_text(json.dumps({"measured_compute_s_stage0": 3.0, "predicted_compute_s_stage0": 2.0,
                                             "wait_s_stage0": 0.5, "measured_compute_s_stage1": 1.0,
                                             "predicted_compute_s_stage1": 1.25, "wait_s_stage1": 2.0,
-                                            "measured_cpu_s_stage0": 2.5, "predicted_work_s_stage0": 2.0,
-                                            "measured_compute_cpu_s_stage0": 1.8,
-                                            "predicted_compute_work_s_stage0": 1.5,
-                                            "measured_step_cpu_s_stage0": 0.6, "predicted_step_work_s_stage0": 0.4,
-                                            "stage_factor_stage0": 1.1, "minor_faults_stage0": 21875.0}))
+                                            "predicted_wait_s_stage0": 0.25}))
     df = compute_rows(tmp_path, ["gnmt8"])
     assert list(df.columns) == COMPUTE_COLUMNS
-    assert df.iloc[0].tolist() == ["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5, 2.5, 2.0, 1.25, 1.8, 1.5,
-                                   pytest.approx(1.2), 0.6, 0.4, pytest.approx(1.5), 1.1, 21875.0]
+    assert df.iloc[0].tolist() == ["gnmt8", "pipedream", 0, 3.0, 2.0, 1.5, 0.5, 0.25]
     assert df.iloc[1].tolist()[:7] == ["gnmt8", "pipedream", 1, 1.0, 1.25, 0.8, 2.0]
-    older = df.iloc[1][["measured_cpu_s", "predicted_work_s", "cpu_ratio", "compute_cpu_ratio", "step_cpu_ratio",
-                        "stage_factor", "minor_faults"]]
-    assert older.isna().all()  # an older run: no CPU logged, no stage probe, no faults
+    assert math.isnan(df.iloc[1]["predicted_wait_s"])  # a run without the predicted wait
 
 
 def test_the_check_compares_the_epochs_after_the_first(tmp_path: Path) -> None:
@@ -177,17 +147,12 @@ def test_the_check_shows_how_old_each_runs_profile_was(tmp_path: Path) -> None:
 
 def test_the_ratio_panel_names_every_run_with_a_prediction(tmp_path: Path) -> None:
     """The plot's right panel: one row per run with a ratio, in the check's order, a PipeDream run named by its
-    config and a DP run as DP; AlexNet's DP run (no prediction) has no row; only VGG-16's DP run was resimulated
-    (30 s measured, 24 s resimulated: 1.25)."""
+    config and a DP run as DP; AlexNet's DP run (no prediction) has no row."""
     from pipedream.table1.plots import ratio_points
 
     results = _results(tmp_path)
-    path = results / "runs" / "vgg16" / "dp" / "run.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "resimulated_ratio": 1.25}))
     points = ratio_points(prediction_rows(results, ["vgg16", "alexnet"]))
     assert points["run"].tolist() == ["vgg16 3-1", "vgg16 DP", "alexnet 2-2"]
     assert points["mode"].tolist() == ["PipeDream", "DP", "PipeDream"]
     assert points["ratio"].tolist() == pytest.approx([1.1, 1.5, 0.95])
-    assert points["resimulated_ratio"].iloc[1] == pytest.approx(1.25)
-    assert points["resimulated_ratio"].iloc[[0, 2]].isna().all()
     assert ratio_points(prediction_rows(results, ["resnet50"])).empty  # no runs: nothing to draw

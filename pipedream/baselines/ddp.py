@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import sys
 import time
 from contextlib import nullcontext
@@ -105,40 +104,25 @@ class Busy:
         compute_s: wall seconds of the forwards and backwards; a backward ends where its compute does, at the
             launch of its last bucket when the link is emulated (the rest of ``loss.backward()`` is the wait
             for the link), at ``loss.backward()``'s return otherwise.
-        compute_cpu_s: CPU seconds of the main thread in them (:func:`time.thread_time`), the backward's up to
-            ``loss.backward()``'s return: what DDP does after the last launch counts, the blocked wait for the
-            allreduce costs none (so it can exceed ``compute_s``, never ``compute_s + wait_s``).
-        step_cpu_s: CPU seconds of the main thread in the optimizer steps (zeroing the gradients, the learning
-            rate's update and ``optimizer.step()``), what the prediction charges as each step's work.
         wait_s: wall seconds inside ``loss.backward()`` after the last bucket's launch (with the emulated link).
-        cpu_s: CPU seconds of the whole process over the epoch's training, every thread (gloo's included).
-        minor_faults: the process's minor page faults over the epoch's training (``getrusage``'s ``ru_minflt``:
-            pages the kernel mapped and zeroed because the allocator handed out memory the process had not
-            touched, :mod:`pipedream.allocator`).
     """
 
-    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s", "minor_faults")
+    NAMES: ClassVar[tuple[str, ...]] = ("compute_s", "wait_s")
     compute_s: float = 0.0
-    compute_cpu_s: float = 0.0
-    step_cpu_s: float = 0.0
     wait_s: float = 0.0
-    cpu_s: float = 0.0
-    minor_faults: float = 0.0
 
-    def add_forward(self, wall0: float, cpu0: float) -> None:
-        """A forward (with its minibatch's loading and the loss) began at ``wall0`` (perf_counter) and
-        ``cpu0`` (thread_time) and has just ended."""
+    def add_forward(self, wall0: float) -> None:
+        """A forward (with its minibatch's loading and the loss) began at ``wall0`` (perf_counter) and has just
+        ended."""
         self.compute_s += time.perf_counter() - wall0
-        self.compute_cpu_s += time.thread_time() - cpu0
 
-    def add_backward(self, wall0: float, cpu0: float, last_launch_s: float | None) -> None:
-        """A backward began at ``wall0``/``cpu0`` and ``loss.backward()`` has just returned; its last bucket
-        was launched at ``last_launch_s`` (perf_counter; None: not known, no wait counted)."""
+    def add_backward(self, wall0: float, last_launch_s: float | None) -> None:
+        """A backward began at ``wall0`` and ``loss.backward()`` has just returned; its last bucket was launched at
+        ``last_launch_s`` (perf_counter; None: not known, no wait counted)."""
         end = time.perf_counter()
         done = end if last_launch_s is None or last_launch_s < wall0 else last_launch_s
         self.compute_s += done - wall0
         self.wait_s += end - done
-        self.compute_cpu_s += time.thread_time() - cpu0
 
     def values(self) -> list[float]:
         """The figures in the order of :attr:`NAMES`."""
@@ -220,28 +204,23 @@ def train(cfg: TrainConfig) -> None:
             meter.reset()
         loss_sum, count = 0.0, 0
         busy = Busy()
-        cpu0, faults0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
         for i, rows in enumerate(mine):
-            w0, c0 = time.perf_counter(), time.thread_time()
+            w0 = time.perf_counter()
             x, y = (to_device(t, device) for t in train_split.batch(rows))
             counting = meter is not None and i < counted_steps
             with saved.hooks(i) if counting else nullcontext():
                 loss = task.criterion(call_model(ddp, x), y)
-            busy.add_forward(w0, c0)
+            busy.add_forward(w0)
             if counting:  # the peak: every activation saved, and the gradients and state kept
                 meter.count(held(model, optimizer, [x, y], saved.tensors_of(i)), copies=1)
-            c0 = time.thread_time()
             optimizer.zero_grad(set_to_none=False)
-            busy.step_cpu_s += time.thread_time() - c0
-            w0, c0 = time.perf_counter(), time.thread_time()
+            w0 = time.perf_counter()
             loss.backward()
-            busy.add_backward(w0, c0, launch_s[0] if launch_s is not None else None)
+            busy.add_backward(w0, launch_s[0] if launch_s is not None else None)
             saved.drop(i)
-            c0 = time.thread_time()
             lr.before_step(cfg, optimizer, list(model.parameters()), epoch + i / steps, scale)
             optimizer.step()
-            busy.step_cpu_s += time.thread_time() - c0
             if counting:
                 meter.count(held(model, optimizer, [x, y], []), copies=1)
             value = float(loss.detach())
@@ -252,8 +231,6 @@ def train(cfg: TrainConfig) -> None:
                 bar.update(1)
             if fault is not None and epoch * steps + i >= fault[0]:
                 os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
-        busy.cpu_s = time.process_time() - cpu0
-        busy.minor_faults = float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0)
         loss_total, n, *spent = D.allreduce_sum([loss_sum, count, *busy.values()], cfg.comm_timeout_s,
                                                 "end-of-epoch loss and time reduction")
         epoch_time = time.time() - t0

@@ -4,8 +4,6 @@ parameter bytes) and write graph.txt in the original PipeDream format, plus grap
 from __future__ import annotations
 
 import argparse
-import functools
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -13,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.allocator import keep_freed_memory
-from pipedream.host_timing import host_cores, host_sharing
 from pipedream.runtime.config import OPTIMIZERS
 
 HELP = "profile a model per layer and write graph.txt"
@@ -46,28 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer: one node per layer of the model's sequence (blocks stay whole; the workflow's default); "
                         "op: every torch.fx operation, a DAG with skip connections as branches. plan and "
                         "train accept both: the runtime cuts the model with torch.fx at the plan's nodes")
-    p.add_argument("--host-seconds", type=float, default=6.0,
-                   help="CPU, one thread: time fresh copies of one training step with one copy per core at once and "
-                        "with two per core, then each alone, for about this many seconds each; the ratios "
-                        "(meta.json host.contention: shared memory bandwidth and caches; host.oversubscribed: "
-                        "copies taking turns on a core) slow the predicted compute of runs on this host, and each "
-                        "copy's time alone over this process's (host.layouts: where a copy's tensors land in "
-                        "memory) is drawn for each rank (every copy's step alone: host.copy_steps_s; their mean, "
-                        "host.copy_step_s, is the step predictions take); and time the CPU a message costs its two ranks "
-                        "(host.message_s, host.message_s_per_byte) and a gloo allreduce each of 2 to 4 members "
-                        "(host.allreduce_s). 0: skip (no slowdown, free messages)")
-    p.add_argument("--host-oversubscribed", action=argparse.BooleanOptionalAction, default=True,
-                   help="with the host probe, also time two copies per core (host.oversubscribed), which the "
-                        "predictions of runs with more worker threads than cores take. --no-host-oversubscribed "
-                        "times one copy per core only, with half the copies: for a host where every run has a core "
-                        "per worker (runs with more threads than cores are then predicted with host.contention). On "
-                        "one core both are timed (one copy has nothing to share). Default: both")
     p.add_argument("--optimizers", nargs="+", default=list(OPTIMIZERS), choices=OPTIMIZERS, metavar="OPT",
                    help="optimizers whose step to time (meta.json optimizer_step_s_per_param_byte, the step a "
                         "prediction charges a run): any of %(choices)s. A run with an optimizer the "
                         "profile did not time is predicted without its step (a warning says so). The workflow "
-                        "passes the optimizers its runs train with: Muon's step takes seconds on a CPU. With the "
-                        "host probe, SGD's and Adam's rate is the mean of its fresh copies' steps (one each a round). "
+                        "passes the optimizers its runs train with: Muon's step takes seconds on a CPU. "
                         "SGD's and Adam's step is also timed over 1 and 64 one-element tensors: seconds per call and "
                         "per tensor (meta.json optimizer_step_overheads), the rate per byte the rest of the step")
     p.add_argument("--out-dir", type=Path, required=True, help="folder for graph.txt, graph.json, meta.json")
@@ -79,12 +59,9 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
     with ``torch.autograd.grad``, and each gradient added into a buffer of its own kept across steps (the
     returned function's ``grads``, in the order of ``model.named_parameters()`` that require a gradient), as a
     worker adds it to its master gradient (:meth:`pipedream.runtime.executor.StageExecutor._do_b`) and DDP's
-    backward into ``.grad``. The add is one more pass over the gradients' bytes: in one process on the 2-core
-    CI VM (Intel Xeon, 2026-11-28; forward and backward alone, then with the add, interleaved in blocks of
-    5 steps, thread CPU medians) 7% of the reduced AlexNet's step (6.4 MB of parameters, 16.7 ms), 1-2% of
-    VGG-16's, ResNet-50's, S2VT's and GNMT-16's. The buffers are never zeroed: in a run the optimizer step
-    zeroes them, and its time is the profile's optimizer-step rate (:mod:`pipedream.step_rates`). ``run.params``
-    are the aliases in that order (what :func:`pipedream.step_rates.update_step` updates)."""
+    backward into ``.grad``: the add is one more pass over the gradients' bytes, part of every step. The buffers
+    are never zeroed: in a run the optimizer step zeroes them, and its time is the profile's optimizer-step rate
+    (:mod:`pipedream.step_rates`)."""
     import torch
 
     from pipedream.capture import call_args
@@ -100,37 +77,6 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
             if g is not None:
                 buffer.add_(g)
 
-    run.grads = grads  # type: ignore[attr-defined]
-    run.params = needed  # type: ignore[attr-defined]
-    return run
-
-
-# this process's data sets of a config (its repr), loaded by the first :func:`worker_step` and reused by the next
-_DATASETS: dict[str, tuple[Any, Any]] = {}
-
-
-def worker_step(cfg: Any, rows: Any, threads: int, optimizers: tuple[str, ...] = ()) -> Callable[[], None]:
-    """:func:`runtime_step` on the model and minibatch (``rows`` of the training set) that this process builds from
-    ``cfg`` (a :class:`~pipedream.runtime.config.TrainConfig`) as a worker does: for
-    :func:`pipedream.host_timing.host_sharing`'s fresh processes, which call it every round. The data sets are
-    loaded on the first call and kept: each round's copy is a new model and a new minibatch (a memory layout of
-    its own) on the same data (on the 2-core CI machine the reduced S2VT's data loaded in 3.8 s the first time
-    and 0.9 s again in the same process: the copies' steps, not their data, take most of the probe). The step
-    carries one optimizer step of each of ``optimizers`` over its model (``run.updates``,
-    :func:`pipedream.step_rates.update_step`), which the probe times once a round in every copy
-    (:func:`pipedream.host_timing._update_s`)."""
-    import torch
-
-    from pipedream.runtime.task import load_task
-    from pipedream.step_rates import update_step
-
-    keep_freed_memory()  # as the workers do
-    torch.set_num_threads(threads)
-    task = load_task(cfg, _DATASETS.get(repr(cfg)))
-    _DATASETS[repr(cfg)] = task.train, task.val
-    x, y = task.train.batch(rows)
-    run = runtime_step(task.model, task.criterion, x, y)
-    run.updates = {name: update_step(run.params, run.grads, name) for name in optimizers}  # type: ignore[attr-defined]
     return run
 
 
@@ -151,12 +97,9 @@ def run(args: argparse.Namespace) -> int:
         whole_step_s,
         write_profile,
     )
-    from pipedream.runtime.allreduce_cost import allreduce_costs
     from pipedream.runtime.config import TrainConfig
-    from pipedream.runtime.message_cost import message_cost
     from pipedream.runtime.task import load_task
     from pipedream.step_rates import (
-        COPY_TIMED,
         optimizer_step_rates,
         split_step,
         step_overheads,
@@ -196,61 +139,14 @@ def run(args: argparse.Namespace) -> int:
     param_bytes, tensors = trainable_bytes(task.model), trainable_tensors(task.model)  # what a step walks
     lap("optimizer steps")
     data_s = data_load_s(lambda: task.train.batch(rows), settings)
-    cores = host_cores()
 
     step = runtime_step(task.model, task.criterion, x, y)
     step_s = whole_step_s(step, ProfileSettings(warmup=max(2, args.warmup), iters=max(20, args.iters),
-                                                        device=args.device))  # a step is noisier than a layer
+                                                device=args.device))  # a step is noisier than a layer
     t = graph.totals()
     print(f"{args.model}: a whole training step takes {step_s * 1e3:.1f} ms, "
           f"{step_s / (t['fwd_s'] + t['bwd_s']):.2f}x its layers' sum")
     lap("data and whole step")
-    host: dict[str, Any] = {"cores": cores, "contention": 1.0}
-    if args.device == "cpu" and args.threads == 1 and args.host_seconds > 0:
-        # a worker's own model, in a new process, with the optimizer steps the copies time (pipedream.step_rates)
-        timed = tuple(name for name in rates if name in COPY_TIMED)
-        fresh = functools.partial(worker_step, cfg, rows, args.threads, timed)
-        # one copy per core, then two per core (each gets half a core, and their switches evict each other's
-        # caches), by the same 2 x cores fresh processes; --no-host-oversubscribed: one per core only
-        counts = (cores, 2 * cores) if args.host_oversubscribed or cores < 2 else (cores,)
-        sharing = host_sharing(step, fresh, counts, args.host_seconds)
-        one, most = sharing[0], sharing[-1]
-        lap(" and ".join(map(str, counts)) + " copies")
-        print(f"{args.model}: a training step runs {one.slowdown:.2f}x slower with {cores} copies at once (one per core)")
-        if len(counts) > 1:
-            print(f"{args.model}: with {2 * cores} copies at once (two per core) a step takes {most.slowdown:.2f}x "
-                  f"twice its time alone (rounds {', '.join(f'{x:.2f}' for x in most.rounds)})")
-            host.update(oversubscribed=most.slowdown, oversubscribed_rounds=[round(x, 4) for x in most.rounds])
-        # every copy of every round (the most copies serve every count): where a fresh copy's memory lands, and
-        # the step of a typical one (pipedream.sim.profiled.profiled_composition)
-        layouts, copy_step_s = most.layouts, most.alone_s
-        host.update(contention=one.slowdown, layouts=[round(p, 4) for p in layouts],
-                    copy_step_s=copy_step_s, copy_steps_s=[round(x, 6) for x in most.alone],
-                    contention_rounds=[round(x, 4) for x in one.rounds])
-        print(f"{args.model}: a fresh copy of the model steps in {min(layouts):.2f}-{max(layouts):.2f}x "
-              f"(mean {statistics.fmean(layouts):.2f}x) this process's time; "
-              f"alone they step in {copy_step_s * 1e3:.1f} ms (the step the predictions take)")
-        # each optimizer step: the copies' mean over their layouts and the probe's time, not this process's one draw
-        if most.updates and param_bytes:
-            host["process_optimizer_step_s_per_param_byte"] = dict(rates)
-            host["optimizer_steps_s"] = {name: [round(x, 6) for x in xs] for name, xs in most.updates.items()}
-            for name, xs in most.updates.items():
-                mine = rates[name] * param_bytes
-                rates[name] = statistics.fmean(xs) / param_bytes
-                print(f"{args.model}: one {name} step takes {min(xs) * 1e3:.1f}-{max(xs) * 1e3:.1f} ms in the copies "
-                      f"(mean {statistics.fmean(xs) * 1e3:.1f} ms, the rate the predictions take), "
-                      f"{mine * 1e3:.1f} ms in this process")
-        # what one message end of the runtime's transport costs a rank's CPU (pipedream.sim.transport_cpu)
-        host["message_s"], host["message_s_per_byte"] = fixed, per_byte = message_cost()
-        lap("messages")
-        print(f"{args.model}: one message end costs {fixed * 1e6:.0f} us + {per_byte * 2**20 * 1e3:.2f} ms/MiB of CPU")
-        # what a gloo allreduce costs each member (the replicas' gradient buckets), 2 up to 4 members (make run's 4
-        # workers; the simulator scales the largest measured to more)
-        reduce = allreduce_costs(range(2, min(2 * cores, 4) + 1))
-        host["allreduce_s"] = {str(n): [f, b] for n, (f, b) in reduce.items()}
-        lap("allreduces")
-        print(f"{args.model}: one allreduce costs each member " + ", ".join(
-            f"{f * 1e3:.2f} ms + {b * 2**20 * 1e3:.2f} ms/MiB over {n}" for n, (f, b) in reduce.items()))
     # a step's calls and tensors apart from its bytes (pipedream.step_rates.split_step): the whole model's step stays
     # the time just taken, a stage's is its share of the three
     split = {}
@@ -264,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             "granularity": args.granularity, "threads": args.threads, "data": data,
             "loss": "in the output node", "data_s": data_s, "whole_step_s": step_s,
             "optimizer_step_s_per_param_byte": rates, "optimizer_step_overheads": split,
-            "host": host, "profiled_at_unix_s": time.time(),
+            "profiled_at_unix_s": time.time(),
             "noisy_layers": {nid: round(r, 3) for nid, r in noisy_layers(graph)}}
     write_profile(graph, args.out_dir, meta)
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "

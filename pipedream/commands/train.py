@@ -23,15 +23,14 @@ logs it to MLflow at the epoch's step and real time, and deletes the saved model
 runs after training, identically in both modes: neither counts towards time-to-accuracy.
 
 Before the workers start, the run's epoch time is predicted by the simulator on the run's own profile,
-plan, cluster (``--clusters``), link throttle and host (:func:`pipedream.sim.predict.predict_run`) and
+plan, cluster (``--clusters``), link throttle and host (:func:`pipedream.run_prediction.predict_run`) and
 logged as ``predicted_epoch_time_s``; after training ``prediction_ratio`` = measured mean epoch time after the
 first (:func:`steady_epochs`) /
 predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made (no ``--plan`` or
 ``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
-After training, on a CPU host, the run is resimulated with each stage's compute at its measured CPU, the
-cores shared fairly, and everything else as predicted (``resimulated_epoch_time_s``, ``resimulated_ratio``;
-:func:`pipedream.run_prediction.resimulation_factors`):
-how much of a miss the compute explains, a diagnosis of the model that reads the run, not a prediction.
+Each stage's measured compute and wait seconds are logged beside the predicted ones
+(``measured_compute_s_stage<s>``, ``predicted_compute_s_stage<s>``, ``wait_s_stage<s>``,
+``predicted_wait_s_stage<s>``): they tell which stage the model got wrong.
 """
 
 from __future__ import annotations
@@ -45,9 +44,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipedream import run_prediction
 from pipedream.errors import PipeDreamError
-from pipedream.host_timing import host_cores
 from pipedream.io import atomic_write_json
 from pipedream.paths import CLUSTERS
 from pipedream.tracking import STORE_HELP
@@ -73,13 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "from it)")
     run.add_argument("--clusters", default=CLUSTERS,
                      help="clusters YAML the plan's cluster is read from, for the predicted epoch time")
-    run.add_argument("--stage-probe-rounds", type=int, default=6, metavar="N",
-                     help="before a pipeline run on CPUs, time each stage of the plan alone, with the caches "
-                          "evicted before its forward and its backward as the run's other workers evict them, "
-                          "against the profile's whole step, N rounds of 3 steps each (pipedream/stage_probe.py; a "
-                          "few seconds), and "
-                          "predict each stage's compute as it runs alone instead of as its layers' share of the "
-                          "whole step; 0: the shares (default %(default)s)"),
     run.add_argument("--threshold", type=float,
                      help="target of time-to-accuracy and epochs-to-accuracy (logged as final metrics)")
     from pipedream.experiment import THRESHOLD_METRICS
@@ -113,6 +103,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def,type-arg]
     """MLflow parameters and tags of the run; PipeDream-only settings only on PipeDream runs."""
     from pipedream.runtime.launch import WORKER_THREADS
+    from pipedream.sim.cores import host_cores
 
     params = {"model": args.model, "preset": args.preset, "mode": args.mode, "config": config, "cluster": cluster,
               "workers": args.workers, "batch_size": args.batch_size, "lr": args.lr, "momentum": args.momentum,
@@ -291,15 +282,14 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
     """Node 0's part of :func:`run`: predict, train (:func:`_train`) while logging each epoch to MLflow, score,
     write ``run.json`` and put ``out_dir`` (the staging folder) in place of ``final_dir``; any failure ends the
     MLflow run FAILED (KILLED for an interrupt) with ``train.log`` attached."""
+    from pipedream import run_prediction
     from pipedream.tracking import LiveRun
 
     params, tags = _params_and_tags(args, cfg, config, cluster)
     prediction, why_not = run_prediction.predict(args, cfg, plan)
     predicted = prediction.get("predicted_epoch_time_s")
     if predicted is not None:
-        params.update(predicted_epoch_time_s=predicted,
-                      predicted_compute_scale="/".join(f"{f:.3f}" for f in prediction["compute_scale"]),
-                      predicted_concurrency="/".join(f"{c:.3f}" for c in prediction["concurrency"]))
+        params.update(predicted_epoch_time_s=predicted)
         atomic_write_json(out_dir / "prediction.json", prediction)
     else:
         tags["prediction_error"] = why_not or "unknown"
@@ -333,9 +323,8 @@ def profile_age_s(profile: str | Path | None, at_unix_s: float) -> float | None:
 
 def steady_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The epochs a prediction is checked against: all but the first when there are several. The simulator
-    predicts an epoch of a warmed-up run; the first also pays one-time costs (GNMT-8's last stage took 195k
-    page faults, 2.4 s of system time, in its first epoch and none after), logged apart as
-    ``first_epoch_time_s``."""
+    predicts an epoch of a warmed-up run; the first also pays one-time costs (the allocator's first touch of
+    every page, lazy initialisation), logged apart as ``first_epoch_time_s``."""
     return epochs[1:] if len(epochs) > 1 else epochs
 
 
@@ -365,36 +354,15 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
     age = profile_age_s(args.profile, t0)
     if age is not None:
         final["profile_age_s"] = age
-    work, scale = prediction.get("work_s") or [], prediction.get("compute_scale") or []
-    step_work = prediction.get("step_work_s") or []
-    for k, factor in enumerate(prediction.get("stage_factors") or []):  # the stage probe the prediction took
-        final[f"stage_factor_stage{k}"] = factor
+    predicted_wait = prediction.get("wait_s") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
         final[f"predicted_compute_s_stage{k}"] = busy
+        if k < len(predicted_wait):
+            final[f"predicted_wait_s_stage{k}"] = predicted_wait[k]
         if measured:
             final[f"measured_compute_s_stage{k}"] = sum(measured) / len(measured)
             final[f"wait_s_stage{k}"] = sum(e[f"wait_s_stage{k}"] for e in steady if f"wait_s_stage{k}" in e) / len(measured)
-        cpu = [e[f"cpu_s_stage{k}"] for e in steady if f"cpu_s_stage{k}" in e]
-        if cpu and k < len(work):  # CPU the runtime spends beyond the predicted work (CPU hosts)
-            final[f"measured_cpu_s_stage{k}"] = sum(cpu) / len(cpu)
-            final[f"predicted_work_s_stage{k}"] = work[k]
-        compute_cpu = [e[f"compute_cpu_s_stage{k}"] for e in steady if f"compute_cpu_s_stage{k}" in e]
-        if compute_cpu and k < len(scale) and scale[k] > 0:  # the compute's CPU against its work at full speed
-            final[f"measured_compute_cpu_s_stage{k}"] = sum(compute_cpu) / len(compute_cpu)
-            final[f"predicted_compute_work_s_stage{k}"] = busy / scale[k]
-        faults = [e[f"minor_faults_stage{k}"] for e in steady if f"minor_faults_stage{k}" in e]
-        if faults:  # pages the kernel zeroed because the allocator handed out untouched memory (pipedream/allocator.py)
-            final[f"minor_faults_stage{k}"] = sum(faults) / len(faults)
-        step_cpu = [e[f"step_cpu_s_stage{k}"] for e in steady if f"step_cpu_s_stage{k}" in e]
-        if step_cpu and k < len(step_work):  # the optimizer steps' CPU against their predicted work
-            final[f"measured_step_cpu_s_stage{k}"] = sum(step_cpu) / len(step_cpu)
-            final[f"predicted_step_work_s_stage{k}"] = step_work[k]
-    resimulated = (run_prediction.resimulated(args, cfg, plan_file, final, prediction.get("stage_factors"))
-                   if predicted is not None else None)
-    if resimulated is not None:  # how much of the miss the compute explains (not a prediction: it reads the run)
-        final.update(resimulated_epoch_time_s=resimulated,
-                     resimulated_ratio=final["steady_epoch_time_s"] / resimulated)
     for k, need in enumerate(prediction.get("memory_bytes") or []):  # the check of the memory model
         final[f"predicted_memory_bytes_stage{k}"] = need["total"]
         measured = max((e.get(f"peak_memory_bytes_stage{k}", 0.0) for e in epochs), default=0.0)
@@ -433,9 +401,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
                                               **({} if why_not is None else {"prediction_error": why_not})})
     rundir.commit(out_dir, final_dir)
     checked = "" if predicted is None else (
-        f" (steady {final['steady_epoch_time_s']:.2f} s: {final['prediction_ratio']:.2f}x the prediction"
-        + (f", {final['resimulated_ratio']:.2f}x with the compute as measured" if "resimulated_ratio" in final else "")
-        + ")")
+        f" (steady {final['steady_epoch_time_s']:.2f} s: {final['prediction_ratio']:.2f}x the prediction)")
     print(f"{args.mode}: {len(epochs)} epochs, val accuracy {final['final_val_accuracy']:.3f}, "
           f"mean epoch {final['mean_epoch_time_s']:.1f} s{checked}, "
           + (f"MLflow run {live.run_id}" if live.enabled else "not logged to MLflow ($PIPEDREAM_TRACKING=off)"))

@@ -34,7 +34,6 @@ its peer is waiting for.
 
 from __future__ import annotations
 
-import resource
 import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -84,21 +83,7 @@ class EpochStats:
     counted: int = 0  # predictions compared for accuracy (tokens for sequence models)
     samples: int = 0
     compute_s: float = 0.0
-    # CPU seconds of this rank's main thread in those forwards and backwards (time.thread_time): below compute_s
-    # by the time the rank waited for a core; above the profile's work by what sharing the host costs the compute
-    compute_cpu_s: float = 0.0
-    # CPU seconds of the main thread in the optimizer steps (copy on write, the step, zeroing the buckets; with
-    # shared parameters their sum first): what the prediction charges as each STEP's work
-    step_cpu_s: float = 0.0
     wait_s: float = 0.0
-    cpu_s: float = 0.0  # CPU seconds of the whole process over the pass, every thread (gloo's included)
-    # context switches of the whole process over the pass (getrusage: ru_nvcsw, a thread blocked, e.g. on a receive;
-    # ru_nivcsw, a thread preempted by another on its core)
-    voluntary_switches: float = 0.0
-    involuntary_switches: float = 0.0
-    # the process's minor page faults over the pass (ru_minflt: untouched memory the allocator handed out, which
-    # the kernel maps and zeroes page by page; pipedream.allocator)
-    minor_faults: float = 0.0
     losses: list[tuple[int, int, float]] = field(default_factory=list)  # (minibatch, micro, loss)
 
 
@@ -199,7 +184,6 @@ class StageExecutor:
         plan = issue_plan(actions, self.p2p.batched)
         window = (memory_window(actions, self.memory_minibatches) if self.memory_minibatches
                   else len(actions)) if phase == 0 and self.memory is not None else 0
-        cpu0, use0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         for i, a in enumerate(actions):
             self._counting = i < window
             if plan[i]:
@@ -213,11 +197,6 @@ class StageExecutor:
             if self._counting:
                 self._count_memory(a)
         self.p2p.drain()
-        self.stats.cpu_s = time.process_time() - cpu0
-        use = resource.getrusage(resource.RUSAGE_SELF)
-        self.stats.voluntary_switches = float(use.ru_nvcsw - use0.ru_nvcsw)
-        self.stats.involuntary_switches = float(use.ru_nivcsw - use0.ru_nivcsw)
-        self.stats.minor_faults = float(use.ru_minflt - use0.ru_minflt)
         if phase == 0:
             self.stats_history.append(self.stats.losses)
         return self.stats
@@ -282,7 +261,7 @@ class StageExecutor:
         return msg
 
     def _do_f(self, a: Action) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0 = time.perf_counter()
         unit = self.units.setdefault(a.key, {})
         m, j = a.key
         if self.is_first:
@@ -316,7 +295,6 @@ class StageExecutor:
             if self.trace is not None:
                 self.trace.append(("F", self.stage, m, j, v))
         self.stats.compute_s += time.perf_counter() - t0
-        self.stats.compute_cpu_s += time.thread_time() - c0
 
     def _recomputable(self, key: tuple[int, int], params: dict[str, torch.Tensor]) -> Callable[..., Any]:
         """The stage's forward on ``params`` for ``torch.utils.checkpoint``. Its first call is the forward; a later
@@ -354,7 +332,7 @@ class StageExecutor:
             unit["output"] = out
 
     def _do_b(self, a: Action, overlap: bool = False) -> None:
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0 = time.perf_counter()
         self._comm_event("B_start", a.key, -1, t0)
         unit = self.units[a.key]
         params = unit.pop("params")
@@ -398,7 +376,6 @@ class StageExecutor:
             del self.units[a.key]
         t1 = time.perf_counter()
         self.stats.compute_s += t1 - t0
-        self.stats.compute_cpu_s += time.thread_time() - c0
         self._comm_event("B_end", a.key, -1, t1)
         if self.on_backward is not None:
             self.on_backward(*a.key)
@@ -443,13 +420,6 @@ class StageExecutor:
         self._comm_event(event, self._reducing, bucket, t)
 
     def _do_step(self, a: Action) -> None:
-        c0 = time.thread_time()
-        try:
-            self._step(a)
-        finally:
-            self.stats.step_cpu_s += time.thread_time() - c0
-
-    def _step(self, a: Action) -> None:
         if self.shared is not None:
             self.shared.sum_()
         if self.first_grads is None:

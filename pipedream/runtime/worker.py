@@ -46,8 +46,7 @@ from pipedream.runtime.versions import Policy, WeightVersions
 FAULT_ENV = D.FAULT_ENV
 # the EpochStats fields each rank sums over the epoch's training and rank 0 logs per stage (``<name>_stage<s>``,
 # mean over the stage's replicas; :func:`_stage_row`)
-BUSY = ("compute_s", "compute_cpu_s", "step_cpu_s", "wait_s", "cpu_s", "voluntary_switches", "involuntary_switches",
-        "minor_faults")
+BUSY = ("compute_s", "wait_s")
 BATCHED_ENV = "PIPEDREAM_P2P_BATCHED"  # "1": batch each step's sends and receives on gloo too (tests)
 
 
@@ -231,7 +230,7 @@ def train(cfg: TrainConfig) -> None:
         resumed = epoch == start_epoch and start_mb > 0
         # this rank's running sums of the epoch: loss, loss count, samples, training seconds
         sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
-        busy = [0.0] * len(BUSY)  # this rank's compute, wait and CPU seconds and context switches of the epoch's training
+        busy = [0.0] * len(BUSY)  # this rank's compute and wait seconds of the epoch's training
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         if bar is not None:
             bar.reset(total=backwards)
@@ -291,14 +290,8 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
     """Every stage's figures of the epoch's training for rank 0's metrics row, gathered in one collective
     (every rank calls it):
 
-    * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`),
-      ``compute_cpu_s_stage<s>`` (the main thread's CPU seconds in them, :attr:`EpochStats.compute_cpu_s`),
-      ``step_cpu_s_stage<s>`` (its CPU seconds in the optimizer steps, :attr:`EpochStats.step_cpu_s`),
-      ``wait_s_stage<s>`` (blocked on receives and allreduces) and ``cpu_s_stage<s>`` (CPU seconds of the
-      whole process, every thread, :attr:`EpochStats.cpu_s`), seconds, and ``voluntary_switches_stage<s>`` and
-      ``involuntary_switches_stage<s>`` (the process's context switches: blocked, preempted;
-      :attr:`EpochStats.voluntary_switches`) and ``minor_faults_stage<s>`` (its minor page faults,
-      :attr:`EpochStats.minor_faults`), mean over the stage's replicas;
+    * ``compute_s_stage<s>`` (forwards, backwards, the loss; :attr:`EpochStats.compute_s`) and
+      ``wait_s_stage<s>`` (blocked on receives and allreduces), seconds, mean over the stage's replicas;
     * with ``measure_memory``: ``peak_memory_bytes_stage<s>``, the categories at that peak as
       ``peak_<category>_bytes_stage<s>`` (:data:`pipedream.runtime.memory_meter.CATEGORIES`) and on CUDA
       ``cuda_max_allocated_bytes_stage<s>``, bytes, of the stage's largest replica.

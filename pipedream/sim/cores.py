@@ -1,57 +1,72 @@
-"""Processor sharing: how fast the compute actions of ranks that share a host's cores progress.
+"""The host model: how fast the compute actions of ranks that share a CPU host's cores progress.
+
+This is all the simulator knows of a host. ``n`` single-threaded ranks computing at once on a host of ``c``
+cores each progress at ``min(1, c / n)`` seconds of work per second (processor sharing: a fair scheduler such
+as Linux CFS gives each of ``n`` runnable single-threaded processes ``c / n`` of a core when ``n > c``), re-timed
+whenever a rank starts or stops computing. A rank blocked in a receive or an allreduce computes nothing and
+takes no share. On GPUs (``cores`` None) every rank computes at full speed.
 
 The simulator (:mod:`pipedream.sim.engine`) hands every compute action (``F``, ``B``, ``STEP``) to
-:class:`Cores` as an amount of work, seconds at full speed (the profile's). Without sharing (one GPU per rank)
-an action of ``w`` seconds started at ``t`` ends at ``t + w``. With sharing, the ``n`` actions computing at
-once on one host each progress at ``1 / slowdown(n)`` seconds of work per second: the fluid model of a fair
-scheduler (Linux CFS gives each of ``n`` runnable single-threaded processes ``cores / n`` of a core when
-``n > cores``), with ``slowdown`` from :func:`host_scale`. A rank blocked in a receive or
-an allreduce computes nothing and takes no share. Every start and end on a host changes the speed of the
-others there, so each returns the new end times of the actions it moved. (A run's prediction shares the cores
-of a host of single-threaded workers as per-core run queues, :mod:`pipedream.sim.run_queues`, which keep this
-class's interface.)
+:class:`Cores` as an amount of work, seconds at full speed (the profile's); every start and end on a host
+changes the speed of the others there, so each returns the new end times of the actions it moved.
 
-Background work. A collective's own CPU (gloo's socket copies and reductions,
-:func:`pipedream.sim.transport_cpu.allreduce_cpu_s`, ``collective_cpu``) runs on a thread of its own while the
-rank waits for the link, and takes a share of the host like any action: the simulator starts it as a job under
-a key of its own (a negative number, :meth:`Cores.start` with ``host``), so a rank's backward or another
-rank's forward computing beside it slows down. (A bucket reduced while the backward goes on has its CPU in the
-backward's work instead, ``StageCost.buckets_cpu_in_bwd``: :func:`pipedream.sim.transport_cpu.with_transport_cpu`.)
+What is not modelled: shared memory bandwidth and caches between cores, cache refills after a context switch,
+where a process's tensors land in memory, the transport's own CPU. On a CPU host with more ranks than cores
+these make a run differ from itself by more than the model could gain from them (the prediction check states
+the run-to-run noise beside its results, docs of ``benchmarks/cores``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipedream.errors import PipeDreamError
 
 
-def host_scale(busy_ranks: float, threads: int, cores: int, contention: float = 1.0,
-               oversubscribed: float | None = None) -> float:
-    """Slowdown of compute on a shared host: processor sharing times contention,
-    ``max(1, n / cores) * c(n)`` with ``n = busy_ranks * threads`` threads computing at once and
-    ``c(n) = 1 + (contention - 1) * clip((n - 1) / (cores - 1), 0, 1)`` up to ``cores`` threads,
-    ``contention + (oversubscribed - contention) * clip((n - cores) / cores, 0, 1)`` above.
+def host_cores() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``; ``os.cpu_count()`` where the platform has no
+    affinity), at least 1. Not the machine's count: a run started under ``taskset``, a cgroup cpuset or a
+    batch scheduler's allocation has only its own cores for its workers, and children inherit the set."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
-    The first factor: ``n`` threads share ``cores`` cores, each gets ``cores / n`` of a core when that is
-    below 1 (a fair-share scheduler such as Linux CFS). The second: threads on different cores still share
-    memory bandwidth and caches; ``contention`` is the measured slowdown of one step with a copy on every core
-    (the profile's ``host.contention``, :func:`pipedream.host_timing.host_contention`), taken linearly from 1
-    with one thread computing to its full value with every core busy. Threads that take turns on a core also
-    evict each other's caches at every switch: ``oversubscribed`` is the measured slowdown with two copies per
-    core over their fair share (``host.oversubscribed``: the step's time with ``2 * cores`` copies over twice
-    its time alone), taken linearly from ``contention`` at ``cores`` threads to its full value at twice as
-    many; None: ``contention`` (no measurement). Raises PipeDreamError for non-positive ``threads`` or ``cores``.
+
+def slowdown(computing: int, cores: int) -> float:
+    """How much slower each of ``computing`` single-threaded ranks computing at once on a host of ``cores`` cores
+    runs than alone: ``max(1, computing / cores)`` (the inverse of processor sharing's ``min(1, c / n)``).
+
+    Raises:
+        PipeDreamError: ``cores`` below 1.
     """
-    if threads < 1 or cores < 1:
-        raise PipeDreamError(f"threads per worker and host cores must be positive, got {threads} and {cores}")
-    n = busy_ranks * threads
-    if n > cores and oversubscribed is not None:
-        over = min(1.0, (n - cores) / cores)
-        return n / cores * (contention + (oversubscribed - contention) * over)
-    shared = min(1.0, max(0.0, (n - 1) / (cores - 1))) if cores > 1 else 0.0
-    return max(1.0, n / cores) * (1 + (contention - 1) * shared)
+    if cores < 1:
+        raise PipeDreamError(f"host cores must be positive, got {cores}")
+    return max(1.0, computing / cores)
+
+
+@dataclass(frozen=True)
+class Host:
+    """The CPU hosts a run's ranks share: ``cores`` cores each, ``ranks_per_host`` consecutive ranks on each
+    (torchrun numbers ranks host by host: rank ``r`` is on host ``r // ranks_per_host``).
+
+    Raises:
+        PipeDreamError: ``cores`` or ``ranks_per_host`` below 1.
+    """
+
+    cores: int
+    ranks_per_host: int
+
+    def __post_init__(self) -> None:
+        if self.cores < 1 or self.ranks_per_host < 1:
+            raise PipeDreamError(f"host cores and ranks per host must be positive, got {self.cores} and "
+                                 f"{self.ranks_per_host}")
+
+    def host_of(self, rank: int) -> int:
+        """The host of ``rank``."""
+        return rank // self.ranks_per_host
 
 
 @dataclass
@@ -70,19 +85,12 @@ class Cores:
     """The compute actions in progress and their end times.
 
     Args:
-        slowdown: ``slowdown(n)`` >= 1, how much slower each of ``n`` actions computing at once on one host
-            runs than alone; None: no sharing (each rank has its own device).
-        host_of: the host of a rank (default: all on host 0).
-        collective_cpu: ``collective_cpu(replicas, nbytes)``, CPU seconds each member of an allreduce of
-            ``nbytes`` over ``replicas`` ranks spends on it (module docstring); None: none (GPUs, or not
-            measured). Only used with ``slowdown``.
+        host: the CPU hosts the ranks share; None: no sharing (each rank computes on its own device).
     """
 
-    def __init__(self, slowdown: Callable[[int], float] | None = None,
-                 host_of: Callable[[int], int] | None = None,
-                 collective_cpu: Callable[[int, float], float] | None = None) -> None:
-        self.slowdown, self.host_of = slowdown, host_of or (lambda rank: 0)
-        self.collective_cpu = collective_cpu if slowdown is not None else None
+    def __init__(self, host: Host | None = None) -> None:
+        self.cores = None if host is None else host.cores
+        self.host_of: Callable[[int], int] = (lambda rank: 0) if host is None else host.host_of
         self.jobs: dict[int, Job] = {}
         self._since: dict[int, float] = {}  # host -> time its jobs' left_s were last brought up to date
 
@@ -90,12 +98,11 @@ class Cores:
         """The action ``rank`` is computing, if any."""
         return self.jobs.get(rank)
 
-    def start(self, rank: int, work_s: float, t: float, host: int | None = None) -> list[tuple[float, int]]:
+    def start(self, rank: int, work_s: float, t: float) -> list[tuple[float, int]]:
         """``rank`` starts ``work_s`` seconds of work at ``t`` (the simulator's current time); returns
-        ``(end time, rank)`` of every action whose end is now different, the new one included. ``host``:
-        where a background job (a negative ``rank``, module docstring) runs; default ``host_of(rank)``."""
-        host = self.host_of(rank) if host is None else host
-        if self.slowdown is None:
+        ``(end time, rank)`` of every action whose end is now different, the new one included."""
+        host = self.host_of(rank)
+        if self.cores is None:
             self.jobs[rank] = Job(rank, host, work_s, work_s, t)
             return [(t + work_s, rank)]
         self._advance(host, t)
@@ -105,7 +112,7 @@ class Cores:
     def finish(self, rank: int, t: float) -> tuple[Job, list[tuple[float, int]]]:
         """``rank``'s action ends at ``t``; returns it and the new ends of the actions it leaves on its host."""
         job = self.jobs.pop(rank)
-        if self.slowdown is None:
+        if self.cores is None:
             return job, []
         self._advance(job.host, t, gone=job)
         return job, self._ends(job.host, t)
@@ -115,19 +122,19 @@ class Cores:
 
     def _advance(self, host: int, t: float, gone: Job | None = None) -> None:
         """Bring the work left of ``host``'s actions (and ``gone``, just removed) up to time ``t``."""
+        assert self.cores is not None
         jobs = self._on(host) + ([gone] if gone is not None else [])
         if jobs:
-            assert self.slowdown is not None
-            rate = 1.0 / self.slowdown(len(jobs))
+            rate = 1.0 / slowdown(len(jobs), self.cores)
             elapsed = t - self._since.get(host, t)
             for j in jobs:
                 j.left_s = max(0.0, j.left_s - elapsed * rate)
         self._since[host] = t
 
     def _ends(self, host: int, t: float) -> list[tuple[float, int]]:
+        assert self.cores is not None
         jobs = self._on(host)
         if not jobs:
             return []
-        assert self.slowdown is not None
-        slow = self.slowdown(len(jobs))
+        slow = slowdown(len(jobs), self.cores)
         return [(t + j.left_s * slow, j.rank) for j in jobs]

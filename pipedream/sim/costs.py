@@ -48,10 +48,6 @@ class StageCost:
         tied_sums: the gradient sums of tied tensors this stage holds with other stages, each ``(the holding
             stages, bytes)``: before each ``STEP`` one collective of those bytes over every rank of those stages
             (:func:`pipedream.tied.gradient_sums`, as :class:`pipedream.runtime.shared.SharedGrads` runs it).
-        buckets_cpu_in_bwd: how many of the first ``buckets`` have their allreduce's CPU already in ``bwd_s`` (on a
-            CPU host, the buckets reduced while the backward goes on:
-            :func:`pipedream.sim.transport_cpu.with_transport_cpu`); the simulator runs only the later buckets'
-            CPU as background work (:mod:`pipedream.sim.cores`). 0: none.
     """
 
     fwd_s: float
@@ -62,7 +58,6 @@ class StageCost:
     buckets: list[tuple[float, float]] = field(default_factory=list)
     step_s: float = 0.0
     tied_sums: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
-    buckets_cpu_in_bwd: int = 0
 
 
 def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, int]:

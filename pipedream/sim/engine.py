@@ -68,8 +68,6 @@ class Trace:
         steps: ``STEP`` spans (``rank`` the rank stepping).
         transfers: point-to-point transfers (``rank`` sender, ``peer`` receiver).
         collectives: allreduce pieces (``rank`` = first rank of the group).
-        background: the CPU of each member's share of a collective, run beside its rank's actions
-            (:mod:`pipedream.sim.cores`; ``rank`` = that member; only with ``Cores.collective_cpu``).
         p2p_bytes: bytes moved by point-to-point transfers.
         allreduce_bytes: bytes all participants sent in allreduces.
     """
@@ -83,7 +81,6 @@ class Trace:
     steps: list[Span] = field(default_factory=list)
     transfers: list[Span] = field(default_factory=list)
     collectives: list[Span] = field(default_factory=list)
-    background: list[Span] = field(default_factory=list)
     p2p_bytes: float = 0.0
     allreduce_bytes: float = 0.0
 
@@ -141,8 +138,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
     tied_count: dict[tuple[int, tuple[int, ...]], int] = {}  # (rank, holding stages) -> sums it has joined
     tied_pos = dict.fromkeys(order, 0)  # sums of the current STEP done
     stamp = dict.fromkeys(order, 0)  # a rank's heap entries older than its latest are stale
-    pending_bg: dict[int, float] = {}  # background job key -> its work, s, until it starts
-    owner: dict[int, int] = {}  # background job key -> the rank whose collective it is (its host's)
     heap = [(0.0, r, 0) for r in sorted(order)]
     heapq.heapify(heap)
 
@@ -151,13 +146,13 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         heapq.heappush(heap, (t, r, stamp[r]))
 
     def reduce_buckets(stage: int, group: list[int], after_s: float, ready_ranks: list[int] | None,
-                       book: bool) -> tuple[float, list[tuple[float, float]]]:
+                       book: bool) -> float:
         """Allreduce the stage's buckets in order over ``group``, each no earlier than the end of the previous
         one and than ``after_s``; with ``ready_ranks`` (overlap) bucket ``k`` also waits until its last
         gradient is ready on every one of them (measured from the start of each rank's last backward). One
         collective per bucket, latency included; ``book`` places it on the links, else it only takes its
-        time. Returns when the last bucket ends, and each bucket's ``(start, bytes)``."""
-        prev, started = after_s, []
+        time. Returns when the last bucket ends."""
+        prev = after_s
         for ready_in_bwd, nbytes in costs[stage].buckets:
             ready = (max(last_b_start[r] + ready_in_bwd * last_b_stretch[r] for r in ready_ranks)
                      if ready_ranks else prev)
@@ -166,35 +161,16 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 if record and prev > start:
                     tr.collectives.append(Span(start, prev, f"{stage}ALLREDUCE", group[0]))
             else:
-                start = max(ready, prev)
-                prev = start + network.allreduce_time(group, nbytes)
-            started.append((start, nbytes))
-        return prev, started
-
-    def background(ranks: list[int], started: list[tuple[float, float]], now: float) -> None:
-        """Each bucket's CPU on each member's host from the bucket's start (not before ``now``: the simulator
-        learns of an overlapped bucket only when the last replica joins), as background jobs
-        (:mod:`pipedream.sim.cores`)."""
-        if cores.collective_cpu is None:
-            return
-        for start, nbytes in started:
-            work = cores.collective_cpu(len(ranks), nbytes)
-            if work <= 0:
-                continue
-            for r in ranks:
-                key = -1 - len(owner)  # a background job's key: negative, one per job
-                owner[key], pending_bg[key] = r, work
-                stamp[key] = 0
-                wake(key, max(start, now))
+                prev = max(ready, prev) + network.allreduce_time(group, nbytes)
+        return prev
 
     def finish_allreduce(stage: int, members: dict[int, float]) -> None:
         ranks = sorted(members)
         if overlap:
-            last, started = reduce_buckets(stage, ranks, 0.0, ranks, book=True)
+            last = reduce_buckets(stage, ranks, 0.0, ranks, book=True)
             end = max(last, *members.values())
         else:
-            end, started = reduce_buckets(stage, ranks, max(members.values()), None, book=True)
-        background(ranks, started[costs[stage].buckets_cpu_in_bwd:], max(members.values()))
+            end = reduce_buckets(stage, ranks, max(members.values()), None, book=True)
         tr.allreduce_bytes += sum(network.allreduce_bytes(ranks, nbytes) for _, nbytes in costs[stage].buckets)
         for r in ranks:
             tr.allreduce_wait_s[r] += end - members[r]
@@ -243,17 +219,6 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
         t, r, k = heapq.heappop(heap)
         if k != stamp[r]:
             continue  # a stale entry
-        if r < 0:  # a background job starts or ends
-            if r in pending_bg:
-                for end, q in cores.start(r, pending_bg.pop(r), t, cores.host_of(owner[r])):
-                    wake(q, end)
-            else:
-                job, moved = cores.finish(r, t)
-                for end, q in moved:
-                    wake(q, end)
-                if record:
-                    tr.background.append(Span(job.start_s, t, "ALLREDUCE_CPU", owner[r], work_s=job.work_s))
-            continue
         if cores.running(r):
             computed(r, t)
         acts = order[r]
@@ -293,7 +258,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                     break
             elif a.kind == Kind.ALLREDUCE and sync == "independent":
                 group_ranks = schedule.stage_ranks[a.stage]
-                end, _ = reduce_buckets(a.stage, group_ranks, t, None, book=False)
+                end = reduce_buckets(a.stage, group_ranks, t, None, book=False)
                 tr.allreduce_bytes += sum(network.allreduce_bytes(group_ranks, nbytes)
                                           for _, nbytes in cost.buckets) / len(group_ranks)
                 tr.allreduce_wait_s[r] += end - t

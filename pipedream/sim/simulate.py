@@ -33,10 +33,10 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
 from pipedream.schedules import DEFAULT_WARMUP
+from pipedream.sim.cores import Cores, Host
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.engine import Trace, run
 from pipedream.sim.network import Network
-from pipedream.sim.run_queues import RunQueues, make_cores
 from pipedream.topology import Cluster
 
 # command-line name -> pipedream.schedules name ("pipedream" is the old name of 1f1b, still accepted)
@@ -52,8 +52,7 @@ MAX_DOUBLINGS = 6
 STEADY_RTOL = 1e-4  # relative agreement of successive periods that counts as the steady state
 # Without the steady-state figures (simulate_stages(steady_figures=False)), an epoch of at most this many
 # minibatches gets one look for the steady state (runs of n0, 2 n0, 3 n0) and, unsettled, is simulated exactly
-# instead of searched: on tick-balanced run queues a short pipeline settles late or never, and the search's runs
-# cost several times the epoch. make run's epochs are 16-256 minibatches (AWD-LM's 256).
+# instead of searched: a short epoch costs less to simulate whole than the search's runs.
 EXACT_EPOCH_MINIBATCHES = 1024
 
 
@@ -139,15 +138,13 @@ def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCo
                     minibatches: int, microbatches: int = 1, overlap: bool = True,
                     allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
-                    sharing: Callable[[int], float] | None = None, host_of: Callable[[int], int] | None = None,
-                    collective_cpu: Callable[[int, float], float] | None = None,
-                    queues: RunQueues | None = None) -> Trace:
+                    host: Host | None = None) -> Trace:
     """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
     (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`) and fresh cores
-    (``sharing``, ``queues``, ``host_of``, ``collective_cpu``: :func:`pipedream.sim.run_queues.make_cores`)."""
+    (``host``: :mod:`pipedream.sim.cores`)."""
     sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
     return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync,
-               cores=make_cores(sharing, queues, host_of, collective_cpu))
+               cores=Cores(host))
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -171,10 +168,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
                     costs: list[StageCost] | None = None, contention: str = "lanes",
                     sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
                     bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, step: costmodel.StepRates | None = None,
-                    sharing: Callable[[int], float] | None = None,
-                    host_of: Callable[[int], int] | None = None, recompute: bool = False,
-                    collective_cpu: Callable[[int, float], float] | None = None,
-                    queues: RunQueues | None = None, steady_figures: bool = True) -> SimResult:
+                    host: Host | None = None, recompute: bool = False, steady_figures: bool = True) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -201,14 +195,8 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
             :func:`pipedream.sim.profiled.step_rates` of the profile; None: its defaults, SGD with momentum memory
             bound at a V100's 900e9 bytes/s).
         (``bucket_bytes`` and ``step`` build ``costs``; they are ignored when ``costs`` is given.)
-        sharing: slowdown of each of ``n`` ranks computing at once on one host (processor sharing,
-            :mod:`pipedream.sim.cores`; :func:`pipedream.sim.cores.host_scale`); None: none.
-        host_of: a rank's host (default: one host).
-        collective_cpu: CPU seconds each member of an allreduce of ``nbytes`` over ``n`` ranks spends on it,
-            run beside the rank's actions with ``sharing`` (:mod:`pipedream.sim.cores`,
-            :func:`pipedream.sim.transport_cpu.allreduce_cpu_s`); None: none.
-        queues: with ``sharing``, each host's cores as run queues of their own (:mod:`pipedream.sim.run_queues`:
-            single-threaded workers placed as the kernel places them); None: the fluid model of ``sharing``.
+        host: the CPU hosts the ranks share (processor sharing, :mod:`pipedream.sim.cores`); None: every rank
+            computes on its own device.
         recompute: activation recomputation: every backward also runs its forward again
             (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
         steady_figures: search for the steady state (the steady-state figures: ``time_per_minibatch_s``,
@@ -243,8 +231,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
 
     def sim(n: int, record: bool = False) -> Trace:
         return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
-                               contention=contention, sync=sync, warmup=warmup, sharing=sharing, host_of=host_of,
-                               collective_cpu=collective_cpu, queues=queues)
+                               contention=contention, sync=sync, warmup=warmup, host=host)
 
     per_mb = batch * m
     n_epoch = math.ceil(dataset_size / per_mb)
@@ -302,13 +289,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
 
 def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[int, int, Trace, Trace, bool]:
     """Find run lengths past the transient: ``T(2n) - T(n) == T(3n) - T(2n)`` (relative :data:`STEADY_RTOL`), doubling ``n``
-    from ``n0`` (at most :data:`MAX_DOUBLINGS` times); returns ``(2n, 3n, trace(2n), trace(3n), converged)``.
-
-    On shared cores a short pipeline settles late or never: tick-balanced run queues (:mod:`pipedream.sim.run_queues`)
-    keep shifting the period. The reduced GNMT-8's straight pipeline (64 minibatches an epoch) went on to runs of
-    480 minibatches in 47 of its prediction's 65 simulations and to 2,560 without settling in the other 18 (135 s
-    on the 2-core CI VM), which is why a prediction gives a short epoch one look and then simulates it
-    exactly (``steady_figures=False``, :func:`simulate_stages`)."""
+    from ``n0`` (at most :data:`MAX_DOUBLINGS` times); returns ``(2n, 3n, trace(2n), trace(3n), converged)``."""
     n, t1, t2 = n0, first, sim(2 * n0)
     for _ in range(MAX_DOUBLINGS + 1):
         t3 = sim(3 * n)

@@ -99,30 +99,25 @@ def speedup_bars(table: pd.DataFrame, out: Path) -> None:
 
 def ratio_points(df: pd.DataFrame) -> pd.DataFrame:
     """The rows of the ratio panel of :func:`predicted_vs_measured`: one per run with a ratio, in ``df``'s order,
-    with ``run`` (``"<model> <config>"`` for PipeDream, ``"<model> DP"``), ``mode`` (``PipeDream`` or ``DP``),
-    ``ratio`` (measured / predicted) and ``resimulated_ratio`` (measured / resimulated; NaN where the run was not
-    resimulated or ``df`` has no such column)."""
+    with ``run`` (``"<model> <config>"`` for PipeDream, ``"<model> DP"``), ``mode`` (``PipeDream`` or ``DP``) and
+    ``ratio`` (measured / predicted)."""
     data = df[df["ratio"].notna() & (df["ratio"] > 0)]
-    resim = data["resimulated_ratio"] if "resimulated_ratio" in data else pd.Series(math.nan, index=data.index)
     return pd.DataFrame({
         "run": [f"{m} DP" if mode == "dp" else f"{m} {c}" if str(c) else str(m)
                 for m, mode, c in zip(data["model"], data["mode"], data["config"].fillna("").astype(str), strict=True)],
         "mode": data["mode"].map({"pipedream": "PipeDream", "dp": "DP"}).fillna(data["mode"]).tolist(),
-        "ratio": data["ratio"].astype(float).tolist(),
-        "resimulated_ratio": resim.astype(float).tolist()})
+        "ratio": data["ratio"].astype(float).tolist()})
 
 
-def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15, title: str = "") -> None:
+def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.25, title: str = "") -> None:
     """Every run's measured epoch time against its predicted one, in two panels. Left, the paper's
     real-versus-predicted figure: a log-log scatter, the line y = x and a band of +-``band`` around it. Right, one
-    row per run (:func:`ratio_points`, which names them): measured / predicted, the same band shaded, and hollow
-    beside it the run resimulated with its stages' compute as measured (:mod:`pipedream.table1.prediction`), which
-    shows how much of a miss the compute explains.
+    row per run (:func:`ratio_points`, which names them): measured / predicted, the same band shaded.
 
     Args:
         df: rows of :func:`pipedream.table1.prediction.prediction_rows` (seconds); rows without a
             prediction are left out.
-        out: the PNG to write. band: the agreement band, a fraction (0.15: +-15%). title: the ratio panel's
+        out: the PNG to write. band: the agreement band, a fraction (0.25: +-25%). title: the ratio panel's
             (:func:`pipedream.table1.prediction.write_prediction_check` gives the check's summary).
     """
     plt, sns = _pyplot()
@@ -160,11 +155,7 @@ def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.15, title
             rows = points[points["mode"] == mode]
             rx.scatter(rows["ratio"], rows.index, marker=markers[mode], color=palette[mode], s=50, zorder=3,
                        label=f"{mode}: measured / predicted")
-            resim = rows.dropna(subset=["resimulated_ratio"])
-            if len(resim):
-                rx.scatter(resim["resimulated_ratio"], resim.index, marker=markers[mode], facecolors="none",
-                           edgecolors=palette[mode], s=50, zorder=3, label=f"{mode}: measured / resimulated")
-        values = pd.concat([points["ratio"], points["resimulated_ratio"].dropna()])
+        values = points["ratio"]
         rx.set_xlim(min(values.min(), 1 - band) - 0.05, max(values.max(), 1 + band) + 0.05)
         rx.set_yticks(list(points.index), points["run"].tolist(), fontsize=8)
         rx.set_ylim(len(points) - 0.5, -0.5)  # the first run on top

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from pipedream.host_timing import host_cores
+from pipedream.sim.cores import host_cores
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # the code that builds the report
 

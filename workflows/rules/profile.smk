@@ -13,16 +13,12 @@ rule profile:
         iters=config["profile"]["iters"],
         device=config["profile"]["device"],
         optimizers=lambda w: profile_optimizers(w.model),  # whose optimizer step to time: those the runs use
-        # the host probe's seconds, when the config sets them (`pipedream profile --host-seconds`, whose default
-        # holds otherwise; 0 skips it: predictions then count no contention beyond processor sharing)
-        host=f"--host-seconds {config['profile']['host_seconds']}" if "host_seconds" in config["profile"] else "",
     conda:
         "../../environment.yml"
-    # alone on the host: the layers' times, and the contention of one step per core (meta.json host), are the
-    # host's own, not shared with another job
+    # alone on the host: the layers' times are the model's own, not shared with another job
     threads: workflow.cores
     shell:
         "{params.pd} profile --model {wildcards.model} --preset {params.preset} --profiled-batch {params.batch} "
-        "--warmup {params.warmup} --iters {params.iters} --device {params.device} {params.host} "
+        "--warmup {params.warmup} --iters {params.iters} --device {params.device} "
         "--optimizers {params.optimizers} "
         "--out-dir $(dirname {output.graph}) > {log} 2>&1"
