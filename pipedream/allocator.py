@@ -1,50 +1,23 @@
 """The C allocator of every process that computes a training step on the CPU: jemalloc for the workers, glibc with
-its freed memory kept for everything else (the profile, the host probe's copies, the stage probe).
+its freed memory kept for everything else (the profile).
 
-PyTorch's CPU tensors come from the C library's ``malloc`` (``posix_memalign``). glibc serves a request of
-more than its mmap threshold (128 KiB at first, raised up to 32 MiB as such blocks are freed) with a fresh
-``mmap`` and returns it with ``munmap`` when freed, and it gives the top of the heap back to the system once
-more than the trim threshold (128 KiB at first) is free there. A training step that allocates and frees
-the same activations and gradients every time then takes a page fault on every 4 KiB page of every new block,
-every step, the kernel zeroing each page; how many depends on the order of a process's first allocations, so
-each fresh process is a draw. Measured on the 2-core CI VM (Intel Xeon, glibc 2.36, one thread, the profile's
-step of the reduced models, median of 25 steps, 2026-11-29): S2VT 15,456 minor faults a step in one process
-and none in the next, VGG-16 3,257, 3,680, 896 or none, ResNet-50, AlexNet and GNMT-8 none; with an Adam step
-between steps, as a worker has, every one of those five models faulted in some processes
-(``benchmarks/malloc``, which also gives the step's time both ways). In one S2VT DP run (4 workers, 3 epochs
-of 16 steps) the workers took 181,565, 453,015, 470,280 and 916,208 minor faults by default, the last about
-15,300 a step more than the first over the 48 steps (every allreduce waits for it), and 147,201-149,693 each with
-the heap kept (start-up and validation).
+glibc serves a request above its mmap threshold with a fresh ``mmap`` and returns it when freed, and trims the top
+of its heap once enough is free there: a training step that allocates and frees the same activations and gradients
+every time then faults every page of every new block in again, every step, the kernel zeroing each page. A
+worker's allocations (weight versions, messages, optimizer steps, minibatches in flight between its large blocks)
+also fragment glibc's heap without end: a worker's resident memory grows by gigabytes within an epoch and its
+compute slows by the faults.
 
-:func:`keep_freed_memory` sets glibc's ``M_MMAP_THRESHOLD`` to 1 GiB (blocks up to that size come from the heap)
-and ``M_TRIM_THRESHOLD`` to 2 GiB - 1 (free memory at the heap's top stays), with ``mallopt(3)``, the C library's
-own interface (see glibc's manual, "Malloc Tunable Parameters"). In a loop of the same step, as the profile and the
-probes run it, a step's blocks are then reused after the first steps and nothing is faulted in; the price is
-memory: a process keeps its peak heap resident (``posix_memalign``'s padding keeps a block from fitting exactly
-where a freed one of the same size was, so the heap can hold a few freed copies of a large block: one 64 MiB
-block allocated and freed over and over settles at 448 MiB more resident, 7 blocks).
-
-A worker is not such a loop: weight versions, messages, optimizer steps and two minibatches in flight allocate
-between its large blocks, and glibc's heap then fragments without end. On the 2-core CI VM (AMD EPYC, glibc 2.36,
-2026-11-30, AWD-LM's 2-2 pipeline, one epoch) the two decoder-stage workers grew from 1.1 to 2.7 and 2.9 GB
-resident in 35 s; in another run one of them faulted its 90 MB logits gradient (21,875 pages) in again in 25 of 128
-backwards (546,918 minor faults, 2.7 s of system time in its backwards; the slowest took up to 198-385 ms of CPU
-against a median of 82-101 ms in two such runs): the stage computed at 1.13-1.37x its profiled work in eleven runs
-within the hour, 1.04-1.09x in five (the heap's layout is a draw). With glibc as it is the same worker stayed at
-0.9 GB but faulted some 120,000 pages a second (1.64x).
-
-The workers therefore run on jemalloc (Debian ``libjemalloc2``, conda-forge ``jemalloc``), preloaded
-(:func:`worker_env`, ``LD_PRELOAD``) with :data:`JEMALLOC_CONF`: no separate arena for blocks over 8 MiB
-(``oversize_threshold:0``; jemalloc's own default returns those to the system at once: that decoder-stage worker
-faulted some 116,000 pages a second (1.79x), as many as on glibc as it is) and no purging of freed pages
-(``dirty_decay_ms:-1,muzzy_decay_ms:-1``). The same AWD-LM worker then stayed at 0.93-0.98 GB, took 240-630 faults
-a second (its stage-0 peers the most), its backwards 78-113 ms of CPU, its stage at 1.09x its work. Where jemalloc
-is not installed the workers fall back to :func:`keep_freed_memory` (one warning line). ``PIPEDREAM_MALLOC``:
-``default`` leaves every process's allocator as it is (``benchmarks/malloc`` compares), ``keep`` gives the workers
-glibc with freed memory kept, ``jemalloc`` (and unset) jemalloc where installed. ``PIPEDREAM_JEMALLOC``: the path
-of ``libjemalloc.so.2`` where it is not in a standard directory (a cluster's module tree, a home directory, the
-device kit of ``benchmarks/cores``); set to a path that is no file, the run stops with an error before any worker
-starts, rather than running on another allocator than asked.
+:func:`keep_freed_memory` sets glibc's ``M_MMAP_THRESHOLD`` to 1 GiB and ``M_TRIM_THRESHOLD`` to 2 GiB - 1 with
+``mallopt(3)`` (glibc's manual, "Malloc Tunable Parameters"): in a loop of the same step a step's blocks are reused
+after the first steps, at the price of keeping the peak heap resident. The workers run on jemalloc (Debian
+``libjemalloc2``, conda-forge ``jemalloc``), preloaded (:func:`worker_env`, ``LD_PRELOAD``) with
+:data:`JEMALLOC_CONF`: no separate arena for blocks over 8 MiB (``oversize_threshold:0``) and no purging of freed
+pages (``dirty_decay_ms:-1,muzzy_decay_ms:-1``); without jemalloc they fall back to :func:`keep_freed_memory` (one
+warning line). ``PIPEDREAM_MALLOC``: ``default`` leaves every process's allocator as it is, ``keep`` gives the
+workers glibc with freed memory kept, ``jemalloc`` (and unset) jemalloc where installed. ``PIPEDREAM_JEMALLOC``: the
+path of ``libjemalloc.so.2`` where it is not in a standard directory (a cluster's module tree, a home directory);
+a path that is no file stops the run with an error before any worker starts.
 """
 
 from __future__ import annotations

@@ -2,25 +2,20 @@
 one ``run`` of the device tool does the whole check: ``bash benchmarks/cores/device_run.sh`` with ``.devkit``
 carried.
 
-The device machine (``/work/.library/device/KINDS.md``, kind ``nvidia-h200``) has Python 3.12 with torch,
-torchvision, pandas, seaborn, sacrebleu and pytest, but no MLflow, no fairseq (GNMT), no jsonschema, no Penn
-Treebank and none of the Debian data packages, and reaches no package index. This script fetches, here:
+The device machine (``/work/.library/device/KINDS.md``) has Python 3.12 with torch, torchvision, pandas, seaborn,
+sacrebleu and pytest, but no fairseq (GNMT), no jsonschema, no Penn Treebank, no MLflow and none of the Debian data
+packages, and reaches no package index. This script packs, here:
 
-* wheels for CPython 3.12 on manylinux x86-64 of :data:`WHEELS` (``pip download --no-deps``), and of
-  antlr4-python3-runtime 4.9.3 (hydra-core's, published as a source archive only: built here with ``pip wheel``);
-  fairseq's wheel is slimmed to what ``fairseq.models.lstm`` needs (its C++ extensions, built against another
-  torch, and its ``examples`` folder dropped: 20 MB to 2 MB);
-* the data: Fashion-MNIST's four IDX files (``/usr/share/datasets/fashion-mnist``, Debian
-  ``dataset-fashion-mnist``) and the German-English dictionary (``/usr/share/trans/de-en``, Debian
-  ``trans-de-en``, gzipped);
-* the workers' allocator: this machine's ``libjemalloc.so.2`` (Debian ``libjemalloc2``, 0.8 MiB) in ``lib/``, which
-  ``device_run.sh`` hands the workers through ``PIPEDREAM_JEMALLOC`` (:mod:`pipedream.allocator`) where it loads
-  there; the runs of ``make run`` have had their workers on jemalloc since session 39, and a check on glibc would
-  check another runtime.
+* wheels for CPython 3.12 on manylinux x86-64 of :data:`WHEELS` (``pip download --no-deps``) and of
+  antlr4-python3-runtime (a source archive only: built here with ``pip wheel``); fairseq's wheel slimmed to what
+  ``fairseq.models.lstm`` needs (no C++ extensions, built against another torch, and no ``examples``);
+* the data: Fashion-MNIST's IDX files (Debian ``dataset-fashion-mnist``) and the German-English dictionary
+  (Debian ``trans-de-en``, gzipped);
+* the workers' allocator: this machine's ``libjemalloc.so.2`` in ``lib/``, which ``device_run.sh`` hands the
+  workers through ``PIPEDREAM_JEMALLOC`` (:mod:`pipedream.allocator`), as ``make run``'s workers run on it.
 
-MLflow is not packed: the runs train with ``PIPEDREAM_TRACKING=off`` there. The kit is about 44 MiB (43.5 with
-jemalloc, 2026-12-01), under the tool's 64 MiB for the working tree and carried paths together (``--check`` prints
-the total).
+MLflow is not packed: the runs there train with ``PIPEDREAM_TRACKING=off``. ``--check`` prints the kit's size
+beside the device tool's 64 MiB limit on the working tree and carried paths together.
 
     .venv/bin/python benchmarks/cores/device_kit.py [--out .devkit]
 """

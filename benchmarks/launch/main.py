@@ -10,9 +10,6 @@ falls on both alike, each run in a Python process of its own (as every ``pipedre
 server), and prints each run's wall seconds (start to end of :func:`pipedream.train`: start-up, the epoch,
 validation, the workers' exit) and the ratio of the medians.
 
-Session 24 (2-core Intel Xeon VM, 4 workers: 2x oversubscribed), GNMT-8 DP, 256 samples, each run in a process of
-its own: torchrun 23.1 and 20.5 s, the fork server 14.6 and 16.0 s (0.70x; epochs 1.0-1.8 s).
-
     .venv/bin/python benchmarks/launch/main.py --model gnmt8 --mode dp --plan results/plans/gnmt8/cpu4_1gbps.json
 """
 
@@ -34,7 +31,7 @@ LAUNCHERS = ("torchrun", "local")
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="See the module docstring for what is timed and what was measured.")
+                                epilog="See benchmarks/launch/README.md for what is timed.")
     p.add_argument("--model", default="gnmt8", help="a registered model (reduced preset, real data)")
     p.add_argument("--mode", default="dp", choices=("dp", "pipedream"), help="DP (DDP) or the plan's pipeline")
     p.add_argument("--plan", required=True, help="the model's plan for 4 workers (pipedream plan --out)")

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
-from pipedream.planner import plan_pipeline  # noqa: E402
+from pipedream.planner import PlanOptions, plan_pipeline  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
 
 MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")  # release profiles (meta.json: profiled batch)
@@ -45,7 +45,8 @@ def time_case(model: str, cluster_name: str, repeats: int, compat: bool) -> tupl
     walls, cpus, plan = [], [], None
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()
-        plan = plan_pipeline(graph, cluster, model=model, minibatch_size=profiled_batch(path), compat=compat)
+        plan = plan_pipeline(graph, cluster, model=model, minibatch_size=profiled_batch(path),
+                             options=PlanOptions(compat=compat))
         cpus.append(time.process_time() - cpu)
         walls.append(time.perf_counter() - wall)
     return min(walls), min(cpus), plan
