@@ -114,7 +114,7 @@ def partition(graph: LayerGraph | str | Path, cluster: str, *, model: str = "mod
     from pipedream.graph import profiled_batch as batch_of
     from pipedream.graph import read_meta
     from pipedream.paths import CLUSTERS, shipped
-    from pipedream.planner import plan_pipeline
+    from pipedream.planner import PlanOptions, plan_pipeline
     from pipedream.sim.profiled import step_rates
     from pipedream.topology import get_cluster
 
@@ -129,10 +129,10 @@ def partition(graph: LayerGraph | str | Path, cluster: str, *, model: str = "mod
         granularity = str(meta.get("granularity", granularity)) if meta else ""
         graph = LayerGraph.read(path)
         batch = batch_of(path, profiled_batch)
+    options = PlanOptions(memory_limit=memory_limit, straight=straight, compat=compat,
+                          activation_compression_ratio=activation_compression_ratio)
     out = plan_pipeline(graph, get_cluster(cluster, clusters or CLUSTERS), model=model, minibatch_size=batch,
-                        memory_limit=memory_limit, straight=straight, compat=compat,
-                        activation_compression_ratio=activation_compression_ratio,
-                        step=step_rates(meta or {}, optimizer))
+                        options=options, step=step_rates(meta or {}, optimizer))
     if granularity:  # the runtime cuts the model at the granularity the node ids were profiled at
         out.extra["granularity"] = granularity
     return out

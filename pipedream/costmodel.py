@@ -167,8 +167,9 @@ def _check_optimizer(optimizer: str) -> None:
         raise ValueError(f"unknown optimizer {optimizer!r}; known: {', '.join(STEP_TRAFFIC)}")
 
 
-def _step_s(param_bytes, tensors, copy_on_write, optimizer, memory_Bps, s_per_param_byte, s_per_tensor,  # type: ignore[no-untyped-def]
-            s_per_call):
+def _step_s(param_bytes: float | np.ndarray, tensors: float | np.ndarray, copy_on_write: bool | np.ndarray,
+            optimizer: str, memory_Bps: float | None, s_per_param_byte: float | None, s_per_tensor: float,
+            s_per_call: float) -> float | np.ndarray:
     """The step formula alone for positive ``param_bytes`` (floats or numpy arrays alike, ``copy_on_write`` a
     bool or a boolean array), see :func:`optimizer_step_s`."""
     _check_optimizer(optimizer)
@@ -201,7 +202,7 @@ class StepRates:
     s_per_tensor: float = 0.0
     memory_Bps: float | None = V100_MEMORY_BPS
 
-    def seconds_array(self, param_bytes: np.ndarray, tensors: np.ndarray, copy_on_write: np.ndarray | bool = False,
+    def seconds_array(self, param_bytes: np.ndarray, tensors: np.ndarray | float, copy_on_write: np.ndarray | bool = False,
                       ) -> np.ndarray:
         """One step over ``param_bytes`` bytes in ``tensors`` tensors, copying the weights first where
         ``copy_on_write`` (:func:`optimizer_step_s`), element-wise over numpy arrays that broadcast (the planner's
@@ -232,26 +233,28 @@ class StepRates:
                 "step_overhead_s": [self.s_per_call, self.s_per_tensor], "memory_Bps": self.memory_Bps}
 
 
-def _ring_s(nbytes, ranks, bandwidth_Bps, latency_s):  # type: ignore[no-untyped-def]
+def _ring_s(nbytes: float | np.ndarray, ranks: int | np.ndarray, bandwidth_Bps: float,
+            latency_s: float) -> float | np.ndarray:
     """The ring formula alone (floats or numpy arrays alike): ``2 (n - 1) * latency + 2 (n - 1) / n * S / B``."""
     return 2 * (ranks - 1) * latency_s + 2 * (ranks - 1) / ranks * nbytes / bandwidth_Bps
 
 
-def ring_allreduce_s_array(nbytes: np.ndarray, ranks: np.ndarray | int, bandwidth_Bps: float,
-                           latency_s: float = 0.0) -> np.ndarray:
+def ring_allreduce_s_array(nbytes: np.ndarray | float, ranks: np.ndarray | int, bandwidth_Bps: float,
+                           latency_s: float = 0.0) -> np.ndarray | float:
     """:func:`ring_allreduce_s` element-wise over numpy arrays that broadcast (the planner's vectorised
-    recurrence): ``2 (n - 1) * latency + 2 (n - 1) / n * S / B`` where ``n >= 2`` and ``S > 0``, else 0."""
+    recurrence; a float for floats): ``2 (n - 1) * latency + 2 (n - 1) / n * S / B`` where ``n >= 2`` and
+    ``S > 0``, else 0."""
     return ((ranks >= 2) & (nbytes > 0)) * _ring_s(nbytes, ranks, bandwidth_Bps, latency_s)
 
 
-def _transfer_s(nbytes, bandwidth_Bps, latency_s):  # type: ignore[no-untyped-def]
+def _transfer_s(nbytes: float | np.ndarray, bandwidth_Bps: float, latency_s: float) -> float | np.ndarray:
     """The transfer formula alone (floats or numpy arrays alike): ``latency + S / B``."""
     return latency_s + nbytes / bandwidth_Bps
 
 
-def transfer_s_array(nbytes: np.ndarray, bandwidth_Bps: float, latency_s: float = 0.0) -> np.ndarray:
-    """:func:`transfer_s` element-wise over a numpy array of byte counts: ``latency + S / B`` where ``S > 0``,
-    else 0 (0 everywhere on an infinitely fast link)."""
+def transfer_s_array(nbytes: np.ndarray | float, bandwidth_Bps: float, latency_s: float = 0.0) -> np.ndarray | float:
+    """:func:`transfer_s` element-wise over a numpy array of byte counts (a float for a float): ``latency + S / B``
+    where ``S > 0``, else 0 (0 everywhere on an infinitely fast link)."""
     if math.isinf(bandwidth_Bps):
         return nbytes * 0.0
     return (nbytes > 0) * _transfer_s(nbytes, bandwidth_Bps, latency_s)

@@ -30,10 +30,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, warmup_count
+
+if TYPE_CHECKING:  # numpy only for annotations: stashing_total takes the planner's arrays, this module needs no numpy
+    import numpy as np
 
 # state tensors of the weights' size per optimizer, (per hidden matrix, per other parameter): SGD its momentum, Adam
 # its two moments, Muon a momentum buffer per hidden matrix and Adam's two moments for the rest
@@ -248,7 +252,8 @@ def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str]
     return acts, acts + resaved, kept + 2 * sent_bytes, posted
 
 
-def stashing_total(param_bytes, activation_bytes, input_bytes, in_flight_count, states: int = 1):  # type: ignore[no-untyped-def]
+def stashing_total(param_bytes: float | np.ndarray, activation_bytes: float | np.ndarray, input_bytes: float | np.ndarray,
+                   in_flight_count: float | np.ndarray, states: int = 1) -> float | np.ndarray:
     """:func:`stage_memory`'s total under weight stashing, ``n (P + A + I) + (1 + k) P``, for floats or numpy
     arrays that broadcast (the planner's dynamic program checks whole rows at once). Bytes.
 

@@ -15,7 +15,7 @@ from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan, Stage
-from pipedream.planner import plan_pipeline
+from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.planner.placement import hierarchical_ranks, interleave, replica_ranks
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.worker import train_schedules
@@ -153,8 +153,8 @@ def test_planners_resnet50_plan_on_a_4x4_runs_as_simulated(monkeypatch: pytest.M
     prof = find_profile("resnet50", REPO / "results" / "profiles")
     assert prof is not None
     cluster = get_cluster("A_4x4", CLUSTERS)
-    plan = plan_pipeline(prof.graph, cluster, model="resnet50", minibatch_size=prof.batch, compat=True,
-                         memory_limit=True, activation_compression_ratio=1.0)
+    plan = plan_pipeline(prof.graph, cluster, model="resnet50", minibatch_size=prof.batch,
+                         options=PlanOptions(memory_limit=True, compat=True, activation_compression_ratio=1.0))
     assert plan.config == "8-4-4"
     assert [s.ranks for s in plan.stages] == [[0, 4, 8, 12, 1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
     _assert_runtime_runs_what_is_simulated(monkeypatch, prof.graph, plan, "A_4x4")

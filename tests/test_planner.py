@@ -15,7 +15,7 @@ import pytest
 from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
-from pipedream.planner import plan_pipeline
+from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.planner.states import build_states
 from pipedream.topology import Cluster, get_cluster
 
@@ -207,13 +207,13 @@ def test_chain_dp_matches_brute_force(cluster: Cluster, compat: bool) -> None:
                           step=ADAM_STEP if measured else None, tensors=tensors)
         graph = chain_graph(layers, tensors=tensors)
         kwargs = {"step": ADAM} if measured else {}
+        options = PlanOptions(memory_limit=memory_limit, straight=straight, compat=compat, activation_compression_ratio=ratio,
+                              rerank=False)
         if not math.isfinite(want):
             with pytest.raises(PipeDreamError, match="memory limit"):
-                plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
-                              straight=straight, activation_compression_ratio=ratio, rerank=False, **kwargs)
+                plan_pipeline(graph, cluster, model="m", minibatch_size=8, options=options, **kwargs)
             continue
-        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=8, compat=compat, memory_limit=memory_limit,
-                             straight=straight, activation_compression_ratio=ratio, rerank=False, **kwargs)
+        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=8, options=options, **kwargs)
         got = plan.extra["bottleneck_time_per_minibatch_s"]
         assert rel(got, want) < 1e-12, (trial, layers, got, want)
         assert plan.time_per_sample_s == pytest.approx(want / 8, rel=1e-12)
@@ -238,7 +238,7 @@ def test_shipped_resnet50_16_gpus_is_8_4_4_with_the_memory_limit() -> None:
     """runtime/image_classification/models/resnet50/gpus=16/hybrid_conf.json of the release: 2-1-1 inside each
     of 4 servers, replicated over the servers (ranks interleaved by server)."""
     plan = plan_pipeline(read_profile("resnet50"), get_cluster("A_4x4", CLUSTERS), model="resnet50", minibatch_size=128,
-                         compat=True, memory_limit=True, activation_compression_ratio=1.0)
+                         options=PlanOptions(memory_limit=True, compat=True, activation_compression_ratio=1.0))
     assert plan.config == "8-4-4"
     assert "placement_rank_map" not in plan.extra
     # the release's map (stage 0 on slots 0-1 of every server), in round-robin order: minibatch m on server m % 4
@@ -248,7 +248,7 @@ def test_shipped_resnet50_16_gpus_is_8_4_4_with_the_memory_limit() -> None:
 def test_shipped_gnmt_large_16_gpus_flat() -> None:
     """runtime/translation/models/gnmt_large/gpus=16: twelve single stages, then 3 replicas, then 1."""
     plan = plan_pipeline(read_profile("gnmt_large"), get_cluster("B_flat16", CLUSTERS), model="gnmt_large",
-                         minibatch_size=64, compat=True)
+                         minibatch_size=64, options=PlanOptions(compat=True))
     assert [s.replicas for s in plan.stages] == [1] * 12 + [3, 1]
 
 
@@ -270,7 +270,8 @@ def test_cpu4_plan_of_a_profiler_chain_covers_every_node() -> None:
 
 def test_gnmt_dropped_nodes_are_placed() -> None:
     graph = read_profile("gnmt")
-    plan = plan_pipeline(graph, get_cluster("A_1x4", CLUSTERS), model="gnmt", minibatch_size=64, compat=True)
+    plan = plan_pipeline(graph, get_cluster("A_1x4", CLUSTERS), model="gnmt", minibatch_size=64,
+                         options=PlanOptions(compat=True))
     covered = [n for s in plan.stages for n in s.nodes]
     assert sorted(covered) == sorted(graph.nodes)
     assert {"node1", "node2", "node3"} <= set(plan.stages[0].nodes)  # the three inputs
@@ -279,7 +280,8 @@ def test_gnmt_dropped_nodes_are_placed() -> None:
 def test_same_config_string_across_20_runs_and_hash_seeds() -> None:
     graph = read_profile("gnmt")
     cluster = get_cluster("A_4x4", CLUSTERS)
-    strings = {plan_pipeline(graph, cluster, model="gnmt", minibatch_size=64, compat=True).config for _ in range(20)}
+    strings = {plan_pipeline(graph, cluster, model="gnmt", minibatch_size=64, options=PlanOptions(compat=True)).config
+               for _ in range(20)}
     assert len(strings) == 1
 
 
@@ -308,17 +310,19 @@ def test_negative_bandwidth_is_named() -> None:
 def test_memory_limit_no_plan_fits() -> None:
     g = chain_graph([(1.0, 8e9, 1e9), (2.0, 8e9, 1e9)])
     with pytest.raises(PipeDreamError, match=r"no plan fits the memory limit of 1e\+09 bytes per device"):
-        plan_pipeline(g, Cluster("small", [(2, 1e9)], 1e9), model="m", minibatch_size=1, memory_limit=True, rerank=False)
+        plan_pipeline(g, Cluster("small", [(2, 1e9)], 1e9), model="m", minibatch_size=1,
+                      options=PlanOptions(memory_limit=True, rerank=False))
 
 
 def test_more_workers_than_a_straight_pipeline_can_use() -> None:
     g = chain_graph([(1.0, 0.0, 1.0), (2.0, 0.0, 1.0)])
     with pytest.raises(PipeDreamError, match="straight pipeline on 4 workers needs 4 stages but the model has only 2"):
-        plan_pipeline(g, get_cluster("cpu4", CLUSTERS), model="m", minibatch_size=1, straight=True)
+        plan_pipeline(g, get_cluster("cpu4", CLUSTERS), model="m", minibatch_size=1, options=PlanOptions(straight=True))
 
 
 @pytest.mark.parametrize("kwargs, match", [({"minibatch_size": 0}, "minibatch size 0"),
-                                           ({"minibatch_size": 4, "activation_compression_ratio": -1.0}, "ratio -1.0")])
+                                           ({"minibatch_size": 4, "options": PlanOptions(activation_compression_ratio=-1.0)},
+                                            "ratio -1.0")])
 def test_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(PipeDreamError, match=match):
         plan_pipeline(chain_graph([(1.0, 0.0, 1.0)]), get_cluster("cpu4", CLUSTERS), model="m", **kwargs)
@@ -437,9 +441,9 @@ def test_dag_dp_matches_brute_force(compat: bool) -> None:
         want = brute_dag(graph, cluster, compat=compat, memory_limit=memory_limit)
         if not math.isfinite(want):
             with pytest.raises(PipeDreamError):
-                plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit,
-                              rerank=False)
+                plan_pipeline(graph, cluster, model="m", minibatch_size=1,
+                              options=PlanOptions(memory_limit=memory_limit, compat=compat, rerank=False))
             continue
-        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=compat, memory_limit=memory_limit,
-                             rerank=False)
+        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1,
+                             options=PlanOptions(memory_limit=memory_limit, compat=compat, rerank=False))
         assert rel(plan.extra["bottleneck_time_per_minibatch_s"], want) < 1e-12, (trial, want)

@@ -19,7 +19,7 @@ import pytest
 
 from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node, profiled_batch
-from pipedream.planner import plan_pipeline
+from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import get_cluster
 
@@ -171,7 +171,7 @@ FLAGS = {"plain": {}, "memory": {"memory_limit": True}, "straight": {"straight":
 def _plan(model: str, cluster: str, flags: str):
     path = PROFILES / model / "graph.txt"
     return plan_pipeline(LayerGraph.read(path), get_cluster(cluster, CLUSTERS), model=model,
-                         minibatch_size=profiled_batch(path), compat=True, **FLAGS[flags])
+                         minibatch_size=profiled_batch(path), options=PlanOptions(compat=True, **FLAGS[flags]))
 
 
 @pytest.mark.parametrize("key", [k for k in GOLDEN if (k[0], k[1]) not in SLOW], ids="/".join)
@@ -201,7 +201,7 @@ def test_fast_planner_equals_the_literal_reference(model: str, cluster: str, fla
     want, dp = reference_time(build_states(graph), c.levels, memory=c.device_memory_bytes if flags.get("memory_limit") else None,
                               straight=flags.get("straight", False), ratio=flags.get("activation_compression_ratio"))
     mb = profiled_batch(PROFILES / model / "graph.txt")
-    plan = plan_pipeline(graph, c, model=model, minibatch_size=mb, compat=True, **flags)
+    plan = plan_pipeline(graph, c, model=model, minibatch_size=mb, options=PlanOptions(compat=True, **flags))
     assert plan.extra["bottleneck_time_per_minibatch_s"] == pytest.approx(want, rel=1e-12)
     assert plan.extra["dp_time_per_minibatch_s"] == pytest.approx(dp, rel=1e-12)
 
@@ -247,12 +247,13 @@ def test_release_split_after_a_state_that_does_not_contain_the_segment_start() -
     cluster = get_cluster("2x2:1e9,1e9", CLUSTERS)
     want, _ = reference_time(build_states(g), cluster.levels, memory=None)
     assert want == pytest.approx(0.006, rel=1e-12)
-    compat = plan_pipeline(g, cluster, model="m", minibatch_size=1, compat=True)
+    compat = plan_pipeline(g, cluster, model="m", minibatch_size=1, options=PlanOptions(compat=True))
     assert compat.extra["bottleneck_time_per_minibatch_s"] == pytest.approx(0.006, rel=1e-12)
     assert max(st.compute_s for st in compat.stages) == pytest.approx(0.010)
     assert compat.extra["warnings"]
     # default mode without an optimizer step (1 GB of SGD at a V100's bandwidth would add 6.7 ms or more)
-    default = plan_pipeline(g, cluster, model="m", minibatch_size=1, rerank=False, step=StepRates(memory_Bps=None))
+    default = plan_pipeline(g, cluster, model="m", minibatch_size=1, options=PlanOptions(rerank=False),
+                            step=StepRates(memory_Bps=None))
     assert default.extra["bottleneck_time_per_minibatch_s"] == pytest.approx(0.010, rel=1e-12)
     assert default.config == "straight"
 
@@ -280,7 +281,8 @@ def test_two_level_random_dags_match_the_reference() -> None:
         cluster.device_memory_bytes = memory or 1.0
         if not math.isfinite(want):
             continue
-        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1, compat=True, memory_limit=memory is not None,
-                             straight=straight, activation_compression_ratio=ratio)
+        options = PlanOptions(memory_limit=memory is not None, straight=straight, compat=True,
+                              activation_compression_ratio=ratio)
+        plan = plan_pipeline(graph, cluster, model="m", minibatch_size=1, options=options)
         assert plan.extra["bottleneck_time_per_minibatch_s"] == pytest.approx(want, rel=1e-12), trial
         assert plan.extra["dp_time_per_minibatch_s"] == pytest.approx(dp, rel=1e-12)

@@ -21,7 +21,7 @@ import pytest
 
 from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
-from pipedream.planner import plan_pipeline, rerank
+from pipedream.planner import PlanOptions, plan_pipeline, rerank
 from pipedream.planner.placement import replica_ranks
 from pipedream.planner.rerank import paper_shapes, runtime_memory_bytes, simulation_options
 from pipedream.sim import simulate_dp, simulate_plan, simulate_stages
@@ -115,8 +115,9 @@ def test_the_optimizer_step_moves_the_split() -> None:
     cluster = Cluster("two", [(2, 1e12)], 16e9)
     measured = StepRates("sgd", 1e-10, 1e-3, 5e-4)
     for rerank_on in (False, True):
-        plain = plan_pipeline(g, cluster, model="m", minibatch_size=8, straight=True, rerank=rerank_on)
-        stepped = plan_pipeline(g, cluster, model="m", minibatch_size=8, straight=True, rerank=rerank_on, step=measured)
+        options = PlanOptions(straight=True, rerank=rerank_on)
+        plain = plan_pipeline(g, cluster, model="m", minibatch_size=8, options=options)
+        stepped = plan_pipeline(g, cluster, model="m", minibatch_size=8, options=options, step=measured)
         assert [s.nodes for s in plain.stages] == [["in", "n0"], ["n1", "n2"]], rerank_on
         assert [s.nodes for s in stepped.stages] == [["in", "n0", "n1"], ["n2"]], rerank_on
         assert [d["step_s"] for d in stepped.extra["stage_details"]] == pytest.approx([0.0, 0.012], rel=1e-12)
@@ -153,13 +154,14 @@ def test_memory_limit_drops_a_plan_the_dp_chose_and_compat_keeps_the_release() -
     g = _chain([0.010, 0.100], params=1e9, acts=1e6)
     g.nodes["n0"].activation_bytes = (6e9,)
     cluster = Cluster("two", [(2, 1e8)], 8e9)
-    free = plan_pipeline(g, cluster, model="m", minibatch_size=8, memory_limit=False)
+    free = plan_pipeline(g, cluster, model="m", minibatch_size=8, options=PlanOptions(memory_limit=False))
     limited = plan_pipeline(g, cluster, model="m", minibatch_size=8)
     assert limited.extra["memory_limit"] and not free.extra["memory_limit"]
     assert max(runtime_memory_bytes(g, [s.nodes for s in limited.stages], [s.replicas for s in limited.stages])) \
         <= limited.extra["memory_limit_bytes"]
-    assert plan_pipeline(g, cluster, model="m", minibatch_size=8, compat=True).extra["mode"] == "compat"
-    assert "solver_estimate" not in plan_pipeline(g, cluster, model="m", minibatch_size=8, rerank=False, memory_limit=False).extra
+    assert plan_pipeline(g, cluster, model="m", minibatch_size=8, options=PlanOptions(compat=True)).extra["mode"] == "compat"
+    solver = plan_pipeline(g, cluster, model="m", minibatch_size=8, options=PlanOptions(memory_limit=False, rerank=False))
+    assert "solver_estimate" not in solver.extra
 
 
 def test_estimate_is_what_simulate_prints(tmp_path: Path) -> None:

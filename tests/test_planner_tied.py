@@ -17,7 +17,7 @@ from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan, Stage
-from pipedream.planner import plan_pipeline
+from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.planner.placement import replica_ranks
 from pipedream.planner.recurrence import ComputeTable, LevelInput, segment_params, segment_tensors
 from pipedream.planner.rerank import NEAR_TIE, simulation_options
@@ -167,7 +167,7 @@ def test_the_plan_is_the_fastest_one_the_runtime_accepts_not_the_fastest_one() -
     assert all("replicated [" in c["refused"] for c in refused)
 
     # without the re-ranking the dynamic program's own choice, 3-1, gives way to data parallelism
-    solver = plan_pipeline(g, cluster, model="lm", minibatch_size=8, rerank=False)
+    solver = plan_pipeline(g, cluster, model="lm", minibatch_size=8, options=PlanOptions(rerank=False))
     assert solver.config == "4" and accepted(g, solver)
     assert "3-1 was refused" in solver.extra["warnings"][-1]
     # its estimate: 41 ms of compute, an SGD step over 51.1 MB (6 bytes moved per byte at a V100's 900 GB/s, the
@@ -175,7 +175,7 @@ def test_the_plan_is_the_fastest_one_the_runtime_accepts_not_the_fastest_one() -
     sync = costmodel.ring_allreduce_s(51.1 * MB, 4, 1e9, cluster.latency_s)
     step = 6 * 51.1 * MB / 900e9
     assert solver.extra["dp_time_per_minibatch_s"] == pytest.approx((41e-3 + step + sync) / 4, rel=1e-12)
-    assert plan_pipeline(untied, cluster, model="lm", minibatch_size=8, rerank=False).config == "3-1"
+    assert plan_pipeline(untied, cluster, model="lm", minibatch_size=8, options=PlanOptions(rerank=False)).config == "3-1"
 
 
 def test_the_dynamic_programs_segment_bytes_count_each_tied_tensor_once() -> None:
@@ -212,7 +212,7 @@ def test_no_plan_the_runtime_accepts_fits_is_one_error() -> None:
     with pytest.raises(PipeDreamError, match=r"^no plan that fits flat3 can run under 1F1B.*replicated \[2, 1\]"):
         plan_pipeline(g, cluster, model="lm", minibatch_size=8)
     with pytest.raises(PipeDreamError, match=r"^the dynamic program's plan 2-1 cannot run: .*neither a straight"):
-        plan_pipeline(g, cluster, model="lm", minibatch_size=8, rerank=False)
+        plan_pipeline(g, cluster, model="lm", minibatch_size=8, options=PlanOptions(rerank=False))
 
 
 def test_the_simulator_times_the_sum_of_the_tied_gradients_across_stages() -> None:

@@ -152,8 +152,8 @@ def test_recomputation_trades_compute_for_memory() -> None:
     g = random_profile(2, 8)
     cluster = Cluster("x", [(4, 1e9)], 1e30)
     blocks = twobw.find_blocks(g)
-    off = twobw.evaluate(g, cluster, blocks, 1, 4, 8, False, settings(64))
-    on = twobw.evaluate(g, cluster, blocks, 1, 4, 8, True, settings(64))
+    off = twobw.evaluate(g, cluster, blocks, twobw.Config(1, 4, 8, False), settings(64))
+    on = twobw.evaluate(g, cluster, blocks, twobw.Config(1, 4, 8, True), settings(64))
     assert on.samples_per_s < off.samples_per_s and max(on.memory_bytes) < max(off.memory_bytes)
     assert on.microbatches == off.microbatches == 8
 

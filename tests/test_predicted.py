@@ -248,7 +248,8 @@ def test_simulate_cli_with_a_plan_file(tmp_path: Path) -> None:
 
 
 def test_whatif_h100_profiles_on_a_b_and_a_modern_cluster(tmp_path: Path) -> None:
-    from pipedream.table1.whatif import H100_CLUSTERS, H100_MODELS, write_whatif_h100
+    from pipedream.table1.predicted_files import write_whatif_h100
+    from pipedream.table1.whatif import H100_CLUSTERS, H100_MODELS
 
     df = write_whatif_h100(tmp_path, CLUSTERS, plots=False)
     assert len(df) == len(H100_CLUSTERS) * len(H100_MODELS)

@@ -19,7 +19,7 @@ import pytest
 
 from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
-from pipedream.planner import plan_pipeline
+from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.schedules import warmup_count, warmup_count_consistent
 from pipedream.sim import simulate_stages
 from pipedream.sim.costs import stage_costs
@@ -45,7 +45,7 @@ def flat(workers: int, bandwidth: float = 1 * GB, latency_s: float = 0.0) -> Clu
 
 def test_straight_pipeline_period_is_the_bottleneck_stage_and_the_planner_estimate() -> None:
     g = chain([0.030, 0.045, 0.060, 0.015, 0.030, 0.030])
-    plan = plan_pipeline(g, flat(4), model="chain", minibatch_size=8, straight=True, compat=True)
+    plan = plan_pipeline(g, flat(4), model="chain", minibatch_size=8, options=PlanOptions(straight=True, compat=True))
     stages = [s.nodes for s in plan.stages]
     res = simulate_stages(g, stages, [[i] for i in range(len(stages))], flat(4), dataset_size=8 * 1000)
     bottleneck = max(c.fwd_s + c.bwd_s for c in stage_costs(g, stages, 8))

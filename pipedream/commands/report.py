@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.paths import shipped
 
     if args.predicted:
-        from pipedream.table1.predicted import write
+        from pipedream.table1.predicted_files import write
 
         df = write(Path(args.out_dir), shipped(args.clusters), shipped(args.paper_table), Path(args.profiles_dir),
                    Path(args.plans_dir) if args.plans_dir else None, args.models, args.cluster, not args.no_plots,

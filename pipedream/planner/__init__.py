@@ -89,6 +89,6 @@ on that order, and on the shipped profiles it does not (checked with shuffled or
 ``--use_fewer_machines`` and ``-m`` options are not offered.
 """
 
-from pipedream.planner.core import plan_pipeline
+from pipedream.planner.core import PlanOptions, plan_pipeline
 
-__all__ = ["plan_pipeline"]
+__all__ = ["PlanOptions", "plan_pipeline"]

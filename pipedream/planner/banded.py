@@ -71,11 +71,15 @@ def solve_rows_banded(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]
     return np.ascontiguousarray(table[-1].T)
 
 
-def _price(table, ks, last, prefix_m, combo, row, pos) -> np.ndarray:
-    return np.maximum(table[prefix_m[combo], ks[pos], row], last[combo, pos])
+def _price(table: np.ndarray, ks: np.ndarray, last: np.ndarray, prefix_m: np.ndarray, combo: np.ndarray,
+           row: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    price: np.ndarray = np.maximum(table[prefix_m[combo], ks[pos], row], last[combo, pos])
+    return price
 
 
-def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev, d, slack) -> np.ndarray:
+def _banded(table: np.ndarray, ks: np.ndarray, cs: np.ndarray, top: int, j: int, last: np.ndarray, m_of: np.ndarray,
+            mp_of: np.ndarray, prefix_m: np.ndarray, compute: np.ndarray, c_prev: np.ndarray, d: np.ndarray,
+            slack: float) -> np.ndarray:
     """As :func:`~pipedream.planner.recurrence.best_splits`, ``ks`` sorted by compute, pricing only the window."""
     n_combos, n_k = last.shape
     rows = np.arange(top)
@@ -85,7 +89,7 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
     share = ((prefix_m + 1) / (m_of + 1))[:, None]
     target = c_prev[rows][None, :] + (compute[j] - c_prev[rows][None, :]) * share
     mid = np.searchsorted(cs, target).ravel()
-    bound = table[m_of, j, :top].ravel()
+    bound: np.ndarray = table[m_of, j, :top].ravel()
     probe = np.minimum(mid, n_k - 1)
     bound = np.minimum(bound, _price(table, ks, last, prefix_m, grid_combo, grid_row, probe))
     bound = bound.reshape(n_combos, top)
@@ -96,7 +100,8 @@ def _banded(table, ks, cs, top, j, last, m_of, mp_of, prefix_m, compute, c_prev,
     lengths = np.maximum(hi - lo, 0)
     total = int(lengths.sum())
     if total * _BANDED_GAIN > n_combos * n_k * top:
-        return np.minimum(bound, best_splits(table, ks, top, last, prefix_m))
+        dense: np.ndarray = np.minimum(bound, best_splits(table, ks, top, last, prefix_m))
+        return dense
     best = bound.ravel().copy()
     if total:
         seg = np.flatnonzero(lengths)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 
-def data_parallel_communication_time(param_bytes, replicas, bandwidth_Bps: float, group: float = 1.0):
+def data_parallel_communication_time(param_bytes: float | np.ndarray, replicas: int | np.ndarray, bandwidth_Bps: float,
+                                     group: float = 1.0) -> np.ndarray:
     """The release's weight sync of a stage replicated ``replicas`` (``m``) times: ``4 (m - 1) P / (B m) / g``.
 
     The release writes it ``4 m' P / (B (m' + 1))`` with ``m' = m - 1`` (its index of ``m`` workers) and
@@ -26,7 +27,8 @@ def data_parallel_communication_time(param_bytes, replicas, bandwidth_Bps: float
     return 4.0 * (replicas - 1) * param_bytes / (bandwidth_Bps * replicas) / group
 
 
-def transfer_time(activation_bytes, replicas, bandwidth_Bps: float, compression_ratio: float):
+def transfer_time(activation_bytes: float | np.ndarray, replicas: int | np.ndarray, bandwidth_Bps: float,
+                  compression_ratio: float) -> float | np.ndarray:
     """The release's ``input_transfer_time`` / ``output_transfer_time`` of a stage on ``m'`` replicas:
     ``2 a / (B m') / c`` (activations forward, their gradients backward, ``c`` the compression ratio)."""
     return 2.0 * activation_bytes / (bandwidth_Bps * replicas) / compression_ratio

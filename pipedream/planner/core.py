@@ -8,7 +8,7 @@ per-stage numbers shown to the user.
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass, replace
 
 from pipedream import costmodel, memory, tied
 from pipedream.errors import PipeDreamError
@@ -23,17 +23,49 @@ from pipedream.planner.states import StateGraph, build_states
 from pipedream.topology import Cluster
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """How :func:`plan_pipeline` plans: the mode and the flags of ``pipedream plan``.
+
+    Attributes:
+        memory_limit: reject stages that do not fit the device memory (:attr:`Cluster.device_memory_bytes`, bytes);
+            None: on in default mode, off in compat mode, as the release's optimizer without
+            ``--use_memory_constraint``.
+        straight: one replica per stage (no data parallelism inside stages).
+        compat: reproduce the release optimizer's predicted time exactly (see :mod:`pipedream.planner` for what
+            default mode changes and why).
+        activation_compression_ratio: divide activation transfer bytes by this (> 0, a ratio of bytes); None: 1 in
+            default mode, no activation transfers in compat mode (the release without
+            ``--activation_compression_ratio``).
+        rerank: simulate the dynamic program's plans and other candidates and return the fastest in simulation, its
+            estimate the simulated time (:mod:`pipedream.planner.rerank`); None: on in default mode. Off (always in
+            compat mode) returns the dynamic program's plan and estimate.
+    """
+
+    memory_limit: bool | None = None
+    straight: bool = False
+    compat: bool = False
+    activation_compression_ratio: float | None = None
+    rerank: bool | None = None
+
+    @property
+    def checks_memory(self) -> bool:
+        """:attr:`memory_limit` with its default resolved."""
+        return not self.compat if self.memory_limit is None else self.memory_limit
+
+    @property
+    def reranks(self) -> bool:
+        """:attr:`rerank` with its default resolved."""
+        return not self.compat if self.rerank is None else self.rerank
+
+
 def plan_pipeline(
     graph: LayerGraph,
     cluster: Cluster,
     *,
     model: str,
     minibatch_size: int,
-    memory_limit: bool | None = None,
-    straight: bool = False,
-    compat: bool = False,
-    activation_compression_ratio: float | None = None,
-    rerank: bool | None = None,
+    options: PlanOptions | None = None,
     step: costmodel.StepRates | None = None,
 ) -> Plan:
     """Partition ``graph`` into replicated pipeline stages for ``cluster`` (paper §3.1).
@@ -48,15 +80,7 @@ def plan_pipeline(
         cluster: levels innermost first, bandwidths in bytes/s, device memory in bytes.
         model: model name recorded in the plan.
         minibatch_size: samples in the profiled minibatch (times per sample divide by it).
-        memory_limit: reject stages that do not fit the device memory (default: on in default mode,
-            off in compat mode, as the release's optimizer without ``--use_memory_constraint``).
-        straight: one replica per stage (no data parallelism inside stages).
-        compat: reproduce the release optimizer's predicted time exactly (see
-            :mod:`pipedream.planner` for what default mode changes and why).
-        activation_compression_ratio: divide activation transfer bytes by this (> 0).
-        rerank: simulate the dynamic program's plans and other candidates and return the fastest in
-            simulation, its estimate the simulated time (:mod:`pipedream.planner.rerank`); default: on in
-            default mode. Off (always in compat mode) returns the dynamic program's plan and estimate.
+        options: the mode and flags (:class:`PlanOptions`; None: its defaults, default mode).
         step: how an optimizer step is priced, in the dynamic program (default mode) and in the re-ranking's
             simulation alike: the run's optimizer and, where the profile measured them, its seconds per byte,
             tensor and call (:func:`pipedream.sim.profiled.step_rates`); None: :class:`pipedream.costmodel.StepRates`'s
@@ -69,17 +93,13 @@ def plan_pipeline(
             that no plan fits, a straight pipeline longer than the model, or no plan the runtime can run
             (tied parameters) that fits.
     """
-    if memory_limit is None:
-        memory_limit = not compat
-    if rerank is None:
-        rerank = not compat
-    if rerank and compat:
+    options = options or PlanOptions()
+    if options.reranks and options.compat:
         raise PipeDreamError("compat mode reproduces the release's optimizer, which does not re-rank; drop rerank")
     step = step or costmodel.StepRates()
-    kwargs = {"model": model, "minibatch_size": minibatch_size, "compat": compat,
-              "activation_compression_ratio": activation_compression_ratio, "step": step}
-    if not rerank:
-        return _runnable_solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+    if not options.reranks:
+        return _runnable_solver_plan(graph, cluster, model=model, minibatch_size=minibatch_size, options=options, step=step)
+    straight, memory_limit = options.straight, options.checks_memory
     solver_plans: list[tuple[str, Plan]] = []
     # the dynamic program's answers to the flags, without the memory limit and straight; and to the flags under
     # §3.1's own cost model, which has no optimizer step: a candidate generator whose cost model is not the
@@ -93,9 +113,10 @@ def plan_pipeline(
             continue
         try:
             label = f"solver{' straight' if st else ''}{'' if mem else ', no memory limit'}"
-            solver_kwargs = kwargs if stepped else {**kwargs, "step": costmodel.StepRates(step.optimizer, memory_Bps=None)}
+            solver_step = step if stepped else costmodel.StepRates(step.optimizer, memory_Bps=None)
             solver_plans.append((label if stepped else f"{label}, no optimizer step (§3.1)",
-                                 _solver_plan(graph, cluster, memory_limit=mem, straight=st, **solver_kwargs)))
+                                 _solver_plan(graph, cluster, model=model, minibatch_size=minibatch_size,
+                                              options=replace(options, straight=st, memory_limit=mem), step=solver_step)))
         except PipeDreamError as e:  # e.g. a straight pipeline longer than the model, or nothing fits
             errors.append(e)
     if not solver_plans:
@@ -104,8 +125,8 @@ def plan_pipeline(
                         memory_limit=memory_limit, straight=straight, step=step)
 
 
-def _runnable_solver_plan(graph: LayerGraph, cluster: Cluster, *, memory_limit: bool, straight: bool,
-                          **kwargs: Any) -> Plan:
+def _runnable_solver_plan(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_size: int, options: PlanOptions,
+                          step: costmodel.StepRates) -> Plan:
     """The dynamic program's plan (:func:`_solver_plan`) if the runtime runs it under 1F1B; else, since the dynamic
     program does not model the rule for tied parameters (:func:`pipedream.tied.plan_conflict`), the faster by
     the solver's estimate of its straight pipeline and data parallelism, which never break it.
@@ -114,16 +135,15 @@ def _runnable_solver_plan(graph: LayerGraph, cluster: Cluster, *, memory_limit: 
         PipeDreamError: those of :func:`_solver_plan`, or the plan is refused and neither alternative exists or
             fits (naming the rule it breaks).
     """
-    plan = _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, **kwargs)
+    plan = _solver_plan(graph, cluster, model=model, minibatch_size=minibatch_size, options=options, step=step)
     why = tied.plan_conflict(graph.tied, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
     if why is None:
         return plan
     alternatives = []
-    for make in (lambda: _solver_plan(graph, cluster, memory_limit=memory_limit, straight=True, **kwargs),
-                 lambda: _solver_plan(graph, cluster, memory_limit=memory_limit, straight=straight, data_parallel=True,
-                                      **kwargs)):
+    for opts, data_parallel in ((replace(options, straight=True), False), (options, True)):
         try:
-            alternatives.append(make())
+            alternatives.append(_solver_plan(graph, cluster, model=model, minibatch_size=minibatch_size, options=opts,
+                                             step=step, data_parallel=data_parallel))
         except PipeDreamError:  # a straight pipeline longer than the model, or nothing fits the memory
             pass
     if not alternatives:
@@ -142,10 +162,7 @@ def _solver_plan(
     *,
     model: str,
     minibatch_size: int,
-    memory_limit: bool,
-    straight: bool,
-    compat: bool,
-    activation_compression_ratio: float | None,
+    options: PlanOptions,
     step: costmodel.StepRates,
     data_parallel: bool = False,
 ) -> Plan:
@@ -156,6 +173,8 @@ def _solver_plan(
         PipeDreamError: see :func:`plan_pipeline`; with ``data_parallel`` and the memory limit, also when the
             whole model does not fit one device.
     """
+    memory_limit, straight, compat = options.checks_memory, options.straight, options.compat
+    activation_compression_ratio = options.activation_compression_ratio
     if not isinstance(minibatch_size, int) or minibatch_size < 1:
         raise PipeDreamError(f"minibatch size {minibatch_size!r} must be a positive integer (samples per profiled minibatch)")
     if activation_compression_ratio is not None and not activation_compression_ratio > 0:
@@ -232,7 +251,7 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
         stage_of.setdefault(node_id, last)
     for node_id in states.dropped_inputs:
         stage_of[node_id] = 0
-    preds = {n: [] for n in graph.nodes}
+    preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
     for s, d in graph.edges:
         preds[d].append(s)
     for node_id in graph.topological_order():

@@ -100,15 +100,15 @@ def _levels(plan: Plan, cluster: Cluster) -> str | None:
 
 
 def _straight(plan: Plan, graph: LayerGraph, cluster: Cluster) -> Plan | None:
-    from pipedream.planner.core import plan_pipeline
+    from pipedream.planner.core import PlanOptions, plan_pipeline
 
     if plan.config == "straight":
         return None
+    options = PlanOptions(memory_limit=bool(plan.extra.get("memory_limit")), straight=True,
+                          compat=plan.extra.get("mode") == "compat",
+                          activation_compression_ratio=plan.extra.get("activation_compression_ratio"))
     try:
-        return plan_pipeline(graph, cluster, model=plan.model, minibatch_size=plan.minibatch_size,
-                             memory_limit=bool(plan.extra.get("memory_limit")), straight=True,
-                             compat=plan.extra.get("mode") == "compat",
-                             activation_compression_ratio=plan.extra.get("activation_compression_ratio"))
+        return plan_pipeline(graph, cluster, model=plan.model, minibatch_size=plan.minibatch_size, options=options)
     except PipeDreamError:
         return None
 

@@ -78,7 +78,7 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
     def stage_sum(cumulative: np.ndarray, i: np.ndarray | int, j: np.ndarray | int, bytes_: bool) -> np.ndarray:
         """``cumulative`` over positions ``(i, j]``, a tied tensor once: its bytes (``bytes_``) or one tensor
         (:meth:`LayerGraph.param_bytes_of`, :meth:`LayerGraph.param_tensors_of`)."""
-        total = cumulative[j] - cumulative[i]
+        total: np.ndarray = cumulative[j] - cumulative[i]  # an array: every caller passes an array for i or j
         for nbytes, u in users:
             total = total - (nbytes if bytes_ else 1.0) * np.maximum(u[j] - u[i] - 1.0, 0.0)
         return total

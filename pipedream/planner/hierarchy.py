@@ -132,8 +132,8 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     # The split candidates (k, j) per level: at the innermost level stage times are functions of the
     # cumulative values, so dominated splits are dropped; above it every ancestor is a candidate.
     # default mode counts a tied tensor once per segment (a segment's bytes then depend on how many of its users
-    # the segment holds: their counts are keys too); the release counts it once per user
-    tied = () if compat else (states.tied_users, states.tied_bytes)
+    # the segment holds: their counts are keys too); the release counts it once per user (as if none were tied)
+    tied_users, tied_bytes = (np.zeros((0, 0)), np.zeros(0)) if compat else (states.tied_users, states.tied_bytes)
     keys = [states.compute_s, states.param_bytes, *(() if compat else states.tied_users)]
     if rules[0].memory_limit_bytes is not None:
         keys.append(states.activation_bytes)
@@ -145,8 +145,8 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     if len(rules) > 1:
         pairs += [all_pairs(states)] * (len(rules) - 1)
     for idx, lv in enumerate(rules):
-        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors, *tied,
-                         tensors=states.param_tensors)
+        inp = LevelInput(table, states.param_bytes, states.activation_bytes, boundary, states.ancestors, tied_users,
+                         tied_bytes, tensors=states.param_tensors)
         inputs.append(inp)
         if idx == len(rules) - 1:
             break

@@ -84,7 +84,8 @@ def replica_ranks(replicas: Sequence[int], cluster: Cluster | None = None) -> li
     """
     workers = sum(replicas)
     whole = cluster is not None and len(cluster.levels) > 1 and cluster.workers == workers
-    copies = math.gcd(cluster.levels[-1][0], *replicas) if whole and len(replicas) > 1 else 1  # type: ignore[union-attr]
+    servers = cluster.levels[-1][0] if cluster is not None and whole else 0
+    copies = math.gcd(servers, *replicas) if servers and len(replicas) > 1 else 1
     width = workers // copies
     out: list[list[int]] = []
     first = 0

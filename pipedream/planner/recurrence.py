@@ -90,14 +90,16 @@ class LevelRules:
     step: costmodel.StepRates | None = None
 
 
-def weight_sync_s(rules: LevelRules, param_bytes, replicas, group: float):
+def weight_sync_s(rules: LevelRules, param_bytes: float | np.ndarray, replicas: int | np.ndarray,
+                  group: float) -> float | np.ndarray:
     """``W``: weight sync of ``param_bytes`` over ``replicas`` groups of this level (arrays broadcast), seconds."""
     if rules.compat:
         return data_parallel_communication_time(param_bytes, replicas, rules.bandwidth_Bps, group)
     return costmodel.ring_allreduce_s_array(param_bytes / group, replicas, rules.bandwidth_Bps, rules.latency_s)
 
 
-def step_s(rules: LevelRules, param_bytes, tensors, versions):
+def step_s(rules: LevelRules, param_bytes: float | np.ndarray, tensors: float | np.ndarray,
+           versions: int | np.ndarray) -> float | np.ndarray:
     """``S``: one optimizer step of a replica over ``param_bytes`` bytes in ``tensors`` tensors, copying its weights
     first where it stashes ``versions > 0`` (arrays broadcast), seconds; 0 without ``rules.step``."""
     if rules.step is None:
@@ -105,7 +107,8 @@ def step_s(rules: LevelRules, param_bytes, tensors, versions):
     return rules.step.seconds_array(np.asarray(param_bytes, dtype=np.float64), tensors, np.asarray(versions) > 0)
 
 
-def activation_s(rules: LevelRules, boundary_bytes, replicas):
+def activation_s(rules: LevelRules, boundary_bytes: float | np.ndarray,
+                 replicas: int | np.ndarray) -> float | np.ndarray:
     """Sending a boundary's activations and receiving their gradients, per minibatch on one of ``replicas``
     replicas (arrays broadcast), seconds; requires ``rules.comm_ratio``."""
     assert rules.comm_ratio is not None
@@ -135,7 +138,7 @@ class ComputeTable:
     compute: np.ndarray
     nested: np.ndarray | None = None
 
-    def __getitem__(self, index: np.ndarray | tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    def __getitem__(self, index: np.ndarray | tuple[np.ndarray | int, np.ndarray | int]) -> np.ndarray:
         if isinstance(index, tuple):
             r, j = np.asarray(index[0]), np.asarray(index[1])
             inside = None if self.nested is None else self.nested[np.maximum(r - 1, 0), j]
@@ -187,7 +190,7 @@ def _prev(values: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], values))
 
 
-def segment_params(inp: LevelInput, rows: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+def segment_params(inp: LevelInput, rows: np.ndarray | int, j: np.ndarray | int) -> np.ndarray | float:
     """Parameter bytes of the segment after state ``rows - 1`` (row 0: from the start) up to state ``j``, each
     tied tensor counted once however many of its users the segment holds (arrays broadcast as ``rows`` and
     ``j`` do), bytes."""
@@ -205,9 +208,10 @@ def segment_tensors(inp: LevelInput, rows: np.ndarray | int, j: np.ndarray | int
     return _segment(inp, inp.tensors, np.ones(len(inp.tied_bytes)), rows, j)
 
 
-def _segment(inp: LevelInput, cumulative: np.ndarray, per_tied: np.ndarray, rows, j) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _segment(inp: LevelInput, cumulative: np.ndarray, per_tied: np.ndarray, rows: np.ndarray | int,
+             j: np.ndarray | int) -> np.ndarray | float:
     """``cumulative[j] - cumulative[rows - 1]`` less ``per_tied`` for each user of a tied tensor beyond the first."""
-    total = cumulative[j] - _prev(cumulative)[rows]
+    total: np.ndarray | float = cumulative[j] - _prev(cumulative)[rows]
     for users, amount in zip(inp.tied_users, per_tied, strict=True):
         total = total - amount * np.maximum(users[j] - _prev(users)[rows] - 1.0, 0.0)
     return total
@@ -238,7 +242,8 @@ def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.nd
     return out
 
 
-def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarray:
+def last_stage(inp: LevelInput, rules: LevelRules, k: np.ndarray, j: np.ndarray | int, m: np.ndarray | int,
+               m_prime: np.ndarray) -> np.ndarray:
     """Time of the last stage ``(k, j]`` on ``m_prime`` replicas when the prefix uses ``m + 1`` workers.
 
     Includes the optimizer step, the weight sync, the memory check (``inf`` when it does not fit) and, when charged, the
@@ -250,7 +255,7 @@ def last_stage(inp: LevelInput, rules: LevelRules, k, j, m, m_prime) -> np.ndarr
     p = segment_params(inp, np.asarray(k) + 1, j)
     versions = np.ceil((rules.workers - (m + 1)) / m_prime)
     step = step_s(rules, p, segment_tensors(inp, np.asarray(k) + 1, j, rules), versions)
-    value = (inp.table[k + 1, j] + step + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
+    value: np.ndarray = (inp.table[k + 1, j] + step + weight_sync_s(rules, p, m_prime, rules.group_split)) / m_prime
     if rules.memory_limit_bytes is not None:
         acts = inp.acts[j] - inp.acts[k]
         mem = (memory.stashing_total(p, acts, inp.boundary[k], versions + 1) if rules.one_memory_model
@@ -312,9 +317,10 @@ def best_splits(table: np.ndarray, ks: np.ndarray, top: int, last: np.ndarray, p
     ``table`` is ``A[m, j, r]``, ``last[c, i]`` the last stage's time for pair ``c`` after ``ks[i]``.
     Returns shape ``(pairs, top)``: ``min_k max(A[m - m', k, r], last)``, ``inf`` where none is valid.
     """
-    prefix = table[prefix_m[:, None], ks[None, :], :top]
+    prefix: np.ndarray = table[prefix_m[:, None], ks[None, :], :top]
     np.maximum(prefix, last[:, :, None], out=prefix)
-    return prefix.min(axis=1)
+    best: np.ndarray = prefix.min(axis=1)
+    return best
 
 
 @dataclass

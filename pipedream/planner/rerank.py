@@ -67,7 +67,7 @@ from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
 from pipedream.planner.placement import replica_ranks
 from pipedream.schedules import DEFAULT_WARMUP
-from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
+from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
@@ -285,7 +285,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
                    limit=limit)
 
 
-def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: Any, cands: list[Candidate], solver_answer: Plan,
+def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: SimResult, cands: list[Candidate], solver_answer: Plan,
             opts: dict[str, Any], step: costmodel.StepRates, *, memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""

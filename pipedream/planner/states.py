@@ -173,7 +173,8 @@ def build_states(graph: LayerGraph) -> StateGraph:
         # it. A member e keeps no successor there iff its successors inside the list are at most {x}
         # and y is not one of them; y itself has none (checked below). So per state, group the members
         # by their successors inside the list: none (``free``), or exactly x (``only[x]``).
-        free, only = 0, {}
+        free = 0
+        only: dict[int, int] = {}
         for e in aug:
             inside = succ[e] & aug_mask
             if not inside:

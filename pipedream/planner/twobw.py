@@ -53,6 +53,8 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.placement import server_size
+from pipedream.sim import SCHEDULES as SIMULATED
+from pipedream.sim import SimResult, simulate_dp, simulate_stages
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
@@ -66,8 +68,6 @@ DEFAULT_MAX_MICROBATCH = 64
 
 def available_schedules() -> list[str]:
     """:data:`SCHEDULES` that this checkout's memory model and simulator both know."""
-    from pipedream.sim import SCHEDULES as SIMULATED
-
     return [s for s in SCHEDULES if s in memory.SCHEDULES and s in SIMULATED]
 
 
@@ -224,13 +224,31 @@ class Settings:
         return self.step.optimizer
 
 
-def evaluate(graph: LayerGraph, cluster: Cluster, blocks: Blocks, width: int, depth: int, microbatch: int,
-             recompute: bool, settings: Settings, network: Network | None = None) -> Candidate:
+@dataclass(frozen=True)
+class Config:
+    """One configuration of the search.
+
+    Attributes:
+        width: parallel pipelines ``w`` (replicas of each stage).
+        depth: stages per pipeline ``d``.
+        microbatch: samples per microbatch ``b``.
+        recompute: activation recomputation on.
+    """
+
+    width: int
+    depth: int
+    microbatch: int
+    recompute: bool
+
+
+def evaluate(graph: LayerGraph, cluster: Cluster, blocks: Blocks, config: Config, settings: Settings,
+             network: Network | None = None) -> Candidate:
     """Cost one configuration (module docstring); ``graph.minibatch_size`` is the profiled minibatch.
 
     Raises:
         PipeDreamError: ``B`` is not a multiple of ``b w d``, or a schedule or optimizer this checkout lacks.
     """
+    width, depth, microbatch, recompute = config.width, config.depth, config.microbatch, config.recompute
     workers = width * depth
     if settings.batch_size % (microbatch * workers):
         raise PipeDreamError(f"batch {settings.batch_size} is not a multiple of microbatch {microbatch} x {workers} "
@@ -301,7 +319,7 @@ def search(graph: LayerGraph, cluster: Cluster, settings: Settings) -> list[Cand
     tried, sizes = sizes, [b for b in sizes if settings.batch_size % (b * n) == 0]
     options = [False, True] if settings.recompute is None else list(settings.recompute)
     net = Network(cluster, "ring")
-    out = [evaluate(graph, cluster, blocks, n // d, d, b, r, settings, net) for d in depths for b in sizes
+    out = [evaluate(graph, cluster, blocks, Config(n // d, d, b, r), settings, net) for d in depths for b in sizes
            for r in options]
     if not out:
         raise PipeDreamError(f"no configuration to try: batch {settings.batch_size} must be a multiple of b x {n} "
@@ -327,7 +345,7 @@ def best(candidates: Sequence[Candidate], cluster: Cluster) -> Candidate:
 
 
 def choose(graph: LayerGraph, cluster: Cluster, settings: Settings, rerank: int = 3,
-           dataset_batches: int = 20) -> tuple[Candidate, Any, list[Candidate]]:
+           dataset_batches: int = 20) -> tuple[Candidate, SimResult | None, list[Candidate]]:
     """The configuration to run: the cost model's best fitting configuration of each of its ``rerank`` best shapes
     ``(w, d)`` simulated by the event simulator (:func:`simulate_candidate`) and the fastest simulated kept (the
     first of equals: the cost model's order); with ``rerank`` 0 the cost model's best (:func:`best`), unsimulated.
@@ -391,16 +409,13 @@ def plan_2bw(graph: LayerGraph, cluster: Cluster, settings: Settings, *, model: 
 
 
 def simulate_candidate(graph: LayerGraph, cluster: Cluster, c: Candidate, settings: Settings,
-                       dataset_batches: int = 20) -> Any:
+                       dataset_batches: int = 20) -> SimResult:
     """The event simulator's :class:`~pipedream.sim.SimResult` of a candidate: its stages on its ranks, schedule
     ``settings.schedule`` with ``w m`` microbatches of ``b`` per minibatch, recomputation in its stage costs.
 
     Raises:
         PipeDreamError: a schedule this checkout's simulator does not know.
     """
-    from pipedream.sim import SCHEDULES as SIMULATED
-    from pipedream.sim import simulate_stages
-
     if settings.schedule not in SIMULATED:
         raise PipeDreamError(f"schedule {settings.schedule!r} is not in this checkout's simulator")
     nodes = stage_nodes(find_blocks(graph), c.depth)
@@ -414,8 +429,6 @@ def simulate_candidate(graph: LayerGraph, cluster: Cluster, c: Candidate, settin
 def simulate_dp_time(graph: LayerGraph, cluster: Cluster, settings: Settings, dataset_batches: int = 20) -> float:
     """Simulated seconds per sample of data parallelism on all workers at ``B / n`` samples each (memory not
     checked: at paper scale DP does not fit, the number is for comparison)."""
-    from pipedream.sim import simulate_dp
-
     per_worker = max(1, settings.batch_size // cluster.workers)
     res = simulate_dp(graph, cluster, batch_size=per_worker, dataset_size=dataset_batches * settings.batch_size,
                       step=settings.step)
@@ -427,12 +440,7 @@ def format_2bw(plan: Plan) -> str:
     ex = plan.extra
     train = f"--schedule {ex['schedule']} --batch-size {ex['batch_size']} --microbatches {ex['microbatches']}"
     if ex["recompute"]:
-        from dataclasses import fields
-
-        from pipedream.runtime.config import TrainConfig
-
-        has = any(f.name == "recompute" for f in fields(TrainConfig))
-        train += " --recompute" if has else "; this checkout's runtime does not recompute yet"
+        train += " --recompute"
     lines = [
         f"model {plan.model} on cluster {plan.cluster} ({plan.workers} workers), PipeDream-2BW planner, "
         f"schedule {ex['schedule']}, batch {ex['batch_size']}",

@@ -16,12 +16,13 @@ from typing import Any
 import pandas as pd
 
 from pipedream.html_page import CSS, figure
+from pipedream.table1.calibration import pct, spread, within_counts
+from pipedream.table1.explain import THRESHOLD
 from pipedream.table1.prediction import BAND, MEDIAN_GOAL, NOISE_FLOOR, PLOT_NAME, summary
-from pipedream.table1.table import row_label
 from pipedream.table2bw.table import PLOT as TWOBW_PLOT
 
 HEADLINE_PLOT = "table1_speedups.png"
-# plots of the predicted step (pipedream.table1.predicted.write) -> caption; any other PNG gets its file name
+# plots of the predicted step (pipedream.table1.predicted_files.write) -> caption; any other PNG gets its file name
 PREDICTED_PLOTS = {
     "table1_predicted_speedup.png": "Predicted at paper scale: the paper's speedup beside the simulated one for our "
                                     "planner's config and for the paper's config.",
@@ -31,6 +32,11 @@ PREDICTED_PLOTS = {
 UI_COMMAND = "make ui"  # = mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port 5000
 
 
+
+
+def row_label(r: pd.Series) -> str:
+    """A Table 1 row's name, e.g. ``"vgg16 A 4x4"`` (as in ``table1_predicted.csv``'s ``row``)."""
+    return f"{r['model']} {r['hardware']}"
 
 
 def _text(v: Any) -> str:
@@ -140,9 +146,6 @@ def _headline(df: pd.DataFrame, explanations: dict[str, list[str]],
 
 def _calibration(table: pd.DataFrame, calibration: pd.DataFrame | None) -> str:
     """DP's effective link speed per cluster (``table1_calibration.csv``) and the rows within 15% of the paper."""
-    from pipedream.table1.calibration import pct, spread, within_counts
-    from pipedream.table1.explain import THRESHOLD
-
     if calibration is None:
         return "<p class='muted'>No calibration (table1_calibration.csv) in the results.</p>"
     rows = "".join(f"<tr><td>{_text(r.cluster)}</td><td class='n'>{r.rows_fitted}</td><td>{_text(r.rows)}</td>"

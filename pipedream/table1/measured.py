@@ -26,6 +26,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.experiment import SCORED_METRICS, THRESHOLD_METRICS, model_data
 from pipedream.io import atomic_write_json
 from pipedream.plan import Plan
+from pipedream.tracking import experiment_of_run, run_url
 
 MODES = ("pipedream", "dp")
 PERCENT_METRICS = ("top1", "token_accuracy")
@@ -173,8 +174,6 @@ def mlflow_runs(run_dir: Path) -> list[tuple[str, str, str | None]]:
     from the MLflow store. The url is the run's page under ``make ui`` (None if the store lacks the run). A run
     trained with ``$PIPEDREAM_TRACKING=off`` (an empty ``run_id``) is left out.
     """
-    from pipedream.tracking import experiment_of_run, run_url
-
     out = []
     for mode in MODES:
         path = run_dir / mode / "run.json"

@@ -1,6 +1,7 @@
 """Every plot of the report (seaborn, PNG): measured accuracy against time, Table 1 speedup bars (paper,
 predicted, measured), every run's measured against predicted epoch time, the predicted table's bars, DP
-communication stalls and schedule timelines."""
+communication stalls and schedule timelines (:func:`gantt`; the simulated ones are
+:func:`pipedream.table1.predicted_files.timeline_panels`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+
+from pipedream.table1.measured import metric_value
 
 if TYPE_CHECKING:
     from pipedream.sim.engine import Trace
@@ -53,8 +56,6 @@ def accuracy_vs_time(model: str, runs: dict[str, list[dict[str, float]]], worker
             :func:`pipedream.table1.measured.metric_value` reads for ``metric``.
         metric: a threshold metric (``"none"`` plots validation accuracy); ``threshold`` in its unit.
     """
-    from pipedream.table1.measured import metric_value
-
     metric = "accuracy" if metric not in METRIC_LABELS else metric
     label = METRIC_LABELS[metric]
     plt, sns = _pyplot()
@@ -247,33 +248,3 @@ def gantt(panels: list[tuple[str, Trace]], out: Path, ranks: int) -> None:
     fig.legend(handles, ["forward", "backward", "allreduce"], loc="upper right", ncol=3, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     _save(fig, out)
-
-
-def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
-                    microbatches: int = 4) -> None:
-    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW, PipeDream-Flush and DP."""
-    from pipedream.errors import PipeDreamError
-    from pipedream.planner.fixed_split import split_for_replicas
-    from pipedream.planner.placement import replica_ranks
-    from pipedream.sim import simulate_stages
-    from pipedream.sim.network import Network
-    from pipedream.table1.predicted import find_profile
-    from pipedream.topology import get_cluster
-
-    cluster = get_cluster(cluster_name, clusters_path)
-    prof = find_profile(model, Path("results/profiles"))
-    if prof is None:
-        raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
-    reps = [1] * cluster.workers
-    stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
-    ranks = replica_ranks(reps, cluster)
-    panels = []
-    for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
-                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"),
-                         ("pipedream_flush", f"PipeDream-Flush, {microbatches} microbatches"), ("dp", "data parallelism")):
-        nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
-        rk = [list(range(cluster.workers))] if sched == "dp" else ranks
-        res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
-        assert res.trace is not None
-        panels.append((f"{label}: {model} on {cluster_name} ({res.config}), bubble {res.steady_bubble_fraction:.0%}", res.trace))
-    gantt(panels, out, cluster.workers)

@@ -399,37 +399,3 @@ def build_table(paper_table: Path, clusters_path: Path, profiles_dir: Path, plan
                 models: list[str] | None = None) -> pd.DataFrame:
     """The predicted Table 1 of :func:`build_tables`, without the calibration summary."""
     return build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models)[0]
-
-
-def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
-          models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True,
-          jobs: int = 1) -> pd.DataFrame:
-    """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
-    plots under ``out_dir``; returns the table. ``jobs``: processes predicting the table's rows
-    (:func:`build_tables`).
-
-    Raises:
-        PipeDreamError: an unknown cluster or model, a missing profile or paper table.
-    """
-    from pipedream.table1 import plots as P
-    from pipedream.table1.predicted_files import write_predicted
-    from pipedream.table1.whatif import H100_PROFILES, slug, whatif_table, write_whatif_h100
-
-    if cluster_name:
-        cluster = get_cluster(cluster_name, clusters_path)
-        df = whatif_table(cluster, profiles_dir, plans_dir, models)
-        stem = f"whatif_{slug(cluster.name)}"
-        write_predicted(df, out_dir, clusters_path, stem, f"What-if: predicted PipeDream vs DP on {cluster.describe()}")
-        if plots:
-            P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
-        return df
-    df, summary = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models, jobs)
-    write_predicted(df, out_dir, clusters_path, calibration=summary)
-    if plots:
-        have = df[df["predicted_config"] != NO_PROFILE]
-        P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
-        P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
-        P.timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
-    if not models and H100_PROFILES.is_dir():
-        write_whatif_h100(out_dir, clusters_path, plots)
-    return df

@@ -1,6 +1,7 @@
 """The predicted tables as files: ``<stem>.csv`` and ``<stem>.md`` (Table 1 predicted, what-if tables), with
 an explanation of every row more than 15% off the paper (:mod:`pipedream.table1.explain`) and the calibration
-summary of :mod:`pipedream.table1.calibration`."""
+summary of :mod:`pipedream.table1.calibration`, and their plots; :func:`write` is the whole predicted step
+(``pipedream report --predicted``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
+from pipedream.planner.fixed_split import split_for_replicas
+from pipedream.planner.placement import replica_ranks
+from pipedream.sim import simulate_stages
+from pipedream.sim.network import Network
+from pipedream.table1 import plots as P
 from pipedream.table1.calibration import markdown_section, within_counts
 from pipedream.table1.explain import THRESHOLD, calibrated, explain
-from pipedream.table1.predicted import NO_PROFILE, V100_SCALE_KEY
+from pipedream.table1.predicted import NO_PROFILE, V100_SCALE_KEY, build_tables, find_profile
 from pipedream.table1.table import to_markdown
+from pipedream.table1.whatif import H100_PROFILES, slug, whatif_h100, whatif_table
 from pipedream.topology import get_cluster
 
 MD_COLUMNS = {"row": "row", "predicted_config": "predicted config", "predicted_speedup": "predicted speedup",
@@ -94,3 +102,66 @@ def write_predicted(df: pd.DataFrame, out_dir: Path, clusters_path: Path, stem: 
                                                      f"; calibrated {r['loo_predicted_speedup']:.2f}x, {loo:+.0%}") + "):")
             notes += [f"  - {line}" for line in why]
     atomic_write_text(out_dir / f"{stem}.md", md + "\n".join(notes) + "\n")
+
+
+def write(out_dir: Path, clusters_path: Path, paper_table: Path, profiles_dir: Path, plans_dir: Path | None = None,
+          models: list[str] | None = None, cluster_name: str | None = None, plots: bool = True,
+          jobs: int = 1) -> pd.DataFrame:
+    """Write the predicted Table 1 (or, with ``cluster_name``, the what-if table of that cluster) and its
+    plots under ``out_dir``; returns the table. ``jobs``: processes predicting the table's rows
+    (:func:`pipedream.table1.predicted.build_tables`).
+
+    Raises:
+        PipeDreamError: an unknown cluster or model, a missing profile or paper table.
+    """
+    if cluster_name:
+        cluster = get_cluster(cluster_name, clusters_path)
+        df = whatif_table(cluster, profiles_dir, plans_dir, models)
+        stem = f"whatif_{slug(cluster.name)}"
+        write_predicted(df, out_dir, clusters_path, stem, f"What-if: predicted PipeDream vs DP on {cluster.describe()}")
+        if plots:
+            P.dp_stall_bars(df, out_dir / "plots" / f"{stem}_dp_comm_stall.png")
+        return df
+    df, summary = build_tables(paper_table, clusters_path, profiles_dir, plans_dir, models, jobs)
+    write_predicted(df, out_dir, clusters_path, calibration=summary)
+    if plots:
+        have = df[df["predicted_config"] != NO_PROFILE]
+        P.predicted_speedup_bars(have, out_dir / "plots" / "table1_predicted_speedup.png")
+        P.dp_stall_bars(have, out_dir / "plots" / "dp_comm_stall.png")
+        timeline_panels(out_dir / "plots" / "timeline_gnmt8_A_1x4.png", clusters_path)
+    if not models and H100_PROFILES.is_dir():
+        write_whatif_h100(out_dir, clusters_path, plots)
+    return df
+
+
+def write_whatif_h100(out_dir: Path, clusters_path: Path, plots: bool = True) -> pd.DataFrame:
+    """``whatif_h100.{csv,md}`` and ``plots/whatif_h100_speedup.png`` under ``out_dir``; returns the table."""
+    df = whatif_h100(clusters_path)
+    write_predicted(df, out_dir, clusters_path, "whatif_h100",
+                    "What-if at today's hardware: H100 profiles, predicted PipeDream vs DP (simulated)")
+    if plots:
+        P.whatif_speedup_bars(df, out_dir / "plots" / "whatif_h100_speedup.png",
+                              "H100 profiles: simulated speedup of the default plan over data parallelism")
+    return df
+
+
+def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluster_name: str = "A_1x4",
+                    microbatches: int = 4) -> None:
+    """Gantt chart of the first minibatches of one plan under PipeDream, GPipe, 2BW, PipeDream-Flush and DP."""
+    cluster = get_cluster(cluster_name, clusters_path)
+    prof = find_profile(model, Path("results/profiles"))
+    if prof is None:
+        raise PipeDreamError(f"no profile for {model}; cannot draw the timeline")
+    reps = [1] * cluster.workers
+    stages = split_for_replicas(prof.graph, reps, Network(cluster), prof.batch)
+    ranks = replica_ranks(reps, cluster)
+    panels = []
+    for sched, label in (("1f1b", "PipeDream 1F1B"), ("gpipe", f"GPipe, {microbatches} microbatches"),
+                         ("2bw", f"PipeDream-2BW, {microbatches} microbatches"),
+                         ("pipedream_flush", f"PipeDream-Flush, {microbatches} microbatches"), ("dp", "data parallelism")):
+        nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
+        rk = [list(range(cluster.workers))] if sched == "dp" else ranks
+        res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
+        assert res.trace is not None
+        panels.append((f"{label}: {model} on {cluster_name} ({res.config}), bubble {res.steady_bubble_fraction:.0%}", res.trace))
+    P.gantt(panels, out, cluster.workers)

@@ -21,8 +21,14 @@ import pandas as pd
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
 from pipedream.paths import shipped
-from pipedream.table1.measured import MODES, measured_speedup, read_metrics, run_threshold
+from pipedream.table1 import plots
+from pipedream.table1.html import html_report, row_label
+from pipedream.table1.measured import MODES, measured_speedup, mlflow_runs, read_metrics, run_threshold
+from pipedream.table1.memory_check import write_memory_check
+from pipedream.table1.prediction import write_prediction_check
+from pipedream.table1.provenance import collect
 from pipedream.table2bw.html import section
+from pipedream.tracking import attach_artifacts
 
 PREDICTED_COLUMNS = {"predicted_config": "predicted_config", "predicted_speedup": "predicted_speedup_epoch_time",
                      "rel_error": "predicted_rel_error", "loo_fraction": "predicted_loo_dp_fraction",
@@ -81,11 +87,6 @@ def build_table(cfg: dict[str, Any]) -> pd.DataFrame:
         raise PipeDreamError(f"model(s) {', '.join(unknown)} have no row in {cfg['paper_table']}; "
                              f"Table 1 models are {', '.join(sorted(set(paper['model'])))}")
     return df
-
-
-def row_label(r: pd.Series) -> str:
-    """A Table 1 row's name, e.g. ``"vgg16 A 4x4"`` (as in ``table1_predicted.csv``'s ``row``)."""
-    return f"{r['model']} {r['hardware']}"
 
 
 def _mark_shared_runs(df: pd.DataFrame, cfg: dict[str, Any]) -> pd.DataFrame:
@@ -167,8 +168,6 @@ def notes(cfg: dict[str, Any]) -> list[str]:
 
 def _attach_to_runs(model_runs: Path, files: list[Path]) -> None:
     """Attach ``files`` to the MLflow runs recorded in ``<model_runs>/<mode>/run.json`` (if any)."""
-    from pipedream.tracking import attach_artifacts
-
     for mode in MODES:
         marker = model_runs / mode / "run.json"
         if marker.is_file():
@@ -183,13 +182,6 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
         cfg: the experiment config (validated).
         config_path: the config's file, shown in the report's provenance.
     """
-    from pipedream.table1 import plots
-    from pipedream.table1.html import html_report
-    from pipedream.table1.measured import mlflow_runs
-    from pipedream.table1.memory_check import write_memory_check
-    from pipedream.table1.prediction import write_prediction_check
-    from pipedream.table1.provenance import collect
-
     results = Path(cfg["results_dir"])
     df = build_table(cfg)
     for model in cfg["models"]:

@@ -16,7 +16,6 @@ from pipedream.errors import PipeDreamError
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES
 from pipedream.table1.predicted import PAPER_MODELS, find_profile, predict
-from pipedream.table1.predicted_files import write_predicted
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -64,16 +63,3 @@ def whatif_h100(clusters_path: Path) -> pd.DataFrame:
             row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES))
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-def write_whatif_h100(out_dir: Path, clusters_path: Path, plots: bool = True) -> pd.DataFrame:
-    """``whatif_h100.{csv,md}`` and ``plots/whatif_h100_speedup.png`` under ``out_dir``; returns the table."""
-    df = whatif_h100(clusters_path)
-    write_predicted(df, out_dir, clusters_path, "whatif_h100",
-                    "What-if at today's hardware: H100 profiles, predicted PipeDream vs DP (simulated)")
-    if plots:
-        from pipedream.table1 import plots as P
-
-        P.whatif_speedup_bars(df, out_dir / "plots" / "whatif_h100_speedup.png",
-                              "H100 profiles: simulated speedup of the default plan over data parallelism")
-    return df
