@@ -61,7 +61,7 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
     worker adds it to its master gradient (:meth:`pipedream.runtime.executor.StageExecutor._do_b`) and DDP's
     backward into ``.grad``: the add is one more pass over the gradients' bytes, part of every step. The buffers
     are never zeroed: in a run the optimizer step zeroes them, and its time is the profile's optimizer-step rate
-    (:mod:`pipedream.step_rates`)."""
+    (:mod:`pipedream.step_rates`). ``run.grads`` are the buffers."""
     import torch
 
     from pipedream.capture import call_args
@@ -77,6 +77,7 @@ def runtime_step(model: Any, criterion: Callable[[Any, Any], Any], xs: Any, ys: 
             if g is not None:
                 buffer.add_(g)
 
+    run.grads = grads  # type: ignore[attr-defined]
     return run
 
 
