@@ -144,9 +144,8 @@ def optimizer_step_s(param_bytes: float, optimizer: str, memory_Bps: float | Non
     ``s_per_call + s_per_tensor * tensors + s_per_param_byte * param_bytes``: a step is one call that walks its
     tensors one by one (PyTorch's single-tensor SGD and Adam, its default on a CPU), so besides the memory-bound
     work per byte each tensor costs its handful of operators' dispatch and the call itself its Python and cold
-    caches (the profiles of one `make run` on the 2-core CI VM, 2026-11-29, right after a training step: SGD
-    0.38 ms a call and 13.5 us a tensor, Adam 0.44-0.71 ms and 32-59 us; a straight ResNet-50's first stage, 33
-    tensors of 0.07 MB in all, had stepped at 13.8x what the rate per byte alone predicted). Otherwise the
+    caches (on a CPU, right after a training step, tenths of a millisecond a call and tens of microseconds a
+    tensor: a stage of many small tensors steps many times slower than its bytes alone say). Otherwise the
     memory-bound estimate ``STEP_TRAFFIC[optimizer] * param_bytes / memory_Bps``; 0 when neither is known, and 0
     for a stage without parameters. ``copy_on_write``: the step first copies the weights (a stage that stashes
     versions), ``COPY_TRAFFIC / STEP_TRAFFIC[optimizer]`` more of the per-byte work (the copy's own per-tensor

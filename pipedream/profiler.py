@@ -149,8 +149,7 @@ def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[
 
     With ``budget_s``, a slow call is timed fewer times: a first call longer than ``budget_s`` is the only
     warm-up, and the timing stops once two or more timed calls have taken ``budget_s`` in all. (Muon's step on
-    the reduced AlexNet takes 8 s on one core of the CI VM: its 2 warm-ups and 10 timed steps were 101 s of a
-    165 s profile.)"""
+    the reduced AlexNet takes seconds on one CPU core.)"""
     cuda = settings.device.startswith("cuda")
     times: list[float] = []
     warmup, calls = settings.warmup, 0

@@ -9,6 +9,7 @@ module sits above both the simulator and the runtime, so that neither imports th
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,7 @@ def run_host(workers: int, nnodes: int) -> Host | None:
     spread evenly over ``nnodes`` nodes; None on GPUs (the workers do not share the CPU's cores)."""
     if uses_cuda():
         return None
-    return Host(cores=host_cores(), ranks_per_host=-(-workers // nnodes))
+    return Host(cores=host_cores(), ranks_per_host=math.ceil(workers / nnodes))
 
 
 def predict(args: argparse.Namespace, cfg: TrainConfig, plan: Plan | None) -> tuple[dict[str, Any], str | None]:

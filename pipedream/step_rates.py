@@ -52,9 +52,8 @@ def optimizer_step_rates(model: nn.Module, example_input: Any, settings: Profile
     Each of ``optimizers`` (default every one the runtime trains with,
     :data:`pipedream.runtime.config.OPTIMIZERS`, built as :func:`pipedream.runtime.optim.make_optimizer` builds them
     at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas, Muon on the
-    hidden matrices with Adam on the rest; a workflow times only those its runs train
-    with: in `make run` on the 2-core CI VM the three steps took 26 s of the reduced AlexNet's 76 s of profile after
-    loading, Adam's alone 0.7 s) steps on a copy of the model (``model`` is left as it is), right
+    hidden matrices with Adam on the rest; a workflow times only those its runs train with: Muon's step takes
+    seconds on a CPU) steps on a copy of the model (``model`` is left as it is), right
     after a forward and backward of ``example_input`` (loss: the sum of the floating-point outputs), as in
     training: the backward leaves the caches full of activations, so the step reads its weights, gradients
     and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the

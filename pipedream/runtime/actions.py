@@ -60,10 +60,8 @@ def memory_minibatches(stages: int) -> int:
     """How many leading minibatches of each training pass the memory meter counts over, for a pipeline of
     ``stages`` stages: ``2 x stages + 2``, past the warm-up (at most ``stages`` in flight, :func:`memory_window`).
     The PipeDream workers pass it to :func:`memory_window`; the DP baseline (one stage) counts its first 4 steps of
-    each epoch. Counting after every step of an epoch made the reduced VGG-16's DDP step 1.15x slower in one
-    process on the 2-core CI VM (a count walks every tensor the worker holds; the saved-tensor hooks keep every
-    activation alive until the backward ends; in VGG-16's DP run on 4 workers sharing the 2 cores, 2-3% of the
-    epoch), time the prediction does not have."""
+    each epoch. Counting after every step would slow every step (a count walks every tensor the worker holds; the
+    saved-tensor hooks keep every activation alive until the backward ends), time the prediction does not have."""
     return MEMORY_MINIBATCHES_PER_STAGE * stages + 2
 
 

@@ -43,15 +43,14 @@ from pipedream.sim.network import Network
 
 @dataclass
 class Span:
-    """One timed piece of work: an action on a rank, a transfer, or a collective (seconds); a compute action's
-    ``work_s`` is its seconds at full speed (``end - start`` is longer where ranks share cores)."""
+    """One timed piece of work: an action on a rank, a transfer, or a collective (seconds; a compute action's
+    ``end - start`` is longer than its work where ranks share cores)."""
 
     start: float
     end: float
     what: str
     rank: int = -1
     peer: int = -1
-    work_s: float = 0.0
 
 
 @dataclass
@@ -204,11 +203,11 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             tied_pos[r] = 0
             tr.step_s[r] += t - job.start_s
             if record:
-                tr.steps.append(Span(job.start_s, t, str(a), r, work_s=job.work_s))
+                tr.steps.append(Span(job.start_s, t, str(a), r))
         else:
             tr.busy_s[r] += t - job.start_s
             if record:
-                tr.compute[r].append(Span(job.start_s, t, str(a), r, work_s=job.work_s))
+                tr.compute[r].append(Span(job.start_s, t, str(a), r))
             if a.kind == Kind.B:
                 last_b_start[r] = job.start_s
                 last_b_stretch[r] = (t - job.start_s) / job.work_s if job.work_s > 0 else 1.0

@@ -6,10 +6,8 @@ from pipedream.runtime.config import SCHEDULES as RUNTIME_SCHEDULES
 
 # The order of jobs among those ready: depth first, each model's plan and then its training runs before the
 # next model's profile (snakemake's `priority`; profile and the rest keep 0). Every run predicts its epoch time
-# from its profile, and a CPU host's speed drifts (the 2-core CI VM, 2026-11-27: the reduced VGG-16's fresh
-# copies stepped in 99 ms in its profile; the CPU of a step in 2-worker DP runs afterwards, 79-121 ms in the first
-# 6 minutes, 119-140 ms 11-20 minutes later). Breadth first, all seven profiles ran before the first training, up
-# to half an hour before the runs that read them. A model's results also land as soon as its runs finish.
+# from its profile, and a shared CPU host's speed drifts over minutes; breadth first, all seven profiles would run
+# before the first training, up to half an hour before the runs that read them. A model's results also land as soon as its runs finish.
 PRIORITY = {"plan": 1, "train": 2}
 
 
@@ -70,8 +68,7 @@ def run_optimizer(model):
 def profile_optimizers(model):
     """The optimizers whose step `pipedream profile --optimizers` times for ``model``: those its runs train with
     (its ``train.optimizer``, TrainConfig's default where unset, and the 2BW loss check's for the 2BW model). The
-    rest are not timed: SGD's, Adam's and Muon's steps took 26 s of the reduced AlexNet's 76 s of profile after
-    loading on the 2-core CI VM, Adam's alone 0.7 s."""
+    rest are not timed: Muon's step takes seconds on a CPU."""
     names = [run_optimizer(model)]
     if TWOBW and TWOBW.get("model") == model and TWOBW_LOSS:
         names.append(TWOBW_LOSS["optimizer"])
