@@ -19,8 +19,8 @@ from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.planner.placement import hierarchical_ranks, interleave, replica_ranks
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.worker import train_schedules
+from pipedream.sim import SimOptions, simulate_plan
 from pipedream.sim import simulate as sim_simulate
-from pipedream.sim import simulate_plan
 from pipedream.table1.predicted import find_profile
 from pipedream.topology import get_cluster, parse_whatif
 
@@ -107,7 +107,7 @@ def _simulated_schedules(monkeypatch: pytest.MonkeyPatch, graph: LayerGraph, pla
 
     monkeypatch.setattr(sim_simulate, "build_schedule", spy)
     cluster = parse_whatif(cluster_name) if ":" in cluster_name else get_cluster(cluster_name, CLUSTERS)
-    simulate_plan(graph, plan, cluster, dataset_size=64 * graph.minibatch_size)
+    simulate_plan(graph, plan, cluster, SimOptions(dataset_size=64 * graph.minibatch_size))
     assert built
     return built
 

@@ -62,8 +62,8 @@ def exhaustive_best(g: LayerGraph, cluster: Cluster, step: StepRates | None = No
             nodes[0] = inputs + nodes[0]
             for bars in itertools.combinations(range(1, workers), stages - 1):
                 reps = [b - a for a, b in zip([0, *bars], [*bars, workers], strict=True)]
-                epoch = simulate_stages(g, nodes, replica_ranks(reps, cluster), cluster,
-                                        **simulation_options(step=step)).epoch_time_s
+                ranks = replica_ranks(reps, cluster)
+                epoch = simulate_stages(g, nodes, ranks, cluster, simulation_options(step=step)).epoch_time_s
                 if epoch < best:
                     best, which = epoch, f"{'-'.join(map(str, reps))} split after {list(cuts)}"
     return best, which
@@ -75,7 +75,7 @@ def exhaustive_best(g: LayerGraph, cluster: Cluster, step: StepRates | None = No
 def test_plan_is_within_the_near_tie_margin_of_the_exhaustive_best(cluster: Cluster, seed: int) -> None:
     g = random_graph(random.Random(seed * 7919 + cluster.workers))
     plan = plan_pipeline(g, cluster, model="m", minibatch_size=8)
-    ours = simulate_plan(g, plan, cluster, **simulation_options()).epoch_time_s
+    ours = simulate_plan(g, plan, cluster, simulation_options()).epoch_time_s
     best, which = exhaustive_best(g, cluster)
     assert ours <= best * (1 + rerank.NEAR_TIE) * (1 + 1e-12), (plan.config, [s.nodes for s in plan.stages], which,
                                                               ours / best)
@@ -97,7 +97,7 @@ def test_with_measured_step_rates_the_plan_is_within_the_near_tie_margin_of_the_
         if not node.is_input:
             g.tensors[name] = rng.randint(1, 8)
     plan = plan_pipeline(g, cluster, model="m", minibatch_size=8, step=ADAM)
-    ours = simulate_plan(g, plan, cluster, **simulation_options(step=ADAM)).epoch_time_s
+    ours = simulate_plan(g, plan, cluster, simulation_options(step=ADAM)).epoch_time_s
     best, which = exhaustive_best(g, cluster, ADAM)
     assert ours <= best * (1 + rerank.NEAR_TIE) * (1 + 1e-12), (plan.config, [s.nodes for s in plan.stages], which,
                                                               ours / best)
@@ -169,7 +169,7 @@ def test_estimate_is_what_simulate_prints(tmp_path: Path) -> None:
     cluster = Cluster("four", [(4, 1e9)], 16e9)
     plan = plan_pipeline(g, cluster, model="m", minibatch_size=8)
     opts = simulation_options()
-    res, dp = simulate_plan(g, plan, cluster, **opts), simulate_dp(g, cluster, **opts)
+    res, dp = simulate_plan(g, plan, cluster, opts), simulate_dp(g, cluster, opts)
     assert plan.predicted_speedup == pytest.approx(dp.epoch_time_s / res.epoch_time_s, rel=1e-12)
     simulated = [c for c in plan.extra["candidates"] if c["simulated_epoch_s"]]
     assert any(c["simulated_epoch_s"] == pytest.approx(res.epoch_time_s, rel=1e-12) for c in simulated)

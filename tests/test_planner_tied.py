@@ -24,7 +24,7 @@ from pipedream.planner.rerank import NEAR_TIE, simulation_options
 from pipedream.planner.states import build_states
 from pipedream.profiler import ProfileSettings, profile_module, write_profile
 from pipedream.runtime import shared
-from pipedream.sim import simulate_plan
+from pipedream.sim import SimOptions, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.tied import Tied
 from pipedream.topology import Cluster
@@ -150,9 +150,9 @@ def test_the_plan_is_the_fastest_one_the_runtime_accepts_not_the_fastest_one() -
     opts = simulation_options()
     plans = every_plan(g, cluster)
     assert len(plans) == 10
-    fastest = min(plans, key=lambda p: simulate_plan(untied, p, cluster, **opts).epoch_time_s)
+    fastest = min(plans, key=lambda p: simulate_plan(untied, p, cluster, opts).epoch_time_s)
     assert fastest.config == "3-1" and not accepted(g, fastest)
-    runnable = {p.config + str([len(s.nodes) for s in p.stages]): simulate_plan(g, p, cluster, **opts).epoch_time_s
+    runnable = {p.config + str([len(s.nodes) for s in p.stages]): simulate_plan(g, p, cluster, opts).epoch_time_s
                 for p in plans if accepted(g, p)}
     assert len(runnable) == 4  # data parallelism, 2-2 after either layer, 1-2-1
     best = min(runnable.values())
@@ -160,7 +160,7 @@ def test_the_plan_is_the_fastest_one_the_runtime_accepts_not_the_fastest_one() -
 
     plan = plan_pipeline(g, cluster, model="lm", minibatch_size=8)
     assert accepted(g, plan)
-    assert simulate_plan(g, plan, cluster, **opts).epoch_time_s <= best * (1 + NEAR_TIE)
+    assert simulate_plan(g, plan, cluster, opts).epoch_time_s <= best * (1 + NEAR_TIE)
     assert plan.config == "4"
     refused = [c for c in plan.extra["candidates"] if "refused" in c]
     assert {c["config"] for c in refused} >= {"3-1"}
@@ -230,7 +230,7 @@ def test_the_simulator_times_the_sum_of_the_tied_gradients_across_stages() -> No
     # under a flush schedule the stages' steps match whatever their replicas; under 1F1B the rule refuses 1-2
     wide = Plan("lm", "flat3", 3, [Stage(["in", "emb"], 1, [0]), Stage(["head"], 2, [1, 2])], 8, math.nan, math.nan)
     flat3 = Cluster("flat3", [(3, 1e9)], 1e15)
-    assert simulate_plan(g, wide, flat3, schedule="gpipe", microbatches=2).epoch_time_s > 0
+    assert simulate_plan(g, wide, flat3, SimOptions(schedule="gpipe", microbatches=2)).epoch_time_s > 0
     with pytest.raises(PipeDreamError, match="replicated \\[1, 2\\] times"):
         simulate_plan(g, wide, flat3)
 

@@ -19,7 +19,7 @@ from pipedream.plan import Plan, Stage
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
 from pipedream.planner.placement import replica_ranks
 from pipedream.schedules import consecutive_ranks
-from pipedream.sim import simulate_dp, simulate_stages
+from pipedream.sim import SimOptions, simulate_dp, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1.predicted import (
     NO_PROFILE,
@@ -111,8 +111,8 @@ def test_predicted_row_is_the_simulated_epoch_time_ratio(tmp_path: Path, tiny_pa
     prof = find_profile("gnmt8", tmp_path)
     assert prof is not None and prof.batch == 64
     pd_res = simulate_stages(prof.graph, [s.nodes for s in plan.stages], [s.ranks for s in plan.stages], cluster,
-                             dataset_size=4_500_000)
-    dp = simulate_dp(prof.graph, cluster, dataset_size=4_500_000)
+                             SimOptions(dataset_size=4_500_000))
+    dp = simulate_dp(prof.graph, cluster, SimOptions(dataset_size=4_500_000))
     assert gnmt["predicted_config"] == "straight" and gnmt["plan_source"].endswith("A_1x4.json")
     assert gnmt["predicted_speedup"] == pytest.approx(dp.epoch_time_s / pd_res.epoch_time_s, rel=1e-12)
     assert gnmt["paper_config_predicted_speedup"] == pytest.approx(gnmt["predicted_speedup"], rel=1e-12)
@@ -161,7 +161,7 @@ def test_gnmt8_on_3_servers_is_explained_by_the_release_run_and_pipedreams_link_
         return [{n for n in s.nodes if prof.graph.nodes[n].param_bytes > 0} for s in p.stages]
 
     assert weighted(plan) == weighted(ours)
-    slow = simulate_plan(prof.graph, plan, _outer_scaled(cluster, bw / 1.25e9), dataset_size=4_500_000)
+    slow = simulate_plan(prof.graph, plan, _outer_scaled(cluster, bw / 1.25e9), SimOptions(dataset_size=4_500_000))
     assert row["dp_epoch_time_s"] / slow.epoch_time_s == pytest.approx(2.95, rel=0.01)
     # or, links at line rate, 1.75x the profile's work per minibatch (e.g. 42-token sentences for its 24)
     assert row["tokens_scale_matching_paper"] == pytest.approx(1.75, abs=0.05)

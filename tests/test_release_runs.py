@@ -11,7 +11,7 @@ import pytest
 from pipedream import costmodel
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.sim import simulate_plan
+from pipedream.sim import SimOptions, simulate_plan
 from pipedream.table1.predicted import PAPER_MODELS, find_profile, predict
 from pipedream.table1.release_runs import check_stages, expand, load_release_runs, release_run_plan
 from pipedream.topology import get_cluster
@@ -113,7 +113,7 @@ def test_one_server_release_run_is_timed_as_a_straight_pipeline_by_hand(model: s
     prof = find_profile(model, Path("/nonexistent"))
     assert prof is not None and prof.batch == 64
     run = load_release_runs()[(model, "A_1x4")]
-    res = simulate_plan(prof.graph, release_run_plan(run, cluster), cluster, dataset_size=4_500_000)
+    res = simulate_plan(prof.graph, release_run_plan(run, cluster), cluster, SimOptions(dataset_size=4_500_000))
     scale = prof.batch / prof.graph.minibatch_size  # 1: the graph is already at the training batch
     by_hand = []
     for stage in run.stages:
@@ -138,8 +138,8 @@ def test_predicted_row_simulates_the_release_run(tmp_path: Path) -> None:
     ours = Plan("gnmt8", "A_1x4", 4, [Stage(list(s), 1, [i]) for i, s in enumerate(run.stages)], 64, 1.0, 2.0)
     ours.save(tmp_path / "gnmt8" / "A_1x4.json")  # a saved plan: no planner run in this test
     row = predict("gnmt8", prof, cluster, 4_500_000, paper_config="straight", paper_speedup=1.5, plans_dir=tmp_path)
-    res = simulate_plan(prof.graph, release_run_plan(run, cluster), cluster, dataset_size=4_500_000)
-    dp = simulate_dp(prof.graph, cluster, dataset_size=4_500_000)
+    res = simulate_plan(prof.graph, release_run_plan(run, cluster), cluster, SimOptions(dataset_size=4_500_000))
+    dp = simulate_dp(prof.graph, cluster, SimOptions(dataset_size=4_500_000))
     assert row["release_run_config"] == "straight on 4 of 4 GPUs (ranks 0-3)"
     assert row["release_run_period_s"] == pytest.approx(res.time_per_minibatch_s, rel=1e-12)
     assert row["release_run_speedup"] == pytest.approx(dp.epoch_time_s / res.epoch_time_s, rel=1e-12)

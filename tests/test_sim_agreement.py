@@ -21,7 +21,7 @@ from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
 from pipedream.planner import PlanOptions, plan_pipeline
 from pipedream.schedules import warmup_count, warmup_count_consistent
-from pipedream.sim import simulate_stages
+from pipedream.sim import SimOptions, simulate_stages
 from pipedream.sim.costs import stage_costs
 from pipedream.topology import Cluster
 
@@ -47,7 +47,7 @@ def test_straight_pipeline_period_is_the_bottleneck_stage_and_the_planner_estima
     g = chain([0.030, 0.045, 0.060, 0.015, 0.030, 0.030])
     plan = plan_pipeline(g, flat(4), model="chain", minibatch_size=8, options=PlanOptions(straight=True, compat=True))
     stages = [s.nodes for s in plan.stages]
-    res = simulate_stages(g, stages, [[i] for i in range(len(stages))], flat(4), dataset_size=8 * 1000)
+    res = simulate_stages(g, stages, [[i] for i in range(len(stages))], flat(4), SimOptions(dataset_size=8 * 1000))
     bottleneck = max(c.fwd_s + c.bwd_s for c in stage_costs(g, stages, 8))
     assert bottleneck == pytest.approx(0.075)  # the best 4-way split of 30/45/60/15/30/30 ms
     assert res.time_per_minibatch_s == pytest.approx(bottleneck, rel=1e-9)
@@ -59,7 +59,7 @@ def test_straight_pipeline_period_is_the_bottleneck_stage_and_the_planner_estima
 def test_replicated_stage_without_weights_gives_r_over_t(r: int) -> None:
     """``r``-15-1... here r-1: stage 0 replicated r times (T = 90 ms), stage 1 fast (9 ms)."""
     g = chain([0.090, 0.009])
-    res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1), dataset_size=8 * 3000)
+    res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1), SimOptions(dataset_size=8 * 3000))
     assert res.time_per_minibatch_s == pytest.approx(0.090 / r, rel=1e-9)
 
 
@@ -75,15 +75,14 @@ def test_replicated_stage_with_weight_sync(r: int) -> None:
     ring = 2 * (r - 1) * lat + 2 * (r - 1) / r * p / bw
     step = (6 + 2) * p / mem
     kw = dict(dataset_size=8 * 3000, overlap=False, allreduce="ring", step=StepRates(memory_Bps=mem))
-    res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), **kw)
+    res = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), SimOptions(**kw))
     assert res.time_per_minibatch_s == pytest.approx((t + ring + step) / r, rel=1e-9)
     planner_term = 4 * (r - 1) * p / (r * bw)  # the release planner: twice the ring's bandwidth term
     assert planner_term == pytest.approx(2 * (ring - 2 * (r - 1) * lat))
-    half = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw / 2, lat), **kw)
+    half = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw / 2, lat), SimOptions(**kw))
     assert half.time_per_minibatch_s == pytest.approx((t + 2 * (r - 1) * lat + planner_term + step) / r, rel=1e-9)
     # independent replicas (the planner's assumption) give the same period when nothing staggers them
-    ind = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), sync="independent",
-                          **kw)
+    ind = simulate_stages(g, [["n0"], ["n1"]], [list(range(r)), [r]], flat(r + 1, bw, lat), SimOptions(sync="independent", **kw))
     assert ind.time_per_minibatch_s == pytest.approx((t + ring + step) / r, rel=1e-9)
 
 
@@ -103,11 +102,11 @@ def test_single_stage_feeding_a_replicated_one_starves_under_the_release_warmup(
     g = chain([0.010, 0.210, 0.010])
     nodes, ranks = [["n0"], ["n1"], ["n2"]], [[0], list(range(1, 8)), [8]]
     kw = dict(dataset_size=8 * 7000)
-    release = simulate_stages(g, nodes, ranks, flat(9), warmup="release", **kw)
-    consistent = simulate_stages(g, nodes, ranks, flat(9), **kw)  # the default, as the runtime's
+    release = simulate_stages(g, nodes, ranks, flat(9), SimOptions(warmup="release", **kw))
+    consistent = simulate_stages(g, nodes, ranks, flat(9), SimOptions(**kw))  # the default, as the runtime's
     assert release.time_per_minibatch_s == pytest.approx(0.87 / 7, rel=1e-9)  # 4.1x the balanced 30 ms
     assert consistent.time_per_minibatch_s == pytest.approx(0.240 / 7, rel=1e-9)
     # what is left is lockstep: each round of 7 waits for the last replica, 30 ms behind the first
     # (one stage-0/2 minibatch); independent replicas (the planner's assumption) reach the balanced 30 ms
-    ind = simulate_stages(g, nodes, ranks, flat(9), warmup="consistent", sync="independent", **kw)
+    ind = simulate_stages(g, nodes, ranks, flat(9), SimOptions(warmup="consistent", sync="independent", **kw))
     assert ind.time_per_minibatch_s == pytest.approx(0.030, rel=1e-9)

@@ -11,7 +11,7 @@ import pytest
 
 from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
-from pipedream.sim import run_minibatches, simulate_dp
+from pipedream.sim import SimOptions, run_minibatches, simulate_dp
 from pipedream.sim.costs import stage_costs
 from pipedream.topology import Cluster
 
@@ -50,7 +50,7 @@ ROUND_S = 0.090 + AR_6MIB + STEP_S        # 0.12745728 s: the next forward start
 
 
 def test_simulated_ddp_round_is_the_hand_computed_bucketed_ring_with_latency_and_step() -> None:
-    res = simulate_dp(graph(), CLUSTER, keep_trace=True, **KW)
+    res = simulate_dp(graph(), CLUSTER, SimOptions(keep_trace=True, **KW))
     assert ROUND_S == pytest.approx(0.12745728, rel=1e-12)
     # 4 ranks each take one minibatch per round
     assert res.time_per_minibatch_s * 4 == pytest.approx(ROUND_S, rel=1e-12)
@@ -65,7 +65,7 @@ def test_simulated_ddp_round_is_the_hand_computed_bucketed_ring_with_latency_and
 
 
 def test_without_overlap_the_buckets_follow_the_backward_one_after_another() -> None:
-    res = simulate_dp(graph(), CLUSTER, overlap=False, **KW)
+    res = simulate_dp(graph(), CLUSTER, SimOptions(overlap=False, **KW))
     # 0.090 + 0.024874368 + 0.024874368 + 0.012582912 = 0.152331648 s
     expected = 0.090 + AR_6MIB + AR_6MIB + STEP_S
     assert expected == pytest.approx(0.152331648, rel=1e-12)
@@ -74,7 +74,7 @@ def test_without_overlap_the_buckets_follow_the_backward_one_after_another() -> 
 
 def test_one_big_bucket_pays_the_latency_once() -> None:
     """DDP's default 25 MiB cap closes its 1 MiB first bucket after n3; n2, n1, n0 (10 MiB) share the second."""
-    res = simulate_dp(graph(), CLUSTER, overlap=False, **{**KW, "bucket_bytes": 25 * MiB})
+    res = simulate_dp(graph(), CLUSTER, SimOptions(overlap=False, **{**KW, "bucket_bytes": 25 * MiB}))
     ar_10mib = 6e-3 + 1.5 * 10485760 / 0.5e9  # 0.03745728 s
     # 0.090 + 0.012291456 + 0.03745728 + 0.012582912 = 0.152331648 s: as two 6 MiB buckets (the same 2 latencies)
     assert res.time_per_minibatch_s * 4 == pytest.approx(0.090 + AR_2MIB + ar_10mib + STEP_S, rel=1e-12)
@@ -88,7 +88,7 @@ def test_gpipe_and_2bw_overlap_only_the_last_backward_before_the_allreduce(sched
     0.180."""
     costs = stage_costs(graph(), [["n0", "n1", "n2", "n3"]], BATCH, bucket_bytes=6 * MiB,
                         step=StepRates(s_per_param_byte=1e-9))
-    tr = run_minibatches(schedule, [[0, 1]], costs, CLUSTER, 1, 4, record=True)
+    tr = run_minibatches([[0, 1]], costs, CLUSTER, 1, SimOptions(schedule=schedule, microbatches=4), record=True)
     # the last backward starts at 0.020 + 0.020 + 0.070 (GPipe) or 0.020 + 0.070 + 0.020 (2BW, PipeDream-Flush) = 0.110; its
     # layers end at 0.120 (n3), 0.140 (n2), 0.170 (n1), 0.180 (n0). Ring over 2 ranks: 2 * 1 ms + S / 0.5e9.
     ar_6mib = 2e-3 + 6291456 / 0.5e9  # 0.014582912 s
@@ -104,6 +104,7 @@ def test_the_ddp_step_pays_its_call_and_each_tensor_besides_its_bytes() -> None:
     0.090 + 0.024874368 + 0.014382912 = 0.12925728 s."""
     g = graph()
     g.tensors = {n: 2 for n in g.nodes}
-    res = simulate_dp(g, CLUSTER, **{**KW, "step": StepRates(s_per_param_byte=1e-9, s_per_call=1e-3, s_per_tensor=1e-4)})
+    step = StepRates(s_per_param_byte=1e-9, s_per_call=1e-3, s_per_tensor=1e-4)
+    res = simulate_dp(g, CLUSTER, SimOptions(**{**KW, "step": step}))
     assert res.time_per_minibatch_s * 4 == pytest.approx(0.12925728, rel=1e-12)
     assert 0.090 + AR_6MIB + STEP_S + 1e-3 + 8 * 1e-4 == pytest.approx(0.12925728, rel=1e-12)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipedream import schedules
@@ -10,7 +12,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.memory import copies_on_write
 from pipedream.schedules import Action, Kind, Schedule
-from pipedream.sim import extrapolate, run_minibatches, simulate_dp, simulate_stages
+from pipedream.sim import SimOptions, extrapolate, run_minibatches, simulate_dp, simulate_stages
 from pipedream.sim.costs import measured_costs, stage_costs, uniform_costs
 from pipedream.sim.engine import run
 from pipedream.sim.network import Network
@@ -45,13 +47,13 @@ def one_per_stage(p: int) -> tuple[list[list[str]], list[list[int]]]:
 def test_gpipe_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(p: int, m: int) -> None:
     g = chain(p, fwd_s=0.003, bwd_s=0.007)
     nodes, ranks = one_per_stage(p)
-    res = simulate_stages(g, nodes, ranks, flat(p), schedule="gpipe", microbatches=m, dataset_size=10_000)
+    res = simulate_stages(g, nodes, ranks, flat(p), SimOptions(schedule="gpipe", microbatches=m, dataset_size=10_000))
     expected = (p - 1) / (m + p - 1)
     assert res.bubble_fraction == pytest.approx(expected, rel=1e-12)
     assert res.steady_bubble_fraction == pytest.approx(expected, rel=1e-12)
     # one minibatch takes (m + p - 1)(f + b): fill, m microbatches, drain, flush
     assert res.time_per_minibatch_s == pytest.approx((m + p - 1) * 0.010, rel=1e-12)
-    tr = run_minibatches("gpipe", ranks, stage_costs(g, nodes, 8), flat(p), 1, m)
+    tr = run_minibatches(ranks, stage_costs(g, nodes, 8), flat(p), 1, SimOptions(schedule="gpipe", microbatches=m))
     assert 1 - sum(tr.busy_s.values()) / (p * tr.makespan_s) == pytest.approx(expected, rel=1e-12)
 
 
@@ -59,14 +61,14 @@ def test_gpipe_bubble_is_exactly_p_minus_1_over_m_plus_p_minus_1(p: int, m: int)
 def test_pipedream_1f1b_steady_state_has_no_bubble(p: int) -> None:
     g = chain(p, fwd_s=0.002, bwd_s=0.004)
     nodes, ranks = one_per_stage(p)
-    res = simulate_stages(g, nodes, ranks, flat(p), schedule="1f1b", dataset_size=8 * 10_000)
+    res = simulate_stages(g, nodes, ranks, flat(p), SimOptions(schedule="1f1b", dataset_size=8 * 10_000))
     assert res.steady_bubble_fraction == pytest.approx(0.0, abs=1e-12)
     assert res.utilisation == pytest.approx([1.0] * p, rel=1e-12)
     assert res.time_per_minibatch_s == pytest.approx(0.006, rel=1e-12)  # one F and one B per minibatch
     # an epoch of N minibatches: N periods plus the fill and drain of (p - 1) (f + b)
     assert res.epoch_time_s == pytest.approx((10_000 + p - 1) * 0.006, rel=1e-12)
     # 2BW runs the same 1F1B stream of microbatches: no steady bubble either
-    bw = simulate_stages(g, nodes, ranks, flat(p), schedule="2bw", microbatches=p, dataset_size=8 * 10_000)
+    bw = simulate_stages(g, nodes, ranks, flat(p), SimOptions(schedule="2bw", microbatches=p, dataset_size=8 * 10_000))
     assert bw.steady_bubble_fraction == pytest.approx(0.0, abs=1e-12)
 
 
@@ -78,12 +80,12 @@ def test_pipedream_flush_epoch_by_hand(p: int, m: int) -> None:
     f, b = 0.002, 0.004
     g = chain(p, fwd_s=f, bwd_s=b)
     nodes, ranks = one_per_stage(p)
-    res = simulate_stages(g, nodes, ranks, flat(p), schedule="pipedream_flush", microbatches=m, dataset_size=10 * 8 * m)
+    flush = SimOptions(schedule="pipedream_flush", microbatches=m, dataset_size=10 * 8 * m)
+    res = simulate_stages(g, nodes, ranks, flat(p), flush)
     assert res.epoch_minibatches == 10 and res.samples_per_minibatch == 8 * m
     assert res.epoch_time_s == pytest.approx(10 * (m + p - 1) * (f + b), rel=1e-12)
     assert res.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-12)
-    again = simulate_stages(g, nodes, ranks, flat(p), schedule="pipedream_flush", microbatches=m,
-                            dataset_size=10 * 8 * m, recompute=True)
+    again = simulate_stages(g, nodes, ranks, flat(p), replace(flush, recompute=True))
     assert again.epoch_time_s == pytest.approx(10 * (m + p - 1) * (f + b + f), rel=1e-12)
     assert again.epoch_time_s / res.epoch_time_s == pytest.approx(4 / 3, rel=1e-12)
 
@@ -100,7 +102,7 @@ def test_activation_transfer_delays_the_next_stage_by_bytes_over_bandwidth() -> 
     """Two stages, 0.5 GB activations on a 1 GB/s link: F1 starts 0.5 s after F0 ends."""
     g = chain(2, fwd_s=1.0, bwd_s=2.0, act_bytes=0.5 * GB, batch=8)
     nodes, ranks = one_per_stage(2)
-    tr = run_minibatches("1f1b", ranks, stage_costs(g, nodes, 8), flat(2), 1, record=True)
+    tr = run_minibatches(ranks, stage_costs(g, nodes, 8), flat(2), 1, record=True)
     f1 = tr.compute[1][0]
     assert (f1.what, f1.start, f1.end) == ("1F0", pytest.approx(1.5), pytest.approx(2.5))
     b0 = tr.compute[0][1]  # B1 ends at 4.5, the 0.5 GB gradient arrives at 5.0
@@ -115,10 +117,10 @@ def test_bytes_per_sample_pipeline_vs_data_parallel() -> None:
     a, w, batch, p = 4e6, 1e8, 16, 4
     g = chain(p, 0.01, 0.02, act_bytes=a, param_bytes=w, batch=batch)
     nodes, ranks = one_per_stage(p)
-    pipe = simulate_stages(g, nodes, ranks, flat(p, 100 * GB), dataset_size=batch * 1000)
+    pipe = simulate_stages(g, nodes, ranks, flat(p, 100 * GB), SimOptions(dataset_size=batch * 1000))
     assert pipe.p2p_bytes_per_sample == pytest.approx(2 * a * (p - 1) / batch)
     assert pipe.allreduce_bytes_per_sample == 0.0
-    dp = simulate_dp(g, flat(p, 100 * GB), dataset_size=batch * 1000)
+    dp = simulate_dp(g, flat(p, 100 * GB), SimOptions(dataset_size=batch * 1000))
     assert dp.allreduce_bytes_per_sample == pytest.approx(2 * (p - 1) * p * w / (p * batch))
     assert dp.p2p_bytes_per_sample == 0.0
 
@@ -130,7 +132,7 @@ def test_dp_without_overlap_adds_the_ring_allreduce(n: int) -> None:
     (the default V100 memory bound; one weight version, no copy); the stall is the allreduce's share."""
     f, b, w, bw, lat, batch = 0.010, 0.020, 0.8 * GB, 2 * GB, 1e-3, 32
     g = chain(2, f / 2, b / 2, param_bytes=w / 2, batch=batch)
-    res = simulate_dp(g, flat(n, bw, lat), overlap=False, dataset_size=batch * n * 1000)
+    res = simulate_dp(g, flat(n, bw, lat), SimOptions(overlap=False, dataset_size=batch * n * 1000))
     ar = 2 * (2 * (n - 1) * lat + 2 * (n - 1) / n * (w / 2) / bw)
     step = 6 * w / 900e9
     assert res.time_per_sample_s * n * batch == pytest.approx(f + b + ar + step, rel=1e-12)
@@ -147,10 +149,10 @@ def test_dp_wait_free_backprop_overlaps_layer_allreduces_with_backward() -> None
     """
     g = chain(2, fwd_s=0.5, bwd_s=1.0, param_bytes=1.5 * GB, batch=8)
     kw = dict(dataset_size=8 * 200, step=StepRates(s_per_param_byte=0.1 / (3 * GB)))
-    over = simulate_dp(g, flat(2), overlap=True, **kw)
+    over = simulate_dp(g, flat(2), SimOptions(overlap=True, **kw))
     assert over.time_per_minibatch_s * 2 == pytest.approx(1.0 + 4.0 + 0.1, rel=1e-12)
     assert over.comm_stall_fraction == pytest.approx(2.0 / 5.1, rel=1e-12)
-    serial = simulate_dp(g, flat(2), overlap=False, **kw)
+    serial = simulate_dp(g, flat(2), SimOptions(overlap=False, **kw))
     assert serial.time_per_minibatch_s * 2 == pytest.approx(1.0 + 2.0 + 3.0 + 0.1, rel=1e-12)
 
 
@@ -183,7 +185,8 @@ def test_closed_form_equals_event_simulation_on_short_runs(case: tuple) -> None:
     costs = stage_costs(g, _split(g, sizes), 64)
     unit = max(len(r) for r in ranks) if sched != "1f1b" else 6
     n_a = unit * 6
-    t = {n: run_minibatches(sched, ranks, costs, cluster, n, m).makespan_s for n in (n_a, 2 * n_a, 3 * n_a, 5 * n_a)}
+    options = SimOptions(schedule=sched, microbatches=m)
+    t = {n: run_minibatches(ranks, costs, cluster, n, options).makespan_s for n in (n_a, 2 * n_a, 3 * n_a, 5 * n_a)}
     for n in (3 * n_a, 5 * n_a):
         assert extrapolate(t[n_a], t[2 * n_a], n_a, 2 * n_a, n) == pytest.approx(t[n], rel=1e-9)
 
@@ -193,9 +196,9 @@ def test_epoch_extrapolation_matches_a_full_event_simulation() -> None:
     nodes = _split(g, [16, 16, 16])
     ranks = [[0, 1], [2], [3]]
     cluster = Cluster(name="t", levels=[(2, 15.75 * GB), (2, 1.25 * GB)])
-    res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 400)
+    res = simulate_stages(g, nodes, ranks, cluster, SimOptions(batch_size=64, dataset_size=64 * 400))
     costs = stage_costs(g, nodes, 64, copies_on_write=copies_on_write("1f1b", [2, 1, 1]))  # as simulate_stages
-    full = run_minibatches("1f1b", ranks, costs, cluster, 400)
+    full = run_minibatches(ranks, costs, cluster, 400)
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
     assert res.bubble_fraction == pytest.approx(1 - sum(full.busy_s.values()) / (4 * full.makespan_s), rel=1e-9)
 
@@ -212,7 +215,7 @@ def test_deadlock_and_bad_inputs_raise_clear_errors() -> None:
     with pytest.raises(PipeDreamError, match="before its producer"):
         simulate_stages(g, [["n1"], ["n0"]], [[0], [1]], flat(2))
     with pytest.raises(PipeDreamError, match="unknown schedule"):
-        simulate_stages(g, [["n0"], ["n1"]], [[0], [1]], flat(2), schedule="pipe")
+        simulate_stages(g, [["n0"], ["n1"]], [[0], [1]], flat(2), SimOptions(schedule="pipe"))
 
 
 def test_closed_form_waits_for_the_end_of_a_long_transient() -> None:
@@ -221,9 +224,9 @@ def test_closed_form_waits_for_the_end_of_a_long_transient() -> None:
     cluster = Cluster(name="A", levels=[(4, 15.75 * GB), (4, 1.25 * GB)])
     nodes = _split(g, [25, 15])
     ranks = [list(range(15)), [15]]
-    res = simulate_stages(g, nodes, ranks, cluster, batch_size=64, dataset_size=64 * 600)
+    res = simulate_stages(g, nodes, ranks, cluster, SimOptions(batch_size=64, dataset_size=64 * 600))
     costs = stage_costs(g, nodes, 64, copies_on_write=copies_on_write("1f1b", [15, 1]))  # as simulate_stages
-    full = run_minibatches("1f1b", ranks, costs, cluster, 600)
+    full = run_minibatches(ranks, costs, cluster, 600)
     assert res.steady_state_converged
     assert res.epoch_time_s == pytest.approx(full.makespan_s, rel=1e-9)
 

@@ -14,6 +14,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -21,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas  # noqa: E402
 from pipedream.planner.placement import replica_ranks  # noqa: E402
-from pipedream.sim import IMAGENET_TRAIN_SAMPLES, run_minibatches, simulate_stages  # noqa: E402
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimOptions, run_minibatches, simulate_stages  # noqa: E402
 from pipedream.sim.costs import stage_costs  # noqa: E402
 from pipedream.sim.network import Network  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
@@ -56,21 +57,21 @@ def main() -> None:
             ranks = replica_ranks(reps, cluster)
             stages = split_for_replicas(g, reps, Network(cluster), batch, ranks)
         costs = stage_costs(g, stages, batch)
+        options = SimOptions(schedule=sched, microbatches=m, dataset_size=IMAGENET_TRAIN_SAMPLES)
         best = math.inf
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            res = simulate_stages(g, stages, ranks, cluster, schedule=sched, microbatches=m,
-                                  dataset_size=IMAGENET_TRAIN_SAMPLES, costs=costs)
+            res = simulate_stages(g, stages, ranks, cluster, options, costs=costs)
             best = min(best, time.perf_counter() - t0)
         row = {"case": label, "cluster": cname, "minibatches": res.epoch_minibatches, "epoch_time_s": res.epoch_time_s,
                "simulate_s": best}
         if args.check:
             unit = math.lcm(*(len(r) for r in ranks))  # schedules need a multiple of every replica count
             n = unit * math.ceil(res.epoch_minibatches / unit)
-            closed = simulate_stages(g, stages, ranks, cluster, schedule=sched, microbatches=m,
-                                     dataset_size=n * res.samples_per_minibatch, costs=costs)
+            closed = simulate_stages(g, stages, ranks, cluster, replace(options, dataset_size=n * res.samples_per_minibatch),
+                                     costs=costs)
             t0 = time.perf_counter()
-            full = run_minibatches(sched, ranks, costs, cluster, n, m)
+            full = run_minibatches(ranks, costs, cluster, n, options)
             row["full_event_sim_s"] = time.perf_counter() - t0
             row["closed_form_rel_diff"] = closed.epoch_time_s / full.makespan_s - 1
         rows.append(row)

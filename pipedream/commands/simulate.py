@@ -11,6 +11,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from pipedream.paths import CLUSTERS
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.io import atomic_write_json
     from pipedream.paths import shipped
     from pipedream.plan import Plan
-    from pipedream.sim import simulate_dp, simulate_plan
+    from pipedream.sim import SimOptions, simulate_dp, simulate_plan
     from pipedream.sim.profiled import step_rates
     from pipedream.topology import get_cluster
 
@@ -89,11 +90,11 @@ def run(args: argparse.Namespace) -> int:
         step = step_rates(meta, args.optimizer or "sgd")
         plan = plan_pipeline(graph, cluster, model=path.parent.name, minibatch_size=graph.minibatch_size, step=step)
         source = "planner"
-    opts = {"dataset_size": args.dataset_size, "overlap": not args.no_overlap, "allreduce": args.allreduce,
-            "microbatches": args.microbatches, "recompute": args.recompute, "step": step}
-    res = simulate_plan(graph, plan, cluster, schedule=args.schedule, **opts)
+    opts = SimOptions(schedule=args.schedule, dataset_size=args.dataset_size, overlap=not args.no_overlap,
+                      allreduce=args.allreduce, microbatches=args.microbatches, recompute=args.recompute, step=step)
+    res = simulate_plan(graph, plan, cluster, opts)
     # the baseline DP run never recomputes
-    dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, workers=plan.workers, **{**opts, "recompute": False})
+    dp = res if args.schedule == "dp" else simulate_dp(graph, cluster, replace(opts, recompute=False), workers=plan.workers)
     out = {"profile": str(path), "plan": source, "plan_config": plan.config, "cluster": cluster.describe(),
            **res.to_dict(), "dp_epoch_time_s": dp.epoch_time_s, "speedup_over_dp": dp.epoch_time_s / res.epoch_time_s,
            "dp_comm_stall_fraction": dp.comm_stall_fraction}

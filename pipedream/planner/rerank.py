@@ -66,8 +66,7 @@ from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
 from pipedream.planner.placement import replica_ranks
-from pipedream.schedules import DEFAULT_WARMUP
-from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, SimResult, simulate_dp, simulate_plan
+from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, SimOptions, SimResult, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
@@ -117,12 +116,11 @@ def compute_bound_s(graph: LayerGraph, plan: Plan, dataset_size: int) -> float:
     return minibatches * per_mb
 
 
-def simulation_options(dataset_size: int | None = None, step: costmodel.StepRates | None = None) -> dict[str, Any]:
-    """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime, and the
-    optimizer step the dynamic program charges (``step``; None: :class:`pipedream.costmodel.StepRates`'s defaults), as
-    :func:`pipedream.sim.simulate_stages`'s keywords."""
-    return {"allreduce": DEFAULT_ALLREDUCE, "warmup": DEFAULT_WARMUP, "overlap": True,
-            "dataset_size": dataset_size or IMAGENET_TRAIN_SAMPLES, "step": step or costmodel.StepRates()}
+def simulation_options(dataset_size: int | None = None, step: costmodel.StepRates | None = None) -> SimOptions:
+    """What the re-ranking simulates with: the defaults of ``pipedream simulate`` and of the runtime (1F1B, the
+    ring allreduce, overlap, the consistent warm-up), and the optimizer step the dynamic program charges (``step``;
+    None: :class:`pipedream.costmodel.StepRates`'s defaults)."""
+    return SimOptions(dataset_size=dataset_size or IMAGENET_TRAIN_SAMPLES, step=step or costmodel.StepRates())
 
 
 def runtime_memory_bytes(graph: LayerGraph, stages: list[list[str]], replicas: list[int]) -> list[float]:
@@ -251,7 +249,7 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
         fits = not memory_limit or (max(m.total for m in need) <= limit and max(exact) <= device)
         refused = tied.plan_conflict(g.tied, [s.nodes for s in plan.stages], [s.replicas for s in plan.stages])
         cands.append(Candidate(plan, source, [m.total for m in need], fits,
-                               bound_s=compute_bound_s(g, plan, opts["dataset_size"]), refused=refused))
+                               bound_s=compute_bound_s(g, plan, opts.dataset_size), refused=refused))
         exact_bytes.append(exact)
     fitting = sorted((c for c in cands if c.fits and c.refused is None), key=lambda c: c.bound_s)
     if not fitting and any(c.fits for c in cands):
@@ -275,29 +273,29 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     for c in fitting:
         if c.bound_s >= fastest * (1 + NEAR_TIE):
             continue
-        res = simulate_plan(g, c.plan, cluster, **opts)
+        res = simulate_plan(g, c.plan, cluster, opts)
         c.epoch_s, c.time_per_minibatch_s = res.epoch_time_s, res.time_per_minibatch_s
         fastest = min(fastest, c.epoch_s)
     near = [c for c in fitting if c.epoch_s is not None and c.epoch_s <= fastest * (1 + NEAR_TIE)]
     best = min(near, key=lambda c: (len(c.plan.stages), c.epoch_s))
-    dp = simulate_dp(g, cluster, workers=best.plan.workers, **opts)
+    dp = simulate_dp(g, cluster, opts, workers=best.plan.workers)
     return _finish(g, cluster, best, dp, cands, solver_plans[0][1], opts, step, memory_limit=memory_limit, straight=straight,
                    limit=limit)
 
 
 def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: SimResult, cands: list[Candidate], solver_answer: Plan,
-            opts: dict[str, Any], step: costmodel.StepRates, *, memory_limit: bool, straight: bool, limit: float) -> Plan:
+            opts: SimOptions, step: costmodel.StepRates, *, memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""
     plan = copy.deepcopy(best.plan)
-    samples = opts["dataset_size"]
+    samples = opts.dataset_size
     assert best.epoch_s is not None and best.time_per_minibatch_s is not None
     plan.time_per_sample_s = best.epoch_s / samples
     plan.dp_time_per_sample_s = dp.epoch_time_s / samples
-    net = Network(cluster, opts["allreduce"])
+    net = Network(cluster, opts.allreduce)
     latency = cluster.latency_s
     ranks = [s.ranks for s in plan.stages]
-    cow = memory.copies_on_write("1f1b", [s.replicas for s in plan.stages], 1, opts["warmup"])
+    cow = memory.copies_on_write("1f1b", [s.replicas for s in plan.stages], 1, opts.warmup)
     costs = stage_costs(graph, [s.nodes for s in plan.stages], plan.minibatch_size, copies_on_write=cow, step=step)
     details = []
     for i, (stage, cost) in enumerate(zip(plan.stages, costs, strict=True)):
@@ -328,7 +326,8 @@ def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: SimResult,
         "levels": [list(lv) for lv in cluster.levels],
         "estimate": "simulated",
         "source": best.source,
-        "simulation": {"schedule": "1f1b", **{k: v for k, v in opts.items() if k != "step"}, **step.record()},
+        "simulation": {"schedule": "1f1b", "allreduce": opts.allreduce, "warmup": opts.warmup, "overlap": opts.overlap,
+                       "dataset_size": opts.dataset_size, **step.record()},
         "bottleneck_time_per_minibatch_s": best.time_per_minibatch_s,
         "dp_time_per_minibatch_s": dp.time_per_minibatch_s,
         "simulated_epoch_s": best.epoch_s,

@@ -54,7 +54,7 @@ from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.placement import server_size
 from pipedream.sim import SCHEDULES as SIMULATED
-from pipedream.sim import SimResult, simulate_dp, simulate_stages
+from pipedream.sim import SimOptions, SimResult, simulate_dp, simulate_stages
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
 from pipedream.sim.network import Network
 from pipedream.topology import Cluster
@@ -421,17 +421,17 @@ def simulate_candidate(graph: LayerGraph, cluster: Cluster, c: Candidate, settin
     nodes = stage_nodes(find_blocks(graph), c.depth)
     ranks = pipeline_ranks(c.width, c.depth, cluster)
     costs = _costs(graph, nodes, c.microbatch, c.recompute, settings)
-    return simulate_stages(graph, nodes, ranks, cluster, schedule=settings.schedule, batch_size=c.microbatch,
-                           microbatches=c.width * c.microbatches, dataset_size=dataset_batches * settings.batch_size,
-                           costs=costs)
+    options = SimOptions(schedule=settings.schedule, batch_size=c.microbatch, microbatches=c.width * c.microbatches,
+                         dataset_size=dataset_batches * settings.batch_size)
+    return simulate_stages(graph, nodes, ranks, cluster, options, costs=costs)
 
 
 def simulate_dp_time(graph: LayerGraph, cluster: Cluster, settings: Settings, dataset_batches: int = 20) -> float:
     """Simulated seconds per sample of data parallelism on all workers at ``B / n`` samples each (memory not
     checked: at paper scale DP does not fit, the number is for comparison)."""
     per_worker = max(1, settings.batch_size // cluster.workers)
-    res = simulate_dp(graph, cluster, batch_size=per_worker, dataset_size=dataset_batches * settings.batch_size,
-                      step=settings.step)
+    options = SimOptions(batch_size=per_worker, dataset_size=dataset_batches * settings.batch_size, step=settings.step)
+    res = simulate_dp(graph, cluster, options)
     return res.time_per_sample_s
 
 

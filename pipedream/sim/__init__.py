@@ -1,7 +1,7 @@
 """The cluster simulator: time PipeDream, GPipe, 2BW, PipeDream-Flush and data parallelism on a modelled cluster.
 
 Public API (from :mod:`.simulate`): :func:`simulate_plan`, :func:`simulate_dp`, :func:`simulate_stages`,
-:func:`run_minibatches`, :class:`SimResult`. Its parts: links with per-level bandwidth, latency and
+:func:`run_minibatches`, :class:`SimOptions`, :class:`SimResult`. Its parts: links with per-level bandwidth, latency and
 contention (:mod:`.network`), the cost of every action from a layer profile or from measured stage times,
 DDP gradient buckets and the optimizer step included (:mod:`.costs`), and the event loop that times the
 per-rank action lists of :mod:`pipedream.schedules` (:mod:`.engine`). Every time is one of
@@ -12,6 +12,7 @@ from pipedream.sim.simulate import (
     DEFAULT_ALLREDUCE,
     IMAGENET_TRAIN_SAMPLES,
     SCHEDULES,
+    SimOptions,
     SimResult,
     build_schedule,
     extrapolate,
@@ -21,5 +22,5 @@ from pipedream.sim.simulate import (
     simulate_stages,
 )
 
-__all__ = ["DEFAULT_ALLREDUCE", "IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimResult", "build_schedule", "extrapolate",
+__all__ = ["DEFAULT_ALLREDUCE", "IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimOptions", "SimResult", "build_schedule", "extrapolate",
            "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages"]

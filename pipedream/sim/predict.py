@@ -45,7 +45,7 @@ from pipedream.graph import LayerGraph
 from pipedream.schedules import DEFAULT_WARMUP
 from pipedream.sim.cores import Host
 from pipedream.sim.costs import StageCost, recomputed, stage_costs
-from pipedream.sim.simulate import SimResult, simulate_stages
+from pipedream.sim.simulate import SimOptions, SimResult, simulate_stages
 from pipedream.topology import Cluster
 
 
@@ -174,8 +174,8 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
     compute = _loaded(base, costs.data_s, shape.batch_size, graph.minibatch_size)
     kwargs: dict[str, Any] = {"schedule": shape.schedule, "batch_size": shape.batch_size, "warmup": warmup,
                               "microbatches": shape.microbatches, "dataset_size": shape.dataset_size, "overlap": True}
-    res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, costs=compute, keep_trace=True, host=costs.host,
-                          steady_figures=False, **kwargs)
+    options = SimOptions(keep_trace=True, host=costs.host, steady_figures=False, **kwargs)
+    res = simulate_stages(graph, stage_nodes, stage_ranks, cluster, options, costs=compute)
     assert res.trace is not None  # keep_trace
     tr = res.trace
     # the trace covers a few minibatches: scale it to the epoch's (micro)batches, which stage 0's ranks each run

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pipedream import costmodel, memory, schedules, tied
@@ -50,10 +50,67 @@ DEFAULT_ALLREDUCE = "ring"
 IMAGENET_TRAIN_SAMPLES = 1_281_167
 MAX_DOUBLINGS = 6
 STEADY_RTOL = 1e-4  # relative agreement of successive periods that counts as the steady state
-# Without the steady-state figures (simulate_stages(steady_figures=False)), an epoch of at most this many
+# Without the steady-state figures (SimOptions(steady_figures=False)), an epoch of at most this many
 # minibatches gets one look for the steady state (runs of n0, 2 n0, 3 n0) and, unsettled, is simulated exactly
 # instead of searched: a short epoch costs less to simulate whole than the search's runs.
 EXACT_EPOCH_MINIBATCHES = 1024
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How :func:`simulate_stages` runs a schedule; every field has the default `pipedream simulate` uses.
+
+    Attributes:
+        schedule: ``1f1b`` (1F1B-RR, also ``pipedream``), ``gpipe``, ``2bw``, ``pipedream_flush`` or ``dp``.
+        batch_size: samples per forward/backward action on a worker (None: the profiled minibatch).
+        microbatches: microbatches per minibatch for GPipe, 2BW and PipeDream-Flush (ignored by the others).
+        dataset_size: samples in an epoch.
+        overlap: wait-free backpropagation for allreduces.
+        allreduce: ``ring`` (:data:`DEFAULT_ALLREDUCE`) or ``hierarchical``.
+        contention: ``lanes`` (collectives and point-to-point transfers on separate lanes of a port) or
+            ``exclusive`` (see :mod:`pipedream.sim.network`).
+        sync: ``lockstep`` (DDP, the release) or ``independent`` replicas (the planner's assumption), see
+            :mod:`pipedream.sim.engine`.
+        warmup: 1F1B warm-up counts, ``consistent`` (:func:`pipedream.schedules.warmup_count_consistent`,
+            what our runtime runs by default) or ``release`` (the release runtime's formula, ``--compat``).
+        bucket_bytes: DDP gradient bucket cap, bytes (default DDP's 25 MiB); one allreduce per bucket.
+        step: how a replica's optimizer step is priced (:class:`pipedream.costmodel.StepRates`, e.g.
+            :func:`pipedream.sim.profiled.step_rates` of the profile; None: its defaults, SGD with momentum memory
+            bound at a V100's 900e9 bytes/s). ``bucket_bytes`` and ``step`` build the stage costs; they are
+            ignored where the costs are given.
+        host: the CPU hosts the ranks share (processor sharing, :mod:`pipedream.sim.cores`); None: every rank
+            computes on its own device.
+        recompute: activation recomputation: every backward also runs its forward again
+            (:func:`pipedream.sim.costs.recomputed`, applied to given costs too).
+        steady_figures: search for the steady state (the steady-state figures: ``time_per_minibatch_s``,
+            ``utilisation``, ...; :func:`_steady_state`) whatever the epoch's length. False (what a prediction
+            asks, :func:`pipedream.sim.predict.predict_epoch`): for an epoch of at most
+            :data:`EXACT_EPOCH_MINIBATCHES` minibatches, one look (runs of ``n0``, ``2 n0``, ``3 n0``); if those
+            have not settled, the epoch is simulated once, exactly, and the figures are those of the runs tried
+            (``steady_state_converged`` False). Longer epochs are searched as with True.
+        keep_trace: keep the spans of the first short run (for timelines).
+    """
+
+    schedule: str = "1f1b"
+    batch_size: int | None = None
+    microbatches: int = 1
+    dataset_size: int = IMAGENET_TRAIN_SAMPLES
+    overlap: bool = True
+    allreduce: str = DEFAULT_ALLREDUCE
+    contention: str = "lanes"
+    sync: str = "lockstep"
+    warmup: str = DEFAULT_WARMUP
+    bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES
+    step: costmodel.StepRates | None = None
+    host: Host | None = None
+    recompute: bool = False
+    steady_figures: bool = True
+    keep_trace: bool = False
+
+    @property
+    def microbatches_run(self) -> int:
+        """Microbatches per minibatch the schedule runs: ``microbatches`` for the microbatched schedules, else 1."""
+        return self.microbatches if SCHEDULES.get(self.schedule) in MICROBATCHED else 1
 
 
 @dataclass
@@ -134,17 +191,15 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
     return schedules.build(name, stage_ranks, minibatches, microbatches, warmup)
 
 
-def run_minibatches(kind: str, stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster,
-                    minibatches: int, microbatches: int = 1, overlap: bool = True,
-                    allreduce: str = DEFAULT_ALLREDUCE, record: bool = False, contention: str = "lanes",
-                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
-                    host: Host | None = None) -> Trace:
-    """Event-simulate ``minibatches`` minibatches of schedule ``kind`` on a fresh network
-    (``contention``: :mod:`pipedream.sim.network`; ``sync``: :mod:`pipedream.sim.engine`) and fresh cores
-    (``host``: :mod:`pipedream.sim.cores`)."""
-    sched = build_schedule(kind, stage_ranks, minibatches, microbatches, warmup)
-    return run(sched, costs, Network(cluster, allreduce, contention), overlap=overlap, record=record, sync=sync,
-               cores=Cores(host))
+def run_minibatches(stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster, minibatches: int,
+                    options: SimOptions | None = None, *, record: bool = False) -> Trace:
+    """Event-simulate ``minibatches`` minibatches of ``options.schedule`` on a fresh network
+    (``options.contention``: :mod:`pipedream.sim.network`; ``options.sync``: :mod:`pipedream.sim.engine`) and fresh
+    cores (``options.host``: :mod:`pipedream.sim.cores`); ``record`` keeps every span."""
+    o = options or SimOptions()
+    sched = build_schedule(o.schedule, stage_ranks, minibatches, o.microbatches_run, o.warmup)
+    return run(sched, costs, Network(cluster, o.allreduce, o.contention), overlap=o.overlap, record=record, sync=o.sync,
+               cores=Cores(o.host))
 
 
 def _unit(kind: str, stage_ranks: list[list[int]], microbatches: int) -> tuple[int, int]:
@@ -162,13 +217,8 @@ def extrapolate(t_a: float, t_b: float, n_a: int, n_b: int, n: float) -> float:
 
 
 def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]],
-                    cluster: Cluster, *, schedule: str = "1f1b", batch_size: int | None = None,
-                    microbatches: int = 1, dataset_size: int = IMAGENET_TRAIN_SAMPLES, overlap: bool = True,
-                    allreduce: str = DEFAULT_ALLREDUCE, keep_trace: bool = False,
-                    costs: list[StageCost] | None = None, contention: str = "lanes",
-                    sync: str = "lockstep", warmup: str = DEFAULT_WARMUP,
-                    bucket_bytes: float = costmodel.DDP_BUCKET_CAP_BYTES, step: costmodel.StepRates | None = None,
-                    host: Host | None = None, recompute: bool = False, steady_figures: bool = True) -> SimResult:
+                    cluster: Cluster, options: SimOptions | None = None, *,
+                    costs: list[StageCost] | None = None) -> SimResult:
     """Simulate one schedule for stages (node lists) placed on ranks, and predict an epoch.
 
     Args:
@@ -176,68 +226,42 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         stage_nodes: node ids per stage, pipeline order (for ``dp`` pass one stage with all nodes).
         stage_ranks: ranks per stage (replicas), e.g. ``[s.ranks for s in plan.stages]``.
         cluster: the topology.
-        schedule: ``pipedream`` (1F1B-RR), ``gpipe``, ``2bw``, ``pipedream_flush`` or ``dp``.
-        batch_size: samples per forward/backward action on a worker (default: the profiled minibatch).
-        microbatches: microbatches per minibatch for GPipe, 2BW and PipeDream-Flush.
-        dataset_size: samples in an epoch.
-        overlap: wait-free backpropagation for allreduces.
-        allreduce: ``ring`` (:data:`DEFAULT_ALLREDUCE`) or ``hierarchical``.
-        keep_trace: keep the spans of the first short run (for timelines).
+        options: the schedule, epoch and what prices it (:class:`SimOptions`; None: its defaults).
         costs: precomputed stage costs (else computed from ``graph``).
-        contention: ``lanes`` (collectives and point-to-point transfers on separate lanes of a port) or
-            ``exclusive`` (see :mod:`pipedream.sim.network`).
-        sync: ``lockstep`` (DDP, the release) or ``independent`` replicas (the planner's assumption), see
-            :mod:`pipedream.sim.engine`.
-        warmup: 1F1B warm-up counts, ``consistent`` (:func:`pipedream.schedules.warmup_count_consistent`,
-            what our runtime runs by default) or ``release`` (the release runtime's formula, ``--compat``).
-        bucket_bytes: DDP gradient bucket cap, bytes (default DDP's 25 MiB); one allreduce per bucket.
-        step: how a replica's optimizer step is priced (:class:`pipedream.costmodel.StepRates`, e.g.
-            :func:`pipedream.sim.profiled.step_rates` of the profile; None: its defaults, SGD with momentum memory
-            bound at a V100's 900e9 bytes/s).
-        (``bucket_bytes`` and ``step`` build ``costs``; they are ignored when ``costs`` is given.)
-        host: the CPU hosts the ranks share (processor sharing, :mod:`pipedream.sim.cores`); None: every rank
-            computes on its own device.
-        recompute: activation recomputation: every backward also runs its forward again
-            (:func:`pipedream.sim.costs.recomputed`, applied to ``costs`` too).
-        steady_figures: search for the steady state (the steady-state figures: ``time_per_minibatch_s``,
-            ``utilisation``, ...; :func:`_steady_state`) whatever the epoch's length. False (what a prediction
-            asks, :func:`pipedream.sim.predict.predict_epoch`): for an epoch of at most
-            :data:`EXACT_EPOCH_MINIBATCHES` minibatches, one look (runs of ``n0``, ``2 n0``, ``3 n0``); if those
-            have not settled, the epoch is simulated once, exactly, and the figures are those of the runs tried
-            (``steady_state_converged`` False). Longer epochs are searched as with True.
     Raises:
         PipeDreamError: bad schedule name, counts, plan/profile mismatch, ranks outside the cluster, or a tied
             parameter on stages the runtime refuses for the schedule (:func:`pipedream.tied.replica_conflict`).
     """
-    if schedule not in SCHEDULES:
-        raise PipeDreamError(f"unknown schedule {schedule!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
+    o = options or SimOptions()
+    if o.schedule not in SCHEDULES:
+        raise PipeDreamError(f"unknown schedule {o.schedule!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
     if len(stage_nodes) != len(stage_ranks):
         raise PipeDreamError(f"{len(stage_nodes)} stage node lists but {len(stage_ranks)} rank lists")
-    if dataset_size < 1 or microbatches < 1:
-        raise PipeDreamError(f"dataset size and microbatches must be positive (got {dataset_size}, {microbatches})")
-    batch = batch_size or graph.minibatch_size
-    kind = SCHEDULES[schedule]
+    if o.dataset_size < 1 or o.microbatches < 1:
+        raise PipeDreamError(f"dataset size and microbatches must be positive (got {o.dataset_size}, {o.microbatches})")
+    batch = o.batch_size or graph.minibatch_size
+    kind = SCHEDULES[o.schedule]
     why = tied.plan_conflict(graph.tied, stage_nodes, [len(rs) for rs in stage_ranks], kind)
     if why is not None:  # the runtime refuses it (pipedream.runtime.shared.check): its tied sums would deadlock
         raise PipeDreamError(why)
-    m = microbatches if kind in MICROBATCHED else 1
+    m = o.microbatches_run
     if costs is None:
         replicas = [len(rs) for rs in stage_ranks] if kind != "dp" else [sum(len(rs) for rs in stage_ranks)]
-        costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=bucket_bytes, step=step,
-                            copies_on_write=memory.copies_on_write(kind, replicas, m, warmup))
-    if recompute:
+        costs = stage_costs(graph, stage_nodes, batch, bucket_bytes=o.bucket_bytes, step=o.step,
+                            copies_on_write=memory.copies_on_write(kind, replicas, m, o.warmup))
+    if o.recompute:
         costs = recomputed(costs)
     unit, n0 = _unit(kind, stage_ranks, m)
+    run_costs = costs
 
     def sim(n: int, record: bool = False) -> Trace:
-        return run_minibatches(kind, stage_ranks, costs, cluster, n, m, overlap, allreduce, record=record,
-                               contention=contention, sync=sync, warmup=warmup, host=host)
+        return run_minibatches(stage_ranks, run_costs, cluster, n, o, record=record)
 
     per_mb = batch * m
-    n_epoch = math.ceil(dataset_size / per_mb)
+    n_epoch = math.ceil(o.dataset_size / per_mb)
     n_exact = unit * math.ceil(n_epoch / unit)  # the epoch in whole rounds of the replicas
-    first = sim(n0, record=keep_trace)
-    short = not steady_figures and n_exact <= EXACT_EPOCH_MINIBATCHES
+    first = sim(n0, record=o.keep_trace)
+    short = not o.steady_figures and n_exact <= EXACT_EPOCH_MINIBATCHES
     if short:  # one look for the steady state, in runs of n0, 2 n0 and 3 n0
         t2, t3 = sim(2 * n0), sim(3 * n0)
         n_a, n_b, tr_a, tr_b, converged = 2 * n0, 3 * n0, t2, t3, _settled(first, t2, t3)
@@ -269,7 +293,7 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         samples_per_minibatch=int(per_mb),
         time_per_minibatch_s=dt / dn,
         time_per_sample_s=dt / (dn * per_mb),
-        dataset_size=dataset_size,
+        dataset_size=o.dataset_size,
         epoch_minibatches=n_epoch,
         epoch_time_s=epoch_s,
         utilisation=util,
@@ -279,11 +303,11 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         allreduce_bytes_per_sample=(tr_b.allreduce_bytes - tr_a.allreduce_bytes) / (dn * per_mb),
         comm_stall_fraction=steady_share("allreduce_wait_s"),
         recv_stall_fraction=steady_share("recv_wait_s"),
-        overlap=overlap,
-        allreduce=allreduce,
+        overlap=o.overlap,
+        allreduce=o.allreduce,
         cluster=cluster.name,
         steady_state_converged=converged,
-        trace=first if keep_trace else None,
+        trace=first if o.keep_trace else None,
     )
 
 
@@ -306,10 +330,8 @@ def _settled(t1: Trace, t2: Trace, t3: Trace) -> bool:
     return abs(s1 - s2) <= STEADY_RTOL * abs(s2)
 
 
-def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: str = "1f1b",
-                  **kwargs: Any) -> SimResult:
-    """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster``; ``kwargs`` are those of
-    :func:`simulate_stages` (``bucket_bytes``, ``step``, ...).
+def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, options: SimOptions | None = None) -> SimResult:
+    """Simulate ``plan`` (its stages, replicas and ranks) on ``cluster`` as ``options`` says (:class:`SimOptions`).
 
     The stages run exactly on their ``Stage.ranks``, in that round-robin order (the order the runtime
     builds its schedule from); nothing is re-placed here.
@@ -323,17 +345,19 @@ def simulate_plan(graph: LayerGraph, plan: Plan, cluster: Cluster, *, schedule: 
     if plan.workers > cluster.workers:
         raise PipeDreamError(f"plan {plan.config!r} uses {plan.workers} workers but cluster {cluster.name!r} "
                              f"has {cluster.workers}")
-    if SCHEDULES.get(schedule) == "dp":
-        return simulate_dp(graph, cluster, workers=plan.workers, **kwargs)
-    return simulate_stages(graph, [s.nodes for s in plan.stages], [s.ranks for s in plan.stages], cluster,
-                           schedule=schedule, **kwargs)
+    o = options or SimOptions()
+    if SCHEDULES.get(o.schedule) == "dp":
+        return simulate_dp(graph, cluster, o, workers=plan.workers)
+    return simulate_stages(graph, [s.nodes for s in plan.stages], [s.ranks for s in plan.stages], cluster, o)
 
 
-def simulate_dp(graph: LayerGraph, cluster: Cluster, *, workers: int | None = None, **kwargs: Any) -> SimResult:
+def simulate_dp(graph: LayerGraph, cluster: Cluster, options: SimOptions | None = None, *,
+                workers: int | None = None) -> SimResult:
     """Data parallelism of the whole model on ranks ``0 .. workers - 1`` (default: the whole cluster): bucketed
-    DDP (gradient buckets of ``bucket_bytes``, one allreduce each with its latency, overlapped with the
-    backward) and an optimizer step, as :func:`simulate_stages` with its ``kwargs`` times them."""
+    DDP (gradient buckets of ``options.bucket_bytes``, one allreduce each with its latency, overlapped with the
+    backward) and an optimizer step, as :func:`simulate_stages` times them; ``options.schedule`` is ignored."""
     n = workers or cluster.workers
     if not 1 <= n <= cluster.workers:
         raise PipeDreamError(f"data parallelism on {n} workers does not fit cluster {cluster.name!r} ({cluster.workers})")
-    return simulate_stages(graph, [list(graph.nodes)], [list(range(n))], cluster, schedule="dp", **kwargs)
+    o = replace(options or SimOptions(), schedule="dp")
+    return simulate_stages(graph, [list(graph.nodes)], [list(range(n))], cluster, o)

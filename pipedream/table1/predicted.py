@@ -46,7 +46,7 @@ import math
 import multiprocessing as mp
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from pipedream.plan import Plan
 from pipedream.planner import plan_pipeline
 from pipedream.planner.fixed_split import replicas_of
 from pipedream.planner.rerank import _split_plan
-from pipedream.sim import IMAGENET_TRAIN_SAMPLES, simulate_dp, simulate_plan
+from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimOptions, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network
 from pipedream.table1 import calibration
@@ -145,10 +145,15 @@ def _bandwidth_for(at: Callable[[float], float], cluster: Cluster, target_epoch_
     return cluster.levels[-1][1] * math.sqrt(lo * hi)
 
 
+def _options(dataset: int) -> SimOptions:
+    """How every row simulates: an epoch of ``dataset`` samples, the paper's DDP allreduce (:data:`ALLREDUCE`)."""
+    return SimOptions(dataset_size=dataset, allreduce=ALLREDUCE)
+
+
 def dp_epoch_at(graph: LayerGraph, cluster: Cluster, fraction: float, dataset: int) -> float:
     """Simulated DP epoch time (s) with the outermost level of ``cluster`` at ``fraction`` x its bandwidth (the
     paper's DDP baseline, :data:`ALLREDUCE`; :func:`pipedream.sim.simulate_dp`)."""
-    return simulate_dp(graph, _outer_scaled(cluster, fraction), dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
+    return simulate_dp(graph, _outer_scaled(cluster, fraction), _options(dataset)).epoch_time_s
 
 
 def dp_bandwidth_for(graph: LayerGraph, cluster: Cluster, target_epoch_s: float, dataset: int) -> float | None:
@@ -160,8 +165,7 @@ def pipedream_bandwidth_for(graph: LayerGraph, plan: Plan, cluster: Cluster, tar
                             dataset: int) -> float | None:
     """Outermost-level bandwidth (bytes/s), at most line rate, at which ``plan`` simulates in ``target_epoch_s``
     (bisection, log scale): how slow PipeDream's links must be for a measured epoch, with DP untouched."""
-    return _bandwidth_for(lambda f: simulate_plan(graph, plan, _outer_scaled(cluster, f), dataset_size=dataset,
-                                                  allreduce=ALLREDUCE).epoch_time_s,
+    return _bandwidth_for(lambda f: simulate_plan(graph, plan, _outer_scaled(cluster, f), _options(dataset)).epoch_time_s,
                           cluster, target_epoch_s, 1e-3, 1.0)
 
 
@@ -171,8 +175,8 @@ def tokens_scale_for(graph: LayerGraph, plan: Plan, cluster: Cluster, speedup: f
     whole samples, up to 16x); None if the profile itself is slower or 16x is still faster."""
     def ratio(batch: int) -> float:
         g = graph.scaled(batch)
-        return (simulate_dp(g, cluster, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s
-                / simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE).epoch_time_s)
+        return (simulate_dp(g, cluster, _options(dataset)).epoch_time_s
+                / simulate_plan(g, plan, cluster, _options(dataset)).epoch_time_s)
 
     lo, hi = graph.minibatch_size, 16 * graph.minibatch_size
     if not ratio(hi) <= speedup <= ratio(lo):
@@ -188,15 +192,13 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
     """One predicted row: plan, simulate PipeDream and DP, the paper's config, and diagnostics."""
     g = prof.graph
     plan, plan_source = get_plan(model, prof, cluster, plans_dir)
-    pd_res = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
-    dp = simulate_dp(g, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
-    dp_serial = simulate_dp(g, cluster, dataset_size=dataset, overlap=False, allreduce="ring")
-    dp_hier = simulate_dp(g, cluster, dataset_size=dataset, allreduce="hierarchical")
+    pd_res = simulate_plan(g, plan, cluster, _options(dataset))
+    dp = simulate_dp(g, cluster, _options(dataset))
+    dp_serial = simulate_dp(g, cluster, replace(_options(dataset), overlap=False, allreduce="ring"))
+    dp_hier = simulate_dp(g, cluster, replace(_options(dataset), allreduce="hierarchical"))
     replicated = any(s.replicas > 1 for s in plan.stages) and len(plan.stages) > 1
-    pd_release = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
-                               warmup="release") if replicated else pd_res
-    pd_ind = simulate_plan(g, plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE,
-                           sync="independent") if replicated else pd_res
+    pd_release = simulate_plan(g, plan, cluster, replace(_options(dataset), warmup="release")) if replicated else pd_res
+    pd_ind = simulate_plan(g, plan, cluster, replace(_options(dataset), sync="independent")) if replicated else pd_res
     solver_est = plan.extra.get("solver_estimate") or {}
     row: dict[str, Any] = {
         "predicted_config": plan.config, "plan_source": plan_source,
@@ -222,8 +224,8 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
         row.update(simulator_best_config=best, simulator_best_speedup=max(row["predicted_speedup"], 1.0))
         return row
     ref_plan = _config_plan(g, cluster, paper_config, plan)
-    ref = dp if ref_plan is None else pd_res if ref_plan is plan else simulate_plan(
-        g, ref_plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
+    ref = dp if ref_plan is None else pd_res if ref_plan is plan else simulate_plan(g, ref_plan, cluster,
+                                                                                     _options(dataset))
     row["paper_config_predicted_speedup"] = dp.epoch_time_s / ref.epoch_time_s
     row["paper_config_period_s"] = ref.time_per_minibatch_s if ref.schedule != "dp" else math.nan
     params = g.param_bytes_of(g.nodes)  # a tied tensor once
@@ -240,7 +242,7 @@ def predict(model: str, prof: Profile, cluster: Cluster, dataset: int, *, paper_
     run = release_run_of(model, prof, cluster)
     run_plan = release_run_plan(run, cluster) if run is not None else None
     if run is not None and run_plan is not None:  # every such row alike: the release's modules on its ranks
-        run_res = simulate_plan(g, run_plan, cluster, dataset_size=dataset, allreduce=ALLREDUCE)
+        run_res = simulate_plan(g, run_plan, cluster, _options(dataset))
         row.update(release_planned_config=run.planned if run.planned is not None else math.nan,
                    release_run_source=run.source, release_run_config=run.describe(cluster.workers),
                    release_run_speedup=dp.epoch_time_s / run_res.epoch_time_s,

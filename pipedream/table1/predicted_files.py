@@ -15,7 +15,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
 from pipedream.planner.fixed_split import split_for_replicas
 from pipedream.planner.placement import replica_ranks
-from pipedream.sim import simulate_stages
+from pipedream.sim import SimOptions, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1 import plots as P
 from pipedream.table1.calibration import markdown_section, within_counts
@@ -161,7 +161,8 @@ def timeline_panels(out: Path, clusters_path: Path, model: str = "gnmt8", cluste
                          ("pipedream_flush", f"PipeDream-Flush, {microbatches} microbatches"), ("dp", "data parallelism")):
         nodes = [list(prof.graph.nodes)] if sched == "dp" else stages
         rk = [list(range(cluster.workers))] if sched == "dp" else ranks
-        res = simulate_stages(prof.graph, nodes, rk, cluster, schedule=sched, microbatches=microbatches, keep_trace=True)
+        options = SimOptions(schedule=sched, microbatches=microbatches, keep_trace=True)
+        res = simulate_stages(prof.graph, nodes, rk, cluster, options)
         assert res.trace is not None
         panels.append((f"{label}: {model} on {cluster_name} ({res.config}), bubble {res.steady_bubble_fraction:.0%}", res.trace))
     P.gantt(panels, out, cluster.workers)
