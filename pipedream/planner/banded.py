@@ -77,9 +77,9 @@ def _price(table: np.ndarray, ks: np.ndarray, last: np.ndarray, prefix_m: np.nda
     return price
 
 
-def _banded(table: np.ndarray, ks: np.ndarray, cs: np.ndarray, top: int, j: int, last: np.ndarray, m_of: np.ndarray,
-            mp_of: np.ndarray, prefix_m: np.ndarray, compute: np.ndarray, c_prev: np.ndarray, d: np.ndarray,
-            slack: float) -> np.ndarray:
+def _banded(table: np.ndarray, ks: np.ndarray, cs: np.ndarray, top: int, j: int,  # noqa: PLR0913 (private kernel)
+            last: np.ndarray, m_of: np.ndarray, mp_of: np.ndarray, prefix_m: np.ndarray, compute: np.ndarray,
+            c_prev: np.ndarray, d: np.ndarray, slack: float) -> np.ndarray:
     """As :func:`~pipedream.planner.recurrence.best_splits`, ``ks`` sorted by compute, pricing only the window."""
     n_combos, n_k = last.shape
     rows = np.arange(top)

@@ -283,8 +283,9 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
                    limit=limit)
 
 
-def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: SimResult, cands: list[Candidate], solver_answer: Plan,
-            opts: SimOptions, step: costmodel.StepRates, *, memory_limit: bool, straight: bool, limit: float) -> Plan:
+def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: SimResult,  # noqa: PLR0913 (private)
+            cands: list[Candidate], solver_answer: Plan, opts: SimOptions, step: costmodel.StepRates, *,
+            memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""
     plan = copy.deepcopy(best.plan)
