@@ -27,7 +27,7 @@ class Stage:
         ranks: global ranks of those workers (``len(ranks) == replicas``) in round-robin order: replica
             ``i``, on ``ranks[i]``, runs the minibatches ``m`` with ``m % replicas == i``
             (:meth:`pipedream.schedules.Schedule.rank_of`). The planner writes them
-            (:mod:`pipedream.planner.placement`); the runtime and the simulator both run exactly them.
+            (:mod:`pipedream.placement`); the runtime and the simulator both run exactly them.
         compute_s: forward+backward time of the stage for one profiled minibatch on one worker, s.
         comm_s: communication time charged to the stage per minibatch (activations, weight sync), s.
         memory_bytes: estimated memory one replica needs (weights, stashed versions, activations), bytes.

@@ -9,7 +9,6 @@ module sits above both the simulator and the runtime, so that neither imports th
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from pipedream.baselines import ddp
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, profiled_batch, read_meta
 from pipedream.paths import shipped
+from pipedream.placement import ranks_per_host
 from pipedream.plan import Plan
 from pipedream.runtime import worker
 from pipedream.runtime.config import TrainConfig
@@ -116,10 +116,11 @@ def training_samples(cfg: TrainConfig) -> int:
 
 def run_host(workers: int, nnodes: int) -> Host | None:
     """The hosts a run's ``workers`` share: this host's cores (:func:`pipedream.sim.cores.host_cores`), the workers
-    spread evenly over ``nnodes`` nodes; None on GPUs (the workers do not share the CPU's cores)."""
+    spread evenly over ``nnodes`` nodes (:func:`pipedream.placement.ranks_per_host`); None on GPUs (the workers do
+    not share the CPU's cores)."""
     if uses_cuda():
         return None
-    return Host(cores=host_cores(), ranks_per_host=math.ceil(workers / nnodes))
+    return Host(cores=host_cores(), ranks_per_host=ranks_per_host(workers, nnodes))
 
 
 def predict(args: argparse.Namespace, cfg: TrainConfig, plan: Plan | None) -> tuple[dict[str, Any], str | None]:

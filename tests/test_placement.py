@@ -1,6 +1,6 @@
 """One placement: the plan's Stage.ranks are what the planner writes, the runtime runs and the simulator times.
 
-The orders below are worked out by hand from the rules of pipedream/planner/placement.py; the agreement
+The orders below are worked out by hand from the rules of pipedream/placement.py; the agreement
 test builds the runtime's schedule with the worker's own function and captures the one simulate_plan builds.
 """
 
@@ -14,13 +14,14 @@ import pytest
 from pipedream import schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
+from pipedream.placement import hierarchical_ranks, host_of, interleave, ranks_per_host, replica_ranks
 from pipedream.plan import Plan, Stage
 from pipedream.planner import PlanOptions, plan_pipeline
-from pipedream.planner.placement import hierarchical_ranks, interleave, replica_ranks
 from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.worker import train_schedules
 from pipedream.sim import SimOptions, simulate_plan
 from pipedream.sim import simulate as sim_simulate
+from pipedream.sim.cores import Host
 from pipedream.table1.predicted import find_profile
 from pipedream.topology import get_cluster, parse_whatif
 
@@ -158,3 +159,11 @@ def test_planners_resnet50_plan_on_a_4x4_runs_as_simulated(monkeypatch: pytest.M
     assert plan.config == "8-4-4"
     assert [s.ranks for s in plan.stages] == [[0, 4, 8, 12, 1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
     _assert_runtime_runs_what_is_simulated(monkeypatch, prof.graph, plan, "A_4x4")
+
+
+def test_torchrun_numbers_ranks_host_by_host() -> None:
+    assert ranks_per_host(8, 2) == 4 and ranks_per_host(3, 1) == 3
+    assert [host_of(r, 4) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [Host(cores=2, ranks_per_host=3).host_of(r) for r in range(6)] == [0, 0, 0, 1, 1, 1]  # the simulator's
+    with pytest.raises(PipeDreamError, match="do not split evenly over 4 nodes"):
+        ranks_per_host(6, 4)

@@ -3,7 +3,7 @@
 On small random graphs (chains of 4-6 layers with random times, activation and parameter bytes, some
 with a skip connection) and 4-worker clusters (flat and two servers of two), every contiguous split of
 the layers and every replica vector (each stage at least one replica, all workers used), placed by the
-planner's rule (:func:`pipedream.planner.placement.replica_ranks`), is simulated exactly as the
+planner's rule (:func:`pipedream.placement.replica_ranks`), is simulated exactly as the
 re-ranking simulates (:func:`pipedream.planner.rerank.simulation_options`); the planner's plan must
 simulate within the near-tie margin of the fastest of them. A chain has one topological order, so its
 contiguous splits are all its splits into stages. Before the re-ranking simulated every split of such
@@ -21,8 +21,8 @@ import pytest
 
 from pipedream.costmodel import StepRates
 from pipedream.graph import LayerGraph, Node
+from pipedream.placement import replica_ranks
 from pipedream.planner import PlanOptions, plan_pipeline, rerank
-from pipedream.planner.placement import replica_ranks
 from pipedream.planner.rerank import paper_shapes, runtime_memory_bytes, simulation_options
 from pipedream.sim import simulate_dp, simulate_plan, simulate_stages
 from pipedream.topology import Cluster

@@ -16,9 +16,9 @@ from torch import nn
 from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
+from pipedream.placement import replica_ranks
 from pipedream.plan import Plan, Stage
 from pipedream.planner import PlanOptions, plan_pipeline
-from pipedream.planner.placement import replica_ranks
 from pipedream.planner.recurrence import ComputeTable, LevelInput, segment_params, segment_tensors
 from pipedream.planner.rerank import NEAR_TIE, simulation_options
 from pipedream.planner.states import build_states

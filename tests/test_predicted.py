@@ -15,9 +15,9 @@ from pipedream.cli import main
 from pipedream.costmodel import StepRates
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
+from pipedream.placement import replica_ranks
 from pipedream.plan import Plan, Stage
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas
-from pipedream.planner.placement import replica_ranks
 from pipedream.schedules import consecutive_ranks
 from pipedream.sim import SimOptions, simulate_dp, simulate_stages
 from pipedream.sim.network import Network

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
+from pipedream.placement import replica_ranks  # noqa: E402
 from pipedream.planner.fixed_split import replicas_of, split_for_replicas  # noqa: E402
-from pipedream.planner.placement import replica_ranks  # noqa: E402
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES, SimOptions, run_minibatches, simulate_stages  # noqa: E402
 from pipedream.sim.costs import stage_costs  # noqa: E402
 from pipedream.sim.network import Network  # noqa: E402

@@ -1,7 +1,7 @@
 """``plan_pipeline``: profile + cluster -> :class:`pipedream.plan.Plan` (paper §3.1).
 
 The solve itself is in :mod:`pipedream.planner.hierarchy`; this module turns the chosen state splits
-into stages of graph nodes, places them on ranks (:mod:`pipedream.planner.placement`) and fills in the
+into stages of graph nodes, places them on ranks (:mod:`pipedream.placement`) and fills in the
 per-stage numbers shown to the user.
 """
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 from pipedream import costmodel, memory, tied
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
+from pipedream.placement import hierarchical_ranks
 from pipedream.plan import Plan, Stage
 from pipedream.planner.compat import data_parallel_communication_time, transfer_time
 from pipedream.planner.hierarchy import Segment, Solution, data_parallel_time, level_rules, solve
-from pipedream.planner.placement import hierarchical_ranks
 from pipedream.planner.recurrence import step_s
 from pipedream.planner.rerank import rerank as rerank_plans
 from pipedream.planner.states import StateGraph, build_states

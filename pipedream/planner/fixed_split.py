@@ -20,7 +20,7 @@ import numpy as np
 from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.planner.placement import replica_ranks
+from pipedream.placement import replica_ranks
 from pipedream.sim.network import Network
 
 
@@ -51,7 +51,7 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
         replicas: replica count per stage.
         network: the cluster's links (used for bandwidths and allreduce times only; nothing is booked).
         samples: samples per minibatch on one worker (scales times and activations).
-        stage_ranks: ranks per stage (default :func:`pipedream.planner.placement.replica_ranks` of the
+        stage_ranks: ranks per stage (default :func:`pipedream.placement.replica_ranks` of the
             network's cluster).
         step: how each replica's optimizer step is priced (default :class:`pipedream.costmodel.StepRates`'s, the
             simulator's default).

@@ -63,9 +63,9 @@ from typing import Any
 from pipedream import costmodel, memory, tied
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
+from pipedream.placement import replica_ranks
 from pipedream.plan import Plan, Stage, config_string
 from pipedream.planner.fixed_split import split_for_replicas
-from pipedream.planner.placement import replica_ranks
 from pipedream.sim import DEFAULT_ALLREDUCE, IMAGENET_TRAIN_SAMPLES, SimOptions, SimResult, simulate_dp, simulate_plan
 from pipedream.sim.costs import stage_costs
 from pipedream.sim.network import Network

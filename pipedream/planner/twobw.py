@@ -51,8 +51,8 @@ from typing import Any
 from pipedream import costmodel, memory
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
+from pipedream.placement import server_size
 from pipedream.plan import Plan, Stage
-from pipedream.planner.placement import server_size
 from pipedream.sim import SCHEDULES as SIMULATED
 from pipedream.sim import SimOptions, SimResult, simulate_dp, simulate_stages
 from pipedream.sim.costs import StageCost, recomputed, stage_costs

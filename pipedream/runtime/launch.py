@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 
 from pipedream.allocator import JEMALLOC, wants_jemalloc, worker_env
 from pipedream.errors import PipeDreamError
+from pipedream.placement import ranks_per_host
 from pipedream.runtime.config import TrainConfig
 
 WORKER_MODULE = "pipedream.runtime.worker"
@@ -65,10 +66,11 @@ def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: 
         PipeDreamError: if ``workers`` is not a multiple of ``nnodes`` or the endpoint is missing.
     """
     check_nodes(workers, nnodes, rdzv_endpoint)
+    per_node = f"--nproc_per_node={ranks_per_host(workers, nnodes)}"
     if nnodes == 1:
-        where = ["--standalone", f"--nproc_per_node={workers}"]
+        where = ["--standalone", per_node]
     else:
-        where = [f"--nnodes={nnodes}", f"--nproc_per_node={workers // nnodes}", "--rdzv_backend=c10d",
+        where = [f"--nnodes={nnodes}", per_node, "--rdzv_backend=c10d",
                  f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={run_id}"]
     return [sys.executable, "-m", "torch.distributed.run", *where,
             "--monitor-interval=0.5", "-m", entry_module, *cfg.to_args()]

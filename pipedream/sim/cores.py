@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pipedream import placement
 from pipedream.errors import PipeDreamError
 
 
@@ -50,7 +51,7 @@ def slowdown(computing: int, cores: int) -> float:
 @dataclass(frozen=True)
 class Host:
     """The CPU hosts a run's ranks share: ``cores`` cores each, ``ranks_per_host`` consecutive ranks on each
-    (torchrun numbers ranks host by host: rank ``r`` is on host ``r // ranks_per_host``).
+    (torchrun's numbering, :func:`pipedream.placement.host_of`).
 
     Raises:
         PipeDreamError: ``cores`` or ``ranks_per_host`` below 1.
@@ -66,7 +67,7 @@ class Host:
 
     def host_of(self, rank: int) -> int:
         """The host of ``rank``."""
-        return rank // self.ranks_per_host
+        return placement.host_of(rank, self.ranks_per_host)
 
 
 @dataclass

@@ -13,8 +13,8 @@ import pandas as pd
 
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
+from pipedream.placement import replica_ranks
 from pipedream.planner.fixed_split import split_for_replicas
-from pipedream.planner.placement import replica_ranks
 from pipedream.sim import SimOptions, simulate_stages
 from pipedream.sim.network import Network
 from pipedream.table1 import plots as P

@@ -20,6 +20,10 @@ with ``m % replicas == i`` (:meth:`pipedream.schedules.Schedule.rank_of`). Two r
 With either order, minibatch ``m`` of two stages whose replica counts divide each other lands on the
 same server in both. A single stage (data parallelism) has no boundary to keep inside a server: its ranks
 are ``0 .. workers - 1`` in order.
+
+Ranks onto hosts: torchrun starts ``workers / nnodes`` processes on each node and numbers ranks node by node
+(:func:`ranks_per_host`, :func:`host_of`); the launcher starts them so and the simulator's host model
+(:mod:`pipedream.sim.cores`) shares a host's cores among the same ranks.
 """
 
 from __future__ import annotations
@@ -27,7 +31,25 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from pipedream.errors import PipeDreamError
 from pipedream.topology import Cluster
+
+
+def ranks_per_host(workers: int, nnodes: int) -> int:
+    """Ranks on each of ``nnodes`` hosts when torchrun starts ``workers`` ranks: ``workers / nnodes``.
+
+    Raises:
+        PipeDreamError: ``nnodes`` below 1, or ``workers`` not a multiple of it (torchrun starts as many on each).
+    """
+    if nnodes < 1 or workers % nnodes:
+        raise PipeDreamError(f"{workers} workers do not split evenly over {nnodes} nodes; use a multiple of the nodes")
+    return workers // nnodes
+
+
+def host_of(rank: int, per_host: int) -> int:
+    """The host of ``rank`` when each host runs ``per_host`` ranks: torchrun numbers them host by host,
+    ``rank // per_host``."""
+    return rank // per_host
 
 
 def server_size(cluster: Cluster) -> int:
