@@ -22,6 +22,7 @@ a path that is no file stops the run with an error before any worker starts.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -92,11 +93,7 @@ def jemalloc_library(dirs: Sequence[str | Path] | None = None, environ: Mapping[
         multiarch = sysconfig.get_config_var("MULTIARCH") or ""
         dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", "/usr/local/lib",
                 *([f"/usr/lib/{multiarch}"] if multiarch else []), "/usr/lib64", "/usr/lib"]
-    for d in dirs:
-        path = Path(d) / JEMALLOC
-        if path.is_file():
-            return str(path)
-    return None
+    return next((str(Path(d) / JEMALLOC) for d in dirs if (Path(d) / JEMALLOC).is_file()), None)
 
 
 def wants_jemalloc(environ: Mapping[str, str] | None = None) -> bool:
@@ -132,9 +129,7 @@ def worker_env(environ: Mapping[str, str] | None = None, library: str | None = N
 
 def allocator_in_use(maps: str | Path = "/proc/self/maps") -> str:
     """``"jemalloc"`` where this process has jemalloc mapped (``maps``, Linux), else ``"glibc"`` or ``"other"``."""
-    try:
+    with contextlib.suppress(OSError):
         if "libjemalloc" in Path(maps).read_text():
             return "jemalloc"
-    except OSError:
-        pass
     return "glibc" if glibc() else "other"

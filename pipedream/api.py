@@ -9,14 +9,9 @@
     rows = pipedream.train(model, plan, (train, val), pipedream.TrainConfig(epochs=2, batch_size=16))
 
 ``pipedream profile``, ``pipedream plan`` and ``pipedream train`` call :func:`profile`, :func:`partition` and
-:func:`train` (``pipedream.plan`` is the module of the :class:`Plan` record). :func:`train` starts the workers
-(the PipeDream runtime, or DDP with ``mode="dp"``) and waits for them, with either launcher of
-:mod:`pipedream.runtime.launch`: ``"local"`` (default) forks them from a fork server on this machine and takes
-an ``nn.Module`` and datasets as Python objects; ``"torchrun"`` runs a supervised torchrun job (one node or
-several) whose workers build a registered model or ``package.module:function`` by name. It returns the rows
-``metrics.json`` holds and can hand each epoch to a callback as it ends. What ``pipedream train`` adds around
-the call (:mod:`pipedream.commands.train`): its checks, the staging folder (:mod:`pipedream.rundir`), the
-predicted epoch time, the MLflow run, the scoring of saved epochs, and ``run.json``.
+:func:`train` (``pipedream.plan`` is the module of the :class:`Plan` record); what ``pipedream train`` adds around
+the call (its checks, the staging folder, the predicted epoch time, MLflow, scoring, ``run.json``) is in
+:mod:`pipedream.commands.train`.
 """
 
 from __future__ import annotations

@@ -14,14 +14,12 @@ The module is called as ``model(x)`` for a tensor ``x``, ``model(*x)`` for a tup
 in its own structure (a tensor, a tuple, a Hugging Face ``ModelOutput``). Export bakes the training mode into
 its ops; dropout and batch norm are turned back into modules, so ``stage.eval()`` switches them.
 
-Layers (:func:`pipedream.layers.layer_paths`): the root and containers (``Sequential``, ``ModuleList``, ``ModuleDict``) are
-opened, and so is every module holding more than 1/16 of the parameters; what is left is a layer: a
-ResNet ``BasicBlock``, a GPT-2 block, an embedding. The ops of one call of a layer become one node
-(a small ``fx.GraphModule``); consecutive ops outside any layer (``x.flatten(1)`` between two layers, a
-causal mask) become one node too. Parameters keep the model's names, and a stage's module is made of the
-inlined ops (:func:`pipedream.layers.inline`), so a stage's ``named_parameters()`` are those of the model. A parameter used by
-two layers (tied input and output embeddings) is read by each of them: when they fall in different stages,
-both stages hold it (:mod:`pipedream.runtime.shared`).
+Layers (:func:`pipedream.layers.layer_paths`): the root, the containers (``Sequential``, ``ModuleList``,
+``ModuleDict``) and every module holding more than 1/16 of the parameters are opened; what is left is a layer (a
+ResNet ``BasicBlock``, a GPT-2 block, an embedding). The ops of one call of a layer, and each run of consecutive
+ops outside any layer (a ``flatten``, a causal mask), become one node (a small ``fx.GraphModule``). A stage's
+module is made of the inlined ops (:func:`pipedream.layers.inline`), so its parameters keep the model's names; a
+parameter two layers use (tied embeddings) is held by each of their stages (:mod:`pipedream.runtime.shared`).
 """
 
 from __future__ import annotations
@@ -72,6 +70,11 @@ def flat_inputs(x: Any) -> tuple[Any, ...]:
     if isinstance(x, torch.Tensor):
         return (x,)
     return tuple(pytree.tree_leaves(x))
+
+
+def tensors(values: Any) -> list[torch.Tensor]:
+    """The tensors in ``values`` (a tensor, or nested tuples, lists and dicts of them), in order (pytree leaves)."""
+    return [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
 
 
 def batch_size(x: Any) -> int:
@@ -224,8 +227,7 @@ def _reason(e: BaseException, model: nn.Module) -> str:
 
 def shapes(values: Any) -> str:
     """``(4, 16) int64, (4, 16) float32``: shape and dtype of each tensor in ``values``."""
-    ts = [t for t in pytree.tree_leaves(values) if isinstance(t, torch.Tensor)]
-    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in ts) or "no tensors"
+    return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in tensors(values)) or "no tensors"
 
 
 def describe(gm: fx.GraphModule, node: fx.Node) -> str:
@@ -370,10 +372,6 @@ def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Modul
     """A plain copy of a captured graph: the model's names and objects (export's module holds copies of the
     model's modules), no export guards or asserts, dropout and batch norm as modules (training flag at run
     time), flat output rebuilt by :class:`Restructure`."""
-
-    def fetch(target: str) -> Any:
-        return get_path(model, strip_prefix(target)) if target.startswith(PREFIX + ".") else get_path(gm, target)
-
     g = fx.Graph()
     env: dict[fx.Node, Any] = {}
     root: dict[str, Any] = {}
@@ -385,8 +383,9 @@ def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Modul
             continue
         if _is_check(n):
             continue
-        if n.op in ("get_attr", "call_module"):
-            root[strip_prefix(n.target)] = fetch(n.target)
+        if n.op in ("get_attr", "call_module"):  # the model's own object, not export's copy
+            name = strip_prefix(n.target)
+            root[name] = get_path(model, name) if n.target.startswith(PREFIX + ".") else get_path(gm, n.target)
         mode_op = _training_op(n)
         if mode_op is not None:
             name = f"_pd_train_mode{sum(1 for k in root if k.startswith('_pd_train_mode'))}"
@@ -401,7 +400,9 @@ def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Modul
                 env[n] = g.call_module(bn[0], (env[n.args[0]],))
                 env[n].meta = dict(n.meta)
                 continue
-        if n.op == "call_function" and n.target is aten.add_.Tensor and _is_counter(gm, n.args[0]):
+        counter = n.args[0] if n.args else None
+        if (n.op == "call_function" and n.target is aten.add_.Tensor and isinstance(counter, fx.Node)
+                and counter.op == "get_attr" and str(counter.target).endswith("num_batches_tracked")):
             continue  # num_batches_tracked += 1: the batch norm module counts itself
         node = g.node_copy(n, lambda a: env[a])
         if n.op in ("get_attr", "call_module"):
@@ -431,10 +432,6 @@ def _is_check(n: fx.Node) -> bool:
         return True
     name = getattr(n.target, "__name__", str(n.target))
     return n.op == "call_function" and not n.users and ("_assert" in name or "sym_constrain" in name)
-
-
-def _is_counter(gm: fx.GraphModule, a: Any) -> bool:
-    return isinstance(a, fx.Node) and a.op == "get_attr" and str(a.target).endswith("num_batches_tracked")
 
 
 def _batch_norm_module(model: nn.Module, n: fx.Node) -> tuple[str, nn.Module] | None:

@@ -29,11 +29,9 @@ def command_names() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per command."""
-    parser = argparse.ArgumentParser(
-        prog="pipedream",
-        description="PipeDream reproduction: profile a model, plan a pipeline for a cluster, simulate it, "
-        "train it (PipeDream or data parallelism) and report Table 1.",
-    )
+    parser = argparse.ArgumentParser(prog="pipedream", description="PipeDream reproduction: profile a model, plan a "
+                                     "pipeline for a cluster, simulate it, train it (PipeDream or data parallelism) "
+                                     "and report Table 1.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in command_names():
         module = importlib.import_module(f"pipedream.commands.{name}")

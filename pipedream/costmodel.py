@@ -10,11 +10,9 @@ Every formula here is the alpha-beta model of a collective or a transfer on link
 * hierarchical allreduce: one ring per level of the cluster (inside a server, then across servers), the
   level-``l`` ring over ``n_l`` groups at that level's bandwidth ``B_l``: the sum over levels of the ring
   term;
-* gradient buckets as PyTorch's ``DistributedDataParallel`` forms them (``torch/nn/parallel/distributed.py``:
-  ``bucket_cap_mb=25``, the first bucket capped at ``dist._DEFAULT_FIRST_BUCKET_BYTES`` = 1 MiB, parameters
-  in reverse order of registration, i.e. roughly the order in which the backward produces their
-  gradients); a bucket's allreduce starts when its last gradient is ready, buckets are reduced one after
-  another in bucket order;
+* gradient buckets as PyTorch's ``DistributedDataParallel`` forms them (25 MiB, the first 1 MiB, parameters in
+  reverse order of registration); a bucket's allreduce starts when its last gradient is ready, buckets are
+  reduced one after another in bucket order;
 * an optimizer step: memory bound, ``traffic x parameter bytes / memory bandwidth`` with the bytes an
   update reads and writes per parameter byte (:data:`STEP_TRAFFIC`), or measured: seconds per call, per
   tensor and per byte.
@@ -40,13 +38,10 @@ DDP_FIRST_BUCKET_BYTES = 2**20
 # Latency of one step of a ring (one message between neighbours), s, when a cluster gives none: the order of
 # one TCP round trip inside a data centre; a cluster's ``latency_s`` overrides it.
 DEFAULT_STEP_LATENCY_S = 20e-6
-# Bytes an optimizer step reads and writes per byte of parameters (fp32 tensors), zeroing the gradients after it
-# included (1): SGD with momentum reads weight, gradient and momentum and writes weight and momentum (5 + 1);
-# Adam reads weight, gradient and both moments and writes weight and both moments (7 + 1). Muon (Adam on the
-# parameters that are not hidden matrices, pipedream.runtime.optim) defaults to Adam's traffic: its hidden-matrix
-# update moves about as many bytes (weight, gradient and momentum, plus the Newton-Schulz iterates), and its five
-# Newton-Schulz iterations are matrix products, compute that no traffic count holds, so the default is a floor;
-# the profiler measures Muon's step like the others' (meta.json optimizer_step_s_per_param_byte["muon"]).
+# Bytes an optimizer step reads and writes per byte of parameters (fp32), zeroing the gradients after it included
+# (1): SGD with momentum reads weight, gradient and momentum and writes weight and momentum (5 + 1); Adam with both
+# moments (7 + 1). Muon defaults to Adam's traffic, a floor: its Newton-Schulz iterations are compute that no
+# traffic count holds (the profiler measures its step like the others').
 STEP_TRAFFIC = {"sgd": 6.0, "adam": 8.0, "muon": 8.0}
 # Bytes copy on write adds per parameter byte: a step first copies the weights it changes when an in-flight
 # minibatch still needs them (weight stashing, 2BW; pipedream.runtime.versions), reading and writing each once.

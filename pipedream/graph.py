@@ -66,30 +66,24 @@ class Node:
 
 @dataclass
 class LayerGraph:
-    """A DAG of profiled layers.
+    """A DAG of profiled layers; ``saved`` to ``tensors`` come from our profiler's ``graph.json`` beside graph.txt
+    (empty for the release's profiles).
 
     Attributes:
         nodes: node id -> :class:`Node`, in file order.
         edges: ``(src_id, dst_id)`` pairs, in file order.
         minibatch_size: samples in the profiled minibatch (not stored in graph.txt; 0 if unknown).
-        saved: per node, what autograd saves for its backward (our profiler's ``graph.json``; empty for the
-            release's profiles): bytes of saved storages other than its parameters, inputs and outputs
-            (per minibatch), whether it saves an input, whether it saves an output.
-        spread: per node, the interquartile range of its timed forward and backward calls, seconds (our
-            profiler's, in memory and in ``graph.json``; empty for a profile read from graph.txt).
-        tied: parameter tensors that several nodes use (:class:`pipedream.tied.Tied`; our profiler's
-            ``graph.json`` ``"tied"`` list; empty for the release's profiles and older ones). Each user's
-            ``param_bytes`` includes the tensor: :meth:`param_bytes_of` counts it once.
+        saved: per node, what autograd saves for its backward: bytes of saved storages other than its parameters,
+            inputs and outputs (per minibatch), whether it saves an input, whether it saves an output.
+        spread: per node, the interquartile range of its timed forward and backward calls, seconds.
+        tied: parameter tensors that several nodes use (:class:`pipedream.tied.Tied`). Each user's ``param_bytes``
+            includes the tensor: :meth:`param_bytes_of` counts it once.
         hidden: per node, the bytes of its parameters that are hidden matrices (the ``nn.Linear`` weights but the
-            output layer's, which Muon updates: :func:`pipedream.runtime.optim.hidden_matrices`); our profiler's
-            ``graph.json`` ``hidden_bytes``; empty for the release's profiles and older ones.
-        isolated: per node, its forward and backward seconds timed alone (our profiler's ``graph.json``, where
-            ``fwd_s`` and ``bwd_s`` are the times inside whole steps, :mod:`pipedream.in_situ`); empty when the
-            node times are the isolated ones.
-        tensors: per node, how many parameter tensors that require a gradient it holds (our profiler's
-            ``graph.json`` ``param_tensors``; a tied tensor in each of its users' counts): what an optimizer step
-            walks one by one (:func:`pipedream.costmodel.optimizer_step_s`); empty for the release's profiles and
-            older ones.
+            output layer's, which Muon updates: :func:`pipedream.runtime.optim.hidden_matrices`).
+        isolated: per node, its forward and backward seconds timed alone, where ``fwd_s`` and ``bwd_s`` are the
+            times inside whole steps (:mod:`pipedream.in_situ`).
+        tensors: per node, how many parameter tensors that require a gradient it holds (a tied tensor in each of
+            its users' counts): what an optimizer step walks one by one (:func:`pipedream.costmodel.optimizer_step_s`).
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -182,13 +176,9 @@ class LayerGraph:
     def totals(self) -> dict[str, float]:
         """Sums over all nodes: ``fwd_s``, ``bwd_s``, ``activation_bytes``, ``param_bytes`` (each tied tensor
         once, :meth:`param_bytes_of`), ``nodes``."""
-        return {
-            "nodes": float(len(self.nodes)),
-            "fwd_s": sum(n.fwd_s for n in self.nodes.values()),
-            "bwd_s": sum(n.bwd_s for n in self.nodes.values()),
-            "activation_bytes": sum(n.output_bytes for n in self.nodes.values()),
-            "param_bytes": self.param_bytes_of(self.nodes),
-        }
+        nodes = self.nodes.values()
+        return {"nodes": float(len(self.nodes)), "fwd_s": sum(n.fwd_s for n in nodes), "bwd_s": sum(n.bwd_s for n in nodes),
+                "activation_bytes": sum(n.output_bytes for n in nodes), "param_bytes": self.param_bytes_of(self.nodes)}
 
     def scaled(self, batch: int) -> LayerGraph:
         """A copy with times and activation bytes scaled linearly to ``batch`` samples (§3.1's profile is per
@@ -263,10 +253,8 @@ class LayerGraph:
                 continue
             m = _NODE_RE.match(line)
             if not m:
-                raise PipeDreamError(
-                    f"{source}:{lineno}: malformed node line; expected '<id> -- <module> -- forward_compute_time=F, "
-                    "backward_compute_time=B, activation_size=A, parameter_size=P'"
-                )
+                raise PipeDreamError(f"{source}:{lineno}: malformed node line; expected '<id> -- <module> -- "
+                                     "forward_compute_time=F, backward_compute_time=B, activation_size=A, parameter_size=P'")
             try:
                 fwd_ms, bwd_ms, param = float(m["f"]), float(m["b"]), float(m["p"])
                 a = m["a"].strip()
@@ -275,17 +263,9 @@ class LayerGraph:
                 raise PipeDreamError(f"{source}:{lineno}: a number on this node line does not parse") from None
             if min(fwd_ms, bwd_ms, param, *acts) < 0:
                 raise PipeDreamError(f"{source}:{lineno}: negative time or size for node {m['id']!r}")
-            node = Node(
-                node_id=m["id"],
-                desc=m["desc"],
-                fwd_s=fwd_ms / 1e3,
-                bwd_s=bwd_ms / 1e3,
-                activation_bytes=acts,
-                param_bytes=param,
-                stage_id=int(m["stage"]) if m["stage"] is not None else None,
-            )
+            stage = int(m["stage"]) if m["stage"] is not None else None
             try:
-                graph.add_node(node)
+                graph.add_node(Node(m["id"], m["desc"], fwd_ms / 1e3, bwd_ms / 1e3, acts, param, stage))
             except PipeDreamError as e:
                 raise PipeDreamError(f"{source}:{lineno}: {e}") from None
         if not graph.nodes:
@@ -297,14 +277,10 @@ class LayerGraph:
         """The graph in graph.txt format (times in ms with 6 decimals, sizes with 1)."""
         lines = []
         for n in self.nodes.values():
-            if len(n.activation_bytes) == 1:
-                acts = f"{n.activation_bytes[0]:.1f}"
-            else:
-                acts = "[" + "; ".join(f"{a:.1f}" for a in n.activation_bytes) + "]"
-            line = (
-                f"{n.node_id} -- {n.desc} -- forward_compute_time={n.fwd_s * 1e3:.6f}, "
-                f"backward_compute_time={n.bwd_s * 1e3:.6f}, activation_size={acts}, parameter_size={n.param_bytes:.1f}"
-            )
+            acts = "; ".join(f"{a:.1f}" for a in n.activation_bytes)
+            acts = acts if len(n.activation_bytes) == 1 else f"[{acts}]"
+            line = (f"{n.node_id} -- {n.desc} -- forward_compute_time={n.fwd_s * 1e3:.6f}, "
+                    f"backward_compute_time={n.bwd_s * 1e3:.6f}, activation_size={acts}, parameter_size={n.param_bytes:.1f}")
             if n.stage_id is not None:
                 line += f" -- stage_id={n.stage_id}"
             lines.append(line)

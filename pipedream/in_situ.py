@@ -2,26 +2,18 @@
 
 The profiler first times each layer alone, over and over, on its recorded inputs (:mod:`pipedream.profiler`); its
 weights and activations stay in the caches between the calls. In a training step, and in a stage of a pipeline,
-each layer finds them evicted by the layers before it, and by how much depends on the layer: on the 2-core CI
-machine (512 KiB of L2 a core) the reduced VGG-16's convolutions took 0.99x their isolated times inside whole
-steps and its classifier 0.80x, ResNet-50's first quarter 1.53x and its third 1.03x, GNMT-16's second quarter 0.73x
-and its last 1.16x. A single factor for the whole model (``meta.json`` ``whole_step_s`` over the layers' sum,
-:func:`pipedream.sim.profiled.profiled_composition`) cannot give each stage its share, and the stages of one
-``make run`` measured exactly this pattern: their forwards' and backwards' CPU seconds over the prediction's
-(``compute_check.csv``) were VGG-16's 0.96 and 0.80, AlexNet's 1.44 and 1.64 (in situ 1.19 and 1.36), GNMT-8's
-0.94, 0.80 and 1.12 (in situ 0.80, 0.67 and 0.81).
+each layer finds them evicted by the layers before it, and by how much depends on the layer, so a single factor for
+the whole model (``meta.json`` ``whole_step_s`` over the layers' sum,
+:func:`pipedream.sim.profiled.profiled_composition`) cannot give each stage its share.
 
 :func:`in_situ_times` runs whole steps through the traced model (``torch.fx.Interpreter``), stamping the clock
 around every node's forward, and in the backward whenever the gradient of one of a node's outputs is ready (a
 tensor hook on each output tensor the node made; one it passes through from an earlier node stays that node's): a
 node's backward runs from its outputs' gradients to the next stamp (the backward of a chain goes layer by layer in
 reverse; in a DAG the engine's order decides, and each interval goes to the node whose gradient opened it). Every
-output is hooked, not only the first: of a node with two outputs, the engine may run the second's branch of the
-backward before the first's gradient is ready. GNMT's attention decoder returns its hidden state and the attention
-context that every decoder layer reads; hooked on its first output only, part of the attention decoder's backward
-is charged to the decoder layer after it (the reduced GNMT-8's attention decoder: 3.80 ms in situ against 8.72 ms
-alone, the layer after it 9.01 ms against 5.41). The loss
-goes to the node that produces the model's output, as in the isolated profile. Per node, the median over the steps.
+output is hooked, not only the first: of a node with two outputs (GNMT's attention decoder), the engine may run the
+second's branch of the backward before the first's gradient is ready. The loss goes to the node that produces the
+model's output, as in the isolated profile. Per node, the median over the steps.
 """
 
 from __future__ import annotations
@@ -34,14 +26,10 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils import _pytree as pytree
+
+from pipedream.capture import tensors
 
 LOSS = "<loss>"  # the stamp that opens the loss's backward
-
-
-def _leaf_tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors of a (nested) node value, in order (torch's pytree leaves)."""
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 class _Stamped(fx.Interpreter):
@@ -59,7 +47,7 @@ class _Stamped(fx.Interpreter):
         if n in self.ids:
             nid = self.ids[n]
             self.fwd[nid] = time.perf_counter() - start
-            for t in _leaf_tensors(out):
+            for t in tensors(out):
                 if t.requires_grad and id(t) not in self.hooked:  # not an earlier node's output passed through
                     self.hooked[id(t)] = t  # kept alive for the step, so that no later tensor reuses its id
                     t.register_hook(lambda grad, nid=nid: self.stamps.append((time.perf_counter(), nid)))
@@ -81,7 +69,7 @@ def one_step(gm: fx.GraphModule, ids: dict[fx.Node, str], inputs: list[Any], sin
         stamps.append((time.perf_counter(), LOSS))
         value.backward()
     else:
-        outs = [t for t in _leaf_tensors(out) if t.requires_grad]
+        outs = [t for t in tensors(out) if t.requires_grad]
         grads = [torch.randn_like(t) for t in outs]
         stamps.append((time.perf_counter(), LOSS))
         if outs:

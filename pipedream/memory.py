@@ -3,11 +3,9 @@ runtime's memory check all call :func:`stage_memory`).
 
 A replica of a stage with ``P`` parameter bytes that holds ``n`` (micro)batches in flight at its peak holds
 
-* weights: ``c * P``, ``c`` the weight copies of its schedule (:func:`weight_copies`): 1 for a flush
-  schedule (GPipe, PipeDream-Flush, data parallelism), 2 for PipeDream-2BW (PipeDream-2BW §3.1, "at most 2"
-  versions),
-  and one per version an in-flight minibatch still needs under weight stashing, the newest being the
-  live weights, so ``n`` (PipeDream §3.3: the input stage stashes NOAM versions);
+* weights: ``c * P``, ``c`` the weight copies of its schedule (:func:`weight_copies`): 1 for a flush schedule
+  (GPipe, PipeDream-Flush, data parallelism), 2 for PipeDream-2BW (§3.1, "at most 2" versions), and under weight
+  stashing one per version an in-flight minibatch still needs, so ``n`` (PipeDream §3.3: NOAM on the input stage);
 * gradients: ``P`` (one buffer the backward accumulates into);
 * optimizer state: ``k * P``, ``k`` = 1 for SGD with momentum, 0 without, 2 for Adam (its two moments); for Muon
   ``H + 2 (P - H)``, ``H`` the bytes of the stage's hidden matrices (one momentum buffer each) and Adam's two
@@ -15,8 +13,7 @@ A replica of a stage with ``P`` parameter bytes that holds ``n`` (micro)batches 
 * activations: ``n * A``, ``A`` the activation bytes its forward stashes for one (micro)batch; with
   activation recomputation only ``A'``, the activations of the one (micro)batch being recomputed in its
   backward (``A`` plus its sent output, saved again by the recomputation; :func:`plan_memory`), since the
-  forward keeps only the stage's inputs (Chen et al. 2016; PipeDream-2BW, as transcribed, counts
-  ``|A_total(b)| / d + d |A_input(b)|`` per stage of a ``d``-stage pipeline);
+  forward keeps only the stage's inputs (Chen et al. 2016);
 * buffers: ``n * I + I_in``, ``I`` what the runtime keeps per (micro)batch outside autograd: the received input
   (or the data) and, on a stage that sends, its output and the buffer posted for that output's gradient
   (posted with the send, :func:`pipedream.runtime.actions.issue_plan`), all held until the backward; ``I_in``

@@ -111,16 +111,9 @@ class Plan:
         """Inverse of :meth:`to_dict`; raises PipeDreamError naming a missing or bad key."""
         try:
             stages = [Stage(**s) for s in d["stages"]]
-            plan = cls(
-                model=d["model"],
-                cluster=d["cluster"],
-                workers=int(d["workers"]),
-                stages=stages,
-                minibatch_size=int(d["minibatch_size"]),
-                time_per_sample_s=float(d["time_per_sample_s"]),
-                dp_time_per_sample_s=float(d["dp_time_per_sample_s"]),
-                extra=dict(d.get("extra", {})),
-            )
+            plan = cls(model=d["model"], cluster=d["cluster"], workers=int(d["workers"]), stages=stages,
+                       minibatch_size=int(d["minibatch_size"]), time_per_sample_s=float(d["time_per_sample_s"]),
+                       dp_time_per_sample_s=float(d["dp_time_per_sample_s"]), extra=dict(d.get("extra", {})))
         except (KeyError, TypeError, ValueError) as e:
             raise PipeDreamError(f"malformed plan: {type(e).__name__}: {e}; regenerate it with `pipedream plan`") from None
         plan.validate()

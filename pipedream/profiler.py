@@ -6,39 +6,25 @@ and every data dependency an edge, so branching models (ResNet's skip connection
 Each node is then timed in isolation on its recorded inputs:
 
 - forward: ``warmup`` untimed calls, then the median of ``iters`` timed calls (robust to the other
-  processes of a shared machine, which inflate a mean: on the reduced ResNet-50 on 2 busy cores, three
-  profiles with the mean of 5 planned straight, 3-1, 3-1; with the median of 10, 3-1 each time); the calls'
-  interquartile range is kept too (:attr:`LayerGraph.spread`, ``graph.json``), and a layer whose calls spread
-  by more than 20% of their median is named in a warning (:func:`noise_warning`): a busy machine once
-  skewed a profile fourteenfold;
+  processes of a shared machine, which inflate a mean); the calls' interquartile range is kept too
+  (:attr:`LayerGraph.spread`, ``graph.json``), and a layer whose calls spread by more than 20% of their median
+  is named in a warning (:func:`noise_warning`);
 - backward: ``torch.autograd.backward`` of the node's outputs with random output gradients, timed
   the same way (the graph is rebuilt by an untimed forward before each timed backward). As in training,
   only what depends on a parameter gets a gradient: a layer fed by the model's input does not compute
-  the gradient of that input (for the reduced AlexNet's and S2VT's first layers that backward-data pass
-  doubled the profiled time of the first stage);
+  the gradient of that input;
 - the loss: with ``loss`` given, its forward and backward on the model's output are timed the same way and
   added to the node that produces the output, since the runtime's last stage computes the loss in its
-  forward and starts its backward from it (over GNMT's and AWD-LM's vocabularies the log-softmax is a
-  large part of the last stage);
+  forward and starts its backward from it;
 - activation bytes: bytes of each output tensor for the whole minibatch;
-- parameter bytes: bytes of the node's own parameters (4 per fp32 parameter); a tensor several nodes use (tied
-  input and output embeddings) is in each of theirs and recorded once in :attr:`LayerGraph.tied`
-  (:func:`tied_parameters`; ``graph.json``'s ``"tied"`` list), so that a stage holding several of its users
-  counts it once (:mod:`pipedream.tied`);
-- hidden-matrix bytes: bytes of the node's parameters that are hidden matrices, the ``nn.Linear`` weights but the
-  output layer's (:func:`pipedream.runtime.optim.hidden_matrices`, decided on the whole model), which Muon updates
-  with one state tensor where Adam keeps two (:attr:`LayerGraph.hidden`, ``graph.json``'s ``hidden_bytes``).
+- parameter bytes: bytes of the node's own parameters; a tensor several nodes use (tied embeddings) is in each
+  of theirs and recorded once in :attr:`LayerGraph.tied` (:func:`tied_parameters`);
+- hidden-matrix bytes (:attr:`LayerGraph.hidden`): those of the node's parameters that Muon updates
+  (:func:`pipedream.runtime.optim.hidden_matrices`, decided on the whole model).
 
-Besides the layers, :func:`optimizer_step_rates` times one optimizer step (SGD with momentum, Adam, Muon) over
-all the model's parameters after a forward and backward, as seconds per parameter byte: the simulator's
-optimizer-step cost on this host (:func:`pipedream.costmodel.optimizer_step_s`).
-
-On CUDA every timed region is bracketed by ``torch.cuda.synchronize``. The original release needed a
-patched PyTorch for this; here only public APIs are used.
-
-Node ids follow the original format: ``node0`` is the input and operation nodes are ``node1``,
-``node2``, ... in execution order, so for an ``nn.Sequential`` layer ``i`` is ``node{i+1}``
-(:func:`pipedream.models.layer_node_id`).
+On CUDA every timed region is bracketed by ``torch.cuda.synchronize`` (public APIs only). Node ids follow the
+original format (:func:`pipedream.runtime.split.node_ids`): ``node0`` is the input, then ``node1``, ``node2``, ...
+in execution order. The optimizer step is timed by :mod:`pipedream.step_rates`.
 """
 
 from __future__ import annotations
@@ -54,8 +40,9 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils import _pytree as pytree
 
-from pipedream.capture import batch_size, describe, first_line, flat_inputs, shapes, to_device
+from pipedream.capture import batch_size, describe, first_line, flat_inputs, shapes, tensors, to_device
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.in_situ import in_situ_times
@@ -83,35 +70,11 @@ class ProfileSettings:
     in_situ: bool = True
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """All tensors in a (possibly nested) output value, in order."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
-
-
 def _fresh(value: Any) -> Any:
     """A copy of ``value`` whose tensors that require grad are new graph leaves that require grad (the
-    rest, such as the model's input, stay as they are)."""
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad:
-            return value.detach().requires_grad_(True).clone()  # clone: in-place layers act on a non-leaf
-        return value
-    if isinstance(value, tuple):
-        return tuple(_fresh(v) for v in value)
-    if isinstance(value, list):
-        return [_fresh(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _fresh(v) for k, v in value.items()}
-    return value
-
-
-def _describe(gm: fx.GraphModule, node: fx.Node) -> str:
-    return describe(gm, node)
+    rest, such as the model's input, stay as they are); clone: in-place layers act on a non-leaf."""
+    return pytree.tree_map(lambda v: v.detach().requires_grad_(True).clone()
+                           if isinstance(v, torch.Tensor) and v.requires_grad else v, value)
 
 
 def _held(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
@@ -122,10 +85,6 @@ def _held(gm: fx.GraphModule, node: fx.Node) -> list[torch.Tensor]:
         t = getattr(gm, str(node.target), None)
         return [t] if isinstance(t, torch.Tensor) else []
     return []
-
-
-def _params_bytes(gm: fx.GraphModule, node: fx.Node) -> int:
-    return sum(t.numel() * t.element_size() for t in _held(gm, node))
 
 
 def tied_parameters(gm: fx.GraphModule, ids: dict[fx.Node, str]) -> list[Tied]:
@@ -148,8 +107,7 @@ def _timed(fn: Callable[[], Any], settings: ProfileSettings, prepare: Callable[[
     interquartile range (seconds, :func:`iqr`) is appended to ``spread`` when given.
 
     With ``budget_s``, a slow call is timed fewer times: a first call longer than ``budget_s`` is the only
-    warm-up, and the timing stops once two or more timed calls have taken ``budget_s`` in all. (Muon's step on
-    the reduced AlexNet takes seconds on one CPU core.)"""
+    warm-up, and the timing stops once two or more timed calls have taken ``budget_s`` in all."""
     cuda = settings.device.startswith("cuda")
     times: list[float] = []
     warmup, calls = settings.warmup, 0
@@ -220,14 +178,8 @@ def _progress(items: list[fx.Node], desc: str) -> Iterator[fx.Node]:
         return iter(items)
 
 
-def profile_module(
-    model: nn.Module,
-    example_input: Any,
-    settings: ProfileSettings | None = None,
-    name: str = "model",
-    granularity: str = "layer",
-    loss: Callable[[Any], torch.Tensor] | None = None,
-) -> LayerGraph:
+def profile_module(model: nn.Module, example_input: Any, settings: ProfileSettings | None = None, name: str = "model",
+                   granularity: str = "layer", loss: Callable[[Any], torch.Tensor] | None = None) -> LayerGraph:
     """Profile ``model`` on ``example_input`` (a whole minibatch) and return its layer graph.
 
     Args:
@@ -281,11 +233,11 @@ def profile_module(
             with torch.no_grad():
                 out = run(*args, **kwargs)
         except Exception as e:  # a shape or dtype error of the model's: name the layer
-            raise PipeDreamError(f"layer {ids[node]} ({_describe(gm, node)[:80]}) failed on {shapes((args, kwargs))}: "
+            raise PipeDreamError(f"layer {ids[node]} ({describe(gm, node)[:80]}) failed on {shapes((args, kwargs))}: "
                                  f"{first_line(e)}") from None
         if _owns_parameter(gm, node, trained) or any(src in needs_grad for src in node.all_input_nodes):
             needs_grad.add(node)
-            for t in _tensors(out):
+            for t in tensors(out):
                 if t.is_floating_point() and t.is_leaf and not t.requires_grad:
                     t.requires_grad_(True)  # a leaf, made under no_grad: marks what _fresh differentiates
         values[node] = out
@@ -293,8 +245,9 @@ def profile_module(
         fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings, spread=spread) if node.op != "get_attr" else 0.0
         bwd_s = _backward_time(run, args, kwargs, settings, spread)
         graph.spread[ids[node]] = (spread[0] if fwd_s else 0.0, spread[-1] if bwd_s else 0.0)
-        acts = tuple(float(t.numel() * t.element_size()) for t in _tensors(out)) or (0.0,)
-        graph.add_node(Node(ids[node], _describe(gm, node), fwd_s, bwd_s, acts, float(_params_bytes(gm, node))))
+        acts = tuple(float(t.numel() * t.element_size()) for t in tensors(out)) or (0.0,)
+        param_bytes = float(sum(t.numel() * t.element_size() for t in _held(gm, node)))
+        graph.add_node(Node(ids[node], describe(gm, node), fwd_s, bwd_s, acts, param_bytes))
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
@@ -373,7 +326,7 @@ def _saved(run: Callable[..., Any], args: Any, kwargs: Any, params: set[int]) ->
     input, whether it saves an output)``; the first scales with the batch like activation bytes. Module
     buffers (running statistics) count as parameters: the stage holds them anyway."""
     a, k = _fresh(args), _fresh(kwargs)
-    inputs = {t.untyped_storage().data_ptr() for t in _tensors((a, k))}
+    inputs = {t.untyped_storage().data_ptr() for t in tensors((a, k))}
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -382,7 +335,7 @@ def _saved(run: Callable[..., Any], args: Any, kwargs: Any, params: set[int]) ->
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         out = run(*a, **k)
-    outs = {t.untyped_storage().data_ptr() for t in _tensors(out)}
+    outs = {t.untyped_storage().data_ptr() for t in tensors(out)}
     others = inputs | outs | params
     own = sum(b for ptr, b in saved.items() if ptr not in others)
     return float(own), any(ptr in inputs for ptr in saved), any(ptr in outs for ptr in saved)
@@ -394,7 +347,7 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
 
     def prepare() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         a, k = _fresh(args), _fresh(kwargs)
-        outs = [t for t in _tensors(run(*a, **k)) if t.requires_grad]
+        outs = [t for t in tensors(run(*a, **k)) if t.requires_grad]
         return outs, [torch.randn_like(t) for t in outs]
 
     outs, _ = prepare()
@@ -405,9 +358,7 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
 
 def data_load_s(load: Callable[[], Any], settings: ProfileSettings) -> float:
     """Median seconds of ``load()``, collating one profiled minibatch from the data set (``meta.json``
-    ``data_s``): the first stage of a pipeline, and every DP worker, does it before each forward, on the CPU
-    (resizing Fashion-MNIST to AlexNet's 64x64 costs 2.3 ms a minibatch of 32 on one core, more than half of
-    the first stage's layers)."""
+    ``data_s``): the first stage of a pipeline, and every DP worker, does it before each forward, on the CPU."""
     return _timed(load, ProfileSettings(**{**vars(settings), "device": "cpu"}))
 
 
@@ -416,12 +367,9 @@ def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
     minibatch through the model in one call, as a worker runs a stage: :mod:`pipedream.commands.profile` calls
     the model with ``torch.func.functional_call`` on a weight version; ``meta.json`` ``whole_step_s``).
 
-    The layer-by-layer profile times each layer over and over with its weights and activations warm in the
-    caches; a step through the whole model, as a stage runs it, finds them evicted by the other layers. On one
-    core of the 2-core CI machine the reduced GNMT-8's layers sum to 86 ms where its whole step takes 108 ms
-    (1.26x), while the reduced VGG-16, ResNet-50, AlexNet and S2VT take 0.85-0.95x their layers' sum (the
-    per-layer timing's own overhead). Predictions scale the layers' times by the ratio
-    (:func:`pipedream.sim.profiled.profiled_composition`).
+    The layer-by-layer profile times each layer with its weights and activations warm in the caches; a step
+    through the whole model finds them evicted by the other layers. Predictions scale the layers' times by the
+    ratio (:func:`pipedream.sim.profiled.profiled_composition`).
     """
     return _timed(step, settings)
 

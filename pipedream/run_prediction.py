@@ -97,10 +97,8 @@ def predict_memory(cfg: TrainConfig, mode: str, graph: LayerGraph, stage_nodes: 
     of the kinds and ``total``; ``shape.recompute`` counts one (micro)batch's activations, the one being
     recomputed. DP is one stage on every worker, one minibatch in flight."""
     scaled = graph.scaled(shape.batch_size)
-    if mode == "dp":
-        schedule = "dp"
-    else:
-        schedule = "vertical" if cfg.schedule == "1f1b" and cfg.weight_sync == "vertical" else cfg.schedule
+    vertical = cfg.schedule == "1f1b" and cfg.weight_sync == "vertical"
+    schedule = "dp" if mode == "dp" else "vertical" if vertical else cfg.schedule
     need = memory.plan_memory(scaled, stage_nodes, replicas, schedule=schedule, microbatches=shape.microbatches,
                               warmup=cfg.warmup, optimizer=cfg.optimizer, momentum=cfg.momentum,
                               recompute=shape.recompute)

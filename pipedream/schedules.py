@@ -18,12 +18,10 @@ Semantics every consumer relies on:
   In GPipe, 2BW and PipeDream-Flush they take the microbatches of every minibatch: microbatch ``j`` runs on
   ``stage_ranks[s][j % replicas(s)]``, so ``num_microbatches`` is a multiple of every stage's replicas.
   Either way the same replica does a unit's forward and backward.
-* ``ALLREDUCE(s, m)`` combines the stage's gradients over its replicas into the gradient of one update;
-  the ``k``-th ``ALLREDUCE`` of every replica of stage ``s`` forms one collective. With minibatch round
-  robin each replica holds whole minibatches' gradients and they are *averaged* (the replicas step once
-  per ``replicas(s)`` minibatches, data parallelism inside the stage, §3.1); with microbatch round robin
-  each replica holds its share of the same minibatch(es), already scaled by ``1 / num_microbatches``, and
-  they are *summed*, so the update is exactly the unreplicated one (:meth:`Schedule.reduce_divisor`).
+* ``ALLREDUCE(s, m)``: the ``k``-th of every replica of stage ``s`` forms one collective that combines their
+  gradients: *averaged* under minibatch round robin (whole minibatches: data parallelism inside the stage, §3.1),
+  *summed* under microbatch round robin (shares of the same minibatches, already scaled by
+  ``1 / num_microbatches``: exactly the unreplicated update; :meth:`Schedule.reduce_divisor`).
 * ``STEP(s, m)`` applies the (combined, coalesced) gradients: one optimizer step, one new weight version.
 
 Text form: ``f"{stage}{kind}{minibatch}"`` plus ``".{microbatch}"`` for GPipe, 2BW and PipeDream-Flush, e.g. ``"1F3"``,
@@ -147,8 +145,7 @@ class Schedule:
                     end = max(end, t + dur)
         width = max([len(c) for c in cells.values()] + [6])
         lines = ["step  " + " ".join(f"rank{r}".ljust(width) for r in ranks)]
-        for t in range(end):
-            lines.append(f"{t:<5} " + " ".join(cells.get((t, r), ".").ljust(width) for r in ranks))
+        lines += [f"{t:<5} " + " ".join(cells.get((t, r), ".").ljust(width) for r in ranks) for t in range(end)]
         return "\n".join(line.rstrip() for line in lines)
 
     def save_csv(self, path: str | Path) -> None:
@@ -406,14 +403,6 @@ def forward_only(stage_ranks: list[list[int]], num_minibatches: int) -> Schedule
     return Schedule("forward", stage_ranks, num_minibatches, 1, order)
 
 
-def data_parallel(workers: int, num_minibatches: int) -> Schedule:
-    """Data parallelism: one stage replicated on every worker; minibatches round robin, allreduce, step.
-
-    ``num_minibatches`` counts per-worker minibatches over all workers (a multiple of ``workers``).
-    """
-    return build("dp", [list(range(workers))], num_minibatches)
-
-
 def build(name: str, stage_ranks: Sequence[Sequence[int]], num_minibatches: int, num_microbatches: int = 1,
           warmup: str = DEFAULT_WARMUP) -> Schedule:
     """Schedule ``name`` for stages on ``stage_ranks`` (per stage its ranks in round-robin order, e.g.
@@ -450,12 +439,12 @@ def dry_run(schedule: Schedule, backward_cost: int = 1) -> dict[int, list[int]]:
         ValueError: the lists deadlock or a receive has no matching send (names the stuck actions).
     """
     order = schedule.order
-    pos = {r: 0 for r in order}
-    clock = {r: 0 for r in order}
+    pos = dict.fromkeys(order, 0)
+    clock = dict.fromkeys(order, 0)
     times: dict[int, list[int]] = {r: [] for r in order}
     sent: dict[tuple[Kind, int, int, int | None], int] = {}
     arrivals: dict[tuple[int, int], dict[int, int]] = {}  # (stage, k-th allreduce) -> rank -> time
-    ar_count = {r: 0 for r in order}
+    ar_count = dict.fromkeys(order, 0)
     progress = True
     while progress:
         progress = False

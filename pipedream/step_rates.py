@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipedream.capture import call_model, to_device
+from pipedream.capture import call_model, tensors, to_device
 from pipedream.errors import PipeDreamError
-from pipedream.profiler import ProfileSettings, _tensors, _timed
+from pipedream.profiler import ProfileSettings, _timed
 from pipedream.runtime.config import OPTIMIZERS, TrainConfig
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
 
@@ -49,21 +49,16 @@ def optimizer_step_rates(model: nn.Module, example_input: Any, settings: Profile
                          optimizers: Sequence[str] = OPTIMIZERS) -> dict[str, float]:
     """Seconds per parameter byte of one optimizer step over all of ``model``'s parameters, per optimizer.
 
-    Each of ``optimizers`` (default every one the runtime trains with,
-    :data:`pipedream.runtime.config.OPTIMIZERS`, built as :func:`pipedream.runtime.optim.make_optimizer` builds them
-    at TrainConfig's defaults: SGD with momentum 0.9 and weight decay, Adam with PyTorch's betas, Muon on the
-    hidden matrices with Adam on the rest; a workflow times only those its runs train with: Muon's step takes
-    seconds on a CPU) steps on a copy of the model (``model`` is left as it is), right
-    after a forward and backward of ``example_input`` (loss: the sum of the floating-point outputs), as in
-    training: the backward leaves the caches full of activations, so the step reads its weights, gradients
-    and optimizer state from memory, not from a cache warmed by the previous step (timed back to back, the
-    step of the reduced VGG-16 ran 2.5x faster than inside a training loop on the same host). ``max(1,
-    warmup)`` untimed iterations (the first step creates the momentum or moment buffers), then the median of
-    ``iters`` timed steps (fewer, at least two, for a step slower than :data:`STEP_BUDGET_S` in all), divided by
-    the parameter bytes. The step is memory bound
-    (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries over to a stage's share of the parameters;
-    Muon's Newton-Schulz iterations are compute on the hidden matrices, so its rate carries over to stages whose
-    parameters hold about the model's share of hidden matrices.
+    Each of ``optimizers`` (default every one the runtime trains with, built as
+    :func:`pipedream.runtime.optim.make_optimizer` builds them at TrainConfig's defaults) steps on a copy of the
+    model (``model`` is left as it is), right after a forward and backward of ``example_input`` (loss: the sum of
+    the floating-point outputs), as in training: the backward leaves the caches full of activations, so the step
+    reads its weights, gradients and state from memory, not from a cache warmed by the previous step. ``max(1,
+    warmup)`` untimed iterations (the first step creates the optimizer's state), then the median of ``iters``
+    timed steps (fewer, at least two, for a step slower than :data:`STEP_BUDGET_S` in all), divided by the
+    parameter bytes. The step is memory bound (:data:`pipedream.costmodel.STEP_TRAFFIC`), so the rate carries
+    over to a stage's share of the parameters; Muon's Newton-Schulz iterations are compute on the hidden
+    matrices, so its rate carries over to stages holding about the model's share of them.
 
     Returns:
         ``{"sgd": s_per_byte, "adam": s_per_byte, "muon": s_per_byte}`` (the keys are ``optimizers``); empty for a
@@ -108,7 +103,7 @@ def _step_rate(net: nn.Module, inputs: Any, optimizer: str, timing: ProfileSetti
 def _forward_backward(net: nn.Module, inputs: Any) -> bool:
     """A forward of ``inputs`` through ``net`` and a backward of the sum of its floating-point outputs that need a
     gradient (the caches left as a training step leaves them); False when no output needs one (no backward)."""
-    outs = [t for t in _tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
+    outs = [t for t in tensors(call_model(net, inputs)) if t.is_floating_point() and t.requires_grad]
     if outs:
         torch.autograd.backward([t.float().sum() for t in outs])
     return bool(outs)
@@ -118,13 +113,11 @@ def step_overheads(model: nn.Module, example_input: Any, settings: ProfileSettin
                    optimizers: Sequence[str] = OVERHEAD_TIMED) -> dict[str, tuple[float, float]]:
     """Per optimizer, the seconds of one step call and of each tensor it walks, apart from the bytes.
 
-    Each of ``optimizers`` (those of :data:`OVERHEAD_TIMED` among them; Muon's step is compute on its hidden matrices,
-    its rate stays per byte) is built as :func:`pipedream.runtime.optim.make_optimizer` builds it over one and over
-    :data:`OVERHEAD_TENSORS` one-element tensors, each with a gradient; each step is timed right after a forward and
-    backward of ``example_input`` through a copy of ``model`` (as :func:`optimizer_step_rates` times a step: the
-    caches full of activations, not of the optimizer's code and state), the median of ``settings.iters`` after
-    ``max(1, settings.warmup)``. With ``t_1`` and ``t_K`` those medians, the per-tensor seconds are ``a = (t_K -
-    t_1) / (K - 1)`` and the per-call seconds ``c = t_1 - a``, each at least 0.
+    Each of ``optimizers`` (those of :data:`OVERHEAD_TIMED` among them) steps over one and over
+    :data:`OVERHEAD_TENSORS` one-element tensors, each step timed as :func:`optimizer_step_rates` times one (right
+    after a forward and backward of ``example_input`` through a copy of ``model``). With ``t_1`` and ``t_K`` those
+    medians, the per-tensor seconds are ``a = (t_K - t_1) / (K - 1)`` and the per-call seconds ``c = t_1 - a``,
+    each at least 0.
 
     Returns:
         ``{name: (s_per_call, s_per_tensor)}``; empty for a model without trained parameters.

@@ -74,12 +74,8 @@ def holding_stages(tied: Sequence[Tied], stage_nodes: Sequence[Iterable[str]]) -
     """The tied tensors that more than one stage holds, each with those stages in pipeline order (node ids per
     stage; a node in no stage holds nothing)."""
     stage_of: Mapping[str, int] = {n: s for s, nodes in enumerate(stage_nodes) for n in nodes}
-    out = []
-    for t in tied:
-        stages = tuple(sorted({stage_of[n] for n in t.nodes if n in stage_of}))
-        if len(stages) > 1:
-            out.append((t, stages))
-    return out
+    held = ((t, tuple(sorted({stage_of[n] for n in t.nodes if n in stage_of}))) for t in tied)
+    return [(t, stages) for t, stages in held if len(stages) > 1]
 
 
 def gradient_sums(tied: Sequence[Tied], stage_nodes: Sequence[Iterable[str]]) -> list[tuple[tuple[int, ...], float]]:

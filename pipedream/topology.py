@@ -84,9 +84,8 @@ class Cluster:
             if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
                 raise PipeDreamError(f"cluster {self.name!r} level {idx}: workers={workers!r} must be a positive integer")
             if not (isinstance(bandwidth, float | int) and math.isfinite(bandwidth)) or bandwidth <= 0:
-                raise PipeDreamError(
-                    f"cluster {self.name!r} level {idx}: bandwidth_Bps={bandwidth!r} must be a positive number of bytes/s"
-                )
+                raise PipeDreamError(f"cluster {self.name!r} level {idx}: bandwidth_Bps={bandwidth!r} must be a "
+                                     "positive number of bytes/s")
         mem = self.device_memory_bytes
         if not (isinstance(mem, float | int) and math.isfinite(mem)) or mem <= 0:
             raise PipeDreamError(f"cluster {self.name!r}: device_memory_bytes={mem!r} must be a positive number of bytes")
@@ -127,25 +126,18 @@ def cluster_from_dict(name: str, d: Any) -> Cluster:
         raise PipeDreamError(f"cluster {name!r}: expected a mapping with 'levels', got {type(d).__name__}")
     unknown = set(d) - {"levels", "device_memory_bytes", "latency_s", "description"}
     if unknown:
-        raise PipeDreamError(
-            f"cluster {name!r}: unknown key(s) {sorted(unknown)}; allowed: levels, device_memory_bytes, latency_s, "
-            "description"
-        )
+        raise PipeDreamError(f"cluster {name!r}: unknown key(s) {sorted(unknown)}; allowed: levels, "
+                             "device_memory_bytes, latency_s, description")
     raw_levels = d.get("levels")
     if not isinstance(raw_levels, list) or not raw_levels:
-        raise PipeDreamError(
-            f"cluster {name!r}: 'levels' must be a non-empty list of {{workers, bandwidth_Bps}}, innermost first"
-        )
+        raise PipeDreamError(f"cluster {name!r}: 'levels' must be a non-empty list of {{workers, bandwidth_Bps}}, "
+                             "innermost first")
     levels: list[tuple[int, float]] = []
     for idx, lv in enumerate(raw_levels):
         if not isinstance(lv, dict) or set(lv) != {"workers", "bandwidth_Bps"}:
             raise PipeDreamError(f"cluster {name!r} level {idx}: expected exactly the keys workers and bandwidth_Bps, got {lv!r}")
-        levels.append(
-            (
-                _integer(lv["workers"], f"cluster {name!r} level {idx}: workers"),
-                _number(lv["bandwidth_Bps"], f"cluster {name!r} level {idx}: bandwidth_Bps"),
-            )
-        )
+        levels.append((_integer(lv["workers"], f"cluster {name!r} level {idx}: workers"),
+                       _number(lv["bandwidth_Bps"], f"cluster {name!r} level {idx}: bandwidth_Bps")))
     memory = _number(d.get("device_memory_bytes", RELEASE_DEFAULT_MEMORY_BYTES), f"cluster {name!r}: device_memory_bytes")
     latency = _number(d.get("latency_s", costmodel.DEFAULT_STEP_LATENCY_S), f"cluster {name!r}: latency_s")
     return Cluster(name=name, levels=levels, device_memory_bytes=memory, description=str(d.get("description", "")),
@@ -196,8 +188,6 @@ def get_cluster(name: str, path: str | Path = DEFAULT_CLUSTERS_PATH) -> Cluster:
         return parse_whatif(name)
     clusters = load_clusters(path)
     if name not in clusters:
-        raise PipeDreamError(
-            f"unknown cluster {name!r}; known clusters in {path}: {', '.join(sorted(clusters))} "
-            "(or a what-if string like '8x2:25e9,3.125e9')"
-        )
+        raise PipeDreamError(f"unknown cluster {name!r}; known clusters in {path}: {', '.join(sorted(clusters))} "
+                             "(or a what-if string like '8x2:25e9,3.125e9')")
     return clusters[name]

@@ -196,23 +196,6 @@ class LiveRun:
                 self.client.delete_run(old.info.run_id)
 
 
-def log_training_run(
-    experiment: str,
-    run_name: str,
-    params: dict[str, Any],
-    epochs: list[dict[str, float]],
-    final_metrics: dict[str, float] | None = None,
-    tags: dict[str, str] | None = None,
-    artifacts: Iterable[Path] = (),
-) -> str:
-    """Log one finished training run at once (a :class:`LiveRun` started and finished in one call) and
-    return its MLflow run id. Arguments as for :class:`LiveRun`; ``epochs`` one dict per epoch."""
-    run = LiveRun(experiment, run_name, params, tags)
-    run.log_epochs(epochs)
-    run.finish(final_metrics, artifacts=artifacts)
-    return run.run_id
-
-
 def load_runs(experiment: str) -> list[dict[str, Any]]:
     """All active runs of ``experiment`` as dicts: ``run_id``, ``run_name``, ``params``, ``tags``, ``history``.
 
@@ -223,20 +206,11 @@ def load_runs(experiment: str) -> list[dict[str, Any]]:
     if exp is None:
         return []
     client = mlflow.MlflowClient()
-    out = []
-    for r in client.search_runs([exp.experiment_id]):
-        history = {
-            key: sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key))
-            for key in r.data.metrics
-        }
-        out.append({
-            "run_id": r.info.run_id,
-            "run_name": r.info.run_name,
-            "params": dict(r.data.params),
-            "tags": dict(r.data.tags),
-            "history": history,
-        })
-    return out
+    return [{"run_id": r.info.run_id, "run_name": r.info.run_name, "params": dict(r.data.params),
+             "tags": dict(r.data.tags),
+             "history": {key: sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, key))
+                         for key in r.data.metrics}}
+            for r in client.search_runs([exp.experiment_id])]
 
 
 def attach_artifacts(run_id: str, paths: Iterable[Path]) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,19 @@ os.environ.setdefault("PIPEDREAM_FORCE_GLOO", "1")
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "experiments" / "data" / "profiles"
 PROFILE_NAMES = ["alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large"]
+
+
+def log_training_run(experiment: str, run_name: str, params: dict[str, Any], epochs: list[dict[str, float]],
+                     final_metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
+                     artifacts: Iterable[Path] = ()) -> str:
+    """Log one finished training run at once (a :class:`pipedream.tracking.LiveRun` started and finished in one
+    call) and return its MLflow run id."""
+    from pipedream.tracking import LiveRun
+
+    run = LiveRun(experiment, run_name, params, tags)
+    run.log_epochs(epochs)
+    run.finish(final_metrics, artifacts=artifacts)
+    return run.run_id
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -10,16 +10,17 @@ import torch
 
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
+from tests.tiny import write_idx
 
 
 def write_tiny(root: Path, n_train: int = 20, n_val: int = 10, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, n_train, dtype=np.uint8)
-    fm.write_idx(root / fm.FILES["train"][0], images)
-    fm.write_idx(root / fm.FILES["train"][1], labels)
-    fm.write_idx(root / fm.FILES["val"][0], images[:n_val])
-    fm.write_idx(root / fm.FILES["val"][1], labels[:n_val])
+    write_idx(root / fm.FILES["train"][0], images)
+    write_idx(root / fm.FILES["train"][1], labels)
+    write_idx(root / fm.FILES["val"][0], images[:n_val])
+    write_idx(root / fm.FILES["val"][1], labels[:n_val])
     return images, labels
 
 

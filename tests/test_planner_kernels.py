@@ -20,7 +20,7 @@ def test_pruned_windowed_kernel_equals_the_plain_one() -> None:
 
     from pipedream.planner.banded import solve_rows_banded
     from pipedream.planner.hierarchy import level_rules
-    from pipedream.planner.prune import all_ancestors, undominated_ancestors
+    from pipedream.planner.prune import all_pairs, by_end, undominated_pairs
     from pipedream.planner.recurrence import LevelInput, solve_rows
 
     for name in ("gnmt", "resnet50"):
@@ -36,8 +36,8 @@ def test_pruned_windowed_kernel_equals_the_plain_one() -> None:
             boundary = s.boundary_bytes if compat else s.cut_bytes
             inp = LevelInput(table, s.param_bytes, s.activation_bytes, boundary, s.ancestors)
             keys = [s.compute_s, s.param_bytes, s.activation_bytes, boundary]
-            fast = solve_rows_banded(inp, rules, undominated_ancestors(s, keys), s.compute_s)
-            assert np.array_equal(fast, solve_rows(inp, rules, all_ancestors(s))), (name, compat, memory_limit)
+            fast = solve_rows_banded(inp, rules, by_end(undominated_pairs(s, keys), s.n), s.compute_s)
+            assert np.array_equal(fast, solve_rows(inp, rules, by_end(all_pairs(s), s.n))), (name, compat, memory_limit)
 
 
 def _small_state_graphs() -> list:

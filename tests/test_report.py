@@ -15,8 +15,8 @@ from pipedream.errors import PipeDreamError
 from pipedream.plan import Plan, Stage
 from pipedream.table1.measured import MODES, epochs_to_accuracy, metric_value, time_to_accuracy, write_speedup
 from pipedream.table1.table import read_explanations, write_report
-from pipedream.tracking import UI_URL, experiment_of_run, log_training_run
-from tests.conftest import REPO
+from pipedream.tracking import UI_URL, experiment_of_run
+from tests.conftest import REPO, log_training_run
 
 
 def _epochs(times: list[float], accs: list[float]) -> list[dict[str, float]]:

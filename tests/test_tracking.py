@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipedream.tracking import _mlflow, artifact_root, experiment_of_run, load_runs, log_training_run, run_url, tracking_uri
-from tests.conftest import REPO
+from pipedream.tracking import _mlflow, artifact_root, experiment_of_run, load_runs, run_url, tracking_uri
+from tests.conftest import REPO, log_training_run
 
 
 def test_run_written_and_read_back(mlflow_store: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -68,12 +70,22 @@ def bucket_model() -> nn.Sequential:
                          nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 10))
 
 
+def write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array as a gzip-compressed IDX file (the format :func:`pipedream.data.fashion_mnist.read_idx`
+    reads)."""
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
 def write_data(root: Path, n_train: int = 128, n_val: int = 32, seed: int = 0) -> Path:
     """Random-pixel IDX files with Fashion-MNIST's names under ``root``; returns ``root``."""
     rng = np.random.default_rng(seed)
     for (img, lbl), n in ((fm.FILES["train"], n_train), (fm.FILES["val"], n_val)):
-        fm.write_idx(root / img, rng.integers(0, 256, (n, 28, 28)))
-        fm.write_idx(root / lbl, rng.integers(0, 10, (n,)))
+        write_idx(root / img, rng.integers(0, 256, (n, 28, 28)))
+        write_idx(root / lbl, rng.integers(0, 10, (n,)))
     return root
 
 

@@ -18,17 +18,12 @@ as the PipeDream workers do.
 
 Buckets hold ``cfg.bucket_bytes`` (DDP's ``bucket_cap_mb``; left to DDP's own default, with its 1 MiB
 first bucket, when it is the default 25 MiB). With ``emulate_bandwidth_Bps`` the buckets' allreduces share
-one emulated link, one after the other, by the rule of the PipeDream runtime
-(:func:`pipedream.runtime.launch_board.link_finish_s`): bucket ``k`` completes no earlier than
-``max(the last replica's launch_k, completion_{k-1}) + ring_allreduce_s(bucket bytes, W, bandwidth_Bps)``,
-the last replica's launch read from a :class:`~pipedream.runtime.launch_board.LaunchBoard`.
+one emulated link by the PipeDream runtime's rule (:mod:`pipedream.runtime.buckets`, :func:`_throttled_allreduce`).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,30 +33,26 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from pipedream.allocator import keep_freed_memory
-from pipedream.capture import call_model, to_device
+from pipedream.capture import call_model, tensors, to_device
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import assemble, lr
 from pipedream.runtime import distributed as D
 from pipedream.runtime.actions import memory_minibatches
-from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.launch_board import LaunchBoard, link_finish_s
-from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors, tensors_in
+from pipedream.runtime.memory_meter import CATEGORIES, MemoryMeter, SavedTensors
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
-from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
 
 
 def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ignore[no-untyped-def]
     """A DDP comm hook: allreduce (mean) that completes no sooner than the emulated link allows
-    (:func:`~pipedream.runtime.launch_board.link_finish_s`: buckets one after the other on one link, each from
-    the last replica's launch, posted on ``board``; a step is a round of the board).
-
-    DDP launches a step's buckets in index order, but gloo's threads may finish them in another, so bucket
-    ``k``'s completion is computed from the launches of buckets ``0 .. k`` of its step (the chain restarts
-    each step: the previous step's last completion came before this step's first launch on every replica)."""
+    (:func:`~pipedream.runtime.launch_board.link_finish_s`: buckets one after the other on one link, each from the
+    last replica's launch, posted on ``board``; a step is a round of the board). Gloo's threads may finish a
+    step's buckets out of order, so bucket ``k``'s completion is computed from the launches of buckets ``0 .. k``
+    of its step (the chain restarts each step)."""
     world = board.replicas
     launched: list[int] = []  # this step's bucket sizes, bytes, by index
     rounds = [-1]  # the step: its round on the board
@@ -96,14 +87,12 @@ def _throttled_allreduce(bandwidth_Bps: float, board: LaunchBoard):  # type: ign
 
 @dataclass
 class Busy:
-    """Where a DP worker's epoch goes, as a pipeline stage's :class:`~pipedream.runtime.executor.EpochStats`
-    counts it, so that ``compute_check.csv`` has a row for DP beside the prediction's compute (the simulator's
-    forwards and backwards: loading the minibatch, the forward, the loss, the backward; not the optimizer step).
+    """Where a DP worker's epoch goes, as a pipeline stage's :class:`~pipedream.runtime.executor.EpochStats` counts
+    it (``compute_check.csv``: loading the minibatch, the forward, the loss, the backward; not the optimizer step).
 
     Attributes:
-        compute_s: wall seconds of the forwards and backwards; a backward ends where its compute does, at the
-            launch of its last bucket when the link is emulated (the rest of ``loss.backward()`` is the wait
-            for the link), at ``loss.backward()``'s return otherwise.
+        compute_s: wall seconds of the forwards and backwards, a backward ending at its last bucket's launch when
+            the link is emulated, at ``loss.backward()``'s return otherwise.
         wait_s: wall seconds inside ``loss.backward()`` after the last bucket's launch (with the emulated link).
     """
 
@@ -180,11 +169,7 @@ def train(cfg: TrainConfig) -> None:
     nb, steps = minibatches_per_epoch(cfg, len(train_split), world)
     # the linear rule is SGD's; Adam keeps its learning rate
     scale = float(world) if per_worker and cfg.optimizer == "sgd" else 1.0
-    bar = None
-    if cfg.progress and rank == 0:
-        from tqdm import tqdm
-
-        bar = tqdm(total=steps, unit="mb", mininterval=2.0, dynamic_ncols=True, file=sys.stdout)  # as the workers' bars
+    bar = D.progress_bar(cfg, rank == 0, steps)
     fault = D.fault(rank)
     meter = MemoryMeter(device) if cfg.measure_memory else None
     counted_steps = memory_minibatches(1)  # each epoch's first steps: every step holds the same (one stage)
@@ -282,24 +267,13 @@ def held(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: list[t
     params = list(model.parameters())
     return [("weights", params + list(model.buffers())), ("versions", []),
             ("gradients", [p.grad for p in params if p.grad is not None]),
-            ("optimizer", list(tensors_in(list(optimizer.state.values())))),
-            ("buffers", list(tensors_in(batch))), ("activations", activations)]
+            ("optimizer", tensors(list(optimizer.state.values()))), ("buffers", tensors(batch)),
+            ("activations", activations)]
 
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: the options of :class:`TrainConfig` (plan and schedule options are ignored)."""
-    parser = argparse.ArgumentParser(prog="python -m pipedream.baselines.ddp", description=__doc__)
-    add_arguments(parser)
-    cfg = from_args(parser.parse_args(argv))
-    rank = int(os.environ.get("RANK", "0"))
-    die_with_parent()
-    keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
-
-    def _run() -> None:
-        D.init(cfg.comm_timeout_s)
-        train(cfg)
-
-    D.run_guarded(_run, cfg.run_dir("dp"), rank)
+    D.worker_main(argv, "python -m pipedream.baselines.ddp", __doc__, "dp", train)
 
 
 if __name__ == "__main__":

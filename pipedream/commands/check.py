@@ -139,11 +139,10 @@ def check_model(name: str, preset: str = "reduced", granularity: str = "layer", 
     """
     import time
 
-    from pipedream.capture import describe, first_line, flat_inputs, run_graph, shapes
+    from pipedream.capture import describe, first_line, flat_inputs, run_graph, shapes, tensors
     from pipedream.errors import PipeDreamError
     from pipedream.runtime import shared, split
     from pipedream.runtime.config import TrainConfig
-    from pipedream.runtime.memory_meter import tensors_in
     from pipedream.runtime.task import load_task
 
     t0 = time.perf_counter()
@@ -174,14 +173,13 @@ def check_model(name: str, preset: str = "reduced", granularity: str = "layer", 
              f"one sample's forward and backward in {elapsed:.1f} s (loss {float(loss.detach()):.4f})",
              f"{'node':>8}  {'param bytes':>12}  {'activation bytes':>16}  layer"]
     for n in ops:
-        acts = sum(t.numel() * t.element_size() for t in tensors_in(values.get(n)))
+        acts = sum(t.numel() * t.element_size() for t in tensors(values.get(n)))
         held = (sum(p.numel() * p.element_size() for p in gm.get_submodule(str(n.target)).parameters())
                 if n.op == "call_module" else 0)
         lines.append(f"{ids[n]:>8}  {held:>12,}  {acts:>16,}  {describe(gm, n)[:90]}")
     one = split.split(gm, [[ids[n]] for n in ops], x).modules  # one stage per layer: who reads what
-    for sh in shared.find(one):
-        lines.append(f"shared: {sh.names[0]} is read by layers {', '.join(ids[ops[s]] for s in sh.stages)}; "
-                     "the stages that hold it sum its gradients before each step")
+    lines += [f"shared: {sh.names[0]} is read by layers {', '.join(ids[ops[s]] for s in sh.stages)}; the stages "
+              "that hold it sum its gradients before each step" for sh in shared.find(one)]
     if unused:
         lines.append(f"warning: {len(unused)} parameters get no gradient from the loss: {', '.join(unused[:5])}")
     return lines

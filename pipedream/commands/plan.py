@@ -5,12 +5,9 @@ Reads a graph.txt profile and a cluster (by name from clusters.yaml, or a what-i
 plan as JSON and prints the stage table. --compat reproduces the release optimizer's predicted time;
 the default mode fixes its known problems (listed in pipedream/planner/__init__.py).
 
---planner 2bw is PipeDream-2BW's planner instead (pipedream/planner/twobw.py): for a model of repeated blocks
-it searches w parallel pipelines of depth d, the microbatch and activation recomputation for the highest
-throughput at batch --batch-size under the device memory (the paper's cost model), simulates its --rerank best
-shapes and keeps the fastest simulated, writes a plan for --schedule 2bw with replicas = w, and prints its throughput
-from the cost model and from the simulator. --flops MODEL plans MODEL's full preset
-from FLOP counts (pipedream/table2bw/paper.py) instead of a profile, e.g.
+--planner 2bw is PipeDream-2BW's planner instead (pipedream/planner/twobw.py): w parallel pipelines of depth d,
+the microbatch and recomputation for the highest throughput at --batch-size under the device memory, its --rerank
+best shapes simulated; --flops MODEL plans MODEL's full preset from FLOP counts instead of a profile, e.g.
 
     pipedream plan --planner 2bw --flops gpt_2.2b --cluster B_8x8 --batch-size 512 --out gpt_2.2b.json
 """

@@ -90,23 +90,10 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.data.fashion_mnist import minibatch_indices
     from pipedream.errors import PipeDreamError
     from pipedream.models import get_spec
-    from pipedream.profiler import (
-        ProfileSettings,
-        data_load_s,
-        noise_warning,
-        noisy_layers,
-        whole_step_s,
-        write_profile,
-    )
+    from pipedream.profiler import ProfileSettings, data_load_s, noise_warning, noisy_layers, whole_step_s, write_profile
     from pipedream.runtime.config import TrainConfig
     from pipedream.runtime.task import load_task
-    from pipedream.step_rates import (
-        optimizer_step_rates,
-        split_step,
-        step_overheads,
-        trainable_bytes,
-        trainable_tensors,
-    )
+    from pipedream.step_rates import optimizer_step_rates, split_step, step_overheads, trainable_bytes, trainable_tensors
 
     spec = get_spec(args.model)
     if args.profiled_batch < 1 or args.iters < 1 or args.warmup < 0 or args.threads < 1:

@@ -20,11 +20,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(pipedream/table1/predicted.py)")
     p.add_argument("--speedup", metavar="MODEL", help="only write MODEL's measured speedup JSON to --out")
     p.add_argument("--out", help="output file of --speedup, e.g. results/speedup/vgg16.json")
-    _add_predicted_arguments(p)
-
-
-def _add_predicted_arguments(p: argparse.ArgumentParser) -> None:
-    """Options of ``pipedream report --predicted``."""
     g = p.add_argument_group("predicted Table 1 (with --predicted)")
     g.add_argument("--out-dir", default="results", help="where table1_predicted.{csv,md} and plots/ go")
     g.add_argument("--cluster", default=None,

@@ -1,36 +1,23 @@
 """Train a model with PipeDream (a plan's pipeline) or data parallelism on local worker processes.
 
-A thin layer over :func:`pipedream.train` (:mod:`pipedream.api`). This module parses and checks the options
-(before anything is written), prepares the staging folder ``<out-dir>.partial`` (:mod:`pipedream.rundir`),
-predicts the epoch time and opens the MLflow run; then :func:`pipedream.train` with ``launcher="torchrun"``
-runs ``python -m torch.distributed.run --standalone --nproc_per_node=W`` (or its multi-node form) with the
-PipeDream worker (``pipedream.runtime.worker``) or the DDP baseline (``pipedream.baselines.ddp``), supervised
-(:func:`pipedream.runtime.launch.run_torchrun`: progress to stderr and ``<out-dir>/train.log``), and hands each
-epoch to MLflow as the workers append it to ``<out-dir>/metrics.json``. Back here, the saved epochs are scored,
-the final metrics logged and ``<out-dir>/run.json`` (the MLflow run and experiment ids and final metrics)
-written last, as the completion marker, before the staging folder replaces ``<out-dir>``. A failed or killed
-worker ends the whole job with one ``error:`` line and a non-zero exit (every process it started gone), and
-its MLflow run is marked FAILED with the epochs it finished.
+A thin layer over :func:`pipedream.train` (:mod:`pipedream.api`): check the options (before anything is written),
+prepare the staging folder ``<out-dir>.partial`` (:mod:`pipedream.rundir`), predict the epoch time, open the MLflow
+run, then train with ``launcher="torchrun"`` (the PipeDream worker or the DDP baseline, supervised: progress to
+stderr and ``<out-dir>/train.log``), logging each epoch as the workers append it to ``metrics.json``. Then the
+saved epochs are scored, the final metrics logged and ``run.json`` written last, as the completion marker, before
+the staging folder replaces ``<out-dir>``. A failed or killed worker ends the whole job with one ``error:`` line
+and a non-zero exit, and its MLflow run is marked FAILED with the epochs it finished.
 
-Time-to-accuracy is the first epoch's ``wall_time_s`` whose validation metric meets ``--threshold``. The
-workers measure top-1, token accuracy and perplexity every epoch. BLEU (``bleu``, ``bleu4``: the models'
-own metrics, greedy decoding + sacrebleu) needs whole decoded sequences, so with a threshold on it (or
-``--score-epochs``) the workers of both modes save the model at the end of every epoch under
-``<out-dir>/epochs/<k>/``, and after training this process reassembles and scores each one
-(:func:`pipedream.runtime.assemble.epoch_metrics`), adds the score to the epoch's row of ``metrics.json``,
-logs it to MLflow at the epoch's step and real time, and deletes the saved models (unless
-``--keep-epoch-models``). Writing the models is excluded from ``wall_time_s`` by the workers and scoring
-runs after training, identically in both modes: neither counts towards time-to-accuracy.
+Time-to-accuracy is the first epoch's ``wall_time_s`` whose validation metric meets ``--threshold``. BLEU
+(``bleu``, ``bleu4``) needs whole decoded sequences, so with a threshold on it (or ``--score-epochs``) the workers
+save the model at the end of every epoch and after training this process scores each one
+(:func:`pipedream.runtime.assemble.epoch_metrics`) into its row of ``metrics.json`` and MLflow; neither the saving
+nor the scoring counts towards time-to-accuracy.
 
-Before the workers start, the run's epoch time is predicted by the simulator on the run's own profile,
-plan, cluster (``--clusters``), link throttle and host (:func:`pipedream.run_prediction.predict_run`) and
-logged as ``predicted_epoch_time_s``; after training ``prediction_ratio`` = measured mean epoch time after the
-first (:func:`steady_epochs`) /
-predicted. Both go to MLflow and ``run.json``. A prediction that cannot be made (no ``--plan`` or
-``--profile``, an unknown cluster, ...) never fails the run: it is logged as the tag ``prediction_error``.
-Each stage's measured compute and wait seconds are logged beside the predicted ones
-(``measured_compute_s_stage<s>``, ``predicted_compute_s_stage<s>``, ``wait_s_stage<s>``,
-``predicted_wait_s_stage<s>``): they tell which stage the model got wrong.
+The predicted epoch time (:func:`pipedream.run_prediction.predict`) is logged as ``predicted_epoch_time_s``, and
+``prediction_ratio`` = the measured mean epoch time after the first (:func:`steady_epochs`) / predicted, beside the
+measured and predicted compute and wait seconds per stage; a prediction that cannot be made never fails the run
+(tag ``prediction_error``).
 """
 
 from __future__ import annotations
@@ -244,10 +231,7 @@ def run(args: argparse.Namespace) -> int:
     else:  # node 0 prepares the shared folder
         out_dir = rundir.staging(final_dir)
     args.out_dir = cfg.out_dir = str(out_dir)
-    if args.mode == "dp":
-        config = str(args.workers)
-    else:
-        config = plan.config if plan is not None else "straight"
+    config = str(args.workers) if args.mode == "dp" else plan.config if plan is not None else "straight"
     cluster = plan.cluster if plan is not None else f"cpu{args.workers}"
     if args.node_rank != 0:
         _train(args, cfg, plan_file)

@@ -54,7 +54,7 @@ class SampleSet:
         """
         if len(inputs) != len(targets):
             raise PipeDreamError(f"{len(inputs)} inputs but {len(targets)} targets")
-        return cls(list(zip(inputs, targets, strict=True)), _stack, dict(info or {}))
+        return cls(list(zip(inputs, targets, strict=True)), stack_samples, dict(info or {}))
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -73,7 +73,8 @@ class SampleSet:
         return self.collate_targets([self.samples[int(i)] for i in indices])
 
 
-def _stack(samples: list[Sample]) -> Batch:
+def stack_samples(samples: list[Sample]) -> Batch:
+    """``(input batch, target batch)`` of ``samples``, each collated by :func:`stack_tree`."""
     return stack_tree([x for x, _ in samples]), stack_tree([y for _, y in samples])
 
 
@@ -101,9 +102,23 @@ def as_sample_set(data: Any, what: str = "data") -> Any:
     if hasattr(data, "batch") and hasattr(data, "__len__"):
         return data
     if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        return SampleSet(data, _stack, {})
+        return SampleSet(data, stack_samples, {})
     raise PipeDreamError(f"the {what} set is a {type(data).__name__}; return a SampleSet or a sequence of "
                          "(input, target) samples")
+
+
+class Rows(Sequence[Sample]):
+    """Samples ``get(rows[i])``, made when asked for: the rows ``rows`` of a data source (picklable when ``get``
+    is, e.g. a ``functools.partial`` of a module-level function)."""
+
+    def __init__(self, get: Callable[[int], Sample], rows: Sequence[int]) -> None:
+        self.get, self.rows = get, rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
+        return self.get(self.rows[i])
 
 
 class Subset:

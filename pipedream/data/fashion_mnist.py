@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipedream.data.base import epoch_order, subset_indices
 from pipedream.errors import PipeDreamError
 
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -65,7 +66,8 @@ def read_idx(path: Path) -> np.ndarray:
         with gzip.open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
-        raise PipeDreamError(_missing_message(path)) from None
+        raise PipeDreamError(f"Fashion-MNIST file {path} not found; install it with `apt-get install dataset-fashion-mnist` "
+                             f"(or `make data`), or point ${ROOT_ENV} / --data-dir at a folder with the IDX .gz files") from None
     except (OSError, EOFError) as e:
         raise PipeDreamError(f"{path} is not a readable gzip file ({e}); reinstall dataset-fashion-mnist") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
@@ -76,31 +78,6 @@ def read_idx(path: Path) -> np.ndarray:
     if body.size != int(np.prod(dims)):
         raise PipeDreamError(f"{path}: header says {dims} but holds {body.size} values")
     return body.reshape(dims)
-
-
-def write_idx(path: Path, array: np.ndarray) -> None:
-    """Write a uint8 array as a gzip-compressed IDX file (for tests and generated data)."""
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.tobytes())
-
-
-def _missing_message(path: Path) -> str:
-    return (f"Fashion-MNIST file {path} not found; install it with `apt-get install dataset-fashion-mnist` "
-            f"(or `make data`), or point ${ROOT_ENV} / --data-dir at a folder with the IDX .gz files")
-
-
-def _subset(split: Split, size: int | None, seed: int) -> Split:
-    """A deterministic random subset of ``size`` samples (all of them if ``size`` is None)."""
-    if size is None or size >= len(split):
-        return split
-    if size <= 0:
-        raise PipeDreamError(f"subset size must be positive, got {size}")
-    idx = torch.randperm(len(split), generator=torch.Generator().manual_seed(seed))[:size]
-    idx, _ = torch.sort(idx)
-    return Split(split.images[idx], split.labels[idx])
 
 
 def load_split(name: str, root: Path | None = None, subset: int | None = None, seed: int = 0) -> Split:
@@ -117,8 +94,8 @@ def load_split(name: str, root: Path | None = None, subset: int | None = None, s
     labels = read_idx(root / lbl_file)
     if images.ndim != 3 or labels.ndim != 1 or images.shape[0] != labels.shape[0]:
         raise PipeDreamError(f"{root}: {name} images {images.shape} do not match labels {labels.shape}")
-    split = Split(torch.from_numpy(images.copy()), torch.from_numpy(labels.astype(np.int64)))
-    return _subset(split, subset, seed)
+    idx = subset_indices(len(labels), subset, seed)  # a copy: the IDX buffer is read-only
+    return Split(torch.from_numpy(images[idx]), torch.from_numpy(labels[idx].astype(np.int64)))
 
 
 def load(root: Path | None = None, train_subset: int | None = None, val_subset: int | None = None,
@@ -134,12 +111,6 @@ def to_input(images: torch.Tensor) -> torch.Tensor:
     x = F.pad(x, (PAD, PAD, PAD, PAD))
     x = x.sub_(MEAN).div_(STD)
     return x.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
-
-
-def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
-    """The sample order of ``epoch``: a permutation of ``range(num_samples)`` fixed by (seed, epoch)."""
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    return torch.randperm(num_samples, generator=g)
 
 
 def minibatch_indices(num_samples: int, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:

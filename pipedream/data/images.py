@@ -11,15 +11,16 @@ bilinearly to ``size`` x ``size``.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipedream.data.base import Sample, SampleSet, subset_indices
+from pipedream.data.base import Rows, Sample, SampleSet, stack_samples, subset_indices
 from pipedream.data.synthetic import SyntheticSpec, image_spec
 from pipedream.errors import PipeDreamError
 
@@ -30,17 +31,9 @@ IMAGENET_CLASSES = 1000
 IMAGENET_SIZES = (1_281_167, 50_000)  # ILSVRC-2012 train and val images
 
 
-class _Indexed(Sequence[Sample]):
-    """``(images[i], labels[i])`` over a subset ``rows`` of two aligned tensors (no copies)."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return int(self.labels.shape[0])
-
-    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
-        return self.images[i], self.labels[i]
+def _aligned(images: torch.Tensor, labels: torch.Tensor, i: int) -> Sample:
+    """``(images[i], labels[i])`` of two aligned tensors (no copies)."""
+    return images[i], labels[i]
 
 
 def _fmnist_collate(size: int):
@@ -69,8 +62,8 @@ def fashion_mnist_datasets(size: int, train_subset: int | None, val_subset: int 
     train, val = fashion_mnist.load(root, train_subset, val_subset, seed)
     collate = _fmnist_collate(size)
     info = {"source": str(root or fashion_mnist.default_root()), "classes": fashion_mnist.NUM_CLASSES}
-    return (SampleSet(_Indexed(train.images, train.labels), collate, dict(info), _stack_targets),
-            SampleSet(_Indexed(val.images, val.labels), collate, dict(info), _stack_targets))
+    return tuple(SampleSet(Rows(functools.partial(_aligned, s.images, s.labels), range(len(s))), collate, dict(info),
+                           _stack_targets) for s in (train, val))  # type: ignore[return-value]
 
 
 def _stack_targets(samples: list[Sample]) -> torch.Tensor:
@@ -78,20 +71,9 @@ def _stack_targets(samples: list[Sample]) -> torch.Tensor:
     return torch.stack([s[1] for s in samples])
 
 
-class _Folder(Sequence[Sample]):
-    def __init__(self, folder: object, rows: list[int]) -> None:
-        self.folder, self.rows = folder, rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
-        image, label = self.folder[self.rows[i]]  # type: ignore[index]
-        return image, torch.tensor(label)
-
-
-def _stack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+def _folder_item(folder: Any, row: int) -> Sample:
+    image, label = folder[row]
+    return image, torch.tensor(label)
 
 
 def imagenet_datasets(root: Path | None, train_subset: int | None, val_subset: int | None,
@@ -118,7 +100,7 @@ def imagenet_datasets(root: Path | None, train_subset: int | None, val_subset: i
         if not path.is_dir():
             raise PipeDreamError(f"ImageNet split folder {path} not found (expected {root}/train and {root}/val)")
         folder = datasets.ImageFolder(str(path), transform=tf[split])
-        out.append(SampleSet(_Folder(folder, subset_indices(len(folder), size, s)), _stack,
+        out.append(SampleSet(Rows(functools.partial(_folder_item, folder), subset_indices(len(folder), size, s)), stack_samples,
                              {"source": str(path), "classes": len(folder.classes)}))
     return out[0], out[1]
 

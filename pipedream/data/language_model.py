@@ -21,16 +21,16 @@ minibatches (see :mod:`pipedream.models.awd_lm`).
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import re
 import shutil
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from pipedream.data.base import Sample, SampleSet, subset_indices
+from pipedream.data.base import Rows, Sample, SampleSet, stack_samples, subset_indices
 from pipedream.errors import PipeDreamError
 
 PTB_ENV = "PIPEDREAM_PTB"
@@ -90,20 +90,9 @@ def build_vocab(tokens: list[str], size: int = VOCAB_SIZE) -> list[str]:
     return [UNK, EOS, *words]
 
 
-class _Windows(Sequence[Sample]):
-    def __init__(self, ids: torch.Tensor, bptt: int, rows: list[int]) -> None:
-        self.ids, self.bptt, self.rows = ids, bptt, rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
-        start = self.rows[i] * self.bptt
-        return self.ids[start:start + self.bptt], self.ids[start + 1:start + self.bptt + 1]
-
-
-def _stack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+def _window(ids: torch.Tensor, bptt: int, row: int) -> Sample:
+    start = row * bptt
+    return ids[start:start + bptt], ids[start + 1:start + bptt + 1]
 
 
 def lm_datasets(bptt: int, vocab_size: int, train_subset: int | None, val_subset: int | None, seed: int,
@@ -123,6 +112,6 @@ def lm_datasets(bptt: int, vocab_size: int, train_subset: int | None, val_subset
         ids = torch.tensor([index.get(w, 0) for w in streams[split]], dtype=torch.long)
         windows = (len(ids) - 1) // bptt
         rows = subset_indices(windows, size, s)
-        out.append(SampleSet(_Windows(ids, bptt, rows), _stack,
+        out.append(SampleSet(Rows(functools.partial(_window, ids, bptt), rows), stack_samples,
                              {"source": where, "vocab": vocab, "tokens": len(rows) * bptt}))
     return out[0], out[1]

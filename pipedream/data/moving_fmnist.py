@@ -17,12 +17,12 @@ input ids (eos then the caption, right-padded to ``L`` = :data:`MAX_WORDS`) as e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 from pathlib import Path
 
 import torch
 
-from pipedream.data.base import Sample, SampleSet, subset_indices
+from pipedream.data.base import Rows, Sample, SampleSet, subset_indices
 
 FRAMES = 8
 CANVAS = 44  # 28 + (FRAMES - 1) * 2 pixels of the fastest motion, plus 2 of slack
@@ -54,13 +54,8 @@ def encode(text: str) -> torch.Tensor:
 
 def decode(ids: list[int]) -> str:
     """Words of ``ids`` up to the first eos (pads dropped)."""
-    words = []
-    for i in ids:
-        if i == EOS:
-            break
-        if i != PAD:
-            words.append(VOCAB[i])
-    return " ".join(words)
+    ids = ids[:ids.index(EOS)] if EOS in ids else ids
+    return " ".join(VOCAB[i] for i in ids if i != PAD)
 
 
 def motion(clip_seed: int) -> tuple[str, str, int, int]:
@@ -88,18 +83,10 @@ def make_clip(image: torch.Tensor, label: int, clip_seed: int) -> tuple[torch.Te
     return frames, caption(ARTICLES[label], speed, direction)
 
 
-class _Clips(Sequence[Sample]):
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, split: str, rows: list[int]) -> None:
-        self.images, self.labels, self.split, self.rows = images, labels, split, rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
-        clip = self.rows[i]
-        k = clip % len(self.labels)
-        frames, text = make_clip(self.images[k], int(self.labels[k]), _SPLIT_SEED[self.split] + clip)
-        return frames, encode(text)
+def _clip(images: torch.Tensor, labels: torch.Tensor, split: str, clip: int) -> Sample:
+    k = clip % len(labels)
+    frames, text = make_clip(images[k], int(labels[k]), _SPLIT_SEED[split] + clip)
+    return frames, encode(text)
 
 
 def collate(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,5 +123,5 @@ def clip_datasets(train_subset: int | None, val_subset: int | None, seed: int,
             references = [caption(ARTICLES[int(data.labels[r % len(data)])], *motion(_SPLIT_SEED[split] + r)[:2])
                           for r in rows]
         info = {"source": "generated from Fashion-MNIST", "vocab": VOCAB, "references": references}
-        out.append(SampleSet(_Clips(data.images, data.labels, split, rows), collate, info))
+        out.append(SampleSet(Rows(functools.partial(_clip, data.images, data.labels, split), rows), collate, info))
     return out[0], out[1]

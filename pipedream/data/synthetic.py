@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pipedream.data.base import Sample, SampleSet
+from pipedream.data.base import Sample, SampleSet, stack_samples
 from pipedream.errors import PipeDreamError
 
 SPLITS = {"train": 0, "val": 1}
@@ -84,10 +84,6 @@ class SyntheticSamples(Sequence[Sample]):
         return self._buffers[n][start:start + n].view(shape)
 
 
-def _stack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.stack([x for x, _ in samples]), torch.stack([y for _, y in samples])
-
-
 def synthetic_datasets(spec: SyntheticSpec, train_subset: int | None, val_subset: int | None,
                        seed: int) -> tuple[SampleSet, SampleSet]:
     """Train and validation :class:`SampleSet` s of ``spec``'s samples, sized by the subsets (None: the
@@ -101,7 +97,7 @@ def synthetic_datasets(spec: SyntheticSpec, train_subset: int | None, val_subset
         if size is not None and size < 1:
             raise PipeDreamError(f"synthetic {split} set size must be positive, got {size}")
         n = default if size is None else size
-        out.append(SampleSet(SyntheticSamples(spec, n, seed, split), _stack, {"source": "synthetic", **spec.info}))
+        out.append(SampleSet(SyntheticSamples(spec, n, seed, split), stack_samples, {"source": "synthetic", **spec.info}))
     return out[0], out[1]
 
 

@@ -13,11 +13,8 @@ is word level (fairseq ``Dictionary``), built from the training side only.
 ``$PIPEDREAM_WMT16``.
 
 Samples and batches (the GNMT models' input contract, :mod:`pipedream.models.gnmt`): a sample is
-``(source ids + eos, target ids + eos)``; a batch is ``(x, target)`` with ``x`` of shape ``(B, 2, L)``
-int64 — ``x[:, 0]`` the source, ``x[:, 1]`` the decoder input (eos followed by the target, teacher
-forcing), right-padded with the pad id to ``L`` — and ``target`` ``(B, L)``. ``L`` is fixed
-(:data:`MAX_TOKENS` + 1 for eos) for the Ding pairs, so every stage boundary has one shape; for WMT16
-it is the longest sentence of the minibatch.
+``(source ids + eos, target ids + eos)``; a batch is ``(x (B, 2, L), target (B, L))`` int64
+(:func:`make_collate`).
 """
 
 from __future__ import annotations
@@ -25,13 +22,12 @@ from __future__ import annotations
 import functools
 import os
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipedream.data.base import Sample, SampleSet, require_module, subset_indices
+from pipedream.data.base import Rows, Sample, SampleSet, require_module, subset_indices
 from pipedream.errors import PipeDreamError
 
 DING_PATH = Path("/usr/share/trans/de-en")
@@ -75,18 +71,10 @@ def read_ding(path: Path | None = None) -> list[tuple[str, str]]:
     return list(pairs.items())
 
 
-class _Pairs(Sequence[Sample]):
-    """``(source ids, target ids)`` of a fairseq ``LanguagePairDataset`` (rows ``rows``)."""
-
-    def __init__(self, dataset: Any, rows: list[int]) -> None:
-        self.dataset, self.rows = dataset, rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, i: int) -> Sample:  # type: ignore[override]
-        item = self.dataset[self.rows[i]]
-        return item["source"], item["target"]
+def _pair(dataset: Any, row: int) -> Sample:
+    """``(source ids, target ids)`` of row ``row`` of a fairseq ``LanguagePairDataset``."""
+    item = dataset[row]
+    return item["source"], item["target"]
 
 
 def make_collate(pad: int, eos: int, length: int | None = None):
@@ -154,7 +142,8 @@ def ding_datasets(vocab_size: int, train_subset: int | None, val_subset: int | N
                                 "tgt_dict": tgt_dict, "pairs": len(keep)}
         if name == "val":
             info["references"] = [" ".join(rows[i][1]) for i in keep]
-        out.append(SampleSet(_Pairs(lp, keep), make_collate(src_dict.pad(), src_dict.eos(), MAX_TOKENS + 1), info))
+        out.append(SampleSet(Rows(functools.partial(_pair, lp), keep),
+                             make_collate(src_dict.pad(), src_dict.eos(), MAX_TOKENS + 1), info))
     return out[0], out[1]
 
 
@@ -193,7 +182,7 @@ def wmt16_datasets(root: Path | None, vocab_size: int, train_subset: int | None,
                                        left_pad_source=False)
         keep = subset_indices(len(lp), size, s)
         info = {"source": str(root), "src_dict": dicts["en"], "tgt_dict": dicts["de"], "pairs": len(keep)}
-        out.append(SampleSet(_Pairs(lp, keep), make_collate(dicts["en"].pad(), dicts["en"].eos()), info))
+        out.append(SampleSet(Rows(functools.partial(_pair, lp), keep), make_collate(dicts["en"].pad(), dicts["en"].eos()), info))
     return out[0], out[1]
 
 

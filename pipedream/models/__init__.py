@@ -81,7 +81,6 @@ class ModelSpec:
             collated target batch (the last pipeline stage calls it).
         metric: name of the quality metric: ``"top1"`` (percent), ``"bleu"`` (sacrebleu, 0-100),
             ``"perplexity"`` or ``"bleu4"``.
-        higher_is_better: whether a larger metric is better (False for perplexity).
         ignore_index: target id that neither the loss nor the token accuracy counts (padding); None if
             every target position counts.
         make_datasets: ``make_datasets(preset, train_subset, val_subset, seed) -> (train, val)``
@@ -100,7 +99,6 @@ class ModelSpec:
     dataset: str = "own"
     criterion: Callable[[Any, torch.Tensor], torch.Tensor] = classification_loss
     metric: str = "top1"
-    higher_is_better: bool = True
     ignore_index: int | None = None
     make_datasets: Callable[[str, int | None, int | None, int], tuple[SampleSet, SampleSet]] | None = None
     evaluate: Callable[[nn.Module, SampleSet, int], float] | None = None
@@ -167,6 +165,15 @@ def user_spec(path: str) -> ModelSpec:
                              "or a pipedream.models.ModelSpec")
     _USER[path] = spec
     return spec
+
+
+def image_spec(name: str, build: Callable[[str], nn.Module], reduced_size: int) -> ModelSpec:
+    """An ImageNet classifier (224x224 at ``full``) that trains on Fashion-MNIST at ``reduced_size`` pixels."""
+    from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
+
+    return ModelSpec(name, "image_classification", build, lambda preset: (3, 224, 224) if preset == "full" else
+                     (3, reduced_size, reduced_size), "fashion_mnist", make_datasets=image_datasets(reduced_size),
+                     synthetic=image_synthetic(reduced_size), evaluate=top1_accuracy)
 
 
 def model_names() -> list[str]:

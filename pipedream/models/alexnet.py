@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
-from pipedream.models import ModelSpec, disable_inplace, register
+from pipedream.models import disable_inplace, image_spec, register
 
 REDUCED_SIZE = 64
 REDUCED_WIDTH_DIVISOR = 4
@@ -47,13 +46,4 @@ def build_alexnet(preset: str) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-register(ModelSpec(
-    name="alexnet",
-    task="image_classification",
-    build=build_alexnet,
-    input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, REDUCED_SIZE, REDUCED_SIZE),
-    dataset="fashion_mnist",
-    make_datasets=image_datasets(REDUCED_SIZE),
-    synthetic=image_synthetic(REDUCED_SIZE),
-    evaluate=top1_accuracy,
-))
+register(image_spec("alexnet", build_alexnet, REDUCED_SIZE))

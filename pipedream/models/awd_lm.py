@@ -170,17 +170,6 @@ def _example(preset: str, batch_size: int, seed: int) -> torch.Tensor:
     return torch.randint(0, cfg.vocab, (batch_size, cfg.bptt), generator=torch.Generator().manual_seed(seed))
 
 
-register(ModelSpec(
-    name="awd_lm",
-    task="language_model",
-    build=lambda preset: build_awd_lm(CONFIGS[preset]),
-    input_shape=lambda preset: (CONFIGS[preset].bptt,),
-    dataset="penn_treebank",
-    criterion=lm_loss,
-    metric="perplexity",
-    higher_is_better=False,
-    make_datasets=_datasets,
-    evaluate=perplexity,
-    example=_example,
-    synthetic=_synthetic,
-))
+register(ModelSpec("awd_lm", "language_model", lambda preset: build_awd_lm(CONFIGS[preset]),
+                   lambda preset: (CONFIGS[preset].bptt,), "penn_treebank", criterion=lm_loss, metric="perplexity",
+                   make_datasets=_datasets, evaluate=perplexity, example=_example, synthetic=_synthetic))

@@ -298,17 +298,7 @@ def _example(name: str):
 
 
 for _name in ("gnmt8", "gnmt16"):
-    register(ModelSpec(
-        name=_name,
-        task="translation",
-        build=lambda preset, n=_name: build_gnmt(CONFIGS[(n, preset)]),
-        input_shape=lambda preset: (2, EXAMPLE_LENGTH[preset]),
-        dataset="ding_de_en",
-        criterion=translation_loss,
-        ignore_index=PAD,
-        metric="bleu",
-        make_datasets=_datasets(_name),
-        evaluate=bleu,
-        example=_example(_name),
-        synthetic=_synthetic(_name),
-    ))
+    register(ModelSpec(_name, "translation", lambda preset, n=_name: build_gnmt(CONFIGS[(n, preset)]),
+                       lambda preset: (2, EXAMPLE_LENGTH[preset]), "ding_de_en", criterion=translation_loss,
+                       ignore_index=PAD, metric="bleu", make_datasets=_datasets(_name), evaluate=bleu,
+                       example=_example(_name), synthetic=_synthetic(_name)))

@@ -23,6 +23,8 @@ import torch
 from pipedream.data.base import minibatches
 from pipedream.errors import PipeDreamError
 from pipedream.models import build_model, get_spec
+from pipedream.runtime.config import TrainConfig
+from pipedream.runtime.optim import make_optimizer
 
 
 @dataclass
@@ -36,19 +38,6 @@ class CurvePoint:
     train_loss: float  # mean criterion value over the minibatches since the previous point
     metric: float
     accuracy: float  # validation top-1 / token accuracy in percent, padding excluded (what the runtimes log)
-
-
-def make_optimizer(params, name: str, lr: float, momentum: float = 0.0, weight_decay: float = 0.0) -> torch.optim.Optimizer:
-    """``"sgd"`` (with momentum) or ``"adam"``.
-
-    Raises:
-        PipeDreamError: unknown optimizer name.
-    """
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    raise PipeDreamError(f"unknown optimizer {name!r}; use 'sgd' or 'adam'")
 
 
 def val_accuracy(model: torch.nn.Module, val, spec, batch_size: int = 256) -> float:  # type: ignore[no-untyped-def]
@@ -82,7 +71,8 @@ def learning_curve(name: str, batch_size: int, lr: float, optimizer: str = "sgd"
         raise PipeDreamError(f"model {name!r} has no data or evaluation hook")
     train, val = spec.make_datasets(preset, train_subset, val_subset, seed)
     model = build_model(name, preset, seed)
-    opt = make_optimizer(model.parameters(), optimizer, lr, momentum, weight_decay)
+    opt = make_optimizer(TrainConfig(optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay),
+                         model.parameters())
     per_epoch = len(train) // batch_size
     points = [CurvePoint(0, 0.0, 0, 0.0, float("nan"), spec.evaluate(model, val, 256), val_accuracy(model, val, spec))]
     step, seconds, losses = 0, 0.0, []

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from pipedream.data.images import image_datasets, image_synthetic, top1_accuracy
-from pipedream.models import ModelSpec, disable_inplace, register
+from pipedream.models import disable_inplace, image_spec, register
 
 STAGE_BLOCKS = (3, 4, 6, 3)  # ResNet-50
 REDUCED_WIDTH_DIVISOR = 4
@@ -63,13 +62,4 @@ def build_resnet50(preset: str) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-register(ModelSpec(
-    name="resnet50",
-    task="image_classification",
-    build=build_resnet50,
-    input_shape=lambda preset: (3, 224, 224) if preset == "full" else (3, 32, 32),
-    dataset="fashion_mnist",
-    make_datasets=image_datasets(32),
-    synthetic=image_synthetic(32),
-    evaluate=top1_accuracy,
-))
+register(image_spec("resnet50", build_resnet50, 32))

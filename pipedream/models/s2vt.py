@@ -218,18 +218,8 @@ def _example(preset: str, batch_size: int, seed: int) -> torch.Tensor:
     return torch.cat([pixels, words], dim=1)
 
 
-register(ModelSpec(
-    name="s2vt",
-    task="video_captioning",
-    build=lambda preset: build_s2vt(CONFIGS[preset]),
-    input_shape=lambda preset: (CONFIGS[preset].frames * math.prod(CONFIGS[preset].frame_shape)
-                                + CONFIGS[preset].max_words,),
-    dataset="moving_fashion_mnist",
-    criterion=caption_loss,
-    ignore_index=PAD,
-    metric="bleu4",
-    make_datasets=_datasets,
-    evaluate=bleu4,
-    example=_example,
-    synthetic=_synthetic,
-))
+register(ModelSpec("s2vt", "video_captioning", lambda preset: build_s2vt(CONFIGS[preset]),
+                   lambda preset: (CONFIGS[preset].frames * math.prod(CONFIGS[preset].frame_shape)
+                                   + CONFIGS[preset].max_words,),
+                   "moving_fashion_mnist", criterion=caption_loss, ignore_index=PAD, metric="bleu4",
+                   make_datasets=_datasets, evaluate=bleu4, example=_example, synthetic=_synthetic))

@@ -12,7 +12,7 @@ we keep them apart).
 
 Parameters: a block has ``12 h^2 + 13 h`` (QKV ``3h^2 + 3h``, output projection ``h^2 + h``, MLP
 ``8h^2 + 5h``, two LayerNorms ``4h``); the embedding ``(V + s) h``; the head ``h V + 2h``. The paper's totals
-count the vocabulary matrix once (tied): :func:`tied_parameters`.
+count the vocabulary matrix once (tied): ``h V`` fewer.
 
 Presets. ``reduced``: a tiny model (8 blocks of width 128, 4 heads) that trains on CPU in seconds on Penn
 Treebank tokens (:mod:`pipedream.data.language_model`; its 2,000 most frequent words, :data:`PTB_VOCAB`; windows
@@ -37,16 +37,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipedream.data.base import Sample, SampleSet
+from pipedream.data.base import Sample, SampleSet, stack_samples
 from pipedream.data.synthetic import SyntheticSpec, sequence_spec
 from pipedream.models import ModelSpec, register
 from pipedream.models.awd_lm import perplexity  # the same metric, -100 targets skipped
 
 IGNORE = -100  # target id of a position the masked-LM loss skips (F.cross_entropy's default ignore_index)
-# Words of the reduced models' Penn Treebank vocabulary, <unk> and <eos> included (the most frequent ones; the rest
-# become <unk>, pipedream.data.language_model.build_vocab): 2,000 rather than PTB's 10,000 keeps the head's
-# vocabulary projection (2 h V FLOPs a token) near one block's (24 h^2) at width 128, so the last stage of a
-# reduced pipeline is not five times the others
+# The reduced models' Penn Treebank vocabulary, <unk> and <eos> included (the rest become <unk>): 2,000 rather than
+# 10,000 keeps the head (2 h V FLOPs a token) near one block (24 h^2) at width 128, so the last stage is not 5x the rest
 PTB_VOCAB = 2_000
 GPT2_VOCAB = 50_257  # GPT-2's byte-pair vocabulary
 BERT_VOCAB = 30_522  # BERT's WordPiece vocabulary
@@ -85,12 +83,6 @@ class TransformerConfig:
         return self.layers * self.block_parameters() + (self.vocab + self.seq) * h + h * self.vocab + 2 * h
 
 
-def tied_parameters(cfg: TransformerConfig) -> int:
-    """Parameters when the head shares the embedding matrix, as the paper's totals count them: the built
-    model's :meth:`TransformerConfig.parameters` less the head's ``h V``."""
-    return cfg.parameters() - cfg.hidden * cfg.vocab
-
-
 _REDUCED_GPT = TransformerConfig(vocab=PTB_VOCAB, seq=32, hidden=128, heads=4, layers=8, causal=True)
 GPT_CONFIGS = {  # model name -> {preset: config}
     "gpt": {"reduced": _REDUCED_GPT,
@@ -104,8 +96,6 @@ BERT_CONFIGS = {
     "reduced": TransformerConfig(vocab=PTB_VOCAB + 1, seq=32, hidden=128, heads=4, layers=8, causal=False),
     "full": TransformerConfig(BERT_VOCAB, 512, 1024, 16, 24, causal=False),
 }
-# the paper's GPT models (its names) -> our registered model whose full preset has that size
-PAPER_GPT = {"GPT-1.3B": "gpt", "GPT-2.2B": "gpt_2.2b", "GPT-3.8B": "gpt_3.8b"}
 NAMES = (*GPT_CONFIGS, "bert")  # the registered names of this module
 REDUCED_ALIASES = {"gpt_2.2b": "gpt", "gpt_3.8b": "gpt"}  # models whose reduced preset is another's
 
@@ -180,7 +170,6 @@ def lm_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(output.flatten(0, 1), target.flatten(), ignore_index=IGNORE)
 
 
-
 class _Masked(Sequence[Sample]):
     """BERT's view of language-model windows: sample ``i`` is ``(masked ids, targets)`` with
     :data:`MASK_FRACTION` of the positions (at least one) masked, drawn from ``(seed, split, i)``."""
@@ -202,10 +191,6 @@ class _Masked(Sequence[Sample]):
         return inputs, targets
 
 
-def _stack(samples: list[Sample]) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
-
-
 def _lm_data(cfg: TransformerConfig, train_subset: int | None, val_subset: int | None,
              seed: int) -> tuple[SampleSet, SampleSet]:
     """Penn Treebank windows of ``cfg.seq`` tokens: GPT's next-token pairs, or BERT's masked windows."""
@@ -215,7 +200,7 @@ def _lm_data(cfg: TransformerConfig, train_subset: int | None, val_subset: int |
     train, val = lm_datasets(cfg.seq, words, train_subset, val_subset, seed)
     if cfg.causal:
         return train, val
-    return tuple(SampleSet(_Masked(s.samples, words, seed, k), _stack, {**s.info, "mask_id": words})  # type: ignore[return-value]
+    return tuple(SampleSet(_Masked(s.samples, words, seed, k), stack_samples, {**s.info, "mask_id": words})  # type: ignore[return-value]
                  for k, s in enumerate((train, val)))
 
 
@@ -234,21 +219,12 @@ def _example(cfg: TransformerConfig, batch_size: int, seed: int) -> torch.Tensor
 
 def _spec(name: str, configs: dict[str, TransformerConfig]) -> ModelSpec:
     causal = configs["reduced"].causal
-    return ModelSpec(
-        name=name,
-        task="language_model",
-        build=lambda preset: build_transformer(configs[preset]),
-        input_shape=lambda preset: (configs[preset].seq,),
-        dataset="penn_treebank",
-        criterion=lm_loss,
-        metric="perplexity",
-        higher_is_better=False,
-        ignore_index=None if causal else IGNORE,
-        make_datasets=lambda preset, tr, va, seed: _lm_data(configs[preset], tr, va, seed),
-        evaluate=perplexity,
-        example=lambda preset, batch, seed: _example(configs[preset], batch, seed),
-        synthetic=lambda preset: _synthetic(configs[preset]),
-    )
+    return ModelSpec(name, "language_model", lambda preset: build_transformer(configs[preset]),
+                     lambda preset: (configs[preset].seq,), "penn_treebank", criterion=lm_loss, metric="perplexity",
+                     ignore_index=None if causal else IGNORE,
+                     make_datasets=lambda preset, tr, va, seed: _lm_data(configs[preset], tr, va, seed),
+                     evaluate=perplexity, example=lambda preset, batch, seed: _example(configs[preset], batch, seed),
+                     synthetic=lambda preset: _synthetic(configs[preset]))
 
 
 def config_of(name: str, preset: str) -> TransformerConfig:

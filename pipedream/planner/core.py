@@ -7,6 +7,7 @@ per-stage numbers shown to the user.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 
@@ -59,15 +60,8 @@ class PlanOptions:
         return not self.compat if self.rerank is None else self.rerank
 
 
-def plan_pipeline(
-    graph: LayerGraph,
-    cluster: Cluster,
-    *,
-    model: str,
-    minibatch_size: int,
-    options: PlanOptions | None = None,
-    step: costmodel.StepRates | None = None,
-) -> Plan:
+def plan_pipeline(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_size: int,
+                  options: PlanOptions | None = None, step: costmodel.StepRates | None = None) -> Plan:
     """Partition ``graph`` into replicated pipeline stages for ``cluster`` (paper §3.1).
 
     Tied parameters (:attr:`LayerGraph.tied`): the plan is for 1F1B, so it never has stages holding one tied
@@ -102,9 +96,7 @@ def plan_pipeline(
     straight, memory_limit = options.straight, options.checks_memory
     solver_plans: list[tuple[str, Plan]] = []
     # the dynamic program's answers to the flags, without the memory limit and straight; and to the flags under
-    # §3.1's own cost model, which has no optimizer step: a candidate generator whose cost model is not the
-    # simulator's can land on a plan that simulates slower when it is made more faithful (GNMT-8 on A_3x4 with the
-    # step: 1-1-1-1-1-2-1-1-2-1 at 284.9 s an epoch against 1-1-1-1-1-1-1-1-3-1 at 274.4 s without it)
+    # §3.1's own cost model, without the optimizer step (a more faithful candidate generator can simulate slower)
     variants = [(straight, memory_limit, True), (straight, memory_limit, False), (straight, False, True),
                 (True, memory_limit, True)]
     errors = []
@@ -141,11 +133,9 @@ def _runnable_solver_plan(graph: LayerGraph, cluster: Cluster, *, model: str, mi
         return plan
     alternatives = []
     for opts, data_parallel in ((replace(options, straight=True), False), (options, True)):
-        try:
+        with contextlib.suppress(PipeDreamError):  # a straight pipeline longer than the model, or nothing fits
             alternatives.append(_solver_plan(graph, cluster, model=model, minibatch_size=minibatch_size, options=opts,
                                              step=step, data_parallel=data_parallel))
-        except PipeDreamError:  # a straight pipeline longer than the model, or nothing fits the memory
-            pass
     if not alternatives:
         raise PipeDreamError(f"the dynamic program's plan {plan.config} cannot run: {why}; neither a straight pipeline "
                              "nor data parallelism fits this cluster: plan with the re-ranking (the default mode)")
@@ -156,16 +146,8 @@ def _runnable_solver_plan(graph: LayerGraph, cluster: Cluster, *, model: str, mi
     return best
 
 
-def _solver_plan(
-    graph: LayerGraph,
-    cluster: Cluster,
-    *,
-    model: str,
-    minibatch_size: int,
-    options: PlanOptions,
-    step: costmodel.StepRates,
-    data_parallel: bool = False,
-) -> Plan:
+def _solver_plan(graph: LayerGraph, cluster: Cluster, *, model: str, minibatch_size: int, options: PlanOptions,
+                 step: costmodel.StepRates, data_parallel: bool = False) -> Plan:
     """The dynamic program's plan and estimate (see :func:`plan_pipeline`); with ``data_parallel``, its data
     parallelism (one stage on every worker, its estimate the solver's data-parallel time).
 
@@ -192,30 +174,16 @@ def _solver_plan(
     if data_parallel and memory_limit and stages[0].memory_bytes > cluster.device_memory_bytes:
         raise PipeDreamError(f"data parallelism needs {memory.format_bytes(stages[0].memory_bytes)} per device, more "
                              f"than the {memory.format_bytes(cluster.device_memory_bytes)} of {cluster.name}")
-    plan = Plan(
-        model=model,
-        cluster=cluster.name,
-        workers=cluster.workers,
-        stages=stages,
-        minibatch_size=minibatch_size,
-        time_per_sample_s=solution.time_s / minibatch_size,
-        dp_time_per_sample_s=solution.dp_time_s / minibatch_size,
-        extra={
-            "mode": "compat" if compat else "default",
-            "memory_limit": memory_limit,
-            "straight": straight,
-            "activation_compression_ratio": activation_compression_ratio,
-            "optimizer": step.optimizer,
-            "device_memory_bytes": cluster.device_memory_bytes,
-            "levels": [list(lv) for lv in cluster.levels],
-            "states": states.n,
-            "bottleneck_time_per_minibatch_s": solution.time_s,
-            "dp_time_per_minibatch_s": solution.dp_time_s,
-            "replicas_per_level": [seg.per_level for seg in solution.segments],
-            "offsets_per_level": [seg.offsets for seg in solution.segments],
-            "stage_details": details,
-        },
-    )
+    extra = {"mode": "compat" if compat else "default", "memory_limit": memory_limit, "straight": straight,
+             "activation_compression_ratio": activation_compression_ratio, "optimizer": step.optimizer,
+             "device_memory_bytes": cluster.device_memory_bytes, "levels": [list(lv) for lv in cluster.levels],
+             "states": states.n, "bottleneck_time_per_minibatch_s": solution.time_s,
+             "dp_time_per_minibatch_s": solution.dp_time_s,
+             "replicas_per_level": [seg.per_level for seg in solution.segments],
+             "offsets_per_level": [seg.offsets for seg in solution.segments], "stage_details": details}
+    plan = Plan(model=model, cluster=cluster.name, workers=cluster.workers, stages=stages, minibatch_size=minibatch_size,
+                time_per_sample_s=solution.time_s / minibatch_size,
+                dp_time_per_sample_s=solution.dp_time_s / minibatch_size, extra=extra)
     slowest = max(s.compute_s / s.replicas for s in stages)
     if slowest > solution.time_s * (1 + 1e-9):
         plan.extra["warnings"] = [
@@ -251,13 +219,10 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
         stage_of.setdefault(node_id, last)
     for node_id in states.dropped_inputs:
         stage_of[node_id] = 0
-    preds: dict[str, list[str]] = {n: [] for n in graph.nodes}
-    for s, d in graph.edges:
-        preds[d].append(s)
-    for node_id in graph.topological_order():
-        if node_id in states.dropped_sinks:
-            stage_of[node_id] = max((stage_of[p] for p in preds[node_id]), default=last)
     order = graph.topological_order()
+    for node_id in order:
+        if node_id in states.dropped_sinks:
+            stage_of[node_id] = max((stage_of[p] for p in graph.predecessors(node_id)), default=last)
     out: list[Stage] = []
     details: list[dict[str, float]] = []
     placement = hierarchical_ranks([seg.per_level for seg in solution.segments],
@@ -272,16 +237,8 @@ def _stages(graph: LayerGraph, states: StateGraph, solution: Solution,
         inner = seg.per_level[0]  # replicas in the innermost level's group; downstream of it there: versions
         versions = math.ceil((cluster.levels[0][0] - seg.offsets[0] - inner) / inner)
         step = float(step_s(solution.level_rules[0], params, graph.param_tensors_of(nodes), versions))
-        out.append(
-            Stage(
-                nodes=nodes,
-                replicas=seg.replicas,
-                ranks=placement[idx],
-                compute_s=compute,
-                comm_s=sync + act,
-                memory_bytes=need[idx].total,
-            )
-        )
+        out.append(Stage(nodes=nodes, replicas=seg.replicas, ranks=placement[idx], compute_s=compute,
+                         comm_s=sync + act, memory_bytes=need[idx].total))
         details.append({"sync_s": sync, "activation_s": act, "step_s": step, "param_bytes": params,
                         "time_s": max(compute + step + sync, act) / seg.replicas})
     return out, details

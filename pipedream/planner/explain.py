@@ -42,11 +42,8 @@ def format_plan(plan: Plan) -> str:
         "",
         f"{'stage':>5}  {'layers':<28} {'replicas':>8}  {'ranks':<14} {'compute ms':>10} {'comm ms':>9} {'memory GB':>9}",
     ]
-    for i, s in enumerate(plan.stages):
-        lines.append(
-            f"{i:>5}  {_nodes(s.nodes):<28} {s.replicas:>8}  {_ranks(s.ranks):<14} {s.compute_s * 1e3:>10.3f} "
-            f"{s.comm_s * 1e3:>9.3f} {s.memory_bytes / 1e9:>9.3f}"
-        )
+    lines += [f"{i:>5}  {_nodes(s.nodes):<28} {s.replicas:>8}  {_ranks(s.ranks):<14} {s.compute_s * 1e3:>10.3f} "
+              f"{s.comm_s * 1e3:>9.3f} {s.memory_bytes / 1e9:>9.3f}" for i, s in enumerate(plan.stages)]
     bottleneck_ms = ex.get("bottleneck_time_per_minibatch_s", 0.0) * 1e3
     how = (f"simulated: epoch / samples, {bottleneck_ms:.3f} ms per minibatch in steady state"
            if ex.get("estimate") == "simulated" else f"bottleneck {bottleneck_ms:.3f} ms per minibatch")
@@ -165,13 +162,10 @@ def explain(plan: Plan, graph: LayerGraph, cluster: Cluster) -> str:
     levels = _levels(plan, cluster)
     if levels:
         out.append(f"- {levels}")
-    if ex.get("mode") == "compat":
-        if ex.get("activation_compression_ratio") is None:
-            out.append("- Compat mode ignores activation transfers between stages (the release charges them only "
-                       "with --activation-compression-ratio); default mode charges them.")
-        out.extend(f"- Warning: {w}" for w in ex.get("warnings", []))
-    if ex.get("mode") != "compat":
-        out.extend(f"- Warning: {w}" for w in ex.get("warnings", []))
+    if ex.get("mode") == "compat" and ex.get("activation_compression_ratio") is None:
+        out.append("- Compat mode ignores activation transfers between stages (the release charges them only "
+                   "with --activation-compression-ratio); default mode charges them.")
+    out.extend(f"- Warning: {w}" for w in ex.get("warnings", []))
     if ex.get("memory_limit"):
         limit = ex.get("memory_limit_bytes") or cluster.device_memory_bytes
         out.append(f"- Every stage's stashed weights and activations had to fit {limit / 1e9:.3g} GB per device.")

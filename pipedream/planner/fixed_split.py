@@ -123,12 +123,7 @@ def split_for_replicas(graph: LayerGraph, replicas: list[int], network: Network,
             cand = np.maximum(np.maximum(best[s - 1][i], stage), cut[i] / link_bw[s - 1])
             t = int(np.argmin(cand))
             best[s][j], back[s][j] = cand[t], i[t]
-    cuts = [n]
+    bounds = [n]  # end position of each stage
     for s in range(k - 1, 0, -1):
-        cuts.append(int(back[s][cuts[-1]]))
-    cuts = cuts[::-1]  # end position of each stage
-    out, start = [], 0
-    for end in cuts:
-        out.append(order[start:end])
-        start = end
-    return out
+        bounds.insert(0, int(back[s][bounds[0]]))
+    return [order[a:b] for a, b in zip([0, *bounds], bounds, strict=False)]

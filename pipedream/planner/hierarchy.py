@@ -95,7 +95,8 @@ def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
     if rules and rules[0].compat:  # the release counts a tied tensor once per user
         return data_parallel_total_time(t, p, [(lv.workers, lv.bandwidth_Bps, lv.group_init) for lv in rules])
     p = model_param_bytes(states)
-    t += float(step_s(rules[0], p, model_param_tensors(states), 0))
+    tensors = float(states.param_tensors[-1] - np.maximum(states.tied_users[:, -1] - 1.0, 0.0).sum())  # tied once
+    t += float(step_s(rules[0], p, tensors, 0))
     for lv in rules:
         t = (t + float(weight_sync_s(lv, p, lv.workers, lv.group_init))) / lv.workers
     return t
@@ -104,11 +105,6 @@ def data_parallel_time(states: StateGraph, rules: list[LevelRules]) -> float:
 def model_param_bytes(states: StateGraph) -> float:
     """The whole model's parameter bytes, each tied tensor once (what one data-parallel worker holds)."""
     return float(states.param_bytes[-1] - states.tied_bytes @ np.maximum(states.tied_users[:, -1] - 1.0, 0.0))
-
-
-def model_param_tensors(states: StateGraph) -> float:
-    """The whole model's parameter tensors, each tied tensor once (what one data-parallel worker steps)."""
-    return float(states.param_tensors[-1] - np.maximum(states.tied_users[:, -1] - 1.0, 0.0).sum())
 
 
 def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, compat: bool) -> Solution:
@@ -120,10 +116,8 @@ def solve(states: StateGraph, cluster: Cluster, rules: list[LevelRules], *, comp
     """
     n = states.n
     if rules[0].straight and cluster.workers > n:
-        raise PipeDreamError(
-            f"a straight pipeline on {cluster.workers} workers needs {cluster.workers} stages but the model has only "
-            f"{n} split points (antichain states); use fewer workers or drop --straight"
-        )
+        raise PipeDreamError(f"a straight pipeline on {cluster.workers} workers needs {cluster.workers} stages but the "
+                             f"model has only {n} split points (antichain states); use fewer workers or drop --straight")
     # The release lets a segment end at any state at or after its start; difference 5: only at states
     # that contain the segment's start state.
     table: np.ndarray | ComputeTable = ComputeTable(states.compute_s, None if compat else states.nested)
@@ -189,10 +183,7 @@ def _no_plan_message(states: StateGraph, cluster: Cluster, rules: list[LevelRule
     if rules[0].memory_limit_bytes is not None:
         params = model_param_bytes(states)
         need = params + float(states.activation_bytes[-1])
-        return (
-            f"no plan fits the memory limit of {cluster.device_memory_bytes:.4g} bytes per device on cluster "
-            f"{cluster.name!r} (the model has {params:.4g} parameter bytes and "
-            f"{states.activation_bytes[-1]:.4g} activation bytes, {need:.4g} in all); drop --memory-limit or use "
-            "a cluster with more memory"
-        )
+        return (f"no plan fits the memory limit of {cluster.device_memory_bytes:.4g} bytes per device on cluster "
+                f"{cluster.name!r} (the model has {params:.4g} parameter bytes and {states.activation_bytes[-1]:.4g} "
+                f"activation bytes, {need:.4g} in all); drop --memory-limit or use a cluster with more memory")
     return f"no feasible plan for cluster {cluster.name!r} ({cluster.workers} workers)"

@@ -72,13 +72,3 @@ def by_end(pairs: tuple[np.ndarray, np.ndarray], n: int) -> list[np.ndarray]:
     """Pairs ``(k, j)`` sorted by ``j`` as ``cols[j]``: the split states of end state ``j``, for ``j < n``."""
     k, j = pairs
     return np.split(k, np.searchsorted(j, np.arange(1, n)))
-
-
-def undominated_ancestors(states: StateGraph, keys: list[np.ndarray]) -> list[np.ndarray]:
-    """For each state ``j``, the ancestors ``k`` of ``j`` not dominated, sorted (:func:`undominated_pairs`)."""
-    return by_end(undominated_pairs(states, keys), states.n)
-
-
-def all_ancestors(states: StateGraph) -> list[np.ndarray]:
-    """For each state ``j``, every ancestor ``k`` of ``j`` (sorted)."""
-    return by_end(all_pairs(states), states.n)

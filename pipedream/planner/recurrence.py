@@ -217,11 +217,6 @@ def _segment(inp: LevelInput, cumulative: np.ndarray, per_tied: np.ndarray, rows
     return total
 
 
-def initial_stage(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
-    """``A[r, j, m]`` for the unsplit segment on ``m + 1`` replicas, shape ``(len(rows), n, M)``, seconds."""
-    return initial_table(inp, rules, rows).transpose(2, 1, 0)
-
-
 def initial_table(inp: LevelInput, rules: LevelRules, rows: np.ndarray) -> np.ndarray:
     """The unsplit values laid out as ``A[m, j, r]``, shape ``(M, n, len(rows))``, seconds."""
     n, big_m = inp.n, rules.workers
@@ -289,7 +284,7 @@ def solve_rows(inp: LevelInput, rules: LevelRules, cols: list[np.ndarray]) -> np
     """``A[r, j, M - 1]`` for every row ``r = 0..n`` (values only, all workers), shape ``(n + 1, n)``, seconds.
 
     ``cols[j]`` lists the states after which a split may end at ``j`` (the ancestors of ``j``, possibly
-    with dominated ones removed, see :func:`pipedream.planner.prune.undominated_ancestors`). End states
+    with dominated ones removed, see :func:`pipedream.planner.prune.undominated_pairs`). End states
     are visited in topological order and, for each, every row and every ``(m, m')`` at once. A split
     after ``k`` is valid for row ``r`` when ``A[r, k]`` is finite (``T`` is ``inf`` where a segment is
     not allowed, e.g. ``k < r``).
@@ -372,10 +367,10 @@ def solve_row(inp: LevelInput, rules: LevelRules, r: int, pairs: tuple[np.ndarra
     candidates go in blocks of whole end states, about ``_BLOCK_BYTES`` of values each: a block reads the
     values of earlier blocks (final) and of its own earlier end states (final for smaller ``m``), and its
     arrays stay in the cache and in memory the process already has (arrays of a few MB come fresh from
-    the OS at every call, a page fault per 4 kB: GNMT-16, 4 ms of 9).
+    the OS at every call, a page fault per 4 kB).
     """
     n, big_m = inp.n, rules.workers
-    time = initial_stage(inp, rules, np.array([r]))[0]
+    time = initial_table(inp, rules, np.array([r]))[:, :, 0].T  # A[r, j, m], shape (n, M)
     solution = RowSolution(time, time.copy(), inp, rules, r)
     pk, pj = pairs
     keep = (pk >= r) & (pj > r)

@@ -23,6 +23,8 @@ Times are seconds per profiled minibatch (forward + backward), sizes bytes.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +53,6 @@ class StateGraph:
         dropped_inputs: ids of the removed ``Input`` sources (they go to stage 0).
         dropped_sinks: ids of the removed ``__getitem__`` sinks (they go with their producer).
         ideals: per state, bitmask over ``node_ids`` of the nodes up to and including the state.
-        antichains: per state, the antichain (node ids), for explanations.
         compute_s: per state, forward+backward seconds of its ideal, cumulative.
         activation_bytes: per state, summed output bytes of its ideal, cumulative.
         param_bytes: per state, summed parameter bytes of its ideal, cumulative (a tied tensor once per user).
@@ -74,7 +75,6 @@ class StateGraph:
     dropped_inputs: list[str]
     dropped_sinks: list[str]
     ideals: list[int]
-    antichains: list[list[str]]
     compute_s: np.ndarray
     activation_bytes: np.ndarray
     param_bytes: np.ndarray
@@ -119,9 +119,8 @@ def build_states(graph: LayerGraph) -> StateGraph:
     remaining = [n for n in graph.nodes if n not in set(dropped_inputs)]
     # Sinks are taken after the inputs are gone, in one pass, as the release does.
     gone = set(dropped_inputs)
-    dropped_sinks = [
-        n for n in remaining if graph.nodes[n].desc.startswith("__getitem__") and not [d for d in succs_of[n] if d not in gone]
-    ]
+    dropped_sinks = [n for n in remaining
+                     if graph.nodes[n].desc.startswith("__getitem__") and not [d for d in succs_of[n] if d not in gone]]
     gone |= set(dropped_sinks)
     node_ids = [n for n in remaining if n not in gone]
     if not node_ids:
@@ -142,9 +141,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
     out_mask = [sum(1 << c for c in out[x]) for x in range(v)]
     # Ancestors of a that feed a node outside a's ancestors (and other than a): the "extra" nodes that
     # a contributes to any augmented antichain it belongs to.
-    feeds_beyond = [
-        sum(1 << p for p in _bits(pred[a]) if out_mask[p] & ~(pred[a] | (1 << a))) for a in range(v)
-    ]
+    feeds_beyond = [sum(1 << p for p in _bits(pred[a]) if out_mask[p] & ~(pred[a] | (1 << a))) for a in range(v)]
 
     bit = [1 << x for x in range(v)]
     consumers = [[(y, bit[y], succ[y], ~pred[y]) for y in out[x]] for x in range(v)]
@@ -198,12 +195,7 @@ def build_states(graph: LayerGraph) -> StateGraph:
                     augmented.append(augment(nxt, key))
                 successors.append(t)
     topo = _dfs_topological(edges)
-    ideal_of = []
-    for sid in range(len(antichains)):
-        mask = 0
-        for a in antichains[sid]:
-            mask |= pred[a] | (1 << a)
-        ideal_of.append(mask)
+    ideal_of = [functools.reduce(operator.or_, (pred[a] | (1 << a) for a in chain), 0) for chain in antichains]
     nodes = [graph.nodes[n_id] for n_id in node_ids]
     time = np.array([nd.fwd_s + nd.bwd_s for nd in nodes])
     acts = np.array([nd.output_bytes for nd in nodes])
@@ -221,25 +213,13 @@ def build_states(graph: LayerGraph) -> StateGraph:
     # the state itself is a proper one.
     nested = _contain_all(columns, [antichains[s] for s in topo], n)
     np.fill_diagonal(nested, False)
-    return StateGraph(
-        node_ids=node_ids,
-        dropped_inputs=dropped_inputs,
-        dropped_sinks=dropped_sinks,
-        ideals=ideals,
-        antichains=[[node_ids[a] for a in antichains[s]] for s in topo],
-        compute_s=member @ time,
-        activation_bytes=member @ acts,
-        param_bytes=member @ params,
-        boundary_bytes=boundary,
-        cut_bytes=crossing(member, out) @ acts,
-        ancestors=ancestors,
-        nested=nested,
-        edges=edge_array,
-        tied_users=(member @ np.array([[nid in t.nodes for t in graph.tied] for nid in node_ids],
-                                      dtype=float).reshape(v, len(graph.tied))).T,
-        tied_bytes=np.array([t.nbytes for t in graph.tied], dtype=float),
-        param_tensors=member @ tensors,
-    )
+    uses = np.array([[nid in t.nodes for t in graph.tied] for nid in node_ids], dtype=float).reshape(v, len(graph.tied))
+    return StateGraph(node_ids=node_ids, dropped_inputs=dropped_inputs, dropped_sinks=dropped_sinks, ideals=ideals,
+                      compute_s=member @ time, activation_bytes=member @ acts, param_bytes=member @ params,
+                      boundary_bytes=boundary,
+                      cut_bytes=crossing(member, out) @ acts, ancestors=ancestors, nested=nested, edges=edge_array,
+                      tied_users=(member @ uses).T, tied_bytes=np.array([t.nbytes for t in graph.tied], dtype=float),
+                      param_tensors=member @ tensors)
 
 
 def _edge_array(edges: list[list[int]], topo: list[int]) -> np.ndarray:

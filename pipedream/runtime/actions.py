@@ -72,15 +72,11 @@ def memory_window(actions: list[Action], minibatches: int) -> int:
 
     A schedule is periodic once its warm-up is over (1F1B: at most ``stages`` minibatches in flight, §3.2;
     GPipe, 2BW and PipeDream-Flush: each minibatch's microbatches run alike), so the peak of a training pass is reached
-    within its first few minibatches, and counting after every action of a long epoch only costs time: a
-    count is a Python walk over every tensor the stage holds (GNMT-8 with a count after every action ran
-    20-30% slower on 2 cores). Every forward inside the window records its saved tensors, and no count
-    happens after it, so what is counted is complete.
+    within its first few minibatches, and counting after every action of a long epoch (a Python walk over every
+    tensor the stage holds) only costs time. Every forward inside the window records its saved tensors, and no
+    count happens after it, so what is counted is complete.
     """
-    last_b: dict[int, int] = {}  # minibatch -> index of its last backward, in order of first backward
-    for i, a in enumerate(actions):
-        if a.kind == Kind.B:
-            last_b[a.minibatch] = i
+    last_b = {a.minibatch: i for i, a in enumerate(actions) if a.kind == Kind.B}  # in order of first backward
     ends = list(last_b.values())
     return ends[minibatches - 1] + 1 if 0 < minibatches <= len(ends) else len(actions)
 

@@ -7,12 +7,9 @@ stage. :func:`final_metric` rebuilds the registry model, loads the stages into i
 model's own quality metric (top-1, BLEU, perplexity, ...), so both modes are scored by the same code,
 outside the timed training.
 
-With ``score_epochs`` (:class:`pipedream.runtime.config.TrainConfig`) the same files are also written
-at the end of every epoch, under ``<out_dir>/epochs/<k>/``, and :func:`epoch_metrics` scores each of
-them after training: the model's metric per epoch (BLEU has no cheap per-minibatch form, so the workers
-cannot compute it as they go), from which time-to-accuracy on that metric is read. The workers exclude
-the time they spend writing these files from ``wall_time_s``, and the scoring runs after training, in
-the launcher, in both modes alike: neither counts towards time-to-accuracy.
+With ``score_epochs`` the same files are also written at the end of every epoch, under ``<out_dir>/epochs/<k>/``,
+and :func:`epoch_metrics` scores each of them after training (BLEU has no cheap per-minibatch form): neither the
+writing (kept out of ``wall_time_s``) nor the scoring counts towards time-to-accuracy, in both modes alike.
 """
 
 from __future__ import annotations
@@ -130,9 +127,6 @@ def _score(out_dir: Path, model_name: str, preset: str, seed: int, train_subset:
         return None
     model = build_model(model_name, preset, seed)
     _, val = make(preset, train_subset, val_subset, seed)
-    values = []
-    for epoch in epochs:
-        load_into(out_dir, model, epoch)
-        with torch.no_grad():
-            values.append(float(evaluate(model, val, batch_size)))
+    with torch.no_grad():
+        values = [float(evaluate(load_into(out_dir, model, epoch), val, batch_size)) for epoch in epochs]
     return str(getattr(spec, "metric", "metric")), values

@@ -1,42 +1,32 @@
 """Gradient buckets of a stage: the allreduce of a replicated stage overlapped with its backward, as DDP does.
 
-Layout (once, when the executor is built). The stage's trainable parameters are grouped by *layer*, the
-submodule that owns them (``layer1.0.conv1`` for ``layer1.0.conv1.weight``), layers in reverse order of
-registration: the order in which the backward produces their gradients, as PyTorch's
-``DistributedDataParallel`` assumes. :func:`pipedream.costmodel.bucket_layers` groups those layers into
-buckets (a bucket closes once it holds ``cap_bytes``; the first one at 1 MiB when the cap is DDP's default
-25 MiB, as PyTorch's DDP does: :func:`pipedream.costmodel.ddp_first_cap`), the one bucketing rule the DDP
-baseline, the planner and the simulator use too. A bucket's bytes are
-its parameters' bytes. Each bucket owns one flat buffer, allocated once, and every master parameter's ``.grad`` is a view
-into it (DDP's ``gradient_as_bucket_view``), parameters in the bucket in backward order: a step needs
-no concatenation and no copy.
+Layout (once, when the executor is built). The stage's trainable parameters are grouped by *layer* (the owning
+submodule: ``layer1.0.conv1`` for ``layer1.0.conv1.weight``), layers in reverse order of registration: the order
+in which the backward produces their gradients, as PyTorch's ``DistributedDataParallel`` assumes.
+:func:`pipedream.costmodel.bucket_layers` groups them into buckets (the one bucketing rule the DDP baseline, the
+planner and the simulator use too: a bucket closes once it holds ``cap_bytes``, the first at 1 MiB under DDP's
+default 25 MiB cap). Each bucket owns one flat buffer, allocated once, and every master parameter's ``.grad`` is a
+view into it (DDP's ``gradient_as_bucket_view``): a step needs no concatenation and no copy.
 
-Overlap (the backward whose gradients complete the update: the ``B`` that is followed, in the rank's
-action list, by an ``ALLREDUCE``). A hook on every parameter tensor the backward differentiates (the
-weight version its forward used) adds the gradient into the master ``.grad`` as soon as autograd has
-computed it. When every parameter of a bucket has its gradient, the bucket is ready; ready buckets are
-launched in bucket order (bucket ``k`` never before bucket ``k - 1``, as DDP) as an asynchronous
-``all_reduce`` (sum) on the stage's process group. Buckets some of whose parameters got no gradient in
-that backward (unused parameters) are launched right after it, in order. The ``ALLREDUCE`` action then
-waits for every bucket (:meth:`BucketReducer.wait`, with the timeout) and the executor divides the
-buffers by the schedule's reduce divisor. Earlier backwards of a minibatch (GPipe and 2BW microbatches)
-only accumulate into the same buffers.
+Overlap (the ``B`` followed, in the rank's action list, by an ``ALLREDUCE``). A hook on every parameter tensor the
+backward differentiates adds the gradient into the master ``.grad`` as soon as autograd has computed it; a bucket
+whose gradients are all in is launched, in bucket order (as DDP), as an asynchronous ``all_reduce`` (sum) on the
+stage's process group. Buckets some of whose parameters got no gradient are launched right after the backward.
+The ``ALLREDUCE`` action then waits for every bucket (:meth:`BucketReducer.wait`, with the timeout) and the
+executor divides the buffers by the schedule's reduce divisor. Earlier backwards of a minibatch (GPipe and 2BW
+microbatches) only accumulate into the same buffers.
 
-Emulated link (``bandwidth_Bps``, ``--emulate-bandwidth-Bps``): the replicas' allreduces share one link,
-one bucket after the other. With ``L_k`` the time the *last* replica launched bucket ``k``
-(:class:`pipedream.runtime.launch_board.LaunchBoard`: each replica posts its ``time.perf_counter()`` before
-launching, and reads the others' after the bucket's real allreduce returned), ``S_k`` its bytes and ``n`` the
-stage's replicas, the link's emulated completion of bucket ``k`` is
+Emulated link (``--emulate-bandwidth-Bps``): the replicas' allreduces share one link, one bucket after the
+other. With ``L_k`` the time the *last* replica launched bucket ``k``
+(:class:`pipedream.runtime.launch_board.LaunchBoard`), ``S_k`` its bytes and ``n`` the stage's replicas, the
+link completes bucket ``k`` at
 
     ``E_k = max(L_k, E_{k-1}) + ring_allreduce_s(S_k, n, bandwidth_Bps)``
 
-(:func:`pipedream.runtime.launch_board.link_finish_s`), with ``E_{-1}`` the emulated completion of the
-link's previous allreduce (the last bucket of an earlier step, in the past by the time the next backward
-launches, since its ``ALLREDUCE`` waited for it). No replica's allreduce completes before the last replica's
-gradients could have crossed the link, as on a real one and as the simulator times it. Bucket ``k`` is
-complete at ``max(E_k, when its real all_reduce returned)``: the ``ALLREDUCE`` waits for the buckets in order
-and sleeps until each one's ``E_k``; it ends at the last bucket's completion. The DDP baseline's comm hook
-(:mod:`pipedream.baselines.ddp`) throttles its buckets by the same rule.
+(:func:`pipedream.runtime.launch_board.link_finish_s`; ``E_{-1}``: the link's previous allreduce), as the simulator
+times it. Bucket ``k`` is complete at ``max(E_k, when its real all_reduce returned)``: the ``ALLREDUCE`` waits for
+the buckets in order and sleeps until each one's ``E_k``. The DDP baseline's comm hook throttles its buckets by
+the same rule.
 """
 
 from __future__ import annotations
@@ -178,11 +168,8 @@ class BucketReducer:
         differentiates) so that its gradient is added to ``master[name].grad`` and full buckets are
         launched. Returns the hook handles; pass them to :meth:`after_backward`."""
         self._reset()
-        handles = []
-        for k, b in enumerate(self.buckets.buckets):
-            for n in b.names:
-                handles.append(params[n].register_hook(self._hook(master[n], k)))
-        return handles
+        return [params[n].register_hook(self._hook(master[n], k))
+                for k, b in enumerate(self.buckets.buckets) for n in b.names]
 
     def _hook(self, master: torch.Tensor, k: int) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:

@@ -3,12 +3,10 @@
 A checkpoint is taken at a *position* ``(epochs done, minibatches done in the next epoch)``: at the
 end of every epoch ``(e, 0)`` and, with ``--checkpoint-every N``, after every N minibatches inside
 an epoch, where the pipeline is flushed (the epoch's schedule runs as segments of N minibatches).
-Every rank writes ``<out_dir>/checkpoints/e<epochs>-m<minibatches>/rank<r>.pt`` with its stage's
-weights, optimizer state, stored weight versions, RNG state, the metrics rows so far and its partial
-sums of the epoch in progress (through a temporary file and a rename); after a barrier rank 0 writes
-``COMPLETE`` in that folder (atomically): a folder without it is never resumed from. A complete checkpoint
-that a rank cannot read is skipped for the previous one (:func:`load_stage`). The
-data-loader position is the position itself (each epoch's sample order is fixed by the seed and the
+Every rank writes ``<out_dir>/checkpoints/e<epochs>-m<minibatches>/rank<r>.pt`` with its stage's weights,
+optimizer state, stored weight versions, RNG state, the metrics rows so far and its partial sums of the epoch in
+progress (atomically); after a barrier rank 0 writes ``COMPLETE`` there: a folder without it is never resumed
+from. The data-loader position is the position itself (each epoch's sample order is fixed by the seed and the
 epoch), so a resumed run continues exactly where the interrupted run would have. Files are read with
 ``torch.load(weights_only=True)``.
 """
@@ -36,9 +34,7 @@ def _dir(out_dir: Path, position: tuple[int, int]) -> Path:
 
 def latest_complete(out_dir: Path) -> tuple[int, int]:
     """The newest position ``(epochs, minibatches)`` with a complete checkpoint, ``(0, 0)`` if none."""
-    root = out_dir / "checkpoints"
-    done = [(int(m[1]), int(m[2])) for p in root.glob("e*-m*") if (m := _NAME.match(p.name)) and (p / MARKER).is_file()]
-    return max(done, default=(0, 0))
+    return max(complete_positions(out_dir), default=(0, 0))
 
 
 def save_stage(out_dir: Path, position: tuple[int, int], stage: int, rank: int, stage_ranks: list[list[int]],

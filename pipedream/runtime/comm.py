@@ -5,15 +5,11 @@ Every transfer is a few messages on torch.distributed (gloo on CPU, NCCL on GPU)
 boundary (one, or the items of a tuple such as GNMT's ``(h, src, prev)``). Sends are asynchronous
 (the handle is kept until it completes), receives are waited on with a timeout, so no wait can hang.
 
-Tags make each message unique: ``tag = ((((phase * 2 + direction) << 19) + minibatch) << 7 | micro) << 3
-| part``, so on gloo matching never depends on posting order, and the executor posts receives ahead of
-need (overlapping transfers with compute). NCCL ignores tags: the point-to-point operations of a rank
-run in the order they were issued (for a pair of ranks, on one CUDA stream), and a receive blocks
-everything issued after it until its sender's matching send runs. Posting a receive early can then
-deadlock two stages that each wait for the other's send (NVIDIA/nccl#479). So with ``batched=True``
-(what the workers use on NCCL) the executor issues the sends and receives of each step together as
-one :func:`torch.distributed.batch_isend_irecv` (one NCCL group, inside which order does not matter),
-in schedule order (:func:`pipedream.runtime.actions.issue_plan`).
+Tags make each message unique (:func:`make_tag`), so on gloo matching never depends on posting order and the
+executor posts receives ahead of need. NCCL ignores tags and runs a rank's point-to-point operations in issue
+order, so a receive posted early can deadlock two stages that each wait for the other's send (NVIDIA/nccl#479):
+with ``batched=True`` (what the workers use on NCCL) the sends and receives of each step are issued together as
+one :func:`torch.distributed.batch_isend_irecv`, in schedule order (:func:`pipedream.runtime.actions.issue_plan`).
 
 ``log=True`` records what a rank hands to torch.distributed, in order (:attr:`P2P.log`, tests check
 it): ``("send" | "recv", peer, tag_args, batch)`` for each transfer (the same ``batch`` number: one
@@ -159,7 +155,6 @@ class P2P:
         self._sends: list[tuple[dist.Work | None, torch.Tensor, str]] = []
         self._link_free: dict[int, float] = {}  # src rank -> time its link to us is free again
         self.bytes_sent = 0
-        self.bytes_received = 0
         self.throttle_s = 0.0
 
     def note(self, *entry: object) -> None:
@@ -229,11 +224,9 @@ class P2P:
 
     def throttle(self, src: int, msg: Message) -> None:
         """Hold ``msg`` until the emulated link from ``src`` would have delivered it."""
-        nbytes = msg.nbytes
-        self.bytes_received += nbytes
         if not self.bandwidth_Bps:
             return
-        ready = link_ready_s(msg.sent_at, self._link_free.get(src, 0.0), nbytes, self.bandwidth_Bps)
+        ready = link_ready_s(msg.sent_at, self._link_free.get(src, 0.0), msg.nbytes, self.bandwidth_Bps)
         self._link_free[src] = ready
         delay = ready - time.time()
         if delay > 0:

@@ -38,59 +38,17 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any
 
 @dataclass
 class TrainConfig:
-    """One training run.
+    """One training run. Every settable field's meaning, default and choices are its command-line help (the
+    ``help`` and ``choices`` metadata that :func:`add_arguments` offers: ``pipedream train --help``), written
+    only there.
+
+    Beyond the help: ``batch_size`` must be a multiple of ``microbatches``, and ``microbatches`` of every
+    stage's replicas (replicas take turns over a minibatch's microbatches); ``compat`` runs 1F1B with
+    :func:`pipedream.schedules.warmup_count` instead of :func:`pipedream.schedules.warmup_count_consistent`.
+    The last three fields have no command-line form (:data:`NOT_CLI`).
 
     Attributes:
-        model, preset: registry model and preset (:func:`pipedream.models.build_model`).
-        plan: plan JSON path (PipeDream mode); None splits the layers evenly into a straight pipeline.
-        schedule: ``1f1b`` (PipeDream 1F1B-RR), ``gpipe``, ``2bw`` or ``pipedream_flush`` (1F1B over each
-            minibatch's microbatches, then a flush: :func:`pipedream.schedules.pipedream_flush`).
-        microbatches: microbatches per minibatch (GPipe, 2BW, PipeDream-Flush); the batch size must be a
-            multiple, and so must this of every stage's replicas (replicas take turns over a minibatch's
-            microbatches).
-        recompute: activation recomputation (pipedream mode): every stage's forward runs under
-            ``torch.utils.checkpoint`` (non-reentrant), which keeps only the stage's inputs and recomputes the
-            forward inside the backward (:class:`pipedream.runtime.executor.StageExecutor`).
-        weight_sync: ``stash`` (weight stashing) or ``vertical`` (vertical sync) for 1F1B (§3.3), on
-            unreplicated and replicated stages alike.
-        compat: 1F1B with the release runtime's warm-up counts (:func:`pipedream.schedules.warmup_count`)
-            instead of the default :func:`pipedream.schedules.warmup_count_consistent`, which admits enough
-            minibatches for what replicated downstream stages hold in flight (the two agree on straight
-            pipelines and on ``15-1``-like configs); also implies ``stage_lr="all"``, as the release does.
-        stage_lr: which optimizers get the release's per-stage learning rate under 1F1B-RR,
-            ``lr x replicas(s) / replicas(0)`` (:func:`pipedream.runtime.lr.stage_lr_factor`): ``"sgd"``
-            (default), ``"all"`` or ``"none"``.
-        epochs, batch_size, lr, momentum, weight_decay, optimizer, seed: training hyper-parameters (``optimizer``:
-            :func:`pipedream.runtime.optim.make_optimizer`);
-            ``batch_size`` is the minibatch of one pipeline (PipeDream) or of one worker (DP).
-        train_subset, val_subset: sample counts drawn from the splits with ``seed`` (None = all).
-        max_minibatches: cap on training minibatches per epoch (tests, smoke runs).
-        data: ``real`` (the model's data set) or ``synthetic`` (random samples of its shapes and label
-            ranges, drawn per index from ``seed``: epoch times without the data set,
-            :mod:`pipedream.data.synthetic`); subsets size a synthetic set (default: the real set's size).
-        data_dir: Fashion-MNIST folder (None = ``$PIPEDREAM_FASHION_MNIST`` or the Debian path).
-        out_dir: where ``metrics.json`` (and checkpoints, debug dumps, error files) go; None means
-            :meth:`run_dir`'s default.
-        comm_timeout_s: longest wait for any message or collective, s.
-        emulate_bandwidth_Bps: throttle every link to this many bytes/s (None = raw link).
-        bucket_bytes: gradient bucket cap, bytes: the allreduce of a replicated stage (PipeDream mode,
-            :mod:`pipedream.runtime.buckets`) and of DDP (dp mode, ``bucket_cap_mb``) goes in buckets of
-            about this size, each launched while the backward still runs (default DDP's 25 MiB).
-        checkpoint: save each stage's state at every epoch boundary under ``out_dir/checkpoints``.
-        checkpoint_every: also checkpoint after every this many minibatches inside an epoch (the
-            pipeline is flushed there; implies ``checkpoint``); None = epoch boundaries only.
-        resume: continue from the newest complete checkpoint in ``out_dir/checkpoints``.
-        score_epochs: also save the whole model at the end of every epoch under ``out_dir/epochs/<k>``
-            (:mod:`pipedream.runtime.assemble`; the writes are excluded from ``wall_time_s``), for
-            ``pipedream train`` to score with the model's own metric (BLEU, ...) after training.
-        progress: show a tqdm bar on one rank.
-        debug_dump: write per-rank traces, first gradients and final weights (tests).
-        measure_memory: count each stage's bytes (weights, weight versions, gradients, optimizer state,
-            in-flight buffers, saved activations; :mod:`pipedream.runtime.memory_meter`) after every training
-            action of the first minibatches of each pass, past the warm-up (the schedule then repeats,
-            :func:`pipedream.runtime.actions.memory_window`), and log the per-stage peak, bytes, per epoch.
-        model_factory: builds the model instead of the registry (tests, :func:`pipedream.train`); not settable
-            from the CLI, nor are the next two.
+        model_factory: builds the model instead of the registry (tests, :func:`pipedream.train`).
         datasets: ``(train, val)`` instead of the model's data, or a function returning them
             (:func:`pipedream.train`); subsets are drawn from them.
         criterion: ``criterion(output, target) -> loss`` for ``model_factory``'s model (default: cross-entropy of
@@ -184,22 +142,12 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Raise PipeDreamError naming the first bad setting and how to fix it."""
-        if self.schedule not in SCHEDULES:
-            raise PipeDreamError(f"unknown --schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}")
-        if self.stage_lr not in STAGE_LR:
-            raise PipeDreamError(f"unknown --stage-lr {self.stage_lr!r}; use one of {', '.join(STAGE_LR)}")
-        if self.weight_sync not in WEIGHT_SYNC:
-            raise PipeDreamError(f"unknown --weight-sync {self.weight_sync!r}; use one of {', '.join(WEIGHT_SYNC)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise PipeDreamError(f"unknown --optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-        if self.lr_policy not in LR_POLICIES:
-            raise PipeDreamError(f"unknown --lr-policy {self.lr_policy!r}; use one of {', '.join(LR_POLICIES)}")
-        if self.data not in DATA:
-            raise PipeDreamError(f"unknown --data {self.data!r}; use one of {', '.join(DATA)}")
+        for f in fields(self):
+            value, choices = getattr(self, f.name), f.metadata.get("choices")
+            if choices and value not in choices:
+                raise PipeDreamError(f"unknown --{f.name.replace('_', '-')} {value!r}; use one of {', '.join(choices)}")
         if self.data == "synthetic" and self.data_dir:
             raise PipeDreamError("--data-dir names real data; leave it out with --data synthetic")
-        if self.dp_batch not in DP_BATCH:
-            raise PipeDreamError(f"unknown --dp-batch {self.dp_batch!r}; use one of {', '.join(DP_BATCH)}")
         if self.lr <= 0 or self.lr_power <= 0 or self.lr_step_epochs <= 0:
             raise PipeDreamError("--lr, --lr-power and --lr-step-epochs must be positive")
         if self.clip_norm < 0 or self.lr_warmup_epochs < 0:
@@ -255,10 +203,6 @@ NOT_CLI = ("model_factory", "datasets", "criterion")  # Python objects: no comma
 CLI_HIDDEN = (*NOT_CLI, "debug_dump")  # not offered by `pipedream train`
 
 
-def _kind(f: Any) -> type:
-    return {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)
-
-
 def add_arguments(parser: argparse.ArgumentParser, hide: tuple[str, ...] = NOT_CLI) -> None:
     """Add one option per :class:`TrainConfig` field (``--batch-size`` for ``batch_size``), with the field's
     default, help and choices; ``hide`` names fields not to offer."""
@@ -271,7 +215,8 @@ def add_arguments(parser: argparse.ArgumentParser, hide: tuple[str, ...] = NOT_C
         if isinstance(default, bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
         else:
-            parser.add_argument(flag, type=_kind(f), default=default, choices=f.metadata.get("choices"), help=help_)
+            kind = {"int": int, "float": float}.get(str(f.type).split(" |")[0], str)  # the field's annotation
+            parser.add_argument(flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_)
 
 
 def from_args(ns: argparse.Namespace) -> TrainConfig:

@@ -9,6 +9,8 @@ say which rank failed first and why.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -21,10 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from pipedream.allocator import keep_freed_memory
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_json, atomic_write_text
 from pipedream.runtime.comm import CommTimeout, wait_or_raise
-from pipedream.runtime.supervise import PEER_FAILED
+from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.supervise import PEER_FAILED, die_with_parent
 
 FAULT_ENV = "PIPEDREAM_FAULT_KILL"
 
@@ -129,18 +133,43 @@ def run_guarded(main: Callable[[], None], out_dir: Path, rank: int) -> None:
             reason = f"{type(e).__name__}: {reason}"
             traceback.print_exc(file=sys.stderr)
         line = f"rank {rank} failed: {reason}"
-        try:
+        with contextlib.suppress(OSError):
             atomic_write_text(out_dir / "errors" / f"rank{rank}.txt", f"{time.time():.3f} {line}\n")
-        except OSError:
-            pass
         print(f"error: {line}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(PEER_FAILED if peer_failed(e) else 1)
     if dist.is_initialized():
         dist.destroy_process_group()
-    # Skip the interpreter's finalization: gloo's worker threads may still hold finished work whose
-    # tensors, destroyed while Python tears down, abort the process (SIGABRT, "terminate called without an
-    # active exception"; seen once on a finished GNMT-16 run). Everything the run writes is written by now.
+    # Skip the interpreter's finalization: gloo's worker threads may still hold finished work whose tensors,
+    # destroyed while Python tears down, abort the process (SIGABRT). Everything the run writes is written by now.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def progress_bar(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-untyped-def]
+    """A tqdm bar of ``total`` minibatches when ``cfg.progress`` and ``enabled`` (one rank), else None; on stdout:
+    ``pipedream train`` shows the workers' stdout and keeps their stderr for train.log."""
+    if not (cfg.progress and enabled):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="mb", mininterval=2.0, dynamic_ncols=True, leave=True, file=sys.stdout)
+
+
+def worker_main(argv: list[str] | None, prog: str, doc: str | None, mode: str,
+                train: Callable[[TrainConfig], None]) -> None:
+    """torchrun entry point of a worker: parse the options of :class:`TrainConfig`, then ``train`` it under
+    :func:`run_guarded` (errors to ``<run_dir(mode)>/errors``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    add_arguments(parser)
+    cfg = from_args(parser.parse_args(argv))
+    rank = int(os.environ.get("RANK", "0"))
+    die_with_parent()
+    keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
+
+    def _run() -> None:
+        init(cfg.comm_timeout_s)
+        train(cfg)
+
+    run_guarded(_run, cfg.run_dir(mode), rank)

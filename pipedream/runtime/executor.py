@@ -1,35 +1,25 @@
 """Execute one rank's action list (:mod:`pipedream.schedules`) for one stage: the heart of the runtime.
 
-Per action kind (§3.2, §3.3):
+Per action kind (§3.2, §3.3; when sends and receives are issued is :func:`pipedream.runtime.actions.issue_plan`'s
+decision):
 
-* ``RECV_F``/``RECV_B``: wait for the activation/gradient, posted earlier (:func:`pipedream.runtime.actions.issue_plan`).
+* ``RECV_F``/``RECV_B``: wait for the activation/gradient posted earlier.
 * ``F``: run the stage on the weight version chosen by the :class:`~pipedream.runtime.versions.Policy`
-  (``torch.func.functional_call`` on that version's tensors); with ``recompute``, under
-  ``torch.utils.checkpoint`` (non-reentrant), which keeps only the stage's inputs and runs the forward again
-  on the same version when the backward first needs a saved tensor (:meth:`StageExecutor._recomputable`).
-  The last stage adds the cross-entropy loss (outside the checkpoint), divided by the microbatches per
-  minibatch so coalesced gradients are minibatch means. The
+  (``torch.func.functional_call`` on that version's tensors); with ``recompute``, under non-reentrant
+  ``torch.utils.checkpoint`` (:meth:`StageExecutor._recomputable`). The last stage adds the loss (outside the
+  checkpoint), divided by the microbatches per minibatch so coalesced gradients are minibatch means. The
   activation sent on carries the update count of vertical sync (§3.3): the input stage sends how many
   minibatches' updates its weights contain (version x minibatches per step), later stages pass it on.
-* ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added
-  to the master weights' ``.grad`` (views into the stage's gradient buckets,
-  :mod:`pipedream.runtime.buckets`); the input gradient is kept for ``SEND_B``. The ``B`` followed by
-  an ``ALLREDUCE`` adds each gradient as soon as autograd computes it and launches every full bucket's
+* ``B``: ``torch.autograd.grad`` through the stored graph: gradients at the forward's version, added to the
+  master weights' ``.grad`` (views into the stage's gradient buckets, :mod:`pipedream.runtime.buckets`); the
+  input gradient is kept for ``SEND_B``. The ``B`` followed by an ``ALLREDUCE`` launches every full bucket's
   allreduce while the backward goes on (DDP's overlap).
 * ``SEND_F``/``SEND_B``: asynchronous send to the rank that runs the minibatch on the next/previous stage.
-* ``ALLREDUCE``: wait for the bucket allreduces (sums over the stage's replicas on its process group;
-  launched now if no backward did) and divide by :meth:`~pipedream.schedules.Schedule.reduce_divisor`:
-  an average over replicas that hold whole minibatches (1F1B-RR), a plain sum over replicas that hold
-  microbatches (GPipe, 2BW).
-* ``STEP``: the gradients of parameters other stages hold too are summed with theirs
-  (:mod:`pipedream.runtime.shared`), then the optimizer step on the master weights (copy on write of the
-  version it changes, when one is still needed), zero the gradients; the result is the next weight version.
-
-When sends and receives are issued is :func:`pipedream.runtime.actions.issue_plan`'s decision: on gloo
-(tag-matched), a receive is posted as early as its data can come (a gradient with the send of its activation, an
-input one ahead); on NCCL (``P2P.batched``; in-order matching), each run of consecutive send/receive actions of
-the list is one ``batch_isend_irecv``, issued when the run starts, so no receive is ever queued in front of a send
-its peer is waiting for.
+* ``ALLREDUCE``: wait for the bucket allreduces on the stage's process group and divide by
+  :meth:`~pipedream.schedules.Schedule.reduce_divisor`.
+* ``STEP``: sum the gradients of parameters other stages hold too (:mod:`pipedream.runtime.shared`), then the
+  optimizer step on the master weights (copy on write of the version it changes, when one is still needed),
+  zero the gradients; the result is the next weight version.
 """
 
 from __future__ import annotations
@@ -47,12 +37,12 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from pipedream.capture import flat_inputs
+from pipedream.capture import flat_inputs, tensors
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.runtime.actions import RECVS, SENDS, issue_plan, memory_window, overlapped_backwards
 from pipedream.runtime.buckets import BucketReducer, GradBuckets
 from pipedream.runtime.comm import P2P, Outgoing, PendingRecv
-from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, StageTally, tensors_in
+from pipedream.runtime.memory_meter import MemoryMeter, SavedTensors, StageTally
 from pipedream.runtime.shared import SharedGrads
 from pipedream.runtime.stage import Boundary
 from pipedream.runtime.task import count_correct
@@ -113,11 +103,8 @@ class StageExecutor:
         before_step: called before each optimizer step with the global index of the minibatch it
             completes (``minibatch_offset`` + its index): sets the learning rate, clips gradients.
         bucket_bytes: gradient bucket cap, bytes (:class:`~pipedream.runtime.buckets.GradBuckets`).
-        measure_memory: after every action of a training pass, count the bytes the stage holds
-            (:mod:`pipedream.runtime.memory_meter`) into :attr:`memory` (None when False); the saved activations
-            are recorded with ``saved_tensors_hooks`` around each forward. With ``recompute`` a backward is also
-            counted before it releases its unit: the recomputed activations, recorded during the recomputation
-            and held until then, are all alive, as they are when the recomputation ends.
+        measure_memory: after every action of a training pass, count the bytes the stage holds into
+            :attr:`memory` (:mod:`pipedream.runtime.memory_meter`; None when False).
         memory_minibatches: count only over the first this many minibatches of each training pass
             (:func:`pipedream.runtime.actions.memory_window`); None: after every action.
         recompute: activation recomputation: each forward runs under ``torch.utils.checkpoint``.
@@ -391,15 +378,15 @@ class StageExecutor:
 
         def fixed() -> list[tuple[str, Iterable[torch.Tensor]]]:
             return [("weights", master + list(self.module.buffers())),
-                    ("versions", tensors_in([self.versions.params_of(v) for v in self.versions.alive()])),
+                    ("versions", tensors([self.versions.params_of(v) for v in self.versions.alive()])),
                     ("gradients", [b.buffer for b in self.buckets.buckets] + [p.grad for p in master if p.grad is not None]),
-                    ("optimizer", tensors_in(list(self.optimizer.state.values())))]
+                    ("optimizer", tensors(list(self.optimizer.state.values())))]
 
         def unit(key: tuple[int, int], u: dict[str, Any]) -> Callable[[], list[tuple[str, Iterable[torch.Tensor]]]]:
-            return lambda: [("buffers", tensors_in([x for k, x in u.items() if k != "params"])),
+            return lambda: [("buffers", tensors([x for k, x in u.items() if k != "params"])),
                             ("activations", self.saved.tensors_of(key))]
 
-        posted = tensors_in([[p.header, *p.tensors] for p in self.pending.values()])
+        posted = tensors([[p.header, *p.tensors] for p in self.pending.values()])
         now = self._tally.now(fixed, {k: unit(k, u) for k, u in self.units.items()}, posted, signature)
         self.memory.add(now, self._weight_copies())  # type: ignore[union-attr]
 

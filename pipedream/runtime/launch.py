@@ -13,13 +13,10 @@
 
 :func:`following` calls back with a run's epochs as the workers append them to ``metrics.json``.
 
-Why not a plain ``fork`` of the caller: a process that has touched CUDA cannot be forked ("Cannot
-re-initialize CUDA in forked subprocess"), and one that has run a backward pass refuses too
-("Unable to handle autograd's threading in combination with fork-based multiprocessing"; both are
-PyTorch's checks, see the "CUDA in multiprocessing" note of ``torch.multiprocessing``). The fork server
-is a fresh interpreter that imports torch and the runtime once (:data:`PRELOAD`) and touches neither;
-each worker is forked from it. What is handed to a worker is pickled, so ``fn`` and the config's
-``model_factory`` must be module-level functions (or classes).
+Why not a plain ``fork`` of the caller: PyTorch refuses to fork a process that has touched CUDA or run a
+backward pass. The fork server is a fresh interpreter that imports torch and the runtime once (:data:`PRELOAD`)
+and touches neither; each worker is forked from it. What is handed to a worker is pickled, so ``fn`` and the
+config's ``model_factory`` must be module-level functions (or classes).
 """
 
 from __future__ import annotations

@@ -3,22 +3,19 @@
 A real link cannot finish a ring allreduce before every replica has put its gradients on it, so the
 emulated link (``--emulate-bandwidth-Bps``; :mod:`pipedream.runtime.buckets`, the DDP baseline's comm hook)
 completes bucket ``k`` at the *last* replica's launch of it plus the link's time, as the simulator does
-(:mod:`pipedream.sim.engine`: a bucket starts once every replica's gradients are ready). Timed from each
-replica's own launch instead, a replica that finished its backward early resumed before the last one had
-launched: GNMT's DP runs came to 0.77-0.94 of their predictions on a 2-core host.
+(:mod:`pipedream.sim.engine`: a bucket starts once every replica's gradients are ready).
 
 The launch times ride on no collective of their own. Each replica writes its launch time into a small
 table in shared memory (a memory-mapped file that every replica on the host maps) *before* it launches the
 bucket's real allreduce, and reads the table only *after* that allreduce has returned, which cannot happen
-before every replica has entered it, so every replica's entry is written by then. (A MAX allreduce of the
-launch times beside each bucket, tried first, doubled the collectives a step.) The
-table keeps two rounds (a round is one ``ALLREDUCE`` of a stage, one DDP step): a replica cannot post round
-``r + 2`` before every replica has read round ``r``, because it would first have to complete round
-``r + 1``, whose allreduces every replica joins only after it has finished waiting for round ``r``.
+before every replica has entered it, so every replica's entry is written by then. The table keeps two rounds
+(a round is one ``ALLREDUCE`` of a stage, one DDP step): a replica cannot post round ``r + 2`` before every replica
+has read round ``r``, because it would first have to complete round ``r + 1``, whose allreduces every replica
+joins only after it has finished waiting for round ``r``.
 
 Clock: :func:`time.perf_counter`, which is ``CLOCK_MONOTONIC`` on Linux and so one clock for every process
 on a host. Replicas on several hosts share no memory and no clock: there each replica keeps its own launch
-time (:attr:`LaunchBoard.shared` is False), the rule of the first version.
+time (:attr:`LaunchBoard.shared` is False).
 """
 
 from __future__ import annotations

@@ -15,16 +15,12 @@ linearly from ``lr`` over the first ``lr_warmup_epochs`` epochs: ``lr * (1 + (k 
 before the policy's decay factor. The DP baseline with per-worker minibatches (``dp_batch: per_worker``)
 and SGD uses ``k = workers``; every other run ``k = 1`` (the rule is derived for SGD; Adam keeps ``lr``).
 
-Per-stage learning rate under 1F1B-RR (:func:`stage_lr_factor`): a stage with ``r_s`` replicas steps once
-per round of ``r_s`` minibatches on their averaged gradient, so with one learning rate a replicated stage
-takes ``r_s`` times smaller steps per sample than an unreplicated one. The release's runtime
-(``StageRuntime.get_adjusted_learning_rate``, applied by its drivers' ``adjust_learning_rate``) multiplies
-stage ``s``'s learning rate by ``r_s / r_0`` (``r_0``: the input stage's replicas), which equalises the
-step per sample across stages, the input stage keeping ``lr``. We do the same for SGD by default
-(``stage_lr="sgd"``) and for every optimizer with ``stage_lr="all"`` or ``compat``. Measured on the
-reduced ResNet-50 with the 3-1 plan (SGD, 3 epochs, one seed; ``experiments/ci.yaml`` settings): top-1
-48/69/72% with the factor against 38/67/69% without; on AlexNet with Adam the factor lowers it (23/33/51%
-against 28/36/60%), hence SGD only by default.
+Per-stage learning rate under 1F1B-RR (:func:`stage_lr_factor`): a stage with ``r_s`` replicas steps once per
+round of ``r_s`` minibatches on their averaged gradient, ``r_s`` times smaller steps per sample than an
+unreplicated one. The release's runtime (``StageRuntime.get_adjusted_learning_rate``) multiplies stage ``s``'s
+learning rate by ``r_s / r_0`` (``r_0``: the input stage's replicas); we do the same for SGD by default
+(``stage_lr="sgd"``; with Adam the factor lowers accuracy) and for every optimizer with ``stage_lr="all"`` or
+``compat``.
 
 Clipping (``clip_norm > 0``) rescales the gradients so their L2 norm is at most ``clip_norm``
 (``torch.nn.utils.clip_grad_norm_``). DP clips the whole model's averaged gradient. A pipeline stage

@@ -12,10 +12,9 @@ in this order:
 * ``optimizer``: the optimizer's state tensors (SGD's momentum, Adam's ``exp_avg``/``exp_avg_sq``/``step``);
 * ``buffers``: the tensors of in-flight (micro)batches (the received or loaded input, the output waiting
   for its backward, the received and the computed gradients) and the posted receives' buffers;
-* ``activations``: the tensors autograd saved for backward (:class:`SavedTensors`). With activation
-  recomputation a forward saves only the stage's inputs (``buffers``), and a unit's backward is counted once
-  more before it releases the unit, with every activation its recomputation saved (recorded by
-  :meth:`SavedTensors.recomputing` and held until then): what is alive when the recomputation ends.
+* ``activations``: the tensors autograd saved for backward (:class:`SavedTensors`). With recomputation a forward
+  saves only the stage's inputs, and a unit's backward is counted once more, with what its recomputation saved
+  (:meth:`SavedTensors.recomputing`), before it releases the unit.
 
 Every storage is counted once (keyed by ``untyped_storage().data_ptr()``, ``nbytes()`` bytes), in the
 first category that holds it: a saved tensor that is also a weight version or an input counts there,
@@ -33,18 +32,6 @@ from typing import Any
 import torch
 
 CATEGORIES = ("weights", "versions", "gradients", "optimizer", "buffers", "activations")
-
-
-def tensors_in(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``obj``: a tensor, or tuples, lists and dict values of them (anything else: none)."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            yield from tensors_in(x)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            yield from tensors_in(x)
 
 
 def bytes_by_category(groups: Iterable[tuple[str, Iterable[torch.Tensor]]],
@@ -86,8 +73,8 @@ class SavedTensors:
         saved = self.by_unit.setdefault(key, [])
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            # a detached alias (same storage): holding ``t`` itself would keep its grad_fn, and through it
-            # the whole graph, alive after the backward (GNMT-8's last stage ran 3-4x slower)
+            # a detached alias (same storage): holding ``t`` itself would keep its grad_fn, and through it the
+            # whole graph, alive after the backward
             saved.append(t.detach())
             return t
 

@@ -106,11 +106,9 @@ class Partition:
 
     Attributes:
         modules: stage ``s``'s ``fx.GraphModule`` (shares the model's parameters).
-        cuts: ``cuts[s]``: the live values leaving stage ``s`` (empty for the last stage).
     """
 
     modules: list[fx.GraphModule]
-    cuts: list[list[Cut]]
 
 
 def assign(gm: fx.GraphModule, stage_nodes: list[list[str]]) -> dict[fx.Node, int]:
@@ -170,7 +168,7 @@ def split(gm: fx.GraphModule, stage_nodes: list[list[str]], example: Any) -> Par
     cuts.append([])
     modules = [_stage_module(gm, owner, s, cuts[s - 1] if s else None, cuts[s], output if s == last else None)
                for s in range(last + 1)]
-    return Partition(modules, cuts)
+    return Partition(modules)
 
 
 def _probe(gm: fx.GraphModule, example: Any) -> dict[fx.Node, Any]:

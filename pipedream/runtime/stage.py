@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
-from pipedream.capture import flat_inputs
+from pipedream.capture import flat_inputs, tensors
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
 from pipedream.plan import Plan
@@ -124,8 +123,7 @@ def build_stages(model: nn.Module, plan: Plan, example: Any) -> Stages:
         x: Any = flat_inputs(example)
         for s, module in enumerate(part.modules):
             value = module(*x)
-            x = Boundary.unpack(value) if s + 1 < len(part.modules) else [
-                t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+            x = Boundary.unpack(value) if s + 1 < len(part.modules) else tensors(value)
             out.append(Boundary(tuple((tuple(t.shape[1:]), t.dtype) for t in x)))
     model.train(was_training)
     for m in part.modules:

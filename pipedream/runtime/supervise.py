@@ -20,6 +20,7 @@ from torchrun's failure summary.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -207,18 +208,14 @@ class Watch:
             the pids still alive after ``timeout_s`` seconds (empty when all are gone).
         """
         procs = list(self.workers.values())
-        try:
+        with contextlib.suppress(psutil.Error):
             agent = psutil.Process(self.agent_pid)
             procs += [agent, *agent.children(recursive=True)]
-        except psutil.Error:
-            pass
         for pid in {self.agent_pid, *(p.pid for p in self.workers.values())}:
             _killpg(pid)
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         _, alive = psutil.wait_procs(procs, timeout=timeout_s)
         return [p.pid for p in alive]
 

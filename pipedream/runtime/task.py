@@ -62,11 +62,7 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
 
     data_dir = Path(cfg.data_dir) if cfg.data_dir else None
     if cfg.datasets is not None:  # given as objects, or a function returning them (pipedream.train)
-        from pipedream.data.base import as_sample_set, limit
-
-        train, val = cfg.datasets() if callable(cfg.datasets) else cfg.datasets
-        return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
-                limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
+        return _subsets(cfg, *(cfg.datasets() if callable(cfg.datasets) else cfg.datasets))
     if cfg.model_factory is not None:
         if cfg.data == "synthetic":
             from pipedream.data.images import fmnist_synthetic
@@ -81,13 +77,17 @@ def load_datasets(cfg: TrainConfig) -> tuple[Any, Any]:
         made = synthetic.require_spec(cfg.model, getattr(spec, "synthetic", None), cfg.preset)
         return synthetic.synthetic_datasets(made, cfg.train_subset, cfg.val_subset, cfg.seed)
     if hook is not None and data_dir is None:
-        from pipedream.data.base import as_sample_set, limit
-
-        train, val = hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed)
-        # the harness draws the subsets, whether the hook did or not (a smaller set is left as it is)
-        return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
-                limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
+        return _subsets(cfg, *hook(cfg.preset, cfg.train_subset, cfg.val_subset, cfg.seed))
     return fm.datasets(data_dir, cfg.train_subset, cfg.val_subset, cfg.seed)
+
+
+def _subsets(cfg: TrainConfig, train: Any, val: Any) -> tuple[Any, Any]:
+    """``train`` and ``val`` as sample sets, the config's subsets drawn from them whether a data hook drew them or
+    not (a smaller set is left as it is)."""
+    from pipedream.data.base import as_sample_set, limit
+
+    return (limit(as_sample_set(train, "training"), cfg.train_subset, cfg.seed),
+            limit(as_sample_set(val, "validation"), cfg.val_subset, cfg.seed + 1))
 
 
 def load_task(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Task:

@@ -12,14 +12,12 @@ computes gradients at that version, and the gradients are applied to the newest 
 Which version a forward uses is a :class:`Policy`:
 
 * ``stash`` (PipeDream weight stashing, §3.3): the newest version at the time of the forward.
-* ``vertical`` (vertical sync, §3.3): the input stage uses its newest version, and the minibatch
-  carries the *update count* of those weights: how many minibatches' updates they contain. A stage
-  whose replicas average ``r`` minibatches per step (1F1B-RR) holds updates of minibatches
-  ``< k * r`` in its version ``k``, so its count is ``k * r``. Every stage uses its newest version whose
-  count is at most the carried one, ``carried // r``; in an unreplicated pipeline that is the carried
-  version number itself, and with a 2-1 plan every stage uses weights of exactly the carried count.
-  That version exists when the minibatch arrives: the input stage applied those updates only after
-  every stage's backward of those minibatches, and each replica steps right after its backward.
+* ``vertical`` (vertical sync, §3.3): the input stage uses its newest version, and the minibatch carries the
+  *update count* of those weights (how many minibatches' updates they contain). A stage whose replicas average
+  ``r`` minibatches per step (1F1B-RR) holds updates of minibatches ``< k * r`` in its version ``k``; every stage
+  uses its newest version whose count is at most the carried one, ``carried // r`` (the carried version itself
+  when unreplicated). That version exists when the minibatch arrives: the input stage applied those updates
+  only after every stage's backward of those minibatches, and each replica steps right after its backward.
 * ``2bw`` (PipeDream-2BW): minibatch ``t`` uses version ``max(t - 1, 0)`` on every stage, so at most
   two versions are alive and ``W(t + 1) = W(t) - lr * grad(W(t - 1))``.
 * ``flush`` (GPipe, PipeDream-Flush): the newest version; the pipeline is flushed before every step, so
@@ -52,14 +50,12 @@ class Policy(StrEnum):
 class WeightVersions:
     """A stage's weight versions, reference-counted by the in-flight (micro)batches using them.
 
-    The newest version is the live parameters themselves: its tensors are aliases of the master
-    parameters' storage (same bytes, their own autograd version counters), so a stage whose in-flight
-    minibatches all use the newest weights holds one copy of them. An older version exists only while
-    something still needs it, and it costs one copy of the weights: copy on write at the optimizer step
-    (:meth:`stepping`) moves the master parameters to fresh storage only when a minibatch in flight (or,
-    by the policy, a future forward) still needs the version about to change. Copies held (distinct
-    storages, master included): flush (GPipe, PipeDream-Flush) 1; 2BW 2; weight stashing one per version still needed, e.g. NOAM
-    on the input stage of 1F1B and 1 on its output stage (PipeDream §3.3; PipeDream-2BW §3.1).
+    The newest version is the live parameters themselves (aliases of the master parameters' storage, with their
+    own autograd version counters). An older version exists only while something still needs it, and costs one
+    copy of the weights: copy on write at the optimizer step (:meth:`stepping`) moves the master parameters to
+    fresh storage only when a minibatch in flight (or, by the policy, a future forward) still needs the version
+    about to change. Copies held: flush 1; 2BW 2; weight stashing one per version still needed (NOAM on the
+    input stage of 1F1B, 1 on its output stage).
 
     Args:
         module: the stage's module; its parameters are the master weights.
@@ -75,7 +71,6 @@ class WeightVersions:
         self._users: Counter[int] = Counter()
         self._floor = 0  # no future forward uses a version below this one
         self.max_alive = 1
-        self.max_copies = self.copies()
 
     def _aliases(self) -> dict[str, torch.Tensor]:
         """Leaf tensors sharing the master parameters' storage, each with its own autograd version counter
@@ -88,14 +83,6 @@ class WeightVersions:
                 alias.set_(p.untyped_storage(), p.storage_offset(), p.size(), p.stride())
                 out[n] = alias.requires_grad_(p.requires_grad)
         return out
-
-    def copies(self) -> int:
-        """Copies of the weights held now: distinct storages of the first parameter over the master and every
-        stored version (0 for a stage without parameters)."""
-        if not self.names:
-            return 0
-        first = [self.master[0], *(d[self.names[0]] for d in self._store.values())]
-        return len({t.untyped_storage().data_ptr() for t in first})
 
     def version_for(self, minibatch: int, carried: int | None, updates_per_version: int = 1) -> int:
         """The version a forward of ``minibatch`` uses.
@@ -149,7 +136,6 @@ class WeightVersions:
             with torch.no_grad():
                 for p in self.master:
                     p.data = p.detach().clone()
-        self.max_copies = max(self.max_copies, self.copies())
         yield
         self.latest = after
         self._store[after] = self._aliases()

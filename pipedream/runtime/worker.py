@@ -10,10 +10,8 @@ saves its stage of the epoch's model (:mod:`pipedream.runtime.assemble`), outsid
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +21,6 @@ import torch
 import torch.distributed as dist
 
 from pipedream import schedules
-from pipedream.allocator import keep_freed_memory
 from pipedream.data import fashion_mnist as fm
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
@@ -33,13 +30,12 @@ from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
 from pipedream.runtime.actions import memory_minibatches
 from pipedream.runtime.comm import P2P
-from pipedream.runtime.config import TrainConfig, add_arguments, from_args
+from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.executor import StageData, StageExecutor
 from pipedream.runtime.memory_meter import CATEGORIES
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
 from pipedream.runtime.shared import SharedGrads
 from pipedream.runtime.stage import build_stages, straight_plan
-from pipedream.runtime.supervise import die_with_parent
 from pipedream.runtime.task import load_task
 from pipedream.runtime.versions import Policy, WeightVersions
 
@@ -106,12 +102,10 @@ def load_plan(cfg: TrainConfig, model: torch.nn.Module, world: int, example: Any
     return plan
 
 
-def policy_of(cfg: TrainConfig, replicas: list[int]) -> Policy:
-    """Weight-version policy for the schedule (§3.3; 2BW; the flush of GPipe and PipeDream-Flush).
-
-    Every policy runs on replicated stages (``replicas``, one count per stage, no longer restricts it):
-    vertical sync carries update counts rather than version numbers (:mod:`pipedream.runtime.versions`),
-    and the replicas of a GPipe or 2BW stage share each minibatch's microbatches.
+def policy_of(cfg: TrainConfig) -> Policy:
+    """Weight-version policy for the schedule (§3.3; 2BW; the flush of GPipe and PipeDream-Flush). Every policy runs
+    on replicated stages: vertical sync carries update counts rather than version numbers
+    (:mod:`pipedream.runtime.versions`), and the replicas of a GPipe or 2BW stage share each minibatch's microbatches.
     """
     if cfg.schedule in ("gpipe", "pipedream_flush"):
         return Policy.FLUSH
@@ -185,7 +179,7 @@ def train(cfg: TrainConfig) -> None:
     del model, stages
     groups = [dist.new_group(rs) if len(rs) > 1 else None for rs in stage_ranks]  # same order everywhere
     shared_grads = SharedGrads(held, s, module, stage_ranks, cfg.comm_timeout_s) if held else None
-    versions = WeightVersions(module, policy_of(cfg, replicas))
+    versions = WeightVersions(module, policy_of(cfg))
     optimizer = make_optimizer(cfg, versions.master, hidden)
     # NCCL matches point-to-point operations in issue order: one batch per step of the schedule
     batched = dist.get_backend() == "nccl" or os.environ.get(BATCHED_ENV) == "1"
@@ -198,7 +192,7 @@ def train(cfg: TrainConfig) -> None:
     eval_sched = schedules.forward_only(stage_ranks, n_val)
     is_reporter = rank == stage_ranks[-1][0]
     backwards = sum(1 for _, sched in segments for a in sched.order[rank] if a.kind == schedules.Kind.B)
-    bar = _progress(cfg, is_reporter, backwards)
+    bar = D.progress_bar(cfg, is_reporter, backwards)
     fault = D.fault(rank)
     offset = 0  # first minibatch of the segment being run, within its epoch
 
@@ -320,15 +314,6 @@ def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stag
     return row
 
 
-def _progress(cfg: TrainConfig, enabled: bool, total: int):  # type: ignore[no-untyped-def]
-    if not (cfg.progress and enabled):
-        return None
-    from tqdm import tqdm
-
-    # stdout: `pipedream train` shows the workers' stdout and keeps their stderr for train.log
-    return tqdm(total=total, unit="mb", mininterval=2.0, dynamic_ncols=True, leave=True, file=sys.stdout)
-
-
 def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: WeightVersions, p2p: P2P) -> None:
     """Per-rank debug record for tests: trace of versions, first applied gradients, final weights, losses,
     the weight copies held after each action (``copies``, the master included), the communication
@@ -354,19 +339,7 @@ def _dump(out_dir: Path, rank: int, stage: int, ex: StageExecutor, versions: Wei
 
 def main(argv: list[str] | None = None) -> None:
     """torchrun entry point: parse the options of :class:`TrainConfig` and train."""
-    parser = argparse.ArgumentParser(prog="python -m pipedream.runtime.worker", description=__doc__)
-    add_arguments(parser)
-    cfg = from_args(parser.parse_args(argv))
-    out_dir = cfg.run_dir("pipedream")
-    rank = int(os.environ.get("RANK", "0"))
-    die_with_parent()
-    keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
-
-    def _run() -> None:
-        D.init(cfg.comm_timeout_s)
-        train(cfg)
-
-    D.run_guarded(_run, out_dir, rank)
+    D.worker_main(argv, "python -m pipedream.runtime.worker", __doc__, "pipedream", train)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,9 @@ default, the first bucket 1 MiB); a bucket is ready when the backward of its las
 bucket is one allreduce. The optimizer step over the stage's parameters takes
 :func:`pipedream.costmodel.optimizer_step_s`.
 
-A tied tensor (:mod:`pipedream.tied`) counts once in a stage that holds several of its users: its gradient is
-complete, and joins a bucket, when the backward of its first user in the stage's order ends. A tied tensor that
-several stages hold is in each of their bytes, and before every step its gradients are summed over all the
-ranks of those stages (:attr:`StageCost.tied_sums`).
+A tied tensor (:mod:`pipedream.tied`) counts once in a stage that holds several of its users, its gradient
+complete when the backward of its first user in the stage's order ends; several stages holding it each count it,
+and sum its gradients before every step (:attr:`StageCost.tied_sums`).
 """
 
 from __future__ import annotations
@@ -226,17 +225,8 @@ def uniform_costs(stages: int, fwd_s: float, bwd_s: float, boundary_bytes: float
     """``stages`` identical stages (for balanced-pipeline checks such as GPipe's bubble formula); each
     stage's gradient is one tensor ready at the end of its backward, so one bucket (DDP never splits a
     tensor), and its optimizer step takes ``step_s`` seconds."""
-    out = []
-    for s in range(stages):
-        out.append(StageCost(
-            fwd_s=fwd_s, bwd_s=bwd_s,
-            send_fwd_bytes=boundary_bytes if s < stages - 1 else 0.0,
-            send_bwd_bytes=boundary_bytes if s > 0 else 0.0,
-            param_bytes=param_bytes,
-            buckets=[(bwd_s, param_bytes)] if param_bytes > 0 else [],
-            step_s=step_s,
-        ))
-    return out
+    return measured_costs([fwd_s] * stages, [bwd_s] * stages, [boundary_bytes] * (stages - 1),
+                          [param_bytes] * stages, [step_s] * stages)
 
 
 def measured_costs(fwd_s: list[float], bwd_s: list[float], boundary_bytes: list[float],

@@ -1,32 +1,26 @@
 """Event-driven execution of per-rank action lists (pipedream.schedules) on a simulated cluster.
 
-Each rank runs its list in order, like the runtime does: ``F``/``B`` occupy the rank for the stage's
-compute time; ``SEND_*`` are asynchronous (the rank goes on at once) and occupy links (see
-:mod:`pipedream.sim.network`); ``RECV_*`` block until the matching transfer has arrived; the k-th
-``ALLREDUCE`` of every replica of a stage reduces the stage's gradient buckets (:mod:`pipedream.sim.costs`)
-and ends when the slowest replica's gradients have been reduced; ``STEP`` occupies the rank for the
-stage's optimizer step (``StageCost.step_s``), after the sums of its tied tensors' gradients
-(``StageCost.tied_sums``): the k-th ``STEP`` of every rank of the stages holding a tied tensor joins one
-collective of its bytes over all those ranks, in the stage's order of sums, as
-:class:`pipedream.runtime.shared.SharedGrads` runs them. Ranks are advanced in global time order (a heap of ranks
-keyed by their clocks), so links are booked in the order the sends are issued.
+Each rank runs its list in order, like the runtime does: ``F``/``B`` occupy the rank for the stage's compute
+time; ``SEND_*`` are asynchronous and occupy links (:mod:`pipedream.sim.network`); ``RECV_*`` block until the
+matching transfer has arrived; the k-th ``ALLREDUCE`` of every replica of a stage reduces the stage's gradient
+buckets (:mod:`pipedream.sim.costs`) and ends when the slowest replica's gradients have been reduced; ``STEP``
+occupies the rank for the stage's optimizer step, after the sums of its tied tensors' gradients (the k-th
+``STEP`` of every rank of the stages holding a tied tensor joins one collective of its bytes, as
+:class:`pipedream.runtime.shared.SharedGrads` runs them). Ranks are advanced in global time order (a heap keyed by
+their clocks), so links are booked in the order the sends are issued.
 
-Buckets, as PyTorch DistributedDataParallel and the runtime reduce them (DESIGN.md, "One fact, one
-place"): one collective per bucket, each costing :meth:`pipedream.sim.network.Network.allreduce_time`
-(latency included, so the latency is paid once per bucket), the buckets one after another in order. With
-wait-free backpropagation (``overlap=True``, paper §2.1 and §5.1) bucket ``k`` starts at
-``max(its last gradient is ready on every replica, end of bucket k - 1)``; readiness is measured from the
-start of the backward that precedes the ``ALLREDUCE`` in the rank's list, so with GPipe and 2BW only the
-last microbatch's backward overlaps (the earlier ones accumulate gradients, DDP's ``no_sync``). Without
-overlap the buckets are reduced one after another once every replica has finished its backward.
+Buckets, as DDP and the runtime reduce them: one collective per bucket
+(:meth:`pipedream.sim.network.Network.allreduce_time`, latency included), one after another in order. With
+wait-free backpropagation (``overlap=True``, paper §2.1, §5.1) bucket ``k`` starts at ``max(its last gradient is
+ready on every replica, end of bucket k - 1)``, measured from the start of the backward that precedes the
+``ALLREDUCE`` (with GPipe and 2BW only the last microbatch's backward overlaps: the earlier ones accumulate, DDP's
+``no_sync``). Without overlap the buckets are reduced once every replica has finished its backward.
 
-Replica synchronisation (``sync``). ``"lockstep"`` (the default) is what the release runtime does: every
-replicated stage's modules are wrapped in DistributedDataParallel over the stage's ranks, so each
-backward ends with a blocking allreduce that all replicas join (the k-th backward of every replica),
-and a replica whose gradients are ready waits for the slowest. ``"independent"`` is the planner's
-assumption (paper §3.1): each replica pays its stage's bucketed allreduce time (the sum over buckets) alone
-after its own backward, never overlapping it, never waiting for the others and booking no links; it
-isolates the cost of lockstep synchronisation in round-robin pipelines.
+Replica synchronisation (``sync``). ``"lockstep"`` (the default) is what the release runtime does: DDP over each
+replicated stage's ranks, so each backward ends with a blocking allreduce all replicas join, and a replica whose
+gradients are ready waits for the slowest. ``"independent"`` is the planner's assumption (§3.1): each replica
+pays its stage's bucketed allreduce alone after its own backward, never overlapped, never waiting for the others
+and booking no links; it isolates the cost of lockstep synchronisation.
 """
 
 from __future__ import annotations

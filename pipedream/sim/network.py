@@ -1,37 +1,30 @@
 """Links of a hierarchical cluster: point-to-point transfers, allreduce, and contention (paper §3.1, §5.1).
 
-Model. A :class:`pipedream.topology.Cluster` has levels innermost first, ``(workers, bandwidth_Bps)``.
-At level ``l`` every group (a GPU at level 0, a server at level 1, ...) owns one full-duplex port of
-``bandwidth_Bps`` bytes/s into the switch that joins it to its ``workers - 1`` siblings. A transfer from
-rank ``a`` to rank ``b`` that first meet at level ``L + 1`` uses, for every ``l <= L``, the egress port
-of ``a``'s level-``l`` group and the ingress port of ``b``'s; its duration is
-:func:`pipedream.costmodel.transfer_s` with the bottleneck ``min(bandwidth_l for l <= L)`` and the
-cluster's ``latency_s`` (``latency + bytes / bandwidth``; 0 between a rank and itself).
+Model. A :class:`pipedream.topology.Cluster` has levels innermost first, ``(workers, bandwidth_Bps)``. At level
+``l`` every group (a GPU at level 0, a server at level 1, ...) owns one full-duplex port of ``bandwidth_Bps``
+bytes/s into the switch that joins it to its siblings. A transfer from rank ``a`` to rank ``b`` that first meet
+at level ``L + 1`` uses, for every ``l <= L``, the egress port of ``a``'s level-``l`` group and the ingress port
+of ``b``'s; it takes :func:`pipedream.costmodel.transfer_s` at the bottleneck ``min(bandwidth_l for l <= L)`` with
+the cluster's ``latency_s`` (0 between a rank and itself).
 
-Contention: a port carries one transfer at a time; a transfer is placed at the earliest time at or after
-it is ready when all ports on its path are free for its whole duration. Two transfers that share a link
-(e.g. two GPUs of a server sending through its one NIC) therefore take twice as long together as one
-alone, while transfers on disjoint ports run in parallel. Earliest-fit placement may start a transfer in
-a gap left before a transfer placed earlier, so reservations never push each other later.
+Contention: a port carries one transfer at a time; a transfer is placed at the earliest time at or after it is
+ready when all ports on its path are free for its whole duration (earliest fit: it may start in a gap before a
+transfer placed earlier). Two transfers through one NIC take twice as long together as one alone; transfers on
+disjoint ports run in parallel.
 
-Allreduce (data-parallel weight sync, paper §2.1 and §3.1): every allreduce time is one of
-:mod:`pipedream.costmodel`'s, with the cluster's ``latency_s`` paid per step of every ring (one
-collective: one DDP bucket). ``ring`` is one flat ring over all ``n`` ranks bottlenecked by the slowest
-link it crosses (:func:`~pipedream.costmodel.ring_allreduce_s`): NCCL 2.4's ring over all GPUs (what
-PyTorch 1.1's DistributedDataParallel used, paper §5.1), whose ``2 (n - 1)`` steps of ``S / n`` bytes each
-cross every server's NIC. ``hierarchical`` (NCCL-style for servers x GPUs) runs one ring per level
-(:func:`~pipedream.costmodel.hierarchical_allreduce_s`): inside each group the ranks reduce-scatter and
-all-gather, and the level-``l`` groups run a ring over their shards, which all cross the group's one port;
-level ``l`` counts ``n_l`` groups, the most level-``l`` groups taking part inside one level-``l+1`` group.
-Bytes sent are :func:`~pipedream.costmodel.ring_allreduce_bytes` per ring.
+Allreduce (one collective, one DDP bucket; paper §2.1, §3.1): every time is one of :mod:`pipedream.costmodel`'s,
+with ``latency_s`` paid per step of every ring. ``ring``: one flat ring over all ``n`` ranks at the slowest link
+it crosses (:func:`~pipedream.costmodel.ring_allreduce_s`; NCCL 2.4's ring, what PyTorch 1.1's DDP used, paper
+§5.1). ``hierarchical`` (NCCL-style for servers x GPUs): one ring per level
+(:func:`~pipedream.costmodel.hierarchical_allreduce_s`), level ``l`` over ``n_l`` groups, the most level-``l``
+groups taking part inside one level-``l+1`` group. Bytes sent: :func:`~pipedream.costmodel.ring_allreduce_bytes`
+per ring.
 
-Lanes (``contention``). ``"lanes"`` (the default): collectives and point-to-point transfers book separate
-lanes of each port, so an activation send never queues behind a whole allreduce (NCCL's allreduce and the
-runtime's send/receive use separate connections, and the real link shares its bandwidth between them
-rather than serving one at a time); within a lane a port still carries one transfer at a time. This is
-optimistic when the two together exceed the port's bandwidth. ``"exclusive"``: one lane per port (a
-transfer waits for a whole collective on any port it shares, including the NIC ports a hierarchical
-allreduce holds during its intra-server phase): pessimistic.
+Lanes (``contention``). ``"lanes"`` (the default): collectives and point-to-point transfers book separate lanes
+of each port, so an activation send never queues behind a whole allreduce (NCCL and the runtime's send/receive
+use separate connections, which share the link's bandwidth rather than take turns): optimistic when the two
+together exceed it. ``"exclusive"``: one lane per port, a transfer waits for a whole collective on any port it
+shares: pessimistic.
 """
 
 from __future__ import annotations
@@ -100,7 +93,6 @@ class Network:
         self.workers = cluster.workers
         self.latency_s = float(cluster.latency_s)
         self._ports: dict[Port, _Timeline] = {}
-        self._group_ports: dict[tuple[int, ...], list[Port]] = {}
         # the timelines a transfer a -> b books and its bottleneck (bytes/s), and those a group's collective books:
         # a run sends between the same ranks and reduces over the same groups again and again
         self._path_lines: dict[tuple[int, int], tuple[list[_Timeline], float]] = {}
@@ -117,27 +109,18 @@ class Network:
 
     def meet_level(self, a: int, b: int) -> int:
         """Highest level whose groups differ for ranks ``a`` and ``b`` (-1 if ``a == b``)."""
-        top = -1
-        for lv, g in enumerate(self.group_size):
-            if a // g != b // g:
-                top = lv
-        return top
+        return max((lv for lv, g in enumerate(self.group_size) if a // g != b // g), default=-1)
 
     def top_level(self, ranks: list[int]) -> int:
         """Highest level whose groups differ for some two of ``ranks`` (the most :meth:`meet_level` over their
-        pairs; -1 for one rank), in one pass per level rather than over every pair."""
-        for lv in range(len(self.group_size) - 1, -1, -1):
-            g = self.group_size[lv]
-            if len({r // g for r in ranks}) > 1:
-                return lv
-        return -1
+        pairs; -1 for one rank), in one pass per level."""
+        return max((lv for lv, g in enumerate(self.group_size) if len({r // g for r in ranks}) > 1), default=-1)
 
     def path(self, a: int, b: int) -> tuple[list[Port], float]:
         """Ports used by a transfer ``a -> b`` and its bottleneck bandwidth, bytes/s."""
         top = self.meet_level(a, b)
-        ports: list[Port] = []
-        for lv in range(top + 1):
-            ports += [(lv, a // self.group_size[lv], "out"), (lv, b // self.group_size[lv], "in")]
+        ports: list[Port] = [p for lv in range(top + 1)
+                             for p in ((lv, a // self.group_size[lv], "out"), (lv, b // self.group_size[lv], "in"))]
         bw = min(self.bandwidths[: top + 1]) if top >= 0 else math.inf
         return ports, bw
 
@@ -213,13 +196,7 @@ class Network:
     # ------------------------------------------------------------------ reservations
     def _lines(self, ports: list[Port]) -> list[_Timeline]:
         """The timeline of each of ``ports``, created on first use."""
-        lines = []
-        for p in ports:
-            line = self._ports.get(p)
-            if line is None:
-                line = self._ports[p] = _Timeline()
-            lines.append(line)
-        return lines
+        return [self._ports.setdefault(p, _Timeline()) for p in ports]
 
     @staticmethod
     def _book(lines: list[_Timeline], ready_s: float, duration_s: float) -> float:
@@ -257,9 +234,7 @@ class Network:
             return ready_s, ready_s
         lines = self._group_lines.get(key)
         if lines is None:
-            ports = self._group_ports.get(key)
-            if ports is None:
-                ports = self._group_ports[key] = self.allreduce_ports(ranks)
+            ports = self.allreduce_ports(ranks)
             if self.contention == "lanes":  # the collective lane of each port (see the module docstring)
                 ports = [(lv, g, f"{d}:coll") for lv, g, d in ports]
             lines = self._group_lines[key] = self._lines(ports)

@@ -202,9 +202,8 @@ def markdown_section(summary: pd.DataFrame, counts: dict[str, int]) -> list[str]
              "rate; f minimises sum (ln predicted(f) - ln paper)^2 over the cluster's multi-server rows whose plan is "
              "not DP. Each row's calibrated prediction uses the f fitted on the other rows (leave-one-out).", "",
              "| cluster | rows fitted | f, all rows | f over the folds (min-max) |", "|---|---|---|---|"]
-    for r in summary.itertuples(index=False):
-        lines.append(f"| {r.cluster} | {r.rows_fitted} ({r.rows}) | {pct(r.full_fraction)} | "
-                     f"{spread(r.loo_fraction_min, r.loo_fraction_max)} |")
+    lines += [f"| {r.cluster} | {r.rows_fitted} ({r.rows}) | {pct(r.full_fraction)} | "
+              f"{spread(r.loo_fraction_min, r.loo_fraction_max)} |" for r in summary.itertuples(index=False)]
     lines += ["", f"Rows within {THRESHOLD:.0%} of the paper: {counts['within_line_rate']} of {counts['numbered']} "
               f"with a number ({counts['rows']} rows) at line rate, {counts['within_loo']} calibrated leave-one-out."]
     return lines

@@ -32,8 +32,6 @@ PREDICTED_PLOTS = {
 UI_COMMAND = "make ui"  # = mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port 5000
 
 
-
-
 def row_label(r: pd.Series) -> str:
     """A Table 1 row's name, e.g. ``"vgg16 A 4x4"`` (as in ``table1_predicted.csv``'s ``row``)."""
     return f"{r['model']} {r['hardware']}"
@@ -85,13 +83,9 @@ def _provenance(prov: dict[str, str]) -> str:
 
 def _run_links(runs: list[tuple[str, str, str | None]]) -> str:
     """The MLflow runs of a measured row: a link per mode where the experiment is known, else the bare id."""
-    parts = []
-    for mode, run_id, url in runs:
-        if url:
-            parts.append(f"<a href='{escape(url)}' title='MLflow run {escape(run_id)}'>{escape(mode)}</a>")
-        else:
-            parts.append(f"{escape(mode)} <code title='not in the MLflow store'>{escape(run_id[:8])}</code>")
-    return " · ".join(parts) or "—"
+    return " · ".join(f"<a href='{escape(url)}' title='MLflow run {escape(run_id)}'>{escape(mode)}</a>" if url else
+                      f"{escape(mode)} <code title='not in the MLflow store'>{escape(run_id[:8])}</code>"
+                      for mode, run_id, url in runs) or "—"
 
 
 def _vs_paper(speedup: Any, rel: Any) -> str:
@@ -187,11 +181,9 @@ def _full_table(df: pd.DataFrame) -> str:
     """Every column of Table 1 (as in ``table1.csv``), numbers right-aligned."""
     numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in df.columns]
     head = "".join(f"<th class='{'n' if n else ''}'>{escape(c)}</th>" for c, n in zip(df.columns, numeric, strict=True))
-    rows = []
-    for r in df.itertuples(index=False):
-        cells = "".join(f"<td class='n'>{_num(v, c)}</td>" if n else f"<td>{_text(v)}</td>"
-                        for v, c, n in zip(r, df.columns, numeric, strict=True))
-        rows.append(f"<tr>{cells}</tr>")
+    rows = ["<tr>" + "".join(f"<td class='n'>{_num(v, c)}</td>" if n else f"<td>{_text(v)}</td>"
+                             for v, c, n in zip(r, df.columns, numeric, strict=True)) + "</tr>"
+            for r in df.itertuples(index=False)]
     return (f"<div class='scroll'><table id='table1'><thead><tr>{head}</tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table></div>")
 

@@ -1,11 +1,4 @@
-"""Table 1: the paper's numbers, the prediction at paper scale and what this machine measured.
-
-Every row of the paper's Table 1 gets three column groups:
-
-- ``paper_*``: the paper's configuration and speedups (experiments/paper_table1.csv);
-- ``predicted_*``: V100 profiles + the row's cluster -> planner -> simulator
-  (``results/table1_predicted.csv``, :mod:`pipedream.table1.predicted`);
-- ``measured_*``: reduced models trained on this machine (``results/speedup/<model>.json``).
+"""Table 1's ``measured_*`` columns: reduced models trained on this machine (``results/speedup/<model>.json``).
 
 Measured epoch-time speedup = DP mean epoch time / PipeDream mean epoch time; time-to-accuracy (TTA)
 speedup = DP wall time to reach the threshold / PipeDream's, as in the paper's Table 1 (§5.2). The wall
@@ -74,26 +67,24 @@ def metric_value(epoch: dict[str, float], metric: str) -> float:
     return (100.0 if metric in PERCENT_METRICS else 1.0) * epoch["val_accuracy"]
 
 
-def _reached(epoch: dict[str, float], threshold: float, metric: str) -> bool:
-    """Whether one epoch's :func:`metric_value` meets ``threshold`` (at most it for perplexity, else at least)."""
-    value = metric_value(epoch, metric)
-    return value <= threshold if metric == "perplexity" else value >= threshold
+def _first_reached(epochs: list[dict[str, float]], threshold: float, metric: str) -> int | None:
+    """Index of the first epoch whose :func:`metric_value` meets ``threshold`` (at most it for perplexity, else at
+    least); None if none does."""
+    values = (metric_value(e, metric) for e in epochs)
+    return next((i for i, v in enumerate(values) if (v <= threshold if metric == "perplexity" else v >= threshold)),
+                None)
 
 
 def time_to_accuracy(epochs: list[dict[str, float]], threshold: float, metric: str = "accuracy") -> float:
     """Wall seconds until the validation ``metric`` first meets ``threshold``; ``nan`` if it never does."""
-    for e in epochs:
-        if _reached(e, threshold, metric):
-            return float(e["wall_time_s"])
-    return math.nan
+    i = _first_reached(epochs, threshold, metric)
+    return math.nan if i is None else float(epochs[i]["wall_time_s"])
 
 
 def epochs_to_accuracy(epochs: list[dict[str, float]], threshold: float, metric: str = "accuracy") -> float:
     """Number of epochs until the validation ``metric`` first meets ``threshold``; ``nan`` if never."""
-    for i, e in enumerate(epochs, start=1):
-        if _reached(e, threshold, metric):
-            return float(i)
-    return math.nan
+    i = _first_reached(epochs, threshold, metric)
+    return math.nan if i is None else float(i + 1)
 
 
 def threshold_of(model_cfg: dict[str, Any]) -> tuple[float, str]:
@@ -119,11 +110,6 @@ def run_threshold(cfg: dict[str, Any], model: str) -> tuple[float, str]:
     return threshold, metric
 
 
-def mean_epoch_time(epochs: list[dict[str, float]]) -> float:
-    """Mean ``epoch_time_s`` over epochs, seconds."""
-    return sum(e["epoch_time_s"] for e in epochs) / len(epochs)
-
-
 def measured_speedup(model: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """One model's measured numbers at reduced scale, from its PipeDream and DP runs.
 
@@ -139,25 +125,16 @@ def measured_speedup(model: str, cfg: dict[str, Any]) -> dict[str, Any]:
     threshold, metric = run_threshold(cfg, model)
     tta = {m: time_to_accuracy(r, threshold, metric) for m, r in runs.items()}
     eta = {m: epochs_to_accuracy(r, threshold, metric) for m, r in runs.items()}
-    ept = {m: mean_epoch_time(r) for m, r in runs.items()}
-    return {
-        "model": model,
-        "measured_config": plan.config,
-        "measured_planned_speedup": plan.predicted_speedup,
-        "measured_epoch_time_dp_s": ept["dp"],
-        "measured_epoch_time_pipedream_s": ept["pipedream"],
-        "measured_speedup_epoch_time": ept["dp"] / ept["pipedream"],
-        "measured_threshold": threshold,
-        "measured_threshold_metric": metric,
-        "measured_tta_dp_s": tta["dp"],
-        "measured_tta_pipedream_s": tta["pipedream"],
-        "measured_speedup_tta": tta["dp"] / tta["pipedream"],
-        "measured_epochs_to_accuracy_dp": eta["dp"],
-        "measured_epochs_to_accuracy_pipedream": eta["pipedream"],
-        "measured_final_acc_dp": runs["dp"][-1]["val_accuracy"],
-        "measured_final_acc_pipedream": runs["pipedream"][-1]["val_accuracy"],
-        "measured_epochs": len(runs["pipedream"]),
-    }
+    ept = {m: sum(e["epoch_time_s"] for e in r) / len(r) for m, r in runs.items()}  # mean epoch time, s
+    return {"model": model, "measured_config": plan.config, "measured_planned_speedup": plan.predicted_speedup,
+            "measured_epoch_time_dp_s": ept["dp"], "measured_epoch_time_pipedream_s": ept["pipedream"],
+            "measured_speedup_epoch_time": ept["dp"] / ept["pipedream"],
+            "measured_threshold": threshold, "measured_threshold_metric": metric,
+            "measured_tta_dp_s": tta["dp"], "measured_tta_pipedream_s": tta["pipedream"],
+            "measured_speedup_tta": tta["dp"] / tta["pipedream"],
+            "measured_epochs_to_accuracy_dp": eta["dp"], "measured_epochs_to_accuracy_pipedream": eta["pipedream"],
+            "measured_final_acc_dp": runs["dp"][-1]["val_accuracy"],
+            "measured_final_acc_pipedream": runs["pipedream"][-1]["val_accuracy"], "measured_epochs": len(runs["pipedream"])}
 
 
 def write_speedup(model: str, cfg: dict[str, Any], out: Path) -> dict[str, Any]:

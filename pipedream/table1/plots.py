@@ -30,10 +30,12 @@ def _pyplot():  # type: ignore[no-untyped-def]
     return plt, sns
 
 
-def _save(fig, out: Path) -> None:  # type: ignore[no-untyped-def]
-    """Write ``fig`` to ``out`` atomically (a temporary file, then a rename) and close it."""
+def _save(fig, out: Path, rect: tuple[float, float, float, float] | None = None) -> None:  # type: ignore[no-untyped-def]
+    """Lay ``fig`` out tightly (inside ``rect``), write it to ``out`` atomically (a temporary file, then a rename)
+    and close it."""
     import matplotlib.pyplot as plt
 
+    fig.tight_layout(rect=rect)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
     fig.savefig(tmp, dpi=120)
@@ -70,7 +72,6 @@ def accuracy_vs_time(model: str, runs: dict[str, list[dict[str, float]]], worker
     if metric == "perplexity":
         ax.set_yscale("log")
     ax.set_title(f"{model} (reduced, {workers} CPU workers): {label} vs time")
-    fig.tight_layout()
     _save(fig, out)
 
 
@@ -79,11 +80,8 @@ def speedup_bars(table: pd.DataFrame, out: Path) -> None:
     plt, sns = _pyplot()
     sources = {"paper": "paper_speedup_epoch_time", "predicted": "predicted_speedup_epoch_time",
                "measured (reduced, CPU)": "measured_speedup_epoch_time"}
-    rows = []
-    for _, r in table.iterrows():
-        for name, col in sources.items():
-            if col in table.columns and pd.notna(r[col]):
-                rows.append({"row": f"{r['model']} {r['hardware']}", "source": name, "speedup over DP": r[col]})
+    rows = [{"row": f"{r['model']} {r['hardware']}", "source": name, "speedup over DP": r[col]}
+            for _, r in table.iterrows() for name, col in sources.items() if col in table.columns and pd.notna(r[col])]
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(table)), 4.5))
     if rows:
         sns.barplot(data=pd.DataFrame(rows), x="row", y="speedup over DP", hue="source", ax=ax)
@@ -94,7 +92,6 @@ def speedup_bars(table: pd.DataFrame, out: Path) -> None:
         label.set_horizontalalignment("right")
     ax.set_xlabel("")
     ax.set_title("Table 1: epoch-time speedup of PipeDream over data parallelism", pad=26)
-    fig.tight_layout()
     _save(fig, out)
 
 
@@ -166,7 +163,6 @@ def predicted_vs_measured(df: pd.DataFrame, out: Path, band: float = 0.25, title
     ax.set_ylabel("measured epoch time (s)")
     ax.set_title("Every run: measured against predicted epoch time")
     rx.set_xlabel("measured / predicted epoch time")
-    fig.tight_layout()
     _save(fig, out)
 
 
@@ -186,7 +182,6 @@ def predicted_speedup_bars(df: pd.DataFrame, out: Path) -> None:
     ax.set_xlabel("")
     ax.tick_params(axis="x", rotation=60)
     ax.set_title("Table 1: PipeDream speedup over data parallelism, paper vs simulated")
-    fig.tight_layout()
     _save(fig, out)
 
 
@@ -203,7 +198,6 @@ def whatif_speedup_bars(df: pd.DataFrame, out: Path, title: str) -> None:
     ax.axhline(1.0, color="grey", lw=1, ls="--")
     ax.set_ylabel("speedup over DP (epoch time)")
     ax.set_title(title)
-    fig.tight_layout()
     _save(fig, out)
 
 
@@ -219,7 +213,6 @@ def dp_stall_bars(df: pd.DataFrame, out: Path) -> None:
     ax.set_ylabel("DP time stalled in communication")
     ax.set_ylim(0, 1)
     ax.set_title("Data parallelism: communication stalls (simulated, wait-free backprop)")
-    fig.tight_layout()
     _save(fig, out)
 
 
@@ -246,5 +239,4 @@ def gantt(panels: list[tuple[str, Trace]], out: Path, ranks: int) -> None:
         ax.set_xlabel("time (s)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (COLORS["F"], COLORS["B"], COLORS["ALLREDUCE"])]
     fig.legend(handles, ["forward", "backward", "allreduce"], loc="upper right", ncol=3, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    _save(fig, out)
+    _save(fig, out, rect=(0, 0, 1, 0.97))

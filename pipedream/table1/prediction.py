@@ -23,10 +23,9 @@ from pipedream.io import atomic_write_text
 from pipedream.table1.measured import finished_runs
 from pipedream.table1.plots import predicted_vs_measured
 
-# The goals of make run's 4 workers on 2 cores: the median |measured / predicted - 1| at most MEDIAN_GOAL, and
-# nearly every run within BAND. Four workers sharing two cores differ from themselves by about NOISE_FLOOR (the
-# median |ratio - 1| of the same run started twice on the same profile and plan), so a tighter goal there
-# measures the host, not the model; a core per worker (benchmarks/cores) is held to 10% on every run.
+# The goals of make run's 4 workers on 2 cores: the median |measured / predicted - 1| at most MEDIAN_GOAL, nearly
+# every run within BAND; the same run started twice differs from itself by about NOISE_FLOOR there (a core per
+# worker, benchmarks/cores, is held to 10% on every run).
 BAND = 0.25
 MEDIAN_GOAL = 0.10
 NOISE_FLOOR = 0.12

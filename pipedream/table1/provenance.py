@@ -71,16 +71,8 @@ def collect(cfg: dict[str, Any], config_path: str | None) -> dict[str, str]:
         config_path: its file (``pipedream report --config``), if known.
     """
     torch_version, cuda = _device()
-    return {
-        "commit": git_state(),
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "config": config_path or "unknown",
-        "scale": str(cfg.get("scale", "unknown")),
-        "workers": _workers(cfg.get("workers"), host_cores()),
-        "cluster": str(cfg.get("cluster", "unknown")),
-        "emulated bandwidth": _bandwidth(cfg.get("emulate_bandwidth_Bps")),
-        "host": platform.node() or "unknown",
-        "CPUs": str(host_cores()),
-        "torch": torch_version,
-        "CUDA device": cuda,
-    }
+    return {"commit": git_state(), "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "config": config_path or "unknown", "scale": str(cfg.get("scale", "unknown")),
+            "workers": _workers(cfg.get("workers"), host_cores()), "cluster": str(cfg.get("cluster", "unknown")),
+            "emulated bandwidth": _bandwidth(cfg.get("emulate_bandwidth_Bps")), "host": platform.node() or "unknown",
+            "CPUs": str(host_cores()), "torch": torch_version, "CUDA device": cuda}

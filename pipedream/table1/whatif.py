@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from pipedream.errors import PipeDreamError
 from pipedream.paths import RELEASE_PROFILES
 from pipedream.sim import IMAGENET_TRAIN_SAMPLES
-from pipedream.table1.predicted import PAPER_MODELS, find_profile, predict
+from pipedream.table1.predicted import PAPER_MODELS, Profile, find_profile, predict
 from pipedream.topology import Cluster, get_cluster
 
 
@@ -31,11 +32,15 @@ def whatif_table(cluster: Cluster, profiles_dir: Path, plans_dir: Path | None, m
         prof = find_profile(model, profiles_dir)
         if prof is None:
             raise PipeDreamError(f"no profile for {model!r} (looked in {RELEASE_PROFILES} and {profiles_dir})")
-        row = {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
-               "profile": prof.path, "batch_per_gpu": prof.batch}
-        row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES, plans_dir=plans_dir))
-        rows.append(row)
+        rows.append(_row(model, prof, cluster, plans_dir))
     return pd.DataFrame(rows)
+
+
+def _row(model: str, prof: Profile, cluster: Cluster, plans_dir: Path | None = None, **extra: Any) -> dict[str, Any]:
+    """One what-if row: ``model``'s profile ``prof`` planned and simulated on ``cluster`` (:func:`predict`)."""
+    return {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
+            "profile": prof.path, **extra, "batch_per_gpu": prof.batch,
+            **predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES, plans_dir=plans_dir)}
 
 
 H100_PROFILES = Path(__file__).resolve().parents[2] / "experiments" / "data" / "profiles_h100"
@@ -58,8 +63,5 @@ def whatif_h100(clusters_path: Path) -> pd.DataFrame:
             prof = find_profile(model, H100_PROFILES, release=False)
             if prof is None:
                 raise PipeDreamError(f"no H100 profile {H100_PROFILES / model / 'graph.txt'}")
-            row = {"row": f"{model} {cluster.name}", "model": model, "hardware": cluster.shape, "cluster": cluster.name,
-                   "profile": prof.path, "profile_hardware": prof.hardware, "batch_per_gpu": prof.batch}
-            row.update(predict(model, prof, cluster, IMAGENET_TRAIN_SAMPLES))
-            rows.append(row)
+            rows.append(_row(model, prof, cluster, profile_hardware=prof.hardware))
     return pd.DataFrame(rows)

@@ -60,16 +60,15 @@ def section(results: Path) -> str:
              "predicted_* is each run's own prediction. val_loss_vs_dp = final validation loss / DP's with the "
              "same optimizer − 1.</p>"]
     if len(measured):
-        parts.append(_table(measured, MEASURED))
-        parts.append("<ul class='notes'>" + "".join(f"<li>{escape(line, quote=False)}</li>"
-                                                    for line in loss_lines(rows)) + "</ul>")
+        parts += [_table(measured, MEASURED), "<ul class='notes'>" + "".join(
+            f"<li>{escape(line, quote=False)}</li>" for line in loss_lines(rows)) + "</ul>"]
     png = results / "plots" / PLOT
     if png.is_file():
         parts.append(figure(png, "Validation loss per epoch, reduced GPT: 2BW and DP solid (config optimizer) and "
                                  "dotted (loss check's optimizer), other schedules dashed."))
     if len(predicted):
-        parts.append("<h3>Predicted at paper scale (FLOP-costed GPT models on the paper's 8 x 8 V100 cluster)</h3>")
-        parts.append(_table(predicted, PREDICTED))
+        parts += ["<h3>Predicted at paper scale (FLOP-costed GPT models on the paper's 8 x 8 V100 cluster)</h3>",
+                  _table(predicted, PREDICTED)]
     return "".join(parts)
 
 

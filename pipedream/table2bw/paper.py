@@ -1,11 +1,8 @@
 """Paper-scale costs of the GPT models of PipeDream-2BW, from FLOP counts (no V100 profile of them exists here).
 
-The paper's facts (taken from a transcription of its text): 8 x V100 16 GB p3.16xlarge servers, NVLink inside,
-25 Gbps between; GPT models of 1.3, 2.2 and 3.8-3.9 billion parameters, sequence 512; its planner chose depth 8
-for the 2.2B model and 16 for the 3.8B one; PipeDream-2BW is up to 3.2x faster than GPipe and up to 1.6x faster
-than PipeDream-Flush at small batches (15% at batch 2048); GPT perplexity 19.28 with vanilla updates against
-19.56 with 2BW's. The number of servers is ours: 8 (64 GPUs, cluster ``B_8x8``), the size of the paper's
-GPT experiments as we read it.
+The paper's facts (from a transcription of its text; the speedups and perplexities are below): 8 x V100 16 GB
+p3.16xlarge servers, NVLink inside, 25 Gbps between; GPT models of 1.3, 2.2 and 3.8-3.9 billion parameters,
+sequence 512. The number of servers is ours: 8 (64 GPUs, cluster ``B_8x8``), as we read the paper's experiments.
 
 Per-layer costs, for ``b`` samples of ``s`` tokens, width ``h``, ``a`` heads, vocabulary ``V``:
 

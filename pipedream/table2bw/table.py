@@ -10,12 +10,10 @@ Two scopes, one row per (model, batch, schedule):
   ``peak_memory_bytes_max_stage`` from the memory model). PipeDream-Flush only where this checkout has it.
 * ``measured``: the reduced GPT trained on 4 CPU processes by ``make run-2bw`` (``experiments/2bw.yaml``), each
   schedule's ``run.json`` and ``metrics.json``: training samples per second over all epochs, the largest stage's
-  measured peak bytes and the final validation loss and perplexity; beside them the run's own prediction
-  (:func:`pipedream.sim.predict.predict_run`: the simulator with the host's cores shared, and the memory model).
-  The config's ``twobw.loss_check`` trains some schedules again with another optimizer (``<schedule>-<optimizer>``
-  run folders): with Adam, 2BW's one-step delay W(t+1) = W(t) - lr * grad f(W(t-1)) leaves its loss behind DP's
-  on this short run, as Zmushko et al. (arXiv:2606.30634, 2026) report for AdamW under PipeDream-2BW; Muon is
-  robust to it. ``val_loss_vs_dp`` = final validation loss / DP's with the same optimizer - 1.
+  measured peak bytes and the final validation loss and perplexity, beside the run's own prediction. The config's
+  ``twobw.loss_check`` trains some schedules again with another optimizer (``<schedule>-<optimizer>`` run folders):
+  with Adam, 2BW's one-step delay leaves its loss behind DP's (Zmushko et al., arXiv:2606.30634); Muon is robust
+  to it. ``val_loss_vs_dp`` = final validation loss / DP's with the same optimizer - 1.
 
 ``weight_copies`` is what the memory model says the schedule's largest stage holds (2BW 2, flush schedules and
 DP 1, 1F1B with weight stashing one per in-flight minibatch on its input stage). The validation losses per
