@@ -29,7 +29,7 @@ run-2bw: setup data jemalloc
 	$(BIN)/snakemake --cores $(CORES) --configfile experiments/2bw.yaml --rerun-incomplete
 
 test: setup data jemalloc
-	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist worksteal --durations=15
 
 setup: $(STAMP)
 
