@@ -18,13 +18,6 @@ PROFILES = REPO / "experiments" / "data" / "profiles"
 PROFILE_NAMES = ["alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` first, each file's in its order: under ``pytest -n`` (``--dist worksteal``) an idle
-    worker steals from the end of another's queue, so a multi-second test is taken early instead of being the
-    last one running while the other workers are done."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def log_training_run(experiment: str, run_name: str, params: dict[str, Any], epochs: list[dict[str, float]],
                      final_metrics: dict[str, float] | None = None, tags: dict[str, str] | None = None,
                      artifacts: Iterable[Path] = ()) -> str:
