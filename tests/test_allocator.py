@@ -113,7 +113,7 @@ def test_jemalloc_library_is_the_first_directory_that_holds_it(tmp_path):
 
 
 def test_pipedream_jemalloc_names_the_library_where_no_standard_directory_holds_it(tmp_path):
-    lib = tmp_path / "opt" / allocator.JEMALLOC  # e.g. a cluster's module tree, or benchmarks/cores' device kit
+    lib = tmp_path / "opt" / allocator.JEMALLOC  # e.g. a cluster's module tree or a home directory
     lib.parent.mkdir()
     lib.write_bytes(b"")
     env = {allocator.LIBRARY_ENV: str(lib)}

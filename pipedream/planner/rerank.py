@@ -279,16 +279,17 @@ def rerank(graph: LayerGraph, cluster: Cluster, solver_plans: list[tuple[str, Pl
     near = [c for c in fitting if c.epoch_s is not None and c.epoch_s <= fastest * (1 + NEAR_TIE)]
     best = min(near, key=lambda c: (len(c.plan.stages), c.epoch_s))
     dp = simulate_dp(g, cluster, opts, workers=best.plan.workers)
-    return _finish(g, cluster, best, dp, cands, solver_plans[0][1], opts, step, memory_limit=memory_limit, straight=straight,
+    return _finish(g, cluster, best, dp, cands, solver_plans[0][1], opts, memory_limit=memory_limit, straight=straight,
                    limit=limit)
 
 
 def _finish(graph: LayerGraph, cluster: Cluster, best: Candidate, dp: SimResult,  # noqa: PLR0913 (private)
-            cands: list[Candidate], solver_answer: Plan, opts: SimOptions, step: costmodel.StepRates, *,
+            cands: list[Candidate], solver_answer: Plan, opts: SimOptions, *,
             memory_limit: bool, straight: bool, limit: float) -> Plan:
     """The chosen plan with the simulated estimate, the simulator's per-stage cost terms and the record of
     what was considered."""
     plan = copy.deepcopy(best.plan)
+    step = opts.step or costmodel.StepRates()  # simulation_options sets it
     samples = opts.dataset_size
     assert best.epoch_s is not None and best.time_per_minibatch_s is not None
     plan.time_per_sample_s = best.epoch_s / samples
