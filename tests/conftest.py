@@ -38,6 +38,15 @@ def _no_runs_in_the_checkouts_store(tmp_path_factory: pytest.TempPathFactory) ->
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_files_in_the_users_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Data sets decoded by the tests (and the processes they start) are kept in a throw-away folder, not in the
+    user's ~/.cache/pipedream (:mod:`pipedream.data.cache`)."""
+    from pipedream.data.cache import CACHE_ENV
+
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture
 def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty sqlite MLflow store in a temporary folder (also the working directory)."""

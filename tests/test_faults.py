@@ -27,11 +27,12 @@ PROMPT_S = 15.0
 pytestmark = pytest.mark.slow
 
 
-def _start(tmp_path: Path, mode: str, *extra: str, fault: str | None = None) -> subprocess.Popen[str]:
+def _start(tmp_path: Path, mode: str, *extra: str, fault: str | None = None,
+           store: str | None = None) -> subprocess.Popen[str]:
     data = tmp_path / "data"
     if not data.is_dir():
         write_data(data)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLFLOW_TRACKING_URI": store or f"sqlite:///{tmp_path}/mlflow.db"}
     env.pop(FAULT_ENV, None)
     if fault:
         env[FAULT_ENV] = fault
@@ -137,6 +138,19 @@ def test_a_killed_torchrun_takes_its_workers_along(tmp_path: Path) -> None:
     status, line, ended = _finish(proc, tmp_path)
     assert ended - t0 < PROMPT_S
     assert status == 2 and "training failed: torchrun was killed by SIGKILL" in line, line
+
+
+def test_an_mlflow_store_that_cannot_be_opened_stops_the_workers(tmp_path: Path) -> None:
+    """The MLflow run starts while the workers start (pipedream/commands/train.py): a store that cannot be opened
+    stops them at once, and its error is the one line."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    proc = _start(tmp_path, "pipedream", "--epochs", "500", store=f"sqlite:///{blocker}/mlflow.db")
+    t0 = time.monotonic()
+    status, line, ended = _finish(proc, tmp_path)
+    assert status != 0 and str(blocker) in line and "interrupted" not in line, line
+    assert ended - t0 < 30 + PROMPT_S  # the workers' start-up (seconds each on a shared machine), then teardown
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_timeout_stops_every_worker(tmp_path: Path) -> None:

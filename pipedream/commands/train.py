@@ -263,9 +263,49 @@ def run_name(args: argparse.Namespace) -> str:
 
 def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, out_dir: Path,  # type: ignore[no-untyped-def]
                    final_dir: Path, config: str, cluster: str) -> int:
-    """Node 0's part of :func:`run`: predict, train (:func:`_train`) while logging each epoch to MLflow, score,
-    write ``run.json`` and put ``out_dir`` (the staging folder) in place of ``final_dir``; any failure ends the
-    MLflow run FAILED (KILLED for an interrupt) with ``train.log`` attached."""
+    """Node 0's part of :func:`run`: predict and start the MLflow run (:func:`_start_run`) while the workers start,
+    train (:func:`_train`) while logging each epoch to MLflow, score, write ``run.json`` and put ``out_dir`` (the
+    staging folder) in place of ``final_dir``; any failure ends the MLflow run FAILED (KILLED for an interrupt)
+    with ``train.log`` attached.
+
+    The prediction and the MLflow run are made in a thread: the launcher's imports and the store take seconds of
+    one core, which the workers' own start-up (each imports torch) would otherwise wait for. Where that thread
+    fails (an MLflow store that cannot be opened), it stops the workers as an interrupt would and its error is
+    raised in the interrupt's place."""
+    import _thread
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    def log_epochs(rows: list[dict[str, float]]) -> None:  # from the follower thread; a failed start logs nothing
+        if started.exception() is None:
+            started.result()[0].log_epochs(rows)
+
+    def stop_if_failed(future: Future) -> None:  # type: ignore[type-arg]
+        if future.exception() is not None:
+            _thread.interrupt_main()
+
+    t0 = time.time()
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(_start_run, args, cfg, plan, out_dir, cluster, config, t0)
+        try:
+            started.add_done_callback(stop_if_failed)
+            _train(args, cfg, plan_file, on_epochs=log_epochs)  # each epoch logged as the workers write it
+            live, prediction, why_not = started.result()
+            return _finish(args, cfg, live, t0, prediction, why_not, plan_file, out_dir, final_dir, config, cluster)
+        except BaseException as e:
+            failed = started.exception()
+            if failed is not None:
+                raise failed from None
+            live = started.result()[0]
+            if not live.ended:
+                live.finish(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
+                            artifacts=[out_dir / "train.log"])
+            raise
+
+
+def _start_run(args: argparse.Namespace, cfg, plan, out_dir: Path, cluster: str, config: str,  # type: ignore[no-untyped-def]
+               t0: float) -> tuple[Any, dict[str, Any], str | None]:
+    """The run's predicted epoch (``out_dir/prediction.json``, printed) and its MLflow run, started at ``t0``:
+    ``(LiveRun, prediction, why there is none or None)``."""
     from pipedream import run_prediction
     from pipedream.tracking import LiveRun
 
@@ -277,16 +317,8 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
         atomic_write_json(out_dir / "prediction.json", prediction)
     else:
         tags["prediction_error"] = why_not or "unknown"
-    t0 = time.time()
     live = LiveRun(args.experiment or f"{args.model}/{cluster}", run_name(args), params, tags, start_time_s=t0)
-    try:
-        _train(args, cfg, plan_file, on_epochs=live.log_epochs)  # each epoch logged as the workers write it
-        return _finish(args, cfg, live, t0, prediction, why_not, plan_file, out_dir, final_dir, config, cluster)
-    except BaseException as e:
-        if not live.ended:
-            live.finish(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
-                        artifacts=[out_dir / "train.log"])
-        raise
+    return live, prediction, why_not
 
 
 def profile_age_s(profile: str | Path | None, at_unix_s: float) -> float | None:

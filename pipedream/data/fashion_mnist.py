@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from pipedream.data.base import epoch_order, subset_indices
+from pipedream.data.cache import derived
 from pipedream.errors import PipeDreamError
 
 DEFAULT_ROOT = Path("/usr/share/datasets/fashion-mnist")
@@ -57,19 +58,13 @@ def default_root() -> Path:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read a gzip-compressed IDX file (the MNIST format) into a numpy array.
+    """Read a gzip-compressed IDX file (the MNIST format) into a numpy array (decompressed once per file and kept
+    in :mod:`pipedream.data.cache`).
 
     Raises:
         PipeDreamError: the file is missing or not a valid unsigned-byte IDX file.
     """
-    try:
-        with gzip.open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise PipeDreamError(f"Fashion-MNIST file {path} not found; install it with `apt-get install dataset-fashion-mnist` "
-                             f"(or `make data`), or point ${ROOT_ENV} / --data-dir at a folder with the IDX .gz files") from None
-    except (OSError, EOFError) as e:
-        raise PipeDreamError(f"{path} is not a readable gzip file ({e}); reinstall dataset-fashion-mnist") from None
+    data = derived(path, "idx1", lambda: _gunzip(path))
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
         raise PipeDreamError(f"{path} is not an unsigned-byte IDX file (bad magic number)")
     ndim = data[3]
@@ -78,6 +73,18 @@ def read_idx(path: Path) -> np.ndarray:
     if body.size != int(np.prod(dims)):
         raise PipeDreamError(f"{path}: header says {dims} but holds {body.size} values")
     return body.reshape(dims)
+
+
+def _gunzip(path: Path) -> bytes:
+    """The decompressed bytes of ``path`` (cached by :func:`read_idx`, :mod:`pipedream.data.cache`)."""
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise PipeDreamError(f"Fashion-MNIST file {path} not found; install it with `apt-get install dataset-fashion-mnist` "
+                             f"(or `make data`), or point ${ROOT_ENV} / --data-dir at a folder with the IDX .gz files") from None
+    except (OSError, EOFError) as e:
+        raise PipeDreamError(f"{path} is not a readable gzip file ({e}); reinstall dataset-fashion-mnist") from None
 
 
 def load_split(name: str, root: Path | None = None, subset: int | None = None, seed: int = 0) -> Split:

@@ -20,6 +20,7 @@ Samples and batches (the GNMT models' input contract, :mod:`pipedream.models.gnm
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from pathlib import Path
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from pipedream.data.base import Rows, Sample, SampleSet, require_module, subset_indices
+from pipedream.data.cache import derived
 from pipedream.errors import PipeDreamError
 
 DING_PATH = Path("/usr/share/trans/de-en")
@@ -47,12 +49,19 @@ def tokenize(text: str) -> list[str]:
 
 
 def read_ding(path: Path | None = None) -> list[tuple[str, str]]:
-    """Full-sentence ``(english, german)`` pairs of the Ding dictionary, in file order, one per English sentence.
+    """Full-sentence ``(english, german)`` pairs of the Ding dictionary, in file order, one per English sentence
+    (parsed once per file and kept in :mod:`pipedream.data.cache`).
 
     Raises:
         PipeDreamError: the file is missing (names the Debian package).
     """
     path = Path(path or os.environ.get(DING_ENV, DING_PATH))
+    data = derived(path, "ding1", lambda: json.dumps(_parse_ding(path)).encode())
+    return [(e, d) for e, d in json.loads(data)]
+
+
+def _parse_ding(path: Path) -> list[tuple[str, str]]:
+    """:func:`read_ding` without the cache."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:

@@ -34,8 +34,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-import torch.multiprocessing as mp
-
 from pipedream.allocator import JEMALLOC, wants_jemalloc, worker_env
 from pipedream.errors import PipeDreamError
 from pipedream.placement import ranks_per_host
@@ -121,6 +119,8 @@ def spawn_local(cfg: TrainConfig, workers: int, fn: Callable[[TrainConfig], None
         PipeDreamError: a worker failed (its one-line reason from ``out_dir/errors``) or the run timed out
             (``timeout_s``, seconds); every worker is gone before this (or an interrupt) propagates.
     """
+    import torch.multiprocessing as mp  # here, not at the top: `pipedream train` checks its options before torch loads
+
     if fn is None:
         from pipedream.runtime.worker import train as fn
     start_method()
@@ -157,6 +157,8 @@ def _blame(processes: list, out_dir: Path) -> str:  # type: ignore[type-arg]
 
 def start_method() -> str:
     """Ask the fork server to preload :data:`PRELOAD` (takes effect when it starts); returns the method."""
+    import torch.multiprocessing as mp
+
     mp.get_context(START_METHOD).set_forkserver_preload(PRELOAD)
     return START_METHOD
 
