@@ -129,7 +129,7 @@ def test_bleu_threshold_scores_every_epoch_and_times_the_first_crossing(user_dir
     """A threshold on the model's own metric: every epoch's model is scored after training, logged at its
     epoch's step and wall time, and time-to-accuracy is the first epoch that crosses it (here epoch 2 of 3:
     the metric counts training minibatches, 8 an epoch in both modes, --dp-batch global); a threshold above
-    the last score gives 'not reached'."""
+    the last score gives 'not reached' (checked in one mode)."""
     from pipedream.tracking import _mlflow
 
     out = user_dir / mode
@@ -150,6 +150,8 @@ def test_bleu_threshold_scores_every_epoch_and_times_the_first_crossing(user_dir
     history = sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run["run_id"], "bleu"))
     assert history == [(k, 8.0 * k, start_ms + int(1000 * rows[k - 1]["wall_time_s"])) for k in (1, 2, 3)]
 
+    if mode == "pipedream":  # a threshold never crossed is the launcher's, the same in both modes: checked once
+        return
     proc = _cli("train", *common, "--threshold", "30", "--out-dir", str(out), cwd=user_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((out / "run.json").read_text())
