@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from pipedream.io import atomic_write_bytes
 
 CACHE_ENV = "PIPEDREAM_CACHE"
 OFF = "off"
@@ -45,14 +46,7 @@ def derived(source: Path, tag: str, build: Callable[[], bytes]) -> bytes:
     except OSError:
         data = build()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.")
+        atomic_write_bytes(path, data)
     except OSError:
-        return data
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)
+        pass  # no cache here: the data as derived
     return data
