@@ -76,12 +76,14 @@ ui: setup
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///results/mlflow.db --host 127.0.0.1 --port 5000
 
 # style (ruff), types (mypy: strict on the core, pyproject.toml [tool.mypy]), layers (import-linter contracts,
-# pyproject.toml [tool.importlinter]) and the workflow (snakemake --lint); .ci/run runs it before the tests
+# pyproject.toml [tool.importlinter]), the workflow (snakemake --lint) and the docs (mkdocs.yml: a broken link or
+# a page missing from the site fails); .ci/run runs it before the tests
 lint: setup
 	$(BIN)/ruff check pipedream tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/snakemake --lint --configfile $(CONFIG)
+	$(BIN)/mkdocs build --strict --quiet
 
 # the paper-scale workflow, planned but not run (shows every job a GPU cluster would execute)
 dry-run-paper: setup

@@ -77,28 +77,6 @@ def test_profile_plan_train_from_python_equals_one_process(tmp_path: Path) -> No
             torch.testing.assert_close(p, expected[n].detach(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.slow
-def test_the_readme_example_runs(tmp_path: Path) -> None:
-    """README's api_example.py as a user runs it: a torchvision ResNet-18 profiled, partitioned and trained."""
-    import os
-    import re
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
-    code = re.search(r"```python\n# api_example\.py\n(.*?)```", (REPO / "README.md").read_text(), re.S)
-    assert code is not None
-    (tmp_path / "api_example.py").write_text(code.group(1))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "api_example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    epoch, loss, accuracy = proc.stdout.split()[-3:]
-    assert epoch == "1" and float(loss) > 0 and 0 <= float(accuracy) <= 1
-    assert (tmp_path / "runs/resnet18/metrics.json").is_file()
-
-
 def _fake_train(calls: list, fail: str | None = None):  # type: ignore[no-untyped-def,type-arg]
     """A stand-in for :func:`pipedream.api.train` that records its call and writes one epoch as workers would."""
     from pipedream.io import atomic_write_json
