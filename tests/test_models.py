@@ -98,8 +98,8 @@ def test_a_boundary_carries_several_tensors(name: str) -> None:
 
 
 TRAIN = {  # name: (minibatch, minibatches cycled, optimizer, lr, steps, required loss ratio after/before)
-    # VGG and AlexNet (no batch norm) sit on a plateau at ln(10) for their first ~100 SGD steps (see
-    # experiments/ci_models.yaml); a small Adam step on two repeated minibatches shows the descent.
+    # VGG and AlexNet (no batch norm) sit on a plateau at ln(10) for their first ~100 SGD steps (their learning
+    # curves: python -m pipedream.models.learning_curve); a small Adam step on two repeated minibatches shows the descent.
     "vgg16": (16, 2, "adam", 3e-4, 12, 0.98),
     "alexnet": (16, 2, "adam", 3e-4, 8, 0.95),
     "resnet50": (32, 4, "adam", 1e-3, 12, 0.9),
@@ -208,7 +208,7 @@ def test_gnmt_structure() -> None:
 def test_experiment_configs_validate() -> None:
     from pipedream.experiment import load_config
 
-    for f in ("table1.yaml", "ci_models.yaml"):
+    for f in ("table1.yaml", "ci.yaml"):
         cfg = load_config(REPO / "experiments" / f)
         assert set(MODELS) <= set(cfg["models"]), f
     table1 = yaml.safe_load(Path(REPO / "experiments" / "table1.yaml").read_text())

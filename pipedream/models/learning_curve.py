@@ -4,7 +4,7 @@ Data parallelism over ``W`` workers with per-worker minibatch ``b`` and averaged
 floating-point order and batch-norm statistics, plain SGD with minibatch ``W*b``. This module trains
 that equivalent in one process, using only the model's hooks (``make_datasets``, ``criterion``,
 ``evaluate``), and records loss and metric as training goes: the curve a threshold in
-``experiments/ci_models.yaml`` is chosen from.
+``experiments/ci.yaml`` is chosen from.
 
     python -m pipedream.models.learning_curve --model gnmt8 --batch-size 128 --optimizer adam --lr 1e-3 \\
         --epochs 2 --train-subset 8192 --val-subset 512 --eval-every 16 --out curve.json

@@ -36,7 +36,7 @@ rule predicted:
         models=PREDICTED_MODELS_ARG,
     conda:
         "../../environment.yml"
-    # its rows in parallel (every model's plan, re-ranking and simulations on every cluster: 88 s on one core)
+    # its rows in parallel (every model's plan, re-ranking and simulations on every cluster)
     threads: workflow.cores
     shell:
         "{params.pd} report --predicted --out-dir {params.out_dir} --paper-table {input.paper} "
