@@ -1,5 +1,5 @@
 """How long things take: the one cost model that the planner, the re-ranking, the simulator, ``explain``
-and the runtime's link emulation all call (DESIGN.md, "One fact, one place").
+and the runtime's link emulation all call (docs/design.md, "One fact, one place").
 
 Every formula here is the alpha-beta model of a collective or a transfer on links of a given bandwidth:
 

@@ -1,5 +1,5 @@
 """Where each stage's replicas run: the one placement that the plan records and the runtime and the
-simulator both run (DESIGN.md, "One fact, one place").
+simulator both run (docs/design.md, "One fact, one place").
 
 A stage's ranks are stored in round-robin order: replica ``i`` (``ranks[i]``) takes the minibatches ``m``
 with ``m % replicas == i`` (:meth:`pipedream.schedules.Schedule.rank_of`). Two rules produce them:

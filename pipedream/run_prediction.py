@@ -1,4 +1,4 @@
-"""The prediction of a ``pipedream train`` run, made before it starts (DESIGN.md, "Checks").
+"""The prediction of a ``pipedream train`` run, made before it starts (docs/simulator.md, "The prediction check").
 
 :func:`predict_run` puts together what the simulator's :func:`pipedream.sim.predict.predict_epoch` needs from the
 run: the epoch its workers will train (:func:`epoch_shape`, from the functions the workers call), its profile's

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.table1.measured import write_speedup
 
     cfg = load_config(args.config)
-    if args.speedup:  # one model's two runs: without the report's imports (pandas, the models: 5 s of a 2-core VM)
+    if args.speedup:  # one model's two runs: without the report's imports (pandas, the models: seconds of start-up)
         if args.speedup not in cfg["models"]:
             raise PipeDreamError(f"model {args.speedup!r} is not in {args.config}; known: {', '.join(cfg['models'])}")
         if not args.out:

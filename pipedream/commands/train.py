@@ -365,7 +365,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
              "mean_epoch_time_s": sum(e["epoch_time_s"] for e in epochs) / len(epochs),
              "steady_epoch_time_s": sum(e["epoch_time_s"] for e in steady) / len(steady),
              "first_epoch_time_s": epochs[0]["epoch_time_s"], "launch_to_finish_s": total_s}
-    if predicted is not None:  # the check of the simulator (DESIGN.md, "Checks"), on the warmed-up epochs
+    if predicted is not None:  # the check of the simulator (docs/simulator.md, "The prediction check"), on the warmed-up epochs
         final.update(predicted_epoch_time_s=predicted, prediction_ratio=final["steady_epoch_time_s"] / predicted)
     age = profile_age_s(args.profile, t0)
     if age is not None:

@@ -1,1 +1,1 @@
-"""Data sets: reduced-size real stand-ins (Fashion-MNIST for ImageNet, ...), see DESIGN.md."""
+"""Data sets: reduced-size real stand-ins (Fashion-MNIST for ImageNet, ...)."""

@@ -1,4 +1,4 @@
-"""Fashion-MNIST (Xiao et al. 2017): the reduced-size stand-in for ImageNet (DESIGN.md).
+"""Fashion-MNIST (Xiao et al. 2017): the reduced-size stand-in for ImageNet.
 
 The Debian package ``dataset-fashion-mnist`` installs the four original IDX files under
 ``/usr/share/datasets/fashion-mnist``. Images are kept as ``uint8`` ``(N, 28, 28)`` in memory

@@ -55,8 +55,8 @@ class TrainConfig:
             the logits, :func:`pipedream.models.classification_loss`).
     """
 
-    model: str = _opt("vgg16", "registered model (pipedream.models), or package.module:fn for your own "
-                      "nn.Sequential factory (see README: training your own model)")
+    model: str = _opt("vgg16", "registered model (pipedream.models), or package.module:fn, a function of yours "
+                      "that returns an nn.Module or a ModelSpec (docs/your-own-model.md)")
     preset: str = _opt("reduced", "model size: reduced (CPU) or full (the paper's)", PRESETS)
     plan: str | None = _opt(None, "plan JSON from `pipedream plan` (pipedream mode; default: an even split of the "
                                   "layers into a straight pipeline)")
