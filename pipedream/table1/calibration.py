@@ -1,4 +1,4 @@
-"""DP's effective link speed, fitted per cluster and tested leave-one-out (issue #23).
+"""DP's effective link speed, fitted per cluster and tested leave-one-out.
 
 The predicted Table 1 times data parallelism's allreduce at line rate; NCCL over TCP in 2019 did not reach it.
 One fraction ``f`` of line rate per paper cluster (A, B, C: one network each) slows DP's allreduce between

@@ -20,7 +20,7 @@ from pipedream.table1.measured import finished_runs
 
 COLUMNS = ["model", "mode", "stage", "measured_bytes", "predicted_bytes", "ratio"]
 CSV_NAME = "memory_check.csv"
-BAND = 0.10  # issue #19's goal: every stage within 10% of its prediction
+BAND = 0.10  # the goal: every stage within 10% of its prediction
 
 
 def memory_rows(results: Path, models: list[str]) -> pd.DataFrame:

@@ -42,7 +42,7 @@ COLUMNS = ["scope", "model", "batch_size", "schedule", "config", "samples_per_s"
 PREDICTED_MODELS = {"GPT-1.3B": "gpt", "GPT-2.2B": "gpt_2.2b", "GPT-3.8B": "gpt_3.8b"}
 MEASURED_SCHEDULES = ("2bw", "gpipe", "pipedream_flush", "1f1b", "dp")
 PLOT = "2bw_val_loss.png"  # under <results>/plots
-LOSS_GOAL = 0.02  # 2BW's final validation loss within 2% of DP's (issue #20)
+LOSS_GOAL = 0.02  # the goal: 2BW's final validation loss within 2% of DP's
 
 
 def config_text(c: twobw.Candidate) -> str:
@@ -151,7 +151,7 @@ def _measured_row(run: dict[str, Any], epochs: list[dict[str, Any]], model: str,
 
 def loss_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One sentence per optimizer of the measured rows: 2BW's final validation loss against DP's (the goal of
-    2% is issue #20's; the paper's own GPT figures are perplexity 19.28 vanilla vs 19.56 2BW)."""
+    2%; the paper's own GPT figures are perplexity 19.28 vanilla vs 19.56 2BW)."""
     out = []
     for opt in dict.fromkeys(r.get("optimizer") for r in rows if r["scope"] == "measured"):
         by = {r["schedule"]: r for r in rows if r["scope"] == "measured" and r.get("optimizer") == opt}
