@@ -2,7 +2,7 @@
 
 ``pipedream train`` starts its workers under torchrun (:func:`pipedream.runtime.launch.run_torchrun`): every
 worker is a fresh interpreter that imports torch, torch._dynamo, the runtime and the model's libraries (fairseq
-and, through it, scikit-learn for GNMT) and loads its data, 4 workers on the CI machine's 2 cores.
+and, through it, scikit-learn for GNMT) and loads its data, 4 workers on 2 cores.
 ``pipedream.train(..., launcher="local")`` forks the workers from a fork server that imported torch, torch._dynamo
 and the worker module once (:data:`pipedream.runtime.launch.PRELOAD`). This times one short run (one epoch of
 ``--samples`` training samples) of a model under each, alternating ``--repeats`` times so that the host's drift
