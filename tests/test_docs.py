@@ -3,7 +3,8 @@
 Code blocks (read with mktestdocs): every ``python`` block of a page runs in page order in a fresh folder, and a
 block whose first line is ``# name.py`` is also saved under that name; then every ``bash`` block runs there
 (``bash -e -u``); ``sh`` blocks are shown, not run; ``yaml`` blocks must parse. The blocks use tiny models and
-shipped profiles, so a page takes seconds.
+shipped profiles, so a page takes seconds. A ``yaml`` block that is a whole experiment config must
+validate against the schema.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from mktestdocs import exec_bash, exec_python, grab_code_blocks
@@ -51,7 +53,10 @@ def test_the_code_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Mon
     for block in _blocks(page, "bash"):
         exec_bash(block)
     for block in _blocks(page, "yaml"):
-        assert isinstance(yaml.safe_load(block), dict), block
+        doc = yaml.safe_load(block)
+        assert isinstance(doc, dict), block
+        if "scale" in doc:  # a whole experiment config: valid as `pipedream check` reads it
+            jsonschema.validate(doc, yaml.safe_load((REPO / "workflows/schemas/config.schema.yaml").read_text()))
 
 
 def test_the_readme_is_one_short_page() -> None:

@@ -18,7 +18,8 @@ HELP = "profile a model per layer and write graph.txt"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Options of ``pipedream profile``."""
-    p.add_argument("--model", required=True, help="registered model name, e.g. vgg16")
+    p.add_argument("--model", required=True,
+                   help="registered model name (e.g. vgg16) or package.module:function (docs/your-own-model.md)")
     p.add_argument("--preset", default="reduced", choices=["reduced", "full"], help="model size")
     p.add_argument("--profiled-batch", type=int, default=32,
                    help="samples in the profiled minibatch (written to meta.json, where plan and simulate read it)")
