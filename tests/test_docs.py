@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from mktestdocs import exec_bash, exec_python, grab_code_blocks
+from mktestdocs import check_md_file, grab_code_blocks
 
 from tests.conftest import REPO
 
@@ -49,9 +49,8 @@ def test_the_code_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Mon
         name = re.fullmatch(r"# (\w+\.py)", block.splitlines()[0].strip())
         if name:
             (tmp_path / name.group(1)).write_text(block)
-        exec_python(block)
-    for block in _blocks(page, "bash"):
-        exec_bash(block)
+    check_md_file(page, lang="python")  # each block on its own, as __main__
+    check_md_file(page, lang="bash")
     for block in _blocks(page, "yaml"):
         doc = yaml.safe_load(block)
         assert isinstance(doc, dict), block
