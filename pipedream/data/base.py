@@ -47,7 +47,7 @@ class SampleSet:
 
     @classmethod
     def from_tensors(cls, inputs: torch.Tensor, targets: torch.Tensor, info: dict[str, Any] | None = None) -> SampleSet:
-        """Samples ``(inputs[i], targets[i])``, collated by stacking (e.g. a user model's data, see README).
+        """Samples ``(inputs[i], targets[i])``, collated by stacking (e.g. a user model's data, docs/your-own-model.md).
 
         Raises:
             PipeDreamError: the two tensors hold different numbers of samples.
