@@ -28,7 +28,7 @@ from pipedream.topology import get_cluster  # noqa: E402
 
 MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")  # release profiles (meta.json: profiled batch)
 # The release's optimizer on the same profiles: hierarchical clusters (brief), and the flat 16-worker runs of
-# its compat reference (issue #13: 5-7 s each; the target is 100x faster).
+# its compat reference (5-7 s each; the target is 100x faster).
 RELEASE_S = {("resnet50", "A_4x4"): "46", ("resnet50", "B_2x8"): "143", ("gnmt_large", "A_4x4"): ">328",
              ("resnet50", "A_flat16"): "5-7", ("resnet50", "B_flat16"): "5-7",
              ("gnmt_large", "A_flat16"): "5-7", ("gnmt_large", "B_flat16"): "5-7"}
