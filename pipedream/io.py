@@ -18,13 +18,18 @@ def atomic_write_text(path: Path, text: str) -> None:
     Raises:
         PipeDreamError: ``path`` is an existing directory.
     """
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as :func:`atomic_write_text` writes text (the same errors; OSError of the disk)."""
     if path.is_dir():
         raise PipeDreamError(f"{path} is a directory; give a file name to write")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -59,7 +59,8 @@ def test_csv_plot_and_report_section(tmp_path: Path) -> None:
     page = html_report(table, [], results, prediction_check=df)
     assert "id='prediction-check'" in page
     assert "2 of 3 runs within ±25% of their prediction; median |ratio − 1| 10.0% (goal: at most 10%)" in page
-    assert "differs from itself by a median of about 12%" in page  # the noise floor beside the result
+    assert "differs from itself by a median of about 12%" in page  # the noise floors beside the result
+    assert "profiled again minutes later predict it differently by a median of about 18%" in page
     assert page.count("fig-prediction_check") == 1  # in its own section, not again among the other plots
     assert "id='prediction-check'" not in html_report(table, [], results)
 

@@ -1,55 +1,15 @@
 """Default mode's last step: simulate candidate plans and keep the fastest (what the runtime runs).
 
-The dynamic program (:mod:`.hierarchy`) optimises §3.1's cost model: each stage's compute, its weight sync
-(a ring allreduce, :func:`pipedream.costmodel.ring_allreduce_s`) and its activation transfers (and, beyond
-§3.1, its optimizer step, :func:`pipedream.planner.recurrence.step_s`), replicas
-assumed independent, no warm-up, no contention. Our runtime runs something else: 1F1B-RR with the consistent warm-up
-(:func:`pipedream.schedules.warmup_count_consistent`), replicas of a stage synchronised in lockstep by a
-ring allreduce overlapped with the backward, transfers and collectives sharing links. On the paper's
-models the gap decides the plan (the solver's VGG-16 plan for cluster A, 9-3-2-1-1, simulates at 0.43x of
-15-1). So the default planner does not trust its own estimate:
-
-1. candidates: the solver's plan with and without a straight pipeline, with and without the memory
-   limit, and with and without the optimizer step in its cost model (§3.1's has none); for the replica
-   vector of each, the split of :mod:`.fixed_split` (balanced for the
-   simulator's own cost terms); and the paper's shapes for the whole cluster: data parallelism
-   (``"16"``), ``"15-1"``, ``"14-1-1"``, ``"13-1-1-1"`` and a straight pipeline; and when the model and the
-   cluster are small (at most :data:`EVERY_SPLIT_LIMIT` pairs), every split into contiguous stages with
-   every replica vector (:func:`every_split`);
-2. candidates whose stages do not fit the device (:func:`runtime_memory_bytes`, on by default) are
-   dropped. The profile's activation bytes (every layer's output) overcount what PyTorch keeps: they put
-   data parallelism of ResNet-50 at 128 images per GPU, which the paper trained on 16 GB V100s, at 19.5 GB.
-   So the limit is the device memory or what data parallelism of the whole model needs on one device,
-   whichever is larger: a stage is never rejected for needing what the profile's own batch needs in data
-   parallelism, and the 29 GB first stage of VGG-16's 9-3-2-1-1 (release warm-up; 19.6 GB with ours) is.
-   The bytes that do not depend on the profile's activations (weight copies, gradients, optimizer state)
-   are exact, and for them the device memory is a hard limit: no candidate fits a device smaller than
-   that, and planning stops with one line naming the stage and its bytes. Candidates the runtime would refuse
-   are dropped too: under 1F1B, stages holding one tied parameter with different replica counts
-   (:func:`pipedream.tied.plan_conflict`, the rule of :func:`pipedream.runtime.shared.check`); data parallelism
-   and straight pipelines never break it, and if every candidate that fits does, planning stops with that rule;
-3. each remaining candidate is simulated with the event simulator exactly as ``pipedream simulate`` would
-   simulate the written plan (:func:`pipedream.sim.simulate_plan`, schedule 1F1B-RR,
-   :data:`pipedream.sim.DEFAULT_ALLREDUCE`, the runtime's default warm-up, overlapped allreduce, an
-   ImageNet epoch), and the one with the shortest epoch wins; data parallelism is simulated the same way.
-   Candidates are simulated in order of a lower bound on their epoch (the busiest replica's compute,
-   :func:`compute_bound_s`), and one whose bound exceeds the best simulated epoch (by more than the near-tie
-   margin) is not simulated: it cannot win, so the result is the same as simulating all;
-4. near-ties go to the simpler plan: among the candidates within :data:`NEAR_TIE` (2%) of the fastest, the
-   one with the fewest stages wins (then the faster). Every stage adds weight staleness (NOAM grows with
-   the pipeline's depth, §3.3) and stashed weight versions, so a deeper plan must win by more than the
-   simulator's resolution to be worth it; without this, CPU profiles that differ by their noise flip a
-   plan between data parallelism and a pipeline that simulates 0.4% faster. The winner is still within
-   2% of the fastest candidate.
-
-The plan's estimate (``time_per_sample_s``) is then the simulated epoch time divided by the epoch's samples
-(fill and drain included), and its ``dp_time_per_sample_s`` that of simulated data parallelism, so
-``predicted_speedup`` is what ``pipedream simulate`` prints for the same plan and cluster. The estimate
-agrees with the simulation by construction, not because the solver's cost model became exact: the solver's own
-numbers stay in ``extra["solver_estimate"]`` (``pipedream plan --explain`` shows both), and every candidate with
-its simulated time in ``extra["candidates"]``. Since data parallelism, a straight pipeline and the paper's
-two-stage shape are always candidates, the plan is never more than :data:`NEAR_TIE` slower in simulation
-than any of them.
+The dynamic program (:mod:`.hierarchy`) optimises §3.1's cost model; the runtime runs 1F1B-RR with the consistent
+warm-up, replicas synchronised in lockstep by a ring allreduce overlapped with the backward, and links shared. On
+the paper's models that gap decides the plan, so the candidates (the solver's plans with and without a straight
+pipeline, the memory limit and the optimizer step; :mod:`.fixed_split`'s split of their replica vectors; the
+paper's shapes; every split where the model and cluster are small, :func:`every_split`) that fit the device
+(:func:`runtime_memory_bytes`) and that the runtime accepts (:func:`pipedream.tied.plan_conflict`) are simulated
+as ``pipedream simulate`` simulates a written plan, in order of a lower bound on their epoch
+(:func:`compute_bound_s`), and the fastest wins; within :data:`NEAR_TIE` of it, the one with the fewest stages.
+The plan's estimate is the simulated epoch; the solver's stays in ``extra["solver_estimate"]``. The rules and
+their reasons: docs/planner.md.
 """
 
 from __future__ import annotations

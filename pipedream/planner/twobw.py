@@ -1,44 +1,11 @@
 """PipeDream-2BW's planner: equal parallel pipelines of width ``w`` and depth ``d`` over a model of repeated
 blocks (PipeDream-2BW, ICML 2021, §4 "Planner"; facts taken from a transcription of its text).
 
-The search. ``n`` workers run ``w`` identical pipelines of ``d`` stages (``w d = n``; ``d`` divides ``n``, ``d``
-at most the number of blocks; ``O(n)`` pairs, the paper's ``O(N^2)`` when the worker count varies too), each
-stage a contiguous run of blocks (the blocks split as evenly as possible, the first stages taking one more when
-``d`` does not divide them; the layers before the blocks, e.g. the embedding, go with the first stage, those
-after them, e.g. the head, with the last). For each pair it tries microbatches ``b`` (powers of two up to a
-cap) and activation recomputation off and on, and keeps the configuration of highest throughput whose every
-stage fits the device memory. The batch is fixed: ``B = b w d g`` (``g`` >= 1 gradient-accumulation rounds),
-so each pipeline runs ``m = g d`` microbatches per update (2BW: a new weight version every ``m >= d``
-microbatches).
-
-Throughput (the paper's cost model, with every time from the one cost model):
-
-* a stage's time per microbatch ``t_s = fwd_s(b) + bwd_s(b) + C_s``: forward and backward of its layers at
-  ``b`` samples from the profile (:func:`pipedream.sim.costs.stage_costs`, linear in ``b``), with
-  recomputation one more forward in the backward (the paper's ``c_extra = 4/3`` when backward = 2 x forward),
-  and ``C_s`` the transfers it sends per microbatch, its output forward and its input's gradient back
-  (``2 |A(b)| / bandwidth(d)`` for a middle stage; :meth:`pipedream.sim.network.Network.transfer_time`, i.e.
-  :func:`pipedream.costmodel.transfer_s` over the link between the two stages' ranks);
-* per update each stage allreduces its weights' gradients over its ``w`` replicas
-  (:meth:`~pipedream.sim.network.Network.allreduce_time`: a ring, on NVLink when ``w`` fits a server) and steps
-  its optimizer (:func:`pipedream.costmodel.optimizer_step_s`);
-* time per batch ``T = max_s (m t_s + allreduce_s + step_s) + bubble * max_s t_s``, with ``bubble`` = 0 for 2BW
-  (no flush) and ``d - 1`` for a schedule that flushes every batch (GPipe, PipeDream-Flush); throughput
-  ``B / T`` samples/s.
-
-Memory per stage (:func:`pipedream.memory.plan_memory`, the one memory model): weights times the schedule's
-copies (2BW: 2), gradients, optimizer state, and per in-flight microbatch its activations and its received
-input; with recomputation only the inputs stay per microbatch and one microbatch's activations are rebuilt at
-a time (the paper's ``2|W|/d + |A_total(b)|/d + d |A_input(b)|``).
-
-Placement (:func:`pipeline_ranks`): when ``w`` fits a server, the ``w`` replicas of a stage share a server (their
-allreduce on the fast links, stage boundaries between servers); otherwise each pipeline keeps its stages on
-consecutive ranks (transfers inside a server) and the replicas' allreduce crosses servers.
-
-The choice (:func:`choose`): the cost model ranks every configuration (:func:`search`, :func:`best`: what the tests
-check against an exhaustive search); then the best configuration of each of its three best shapes ``(w, d)`` is
-timed by the event simulator (:mod:`pipedream.sim`, the runtime's own schedule with contention on the links) and the
-fastest simulated is the plan.
+For every ``(w, d)`` with ``w d = n``, microbatch ``b`` and recomputation off or on, the paper's throughput model
+(every time from the one cost model) ranks the configurations whose stages fit the device (:func:`search`,
+:func:`best`); the best configuration of each of the three best shapes is then simulated and the fastest is the
+plan (:func:`choose`); :func:`pipeline_ranks` places the replicas. The search, the throughput and memory terms and
+the placement rule: docs/pipedream-2bw.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,9 @@
-"""Predict a training run's epoch time with the simulator, from what is known before the run starts.
-
-Every ``pipedream train`` run logs this prediction beside its measured epoch time (DESIGN.md, "Checks": a
-disagreement is a bug in the model or in the runtime). The prediction is the run's own: its profile
-(``graph.txt`` and ``meta.json``), its plan, its cluster, its link throttle, schedule, minibatch size and epoch
-length (the caller, :mod:`pipedream.run_prediction`, passes them in), and the host it runs on. Nothing is
-fitted to the run it is checked against.
-
-What is modelled, term by term:
-
-* compute: the profile's per-layer forward and backward seconds (on the CPU each layer's share of whole
-  training steps, :mod:`pipedream.in_situ`), scaled linearly to the samples of an action
-  (:func:`pipedream.sim.costs.stage_costs`), times the profile's composition factor (a whole training step
-  over the layers' sum, :func:`pipedream.sim.profiled.profiled_composition`); with ``--recompute`` every
-  backward also runs its stage's forward again (:func:`pipedream.sim.costs.recomputed`);
-* the host: ranks computing at once on a CPU host share its cores (processor sharing, :mod:`pipedream.sim.cores`);
-  on GPUs every rank computes at full speed;
-* links: with ``--emulate-bandwidth-Bps B`` every link of the cluster is ``B`` bytes/s (the runtime throttles
-  every transfer and allreduce to that bandwidth, :mod:`pipedream.runtime.comm`); otherwise the cluster's;
-* allreduce: a ring over the stage's replicas in gradient buckets of ``bucket_bytes``
-  (:func:`pipedream.costmodel.bucket_layers`), each launched when its last gradient is ready, overlapping the
-  backward, in both modes (DDP in ``dp``, :mod:`pipedream.runtime.buckets` in ``pipedream``);
-* loading the data: the first stage's forward (every DP worker's) includes the profile's seconds to collate
-  one minibatch (``meta.json`` ``data_s``), scaled to the action's samples;
-* the optimizer step: the profile's measured seconds per call, per parameter tensor and per parameter byte of
-  the run's optimizer (:func:`pipedream.costmodel.optimizer_step_s`), with the copy of the weights first where
-  the schedule stashes versions (:func:`pipedream.memory.copies_on_write`);
-* the epoch: exactly the minibatches the run trains, filled and drained once, as the workers do.
-
-Assumptions: compute of an action scales linearly with its samples; the profile was taken with the workers'
-thread count (one); a blocked rank uses no core; the runtime's own per-action costs (Python bookkeeping,
-messages' CPU, weight stashing's copies beyond the step) are not in the profile; mid-epoch checkpoints and the
-end-of-epoch loss reduction are not modelled.
+"""Predict a training run's epoch time with the simulator, from what is known before the run starts: its profile,
+plan, cluster, link throttle, schedule, minibatch size and epoch length (passed in by :mod:`pipedream.run_prediction`)
+and the host it runs on; nothing is fitted to the run it is checked against. Compute (the profile's layers, scaled
+to an action's samples and by the profile's composition factor), the host (processor sharing on a CPU), the links,
+the bucketed allreduce overlapping the backward, the data loading, the optimizer step and the epoch's exact
+minibatches are modelled; each term, and the assumptions: docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import pandas as pd
 from pipedream.html_page import CSS, figure
 from pipedream.table1.calibration import pct, spread, within_counts
 from pipedream.table1.explain import THRESHOLD
-from pipedream.table1.prediction import BAND, MEDIAN_GOAL, NOISE_FLOOR, PLOT_NAME, summary
+from pipedream.table1.prediction import BAND, MEDIAN_GOAL, NOISE_FLOOR, PLOT_NAME, PROFILE_FLOOR, summary
 from pipedream.table2bw.table import PLOT as TWOBW_PLOT
 
 HEADLINE_PLOT = "table1_speedups.png"
@@ -208,7 +208,8 @@ def _prediction_check(check: pd.DataFrame, plots: list[Path]) -> str:
              f"</tbody></table></div>"
              f"<p>{s['within']} of {s['runs']} runs within ±{BAND:.0%} of their prediction; median |ratio − 1| "
              f"{median} (goal: at most {MEDIAN_GOAL:.0%}). On a CPU host with more workers than cores the same run "
-             f"started twice differs from itself by a median of about {NOISE_FLOOR:.0%}: the noise floor of this "
+             f"started twice differs from itself by a median of about {NOISE_FLOOR:.0%}, and the same models profiled "
+             f"again minutes later predict it differently by a median of about {PROFILE_FLOOR:.0%}: the floors of this "
              "check there; with a core per worker the goal is every run within 10% (<code>benchmarks/cores</code>).</p>")
     figures = "".join(figure(p, "Every run: left, its measured epoch time against the epoch time predicted before "
                                 f"it started (log-log; the line is y = x, the band ±{BAND:.0%}); right, measured / "
