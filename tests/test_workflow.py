@@ -99,6 +99,7 @@ def test_profiles_time_only_the_optimizers_their_runs_train_with(config: str, tm
 
 
 @pytest.mark.slow
+@pytest.mark.first
 def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
     (tmp_path / "experiments").symlink_to(REPO / "experiments")  # a user runs from a checkout
     cfg = yaml.safe_load((REPO / "experiments" / "ci.yaml").read_text())
