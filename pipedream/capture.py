@@ -11,8 +11,10 @@ Any other module is captured once, on an example batch, by the first of these th
 
 The module is called as ``model(x)`` for a tensor ``x``, ``model(*x)`` for a tuple, ``model(**x)`` for a dict
 (:func:`call_model`); the graph takes the flat tensors (:func:`flat_inputs`) and returns the model's output
-in its own structure (a tensor, a tuple, a Hugging Face ``ModelOutput``). Export bakes the training mode into
-its ops; dropout and batch norm are turned back into modules, so ``stage.eval()`` switches them.
+in its own structure (a tensor, a tuple, a Hugging Face ``ModelOutput``) with only its tensors: anything else in
+it (a key/value cache object, a flag) is None. Export bakes the training mode into its ops; dropout and batch
+norm are turned back into modules, so ``stage.eval()`` switches them. A Hugging Face model's key/value cache
+(``config.use_cache``) is turned off first (:func:`turn_off_kv_cache`): training never reads it.
 
 Layers (:func:`pipedream.layers.layer_paths`): the root, the containers (``Sequential``, ``ModuleList``,
 ``ModuleDict``) and every module holding more than 1/16 of the parameters are opened; what is left is a layer (a
@@ -29,6 +31,7 @@ import functools
 import io
 import logging
 import os
+import sys
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -155,9 +158,36 @@ def _training_op(n: fx.Node) -> tuple[TrainingOp, list[fx.Node]] | None:
     return TrainingOp(n.target, args, kwargs, slot, on, off), nodes
 
 
-def _flat_wrapper(model: nn.Module, spec: pytree.TreeSpec, n: int) -> nn.Module:
+def turn_off_kv_cache(model: nn.Module) -> bool:
+    """Set ``config.use_cache = False`` on ``model`` and every submodule whose ``config`` has ``use_cache`` on (a
+    Hugging Face model, or one inside the user's module), as transformers does itself to train with gradient
+    checkpointing: training never reads the key/value cache, and a cache object is no output a graph can return.
+    Says so in one ``note:`` line on stderr when it turned one off (on rank 0 of a process group).
+
+    Returns:
+        whether a cache was on.
+    """
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules())
+               if getattr(c, "use_cache", None) is True}
+    for config in configs.values():
+        config.use_cache = False
+    if configs and not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                        and torch.distributed.get_rank() != 0):
+        print(f"note: {type(model).__name__}: use_cache turned off for capture (training needs no key/value cache)",
+              file=sys.stderr, flush=True)
+    return bool(configs)
+
+
+def tensors_only(output: Any) -> Any:
+    """``output`` in its own structure with every leaf that is not a tensor (a key/value cache object, a
+    ``ModelOutput``'s flag) replaced by None, which a ``ModelOutput`` leaves out: what export can return."""
+    return pytree.tree_map(lambda v: v if isinstance(v, torch.Tensor) else None, output)
+
+
+def _flat_wrapper(model: nn.Module, spec: pytree.TreeSpec, n: int, tensors_out: bool = False) -> nn.Module:
     """A module whose ``forward(x0, ..., x{n-1})`` rebuilds the model's arguments from ``spec`` and calls it
-    (explicit parameters: fx makes one placeholder of each)."""
+    (explicit parameters: fx makes one placeholder of each); with ``tensors_out``, its output is
+    :func:`tensors_only` the model's (for export; fx's values are proxies)."""
     names = ", ".join(f"x{i}" for i in range(n))
     scope: dict[str, Any] = {}
     exec(f"def forward(self, {names}):\n    return self.call([{names}])\n", scope)  # noqa: S102 - generated arity
@@ -171,7 +201,8 @@ def _flat_wrapper(model: nn.Module, spec: pytree.TreeSpec, n: int) -> nn.Module:
 
         def call(self, leaves: list[Any]) -> Any:
             args, kwargs = pytree.tree_unflatten(leaves, spec)
-            return self.model(*args, **kwargs)
+            output = self.model(*args, **kwargs)
+            return tensors_only(output) if tensors_out else output
 
     return Flat()
 
@@ -297,7 +328,7 @@ def _quiet() -> Iterator[None]:
 
 
 def _export(model: nn.Module, leaves: list[Any], spec: pytree.TreeSpec) -> tuple[fx.GraphModule, pytree.TreeSpec]:
-    ep = torch.export.export(_flat_wrapper(model, spec, len(leaves)), tuple(leaves), strict=False)
+    ep = torch.export.export(_flat_wrapper(model, spec, len(leaves), tensors_out=True), tuple(leaves), strict=False)
     return ep.module(), ep.call_spec.out_spec
 
 
@@ -340,9 +371,10 @@ def capture_ops(model: nn.Module, example: Any, training: bool = True) -> tuple[
     batch of one) and left in the mode it was in.
 
     Raises:
-        PipeDreamError: no capture worked; one line with each one's reason (the failing line of the model's
-            code where there is one) and what to do.
+        PipeDreamError: no capture worked; one line with each one's reason (the layer and the failing line of
+            the model's code where there is one) and the fix (:func:`fix_for`).
     """
+    turn_off_kv_cache(model)
     args, kwargs = call_args(example)
     leaves, spec = pytree.tree_flatten((args, kwargs))
     ways: list[tuple[str, Callable[..., tuple[fx.GraphModule, Any]]]] = [("torch.export", _export), ("torch.fx", _fx)]
@@ -363,9 +395,31 @@ def capture_ops(model: nn.Module, example: Any, training: bool = True) -> tuple[
                     failures.append(f"{how}: {_reason(e, model)}")
     finally:
         model.train(was_training)
-    raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); fix the first "
-                         "reason (a shape or dtype error: check the data against the model), or make that code "
-                         "traceable (no Python branch on a tensor's value), or return an nn.Sequential of layers")
+    raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); "
+                         f"fix: {fix_for(failures)}")
+
+
+_FIXES = (  # (words of a tracer's reason, what the user can do), the first that matches
+    (("data-dependent", "control flow", "guard on"),
+     "make that code traceable: no Python branch on a tensor's value (torch.where instead of if), or a config option "
+     "that skips it"),
+    (("lifted_tensor",),
+     "that layer builds a tensor from Python values while it runs (a cache, torch.tensor(...)): make it a buffer "
+     "(register_buffer) or turn off the config option that builds it"),
+    (("dtype", "scalar type", "shape", "size of tensor", "mat1", "expected"),
+     "check the data against the model: the inputs' shapes and dtypes (token ids are int64)"),
+)
+
+
+def fix_for(failures: list[str]) -> str:
+    """What a user can do about the tracers' reasons ``failures``: make the code traceable (a branch on a tensor's
+    value), fix the data (a shape or dtype error), else make it traceable or hand over the layers."""
+    text = " ".join(failures).lower()
+    for words, fix in _FIXES:
+        if any(w in text for w in words):
+            return fix
+    return ("make that code traceable (no Python branch on a tensor's value, no Python object built from one), or "
+            "return an nn.Sequential of layers")
 
 
 def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Module) -> fx.GraphModule:

@@ -14,8 +14,8 @@ def gpt2(dropout: float = 0.1) -> torch.nn.Module:
     """GPT-2 with 2 blocks of width 16; its input and output embeddings are tied (GPT-2's default)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=16, n_layer=2, n_head=2, use_cache=False,
-                        bos_token_id=0, eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=LENGTH, n_embd=16, n_layer=2, n_head=2, bos_token_id=0,
+                        eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     return GPT2LMHeadModel(config)
 
 

@@ -20,8 +20,7 @@ def tiny_gpt2(seed: int = 0) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, use_cache=False,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
     return GPT2LMHeadModel(config)
 
 
@@ -129,6 +128,51 @@ def test_what_cannot_be_captured_is_one_line_naming_the_code() -> None:
     assert "\n" not in message and "cannot capture Branchy" in message
     assert "test_capture.py" in message and "if x.sum() > 0" in message  # the failing line, for each tracer
     assert "torch.export:" in message and "torch.fx:" in message
+
+
+class Gate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.mean() > 0 else x  # a Python branch on a tensor's value
+
+
+class Gated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.gate = nn.Linear(4, 4), Gate()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(self.fc(x))
+
+
+def test_what_cannot_be_captured_names_the_layer_the_reason_and_the_fix() -> None:
+    with pytest.raises(PipeDreamError) as e:
+        capture.capture_ops(Gated(), torch.randn(2, 4))
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("cannot capture Gated as a graph (torch.export: ")
+    assert message.count("in layer gate (Gate) at test_capture.py") == 2  # each tracer's reason names it
+    assert "control flow" in message  # fx's reason
+    assert message.endswith("; fix: make that code traceable: no Python branch on a tensor's value (torch.where "
+                            "instead of if), or a config option that skips it")
+
+
+class Cached(nn.Module):
+    """Returns its logits with an object no graph can return (as a key/value cache is) and a flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        return {"logits": self.fc(x), "cache": object(), "flag": True}
+
+
+def test_what_is_not_a_tensor_in_the_output_is_left_out() -> None:
+    model, x = Cached(), torch.randn(2, 4)
+    ops, how = capture.capture_ops(model, x)
+    assert how == "torch.export"
+    out = ops(x)
+    assert out.keys() == {"logits", "cache", "flag"} and out["cache"] is None is out["flag"]
+    assert torch.equal(out["logits"], model(x)["logits"])
 
 
 class Heads(nn.Module):

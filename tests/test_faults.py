@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -76,6 +77,12 @@ def _finish(proc: subprocess.Popen[str], tmp_path: Path) -> tuple[int, str, floa
     assert len(errors) == 1 and lines[-1] == errors[0] and len(errors[0]) <= 200, err
     assert "Traceback" not in err
     return proc.returncode, errors[0], ended
+
+
+@pytest.fixture(autouse=True)
+def _store(tmp_path: Path, new_store: Callable[[Path], str]) -> None:
+    """Each run logs to an MLflow store of its own in ``tmp_path``, its tables created already."""
+    new_store(tmp_path)
 
 
 def _mlflow_status(tmp_path: Path) -> list[str]:

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,10 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def user_dir(tmp_path: Path) -> Path:
-    """A working directory holding the user's module ``blobs_model.py``."""
+def user_dir(tmp_path: Path, new_store: Callable[[Path], str]) -> Path:
+    """A working directory holding the user's module ``blobs_model.py`` and an empty MLflow store."""
     (tmp_path / "blobs_model.py").write_text(USER_MODULE)
+    new_store(tmp_path)
     return tmp_path
 
 

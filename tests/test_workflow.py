@@ -98,11 +98,20 @@ def test_profiles_time_only_the_optimizers_their_runs_train_with(config: str, tm
         assert timed == {"gpt": ["adam", "muon"]}
 
 
+CLUSTER = "cpu2_1gbps"
+
+
 @pytest.mark.slow
+@pytest.mark.first
 def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
     (tmp_path / "experiments").symlink_to(REPO / "experiments")  # a user runs from a checkout
     cfg = yaml.safe_load((REPO / "experiments" / "ci.yaml").read_text())
     cfg["results_dir"] = "results"
+    clusters = yaml.safe_load((REPO / "experiments" / "clusters.yaml").read_text())
+    two = clusters["clusters"]["cpu4_1gbps"]  # ci.yaml's cluster with 2 workers: half the processes to start
+    clusters["clusters"][CLUSTER] = {**two, "levels": [{**two["levels"][0], "workers": 2}]}
+    (tmp_path / "clusters.yaml").write_text(yaml.safe_dump(clusters))
+    cfg.update(cluster=CLUSTER, clusters_file="clusters.yaml", workers=2)
     cfg["profile"].update(warmup=0, iters=1)
     cfg["models"] = {"vgg16": {"preset": "reduced", "train": {
         "epochs": 1, "batch_size": 16, "lr": 0.01, "train_subset": 256, "val_subset": 64, "max_minibatches": 8}}}
@@ -111,7 +120,7 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
     proc = _snakemake("--cores", "2", "--configfile", str(config), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = tmp_path / "results"
-    for rel in ("profiles/vgg16/graph.txt", "plans/vgg16/cpu4_1gbps.json", "runs/vgg16/pipedream/run.json",
+    for rel in ("profiles/vgg16/graph.txt", f"plans/vgg16/{CLUSTER}.json", "runs/vgg16/pipedream/run.json",
                 "runs/vgg16/dp/run.json", "speedup/vgg16.json", "table1.md", "table1.csv", "report.html",
                 "table1_predicted.md", "plots/vgg16_accuracy_vs_time.png", "plots/table1_speedups.png"):
         assert (res / rel).is_file(), rel
@@ -123,7 +132,7 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
         run = json.loads((res / f"runs/vgg16/{mode}/run.json").read_text())
         assert 0 < run["profile_age_s"] < 900
         # ... and has each stage's measured compute and wait beside the predicted ones
-        stages = len(json.loads((res / "plans/vgg16/cpu4_1gbps.json").read_text())["stages"])
+        stages = len(json.loads((res / f"plans/vgg16/{CLUSTER}.json").read_text())["stages"])
         for k in range(1 if mode == "dp" else stages):
             assert run[f"predicted_compute_s_stage{k}"] > 0 and run[f"measured_compute_s_stage{k}"] > 0
             assert run[f"predicted_wait_s_stage{k}"] >= 0 and run[f"wait_s_stage{k}"] >= 0
@@ -136,7 +145,7 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
     assert forced.returncode == 0, forced.stderr[-3000:]
     check = subprocess.run(
         [sys.executable, "-c", "from pipedream.tracking import load_runs, _mlflow; "
-         "runs = load_runs('vgg16/cpu4_1gbps'); print(sorted(r['run_name'] for r in runs)); "
+         f"runs = load_runs('vgg16/{CLUSTER}'); print(sorted(r['run_name'] for r in runs)); "
          "c = _mlflow().MlflowClient(); pd = [r for r in runs if r['run_name'] == 'pipedream'][0]; "
          "print(sorted(a.path for a in c.list_artifacts(pd['run_id']))); "
          "dp = [r for r in runs if r['run_name'] == 'dp'][0]; "
@@ -145,10 +154,10 @@ def test_tiny_run_end_to_end_and_no_duplicate_runs(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     names, artifacts, dp_run = check.stdout.strip().splitlines()[-3:]
     assert names == "['dp', 'pipedream']", check.stderr[-2000:]
-    for artifact in ("cpu4_1gbps.json", "graph.txt", "metrics.json", "vgg16_accuracy_vs_time.png"):
+    for artifact in (f"{CLUSTER}.json", "graph.txt", "metrics.json", "vgg16_accuracy_vs_time.png"):
         assert artifact in artifacts
     # DP carries no PipeDream-only artifacts or params, and the same cluster tag as PipeDream
-    assert "metrics.json" in dp_run and "cpu4_1gbps.json" not in dp_run and "graph.txt" not in dp_run
+    assert "metrics.json" in dp_run and f"{CLUSTER}.json" not in dp_run and "graph.txt" not in dp_run
     assert "'schedule'" not in dp_run and "'weight_sync'" not in dp_run and dp_run.endswith("True")
 
 

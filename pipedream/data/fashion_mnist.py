@@ -120,15 +120,16 @@ def to_input(images: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(1).expand(-1, 3, -1, -1).contiguous()
 
 
-def minibatch_indices(num_samples: int, batch_size: int, seed: int, epoch: int) -> list[torch.Tensor]:
-    """Sample indices of every full minibatch of ``epoch`` (the last partial one is dropped).
+def minibatch_indices(num_samples: int, batch_size: int, seed: int, epoch: int) -> torch.Tensor:
+    """Sample indices of every full minibatch of ``epoch``, ``(minibatches, batch_size)`` int64: row ``i`` is
+    minibatch ``i`` (the last partial one is dropped).
 
-    Every rank computes the same list, so the first stage can read inputs and the last stage labels
-    of minibatch ``i`` without sending labels through the pipeline.
+    Every rank computes the same rows, so the first stage can read inputs and the last stage labels
+    of minibatch ``i`` without sending labels through the pipeline. One view of the epoch's permutation, not a
+    tensor per minibatch: a synthetic ImageNet epoch has 10^5 minibatches, of which a short run uses a few.
     """
-    order = epoch_order(num_samples, seed, epoch)
     n = num_samples // batch_size
-    return [order[i * batch_size:(i + 1) * batch_size] for i in range(n)]
+    return epoch_order(num_samples, seed, epoch)[:n * batch_size].view(n, batch_size)
 
 
 class FashionMNISTSet:

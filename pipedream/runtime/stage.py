@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipedream.capture import flat_inputs, tensors
+from pipedream.capture import batch_size, flat_inputs, tensors
 from pipedream.errors import PipeDreamError
 from pipedream.models import node_layer_index
 from pipedream.plan import Plan
@@ -62,10 +62,14 @@ class Boundary:
     """What crosses one stage boundary, per sample: a flat tuple of tensors.
 
     Attributes:
-        specs: ``(shape without the batch dimension, dtype)`` of each tensor, in order.
+        specs: ``(shape without the batch dimension, dtype)`` of each tensor, in order; the whole shape of a tensor
+            that has no batch dimension (one the model broadcasts over the batch, such as the ``(1, positions,
+            width)`` cosines and sines of rotary embeddings).
+        per_sample: whether each tensor's first dimension is the batch (default: every one).
     """
 
     specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+    per_sample: tuple[bool, ...] = ()
 
     @property
     def grad_items(self) -> list[int]:
@@ -75,7 +79,16 @@ class Boundary:
     def batched(self, batch: int, grads: bool = False) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """(shape, dtype) of each tensor for ``batch`` samples (only the gradient-carrying ones if ``grads``)."""
         items = self.grad_items if grads else range(len(self.specs))
-        return [((batch, *self.specs[k][0]), self.specs[k][1]) for k in items]
+        whole = [k < len(self.per_sample) and not self.per_sample[k] for k in range(len(self.specs))]
+        return [(self.specs[k][0] if whole[k] else (batch, *self.specs[k][0]), self.specs[k][1]) for k in items]
+
+    @staticmethod
+    def of(values: list[torch.Tensor], batch: int) -> Boundary:
+        """The boundary of ``values``, computed on a batch of ``batch`` samples: a tensor whose first dimension is
+        not ``batch`` is sent whole."""
+        per_sample = tuple(t.dim() > 0 and t.shape[0] == batch for t in values)
+        return Boundary(tuple((tuple(t.shape[1:]) if b else tuple(t.shape), t.dtype)
+                              for t, b in zip(values, per_sample, strict=True)), per_sample)
 
     @staticmethod
     def unpack(value: Any) -> list[torch.Tensor]:
@@ -124,7 +137,7 @@ def build_stages(model: nn.Module, plan: Plan, example: Any) -> Stages:
         for s, module in enumerate(part.modules):
             value = module(*x)
             x = Boundary.unpack(value) if s + 1 < len(part.modules) else tensors(value)
-            out.append(Boundary(tuple((tuple(t.shape[1:]), t.dtype) for t in x)))
+            out.append(Boundary.of(x, batch_size(example)))
     model.train(was_training)
     for m in part.modules:
         m.train(was_training)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipedream.capture import turn_off_kv_cache
 from pipedream.data import fashion_mnist as fm
 from pipedream.runtime.config import TrainConfig
 
@@ -91,9 +92,10 @@ def _subsets(cfg: TrainConfig, train: Any, val: Any) -> tuple[Any, Any]:
 
 
 def load_task(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Task:
-    """Build the task of ``cfg`` (the same on every rank): the model from ``cfg.seed``, then its data
-    (:func:`load_datasets`), or ``datasets`` (``(train, val)`` of an earlier task of the same ``cfg``: a new
-    model on data already loaded).
+    """Build the task of ``cfg`` (the same on every rank): the model from ``cfg.seed``, with any Hugging Face
+    key/value cache turned off (:func:`pipedream.capture.turn_off_kv_cache`: training reads none, in either mode),
+    then its data (:func:`load_datasets`), or ``datasets`` (``(train, val)`` of an earlier task of the same
+    ``cfg``: a new model on data already loaded).
 
     Raises:
         PipeDreamError: unknown model, missing data set (naming how to install it).
@@ -101,6 +103,7 @@ def load_task(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Task
     if cfg.model_factory is not None:
         torch.manual_seed(cfg.seed)
         model = cfg.model_factory()
+        turn_off_kv_cache(model)
         train, val = datasets or load_datasets(cfg)
         from pipedream.models import classification_loss
 
@@ -109,6 +112,7 @@ def load_task(cfg: TrainConfig, datasets: tuple[Any, Any] | None = None) -> Task
 
     spec = get_spec(cfg.model)
     model = build_model(cfg.model, cfg.preset, cfg.seed)
+    turn_off_kv_cache(model)
     train, val = datasets or load_datasets(cfg)
     own_data = cfg.data == "synthetic" or (getattr(spec, "make_datasets", None) is not None and not cfg.data_dir)
     example = train.batch([0])[0] if own_data else example_input(cfg.model, 1, cfg.preset, cfg.seed)

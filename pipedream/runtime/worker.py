@@ -55,7 +55,7 @@ class Batches:
     """
 
     data: Any  # len() and batch(indices) -> (input, target); optionally targets(indices) -> target
-    indices: list[torch.Tensor]
+    indices: torch.Tensor  # (minibatches, minibatch size): row m holds minibatch m's sample indices
     micro: int  # samples per microbatch
     _last: tuple[tuple[int, int], Any] | None = None  # the last (micro)batch collated: ((m, j), (input, target))
 
