@@ -140,3 +140,18 @@ def test_auto_interval_from_the_probes(one_rank: None) -> None:
     assert fixed.every == 6 and fixed.count(20) == 6
     assert ckpt.Cadence(None, 1, 1, 0.035).count(20) == 20 and not ckpt.Cadence(None, 1, 1, 0.035).due
 
+
+def test_the_prediction_check_covers_the_checkpoints_overhead() -> None:
+    """A DP run of 4 workers, 40 minibatches predicted in 20 s: 10 steps of 2 s; a snapshot of 0.1 s and a persist of
+    1 s every 5 steps cost 0.1 / 10 s (no flush), beside the 2% it measured."""
+    import argparse
+
+    from pipedream.commands.train import checkpoint_check
+
+    args = argparse.Namespace(mode="dp", dp_batch="per_worker", workers=4)
+    prediction = {"predicted_epoch_time_s": 20.0, "shape": {"minibatches": 40}, "checkpoint_flush_s": 0.0}
+    row = {"checkpoint_overhead": 0.02, "checkpoint_snapshot_s": 0.1, "checkpoint_persist_s": 1.0,
+           "checkpoint_every": 5.0}
+    assert checkpoint_check(args, prediction, [row]) == {"checkpoint_overhead": 0.02,
+                                                         "predicted_checkpoint_overhead": pytest.approx(0.01)}
+    assert checkpoint_check(args, {}, [row]) == {}

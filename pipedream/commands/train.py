@@ -355,6 +355,28 @@ def steady_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return epochs[1:] if len(epochs) > 1 else epochs
 
 
+def checkpoint_check(args: argparse.Namespace, prediction: dict[str, Any],
+                     steady: list[dict[str, Any]]) -> dict[str, float]:
+    """The check of the checkpoints' cost (docs/checkpoints.md): the overhead measured in the run
+    (``checkpoint_overhead``, mean of ``steady``) beside the one predicted for its interval
+    (``predicted_checkpoint_overhead``): :func:`pipedream.costmodel.checkpoint_overhead` of the predicted
+    minibatch and flush seconds and the snapshot and persist seconds the run measured. Empty unless the run chose
+    its interval with ``--checkpoint-every auto`` and was predicted."""
+    from pipedream.costmodel import CheckpointCost, checkpoint_overhead
+
+    last = steady[-1]
+    flush, shape = prediction.get("checkpoint_flush_s"), prediction.get("shape")
+    if flush is None or shape is None or "checkpoint_overhead" not in last:
+        return {}
+    units = shape["minibatches"]  # the runtime's minibatches; DP's are its optimizer steps
+    if args.mode == "dp" and args.dp_batch == "per_worker":
+        units //= args.workers
+    cost = CheckpointCost(prediction["predicted_epoch_time_s"] / units, last["checkpoint_snapshot_s"],
+                          last["checkpoint_persist_s"], flush)
+    return {"checkpoint_overhead": sum(e["checkpoint_overhead"] for e in steady) / len(steady),
+            "predicted_checkpoint_overhead": checkpoint_overhead(cost, int(last["checkpoint_every"]))}
+
+
 def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, why_not: str | None,  # type: ignore[no-untyped-def,type-arg]
             plan_file: Path | None, out_dir: Path, final_dir: Path, config: str, cluster: str) -> int:
     """After the workers succeeded: score, log the final metrics, write ``run.json``, commit ``out_dir``."""
@@ -381,6 +403,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
     age = profile_age_s(args.profile, t0)
     if age is not None:
         final["profile_age_s"] = age
+    final.update(checkpoint_check(args, prediction, steady))
     predicted_wait = prediction.get("wait_s") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
