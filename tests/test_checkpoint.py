@@ -155,3 +155,32 @@ def test_the_prediction_check_covers_the_checkpoints_overhead() -> None:
     assert checkpoint_check(args, prediction, [row]) == {"checkpoint_overhead": 0.02,
                                                          "predicted_checkpoint_overhead": pytest.approx(0.01)}
     assert checkpoint_check(args, {}, [row]) == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["pipedream", "dp"])
+def test_an_auto_run_checkpoints_at_the_interval_its_costs_give(tmp_path: Path, mode: str) -> None:
+    """Two workers, 32 minibatches an epoch (DP: 16 steps): two probe segments of 4 with a checkpoint after each, then
+    the interval of the costs the run logged, within the bound by the formula; the epoch's checkpoints after the
+    probes lie on that interval."""
+    import json
+
+    from pipedream.baselines import ddp
+    from pipedream.runtime import worker
+    from pipedream.runtime.config import TrainConfig
+    from pipedream.runtime.launch import spawn_local
+    from tests.tiny import write_data
+
+    cfg = TrainConfig(model="tests.tiny:tiny_model", data_dir=str(write_data(tmp_path / "data")), epochs=1,
+                      batch_size=4, checkpoint_every="auto", out_dir=str(tmp_path / "run"), progress=False,
+                      comm_timeout_s=30)
+    spawn_local(cfg, 2, fn=ddp.train if mode == "dp" else worker.train)
+    (row,) = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    cost = CheckpointCost(row["checkpoint_minibatch_s"], row["checkpoint_snapshot_s"], row["checkpoint_persist_s"],
+                          row["checkpoint_flush_s"])
+    every = int(row["checkpoint_every"])
+    assert every == checkpoint_interval(cost, 0.035)  # a round of 1 minibatch (a straight pipeline) or step
+    assert row["checkpoint_overhead_predicted"] == checkpoint_overhead(cost, every) <= 0.035
+    assert (row["checkpoint_flush_s"] > 0) == (mode == "pipedream")  # 1F1B drains at a checkpoint; DP has no pipeline
+    steps = 32 if mode == "pipedream" else 16
+    assert row["checkpoints"] == 2 + len(range(8 + every, steps, every))

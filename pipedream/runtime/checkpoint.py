@@ -226,7 +226,8 @@ class Cadence:
     def figures(self, stall_s: float, checkpoints: int, epoch_s: float) -> dict[str, float]:
         """An epoch's checkpoint figures for its metrics row: ``checkpoint_s`` (the loop held by its ``checkpoints``
         mid-epoch snapshots, s) and, once the interval is known, ``checkpoint_every``; with auto also the costs it was
-        chosen from (``checkpoint_snapshot_s``, ``checkpoint_persist_s``, ``checkpoint_flush_s``), the overhead they
+        chosen from (``checkpoint_minibatch_s``, ``checkpoint_snapshot_s``, ``checkpoint_persist_s``,
+        ``checkpoint_flush_s``), the overhead they
         predict (``checkpoint_overhead_predicted``) and the one measured, the stalls and the flushes (estimated from
         the probe) over the rest of the epoch's ``epoch_s`` (``checkpoint_overhead``)."""
         row = {"checkpoint_s": stall_s, "checkpoints": float(checkpoints)}
@@ -234,8 +235,8 @@ class Cadence:
             row["checkpoint_every"] = float(self.every)
         if self.cost is not None and self.every is not None:
             spent = stall_s + checkpoints * self.cost.flush_s
-            row.update(checkpoint_snapshot_s=self.cost.snapshot_s, checkpoint_persist_s=self.cost.persist_s,
-                       checkpoint_flush_s=self.cost.flush_s,
+            row.update(checkpoint_minibatch_s=self.cost.minibatch_s, checkpoint_snapshot_s=self.cost.snapshot_s,
+                       checkpoint_persist_s=self.cost.persist_s, checkpoint_flush_s=self.cost.flush_s,
                        checkpoint_overhead_predicted=costmodel.checkpoint_overhead(self.cost, self.every),
                        checkpoint_overhead=spent / max(epoch_s - spent, 1e-9))
         return row
