@@ -154,12 +154,13 @@ def train(cfg: TrainConfig) -> None:
     restarted = D.restart_count() > 0
     # rank 0's part of a checkpoint holds what every replica shares (weights, optimizer state, metrics rows); each
     # rank's own, its RNG and partial sums
+    restore_unix_s = time.time()
     got = ckpt.restore(out_dir, rank, (rank, 0) if rank else (0,), cfg.comm_timeout_s) \
         if cfg.resume or restarted else None
     if got is not None:
         model.load_state_dict(got[1][-1]["module"])  # before DDP broadcasts rank 0's weights
     if rank == 0 and restarted:
-        ckpt.note_restart(out_dir, None if got is None else got[0])
+        ckpt.note_restart(out_dir, None if got is None else got[0], restore_unix_s)
     # bucket_cap_mb=None is DDP's default (25 MiB, first bucket 1 MiB); an explicit cap applies to every bucket
     cap_mb = None if cfg.bucket_bytes == DDP_BUCKET_CAP_BYTES else cfg.bucket_bytes / 2**20
     # gradient_as_bucket_view: the gradients are views into DDP's buckets, so a worker holds one copy of them

@@ -225,12 +225,13 @@ def train(cfg: TrainConfig) -> None:
     ck = ckpt.Checkpointer(out_dir, rank, world, cfg.comm_timeout_s) if cfg.checkpoint else None
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
     if cfg.resume or restarted:
+        restore_unix_s = time.time()
         got = ckpt.restore(out_dir, rank, (rank,), cfg.comm_timeout_s)
         if got is not None:
             (start_epoch, start_mb), (state,) = got
             rows, partial = _load(state, s, stage_ranks, module, optimizer, versions, cadence)
         if rank == 0 and restarted:
-            ckpt.note_restart(out_dir, None if got is None else got[0])
+            ckpt.note_restart(out_dir, None if got is None else got[0], restore_unix_s)
 
     def part(position: tuple[int, int], rows: list[dict[str, float]], sums: list[float]) -> dict[str, Any]:
         """This rank's state at ``position`` (references: the snapshot copies them)."""
