@@ -83,15 +83,12 @@ class Checkpointer:
 
     Attributes:
         snapshot_s: seconds of each snapshot taken (the copy alone), in order.
-        stall_s: seconds each :meth:`snapshot` call held the training loop (the copy and any wait for the
-            previous persist).
         persist_s: seconds of each persist finished (the write, and on rank 0 the wait for the others' parts).
     """
 
     def __init__(self, out_dir: Path, rank: int, world: int, timeout_s: float) -> None:
         self.out_dir, self.rank, self.world, self.timeout_s = out_dir, rank, world, timeout_s
         self.snapshot_s: list[float] = []
-        self.stall_s: list[float] = []
         self.persist_s: list[float] = []
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -100,7 +97,7 @@ class Checkpointer:
         """Copy ``state`` (this rank's part of the checkpoint at ``position``) to host memory and start its persist.
 
         Returns:
-            the seconds the loop was held (:attr:`stall_s`).
+            the seconds the loop was held: the copy and any wait for the previous persist.
         Raises:
             OSError: the previous persist failed (a full disk, ...).
         """
@@ -110,7 +107,6 @@ class Checkpointer:
         copy = to_host(state)
         done = time.perf_counter()
         self.snapshot_s.append(done - t1)
-        self.stall_s.append(done - t0)
         self._thread = threading.Thread(target=self._persist, args=(position, copy), daemon=True,
                                         name=f"checkpoint-e{position[0]}-m{position[1]}")
         self._thread.start()
