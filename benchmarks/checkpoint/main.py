@@ -1,18 +1,19 @@
 """What checkpoints cost and what a failure loses, for the ``make run`` models (experiments/ci.yaml).
 
-For each model and mode, three one-epoch runs of ``--samples`` training samples under ``pipedream train``'s launcher
-(torchrun, ``--workers`` processes, the config's link throttle and training settings):
+For each model and mode, three runs of ``--epochs`` epochs under ``pipedream train``'s launcher (torchrun, the
+config's workers, link throttle and training settings), each figure from the last epoch (the first has the probes of
+the auto interval):
 
 1. without checkpoints;
 2. with ``--checkpoint-every auto`` (bound 3.5%): the interval chosen, the snapshot, persist and flush seconds it
    was chosen from, the overhead they predict and the one measured in the run (the epoch's stalls and flushes over
    the rest of its training time), and the epoch time over run 1's;
-3. as 2 with ``--max-restarts 1`` and rank 1 SIGKILLed after ``--kill-at`` of the epoch's minibatches: the seconds
-   from the kill to the new workers' start (torchrun noticing, stopping the others, starting new ones), their
-   start-up (imports, model, data), the restore, from the kill to the end of the first minibatch after it, and
-   the work lost (minibatches since the checkpoint resumed from, and their seconds at the epoch's rate).
+3. as 2 with ``--max-restarts 1`` and rank 1 SIGKILLed after ``--kill-at`` of the last epoch's minibatches: the
+   seconds from the kill to the restore (torchrun noticing, stopping the others and starting new workers, their
+   start-up: imports, model, data), of the restore, and from the kill to the end of the first minibatch after it,
+   and the work lost (minibatches since the checkpoint resumed from, and their seconds at the epoch's rate).
 
-    .venv/bin/python benchmarks/checkpoint/main.py [--models vgg16 gnmt8] [--modes pipedream dp] [--samples 2048]
+    .venv/bin/python benchmarks/checkpoint/main.py [--models vgg16 gnmt8] [--modes pipedream dp] [--epochs 2]
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="*", default=["pipedream", "dp"], choices=("pipedream", "dp"))
     p.add_argument("--plans", default=str(ROOT / "results" / "plans"),
                    help="<model>/<cluster>.json plans (make run's); a model without one runs a straight split")
-    p.add_argument("--samples", type=int, help="training samples of the epoch (default: the config's train_subset)")
+    p.add_argument("--samples", type=int, help="training samples of an epoch (default: the config's train_subset)")
+    p.add_argument("--epochs", type=int, default=2, help="epochs of each run (default 2)")
     p.add_argument("--kill-at", type=float, default=0.75, help="the kill, as a fraction of the epoch (default 0.75)")
     args = p.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -47,13 +49,13 @@ def main(argv: list[str] | None = None) -> int:
 
     config = yaml.safe_load(Path(args.config).read_text())
     print("model     mode       every  snap_s  persist_s  flush_s  overhead(pred/meas)  epoch/plain  "
-          "kill->restart_s  start-up_s  restore_s  kill->first_mb_s  lost_mb  lost_s", flush=True)
+          "kill->restore_s  restore_s  kill->first_mb_s  lost_mb  lost_s", flush=True)
     for model in args.models or list(config["models"]):
         for mode in args.modes:
             r = measure(model, mode, config, args)
             print(f"{model:<9} {mode:<9} {r['every']:>6.0f}  {r['snapshot_s']:6.3f}  {r['persist_s']:9.3f}  "
                   f"{r['flush_s']:7.3f}  {r['predicted']:8.1%} / {r['measured']:6.1%}    {r['ratio']:10.3f}  "
-                  f"{r['to_restart_s']:15.1f}  {r['startup_s']:10.1f}  {r['restore_s']:9.2f}  {r['to_first_s']:16.1f}  "
+                  f"{r['to_restore_s']:15.1f}  {r['restore_s']:9.2f}  {r['to_first_s']:16.1f}  "
                   f"{r['lost_mb']:7.0f}  "
                   f"{r['lost_s']:6.2f}",
                   flush=True)
@@ -67,7 +69,7 @@ def measure(model: str, mode: str, config: dict[str, Any], args: argparse.Namesp
     from pipedream.runtime.distributed import FAULT_ENV
 
     train = {k: v for k, v in config["models"][model].get("train", {}).items() if k != "epochs"}
-    train.update(val_subset=64, epochs=1, progress=False)
+    train.update(val_subset=64, epochs=args.epochs, progress=False)
     if args.samples:
         train["train_subset"] = args.samples
     plan_path = Path(args.plans) / model / f"{config['cluster']}.json"
@@ -85,7 +87,7 @@ def measure(model: str, mode: str, config: dict[str, Any], args: argparse.Namesp
         plain, _ = run(Path(tmp), "plain")
         auto, _ = run(Path(tmp), "auto", checkpoint_every="auto")
         minibatches = _minibatches(mode, int(plain[-1]["train_samples"]), train["batch_size"], config["workers"])
-        kill = max(1, int(args.kill_at * minibatches))
+        kill = (args.epochs - 1) * minibatches + max(1, int(args.kill_at * minibatches))  # of the run
         os.environ[FAULT_ENV] = f"1:{kill}"
         try:
             _, out = run(Path(tmp), "killed", max_restarts=1, checkpoint_every="auto")
@@ -95,14 +97,13 @@ def measure(model: str, mode: str, config: dict[str, Any], args: argparse.Namesp
         (restart,) = json.loads((out / "restarts.json").read_text())
     a = auto[-1]
     minibatch_s = a["epoch_time_s"] / minibatches
-    lost = fault["minibatch"] - restart["resumed_minibatch"]
+    lost = (fault["epoch"] - restart["resumed_epoch"]) * minibatches + fault["minibatch"] - restart["resumed_minibatch"]
     return {"every": a.get("checkpoint_every", float("nan")), "snapshot_s": a.get("checkpoint_snapshot_s", float("nan")),
             "persist_s": a.get("checkpoint_persist_s", float("nan")), "flush_s": a.get("checkpoint_flush_s", float("nan")),
             "predicted": a.get("checkpoint_overhead_predicted", float("nan")),
             "measured": a.get("checkpoint_overhead", float("nan")),
             "ratio": a["epoch_time_s"] / plain[-1]["epoch_time_s"],
-            "to_restart_s": restart["started_at_unix_s"] - fault["unix_s"],
-            "startup_s": restart["restore_at_unix_s"] - restart["started_at_unix_s"],
+            "to_restore_s": restart["restore_at_unix_s"] - fault["unix_s"],
             "restore_s": restart["resumed_at_unix_s"] - restart["restore_at_unix_s"],
             "to_first_s": restart.get("first_minibatch_unix_s", float("nan")) - fault["unix_s"],
             "lost_mb": lost, "lost_s": lost * minibatch_s}

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 
 from pipedream import costmodel
@@ -240,14 +239,13 @@ class Cadence:
 
 
 def note_restart(out_dir: Path, position: tuple[int, int] | None, restore_unix_s: float) -> None:
-    """Rank 0 of a restarted job: append the restart (torchrun's count, the position resumed from, when this process
-    started, when its restore began (``restore_unix_s``), now) to ``<out_dir>/restarts.json``, which ``pipedream
-    train`` logs to MLflow."""
+    """Rank 0 of a restarted job: append the restart (torchrun's count, the position resumed from, when its restore
+    began (``restore_unix_s``), now) to ``<out_dir>/restarts.json``, which ``pipedream train`` logs to MLflow."""
     path = out_dir / "restarts.json"
     rows = json.loads(path.read_text()) if path.is_file() else []
     epoch, minibatch = position or (0, 0)
     rows.append({"restart": D.restart_count(), "resumed_epoch": epoch, "resumed_minibatch": minibatch,
-                 "started_at_unix_s": psutil.Process().create_time(), "restore_at_unix_s": restore_unix_s,
+                 "restore_at_unix_s": restore_unix_s,
                  "resumed_at_unix_s": time.time()})
     atomic_write_json(path, rows)
 
