@@ -197,6 +197,8 @@ def worker_main(argv: list[str] | None, prog: str, doc: str | None, mode: str,
     add_arguments(parser)
     cfg = from_args(parser.parse_args(argv))
     rank = int(os.environ.get("RANK", "0"))
+    if restart_count():  # a failed attempt's reason is not this one's
+        (cfg.run_dir(mode) / "errors" / f"rank{rank}.txt").unlink(missing_ok=True)
     die_with_parent()
     keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
 
