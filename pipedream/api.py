@@ -159,7 +159,8 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
           config: TrainConfig | None = None, *, mode: str = "pipedream", launcher: str = "local",
           workers: int | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
           criterion: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, timeout_s: float = 1800.0,
-          on_epochs: Callable[[list[dict[str, float]]], None] | None = None) -> list[dict[str, float]]:
+          on_epochs: Callable[[list[dict[str, float]]], None] | None = None,
+          max_restarts: int = 0) -> list[dict[str, float]]:
     """Train ``model`` with PipeDream (``plan``'s pipeline) or data parallelism on worker processes; wait for them.
 
     ``pipedream train`` is this function with ``launcher="torchrun"`` and MLflow around it.
@@ -190,6 +191,9 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
         timeout_s: limit for the whole run, s.
         on_epochs: called from a thread with every epoch's row so far each time an epoch ends (and once at the
             end), e.g. to log them live (:func:`pipedream.runtime.launch.following`).
+        max_restarts: torchrun only: restart the job up to this many times when a worker fails (torchrun's
+            ``--max-restarts``); it resumes from the newest complete checkpoint (``config.checkpoint``;
+            docs/checkpoints.md), each restart noted in ``<out_dir>/restarts.json``.
     Returns:
         one row per epoch (``train_loss``, ``val_accuracy``, ``epoch_time_s``, ...), as in ``metrics.json``
         (empty on a node of a multi-node run that does not see rank 0's ``metrics.json``).
@@ -208,6 +212,9 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
     count = workers if workers is not None else plan_obj.workers if plan_obj is not None else 1
     if count < 1 or timeout_s <= 0:
         raise PipeDreamError(f"workers ({count}) and timeout_s ({timeout_s:g}) must be positive")
+    if max_restarts < 0 or (max_restarts and launcher != "torchrun"):
+        raise PipeDreamError(f"max_restarts={max_restarts}: restarts are torchrun's (its elastic agent); give a "
+                             "number >= 0 with launcher='torchrun'")
     if plan_obj is not None and plan_obj.workers != count:
         raise PipeDreamError(f"the plan is for {plan_obj.workers} workers, not {count}; start {plan_obj.workers} "
                              f"workers or plan for a cluster of {count}")
@@ -226,8 +233,9 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
     with L.following(metrics, on_epochs):
         if launcher == "torchrun":
             entry = L.WORKER_MODULE if mode == "pipedream" else L.DP_MODULE
-            cmd = L.torchrun_command(entry, cfg, count, nnodes, rdzv_endpoint, run_id=cfg.model)
-            L.run_torchrun(cmd, out_dir, timeout_s)
+            cmd = L.torchrun_command(entry, cfg, count, nnodes, rdzv_endpoint, run_id=cfg.model,
+                                     max_restarts=max_restarts)
+            L.run_torchrun(cmd, out_dir, timeout_s, max_restarts)
         else:
             if mode == "dp":
                 from pipedream.baselines.ddp import train as fn

@@ -252,3 +252,59 @@ def transfer_s_array(nbytes: np.ndarray | float, bandwidth_Bps: float, latency_s
     if math.isinf(bandwidth_Bps):
         return nbytes * 0.0
     return (nbytes > 0) * _transfer_s(nbytes, bandwidth_Bps, latency_s)
+
+
+@dataclass(frozen=True)
+class CheckpointCost:
+    """What one checkpoint costs a run (CheckFreq, Mohan et al., FAST'21, §4.3), all in seconds.
+
+    Attributes:
+        minibatch_s: one minibatch of training in the steady state (the epoch's time over its minibatches).
+        snapshot_s: the snapshot's copy of the state to host memory, inside the training loop.
+        persist_s: the background write of the copy until the checkpoint is complete; the next snapshot waits for
+            whatever of it is left.
+        flush_s: the pipeline's drain and refill a checkpoint adds (0 where the schedule flushes at every minibatch
+            anyway, and for data parallelism): :func:`flush_s`.
+    """
+
+    minibatch_s: float
+    snapshot_s: float
+    persist_s: float
+    flush_s: float = 0.0
+
+
+def flush_s(segment_s: float, minibatches: int, stages: int) -> float:
+    """The drain and refill of a pipeline of ``stages`` stages in a segment of ``minibatches`` minibatches that took
+    ``segment_s`` seconds: a flushed 1F1B pipeline runs ``minibatches + stages - 1`` slots of one minibatch's time,
+    ``stages - 1`` of them the bubble (Huang et al. 2019; Narayanan et al. 2021), so the flush is
+    ``(stages - 1) / (minibatches + stages - 1)`` of the segment."""
+    return segment_s * (stages - 1) / (minibatches + stages - 1)
+
+
+def checkpoint_overhead(cost: CheckpointCost, every: int) -> float:
+    """The share checkpoints every ``every`` minibatches add to the training time, as a fraction of it.
+
+    Each checkpoint holds the loop for its snapshot and the flush, plus what is left of the previous persist when the
+    next snapshot comes (``every`` minibatches later): ``(snapshot + flush + max(0, persist - every x minibatch)) /
+    (every x minibatch)``; CheckFreq's per-checkpoint cost with the pipeline's flush added.
+    """
+    work = every * cost.minibatch_s
+    if work <= 0:
+        return math.inf
+    return (cost.snapshot_s + cost.flush_s + max(0.0, cost.persist_s - work)) / work
+
+
+def checkpoint_interval(cost: CheckpointCost, bound: float) -> int:
+    """The smallest interval, in minibatches, whose :func:`checkpoint_overhead` is at most ``bound`` (a fraction,
+    CheckFreq's 3.5% is 0.035): the overhead is ``max((s + f) / (N t), (s + f + p) / (N t) - 1)`` for snapshot
+    ``s``, flush ``f``, persist ``p`` and minibatch ``t`` seconds, so ``N = max(ceil((s + f) / (bound t)),
+    ceil((s + f + p) / ((1 + bound) t)), 1)``.
+
+    Raises:
+        ValueError: ``bound`` is not positive or the minibatch takes no time.
+    """
+    if bound <= 0 or cost.minibatch_s <= 0:
+        raise ValueError(f"checkpoint interval needs a positive bound and minibatch time, not {bound}, {cost.minibatch_s}")
+    held = cost.snapshot_s + cost.flush_s
+    return max(1, math.ceil(held / (bound * cost.minibatch_s)),
+               math.ceil((held + cost.persist_s) / ((1 + bound) * cost.minibatch_s)))

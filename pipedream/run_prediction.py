@@ -25,7 +25,7 @@ from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.distributed import uses_cuda
 from pipedream.runtime.task import load_datasets
 from pipedream.sim.cores import Host, host_cores
-from pipedream.sim.predict import EpochShape, Prediction, RunCosts, emulated_cluster, predict_epoch
+from pipedream.sim.predict import EpochShape, Prediction, RunCosts, checkpoint_flush_s, emulated_cluster, predict_epoch
 from pipedream.sim.profiled import missing_step_rate, profiled_composition, profiled_data_s, step_rates
 from pipedream.sim.simulate import MICROBATCHED
 from pipedream.topology import get_cluster
@@ -87,6 +87,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
                      composition=profiled_composition(meta, graph))
     pred = predict_epoch(graph, stage_nodes, stage_ranks, cluster, shape, costs)
     pred.memory = predict_memory(cfg, mode, graph, stage_nodes, [len(r) for r in stage_ranks], shape)
+    if cfg.checkpoint_every is not None:  # what a checkpoint's flush adds (docs/checkpoints.md)
+        pred.checkpoint_flush_s = checkpoint_flush_s(graph, stage_nodes, stage_ranks, cluster, pred, costs)
     return pred
 
 

@@ -160,6 +160,25 @@ class LiveRun:
             self.client.log_batch(self.run_id, metrics=metrics)
         self.logged += len(new)
 
+    def log_restarts(self, restarts: list[dict[str, float]]) -> None:
+        """Log each restart of the job (rows of ``restarts.json``, :func:`pipedream.runtime.checkpoint.note_restart`)
+        at step = its number and at the time it resumed: ``restart_resumed_epoch``, ``restart_resumed_minibatch``
+        (the checkpoint's position) and, where its first minibatch ended, ``restart_first_minibatch_s`` (seconds
+        from the resume to then); and their count as ``restarts``."""
+        if not self.enabled:
+            return
+        from mlflow.entities import Metric
+
+        metrics = [Metric("restarts", float(len(restarts)), int(1000 * time.time()), 0)]
+        for r in restarts:
+            ts, step = int(1000 * r["resumed_at_unix_s"]), int(r["restart"])
+            metrics += [Metric("restart_resumed_epoch", float(r["resumed_epoch"]), ts, step),
+                        Metric("restart_resumed_minibatch", float(r["resumed_minibatch"]), ts, step)]
+            if "first_minibatch_unix_s" in r:
+                metrics.append(Metric("restart_first_minibatch_s", r["first_minibatch_unix_s"] - r["resumed_at_unix_s"],
+                                      ts, step))
+        self.client.log_batch(self.run_id, metrics=metrics)
+
     def log_scores(self, name: str, epochs: list[dict[str, float]]) -> None:
         """Log metric ``name`` of every epoch of ``epochs`` that has it, at the epoch's step and real time
         (as :meth:`log_epochs` would have): a metric scored after training, such as BLEU of each epoch's

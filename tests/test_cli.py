@@ -228,10 +228,13 @@ def bad_files(tmp_path: Path) -> Path:
     (["train", "--mode", "pipedream", "--model", "alexnet", "--plan", "p16.json", "--workers", "16"],
      "error: plan p16.json is for model 'vgg16', not --model 'alexnet'"),
     (["train", "--mode", "dp", "--workers", "-2"], "error: --workers, --nnodes and --timeout-s must be positive"),
+    (["train", "--mode", "dp", "--max-restarts", "-1"], "error: --workers, --nnodes and --timeout-s must be positive, "
+     "--max-restarts at least 0"),
     (["train", "--mode", "dp", "--train-subset", "-5"], "error: --train-subset must not be negative (got -5)"),
-    (["train", "--mode", "dp", "--checkpoint-every", "3"], "error: --mode dp does not checkpoint: --checkpoint, "
-     "--checkpoint-every and --resume are PipeDream options; leave them out of a data-parallel run"),
-    (["train", "--mode", "dp", "--resume"], "error: --mode dp does not checkpoint"),
+    (["train", "--mode", "dp", "--checkpoint-every", "often"], "error: --checkpoint-every 'often' is neither a positive "
+     "number of minibatches nor auto"),
+    (["train", "--mode", "dp", "--checkpoint-every", "auto", "--checkpoint-overhead", "3.5"],
+     "error: --checkpoint-overhead 3.5 is not a fraction between 0 and 1 (0.035 is 3.5%)"),
     (["train", "--mode", "dp", "--recompute"], "error: --recompute is a PipeDream option (each stage's forward is "
      "recomputed in its backward); the data-parallel baseline does not recompute: leave it out of --mode dp"),
     (["train", "--mode", "pipedream", "--model", "vgg16", "--plan", "holey.json", "--workers", "16"],

@@ -235,3 +235,17 @@ def test_the_optimizer_step_is_charged_after_each_minibatch_by_hand() -> None:
     assert stepped.epoch_s == pytest.approx(16.0, rel=1e-3)
     assert predict(g, [["node1", "node2"]], [[0, 1]], shape, cores=2).epoch_s == pytest.approx(12.0, rel=1e-3)
     assert stepped.compute_s == pytest.approx([12.0])  # the step is not the forwards' and backwards' compute
+
+
+def test_a_checkpoint_flushes_1f1b_but_adds_nothing_to_gpipe_by_hand() -> None:
+    """2 stages, F = 1 s, B = 2 s, 6 minibatches (the 1F1B epoch of 21 s above). A segment of 4 minibatches alone takes
+    15 s (3 s a minibatch after a 3 s fill and drain), so a checkpoint's flush adds 3 s; GPipe with one microbatch
+    already drains after every minibatch (6 s each): nothing."""
+    from pipedream.sim.predict import checkpoint_flush_s
+
+    g = chain(2, 1.0, 2.0)
+    for schedule, flush in (("1f1b", 3.0), ("gpipe", 0.0)):
+        shape = EpochShape(schedule, 8, 1, 6, 48)
+        pred = predict(g, *STRAIGHT, shape, cores=2)
+        got = checkpoint_flush_s(g, *STRAIGHT, Cluster("c", [(2, 1e9)]), pred, RunCosts(host=Host(cores=2, ranks_per_host=2)))
+        assert got == pytest.approx(flush), schedule

@@ -12,7 +12,9 @@ allreduce after every step (gloo on CPU, NCCL on GPU). Two minibatch semantics (
 * ``global``: each minibatch of ``batch_size`` samples is split over the workers, so DP makes the same
   updates as single-process SGD on the pipeline's minibatch, at the same learning rate.
 
-An epoch is one pass over the same training samples as a PipeDream epoch. With ``score_epochs`` rank 0
+An epoch is one pass over the same training samples as a PipeDream epoch. Checkpoints (:mod:`pipedream.runtime.checkpoint`)
+are taken between steps; rank 0's part holds what the replicas share (weights, optimizer state, metrics rows), every
+rank's its own RNG and partial sums. With ``score_epochs`` rank 0
 saves the epoch's whole model as one stage (:mod:`pipedream.runtime.assemble`), outside the wall time,
 as the PipeDream workers do.
 
@@ -23,11 +25,10 @@ one emulated link by the PipeDream runtime's rule (:mod:`pipedream.runtime.bucke
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -38,6 +39,7 @@ from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.data.fashion_mnist import minibatch_indices
 from pipedream.errors import PipeDreamError
 from pipedream.runtime import assemble, lr
+from pipedream.runtime import checkpoint as ckpt
 from pipedream.runtime import distributed as D
 from pipedream.runtime.actions import memory_minibatches
 from pipedream.runtime.config import TrainConfig
@@ -148,6 +150,17 @@ def train(cfg: TrainConfig) -> None:
     task = load_task(cfg)
     hidden = hidden_matrices(task.model, task.example) if cfg.optimizer == "muon" else []  # Muon's matrices
     model = task.model.to(device)
+    out_dir = cfg.run_dir("dp")
+    restarted = D.restart_count() > 0
+    # rank 0's part of a checkpoint holds what every replica shares (weights, optimizer state, metrics rows); each
+    # rank's own, its RNG and partial sums
+    restore_unix_s = time.time()
+    got = ckpt.restore(out_dir, rank, (rank, 0) if rank else (0,), cfg.comm_timeout_s) \
+        if cfg.resume or restarted else None
+    if got is not None:
+        model.load_state_dict(got[1][-1]["module"])  # before DDP broadcasts rank 0's weights
+    if rank == 0 and restarted:
+        ckpt.note_restart(out_dir, None if got is None else got[0], restore_unix_s)
     # bucket_cap_mb=None is DDP's default (25 MiB, first bucket 1 MiB); an explicit cap applies to every bucket
     cap_mb = None if cfg.bucket_bytes == DDP_BUCKET_CAP_BYTES else cfg.bucket_bytes / 2**20
     # gradient_as_bucket_view: the gradients are views into DDP's buckets, so a worker holds one copy of them
@@ -174,25 +187,52 @@ def train(cfg: TrainConfig) -> None:
     meter = MemoryMeter(device) if cfg.measure_memory else None
     counted_steps = memory_minibatches(1)  # each epoch's first steps: every step holds the same (one stage)
     saved = SavedTensors()
-    log = D.MetricsLog(cfg.run_dir("dp"))
-    wall0 = time.time()
+    cadence = ckpt.Cadence(cfg.checkpoint_every, 1, 1, cfg.checkpoint_overhead)
+    ck = ckpt.Checkpointer(out_dir, rank, world, cfg.comm_timeout_s) if cfg.checkpoint else None
+    (start_epoch, start_step), rows, partial = (0, 0), [], []
+    if got is not None:
+        (start_epoch, start_step), (own, *shared) = got
+        state = shared[0] if shared else own
+        optimizer.load_state_dict(state["optimizer"])
+        cadence.load_state(state["cadence"])
+        torch.set_rng_state(own["rng"])
+        rows, partial = list(state["rows"]), [float(x) for x in own["partial"]]
+
+    def part(position: tuple[int, int], sums: list[float]) -> dict[str, Any]:
+        """This rank's state at ``position``: rank 0's with the replicas' shared state (references: the snapshot
+        copies them)."""
+        state: dict[str, Any] = {"position": list(position), "rng": torch.get_rng_state(), "partial": sums}
+        if rank == 0:
+            state.update(module=model.state_dict(), optimizer=optimizer.state_dict(), rows=log.rows,
+                         cadence=cadence.state())
+        return state
+
+    log = D.MetricsLog(out_dir, rows)
+    wall0 = time.time() - (rows[-1]["wall_time_s"] if rows else 0.0)
     first_loss: float | None = None
-    for epoch in range(cfg.epochs):
+    first = rank == 0 and restarted  # rank 0 notes the first minibatch after a restart
+    for epoch in range(start_epoch, cfg.epochs):
         batches = minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)[:nb]
+        resumed = epoch == start_epoch and start_step > 0
+        # this rank's running sums of the epoch: loss, samples, training seconds (checkpoints included), seconds the
+        # loop was held by checkpoints, checkpoints
+        sums = list(partial) if resumed else [0.0] * 5
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         t0 = time.time()
         if bar is not None:
             bar.reset(total=steps)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
+            if resumed:
+                bar.update(start_step)
         model.train()
         if meter is not None:
             meter.reset()
-        loss_sum, count = 0.0, 0
         busy = Busy()
-        mine = batches[rank::world] if per_worker else [rows[rank::world] for rows in batches]
-        for i, rows in enumerate(mine):
+        mine = batches[rank::world] if per_worker else [b[rank::world] for b in batches]
+        i = seg0 = start_step if resumed else 0
+        while i < steps:
             w0 = time.perf_counter()
-            x, y = (to_device(t, device) for t in train_split.batch(rows))
+            x, y = (to_device(t, device) for t in train_split.batch(mine[i]))
             counting = meter is not None and i < counted_steps
             with saved.hooks(i) if counting else nullcontext():
                 loss = task.criterion(call_model(ddp, x), y)
@@ -210,26 +250,38 @@ def train(cfg: TrainConfig) -> None:
                 meter.count(held(model, optimizer, [x, y], []), copies=1)
             value = float(loss.detach())
             first_loss = value if first_loss is None else first_loss
-            loss_sum += value * y.shape[0]
-            count += y.shape[0]
+            sums[0] += value * y.shape[0]
+            sums[1] += y.shape[0]
+            i += 1
             if bar is not None:
                 bar.update(1)
-            if fault is not None and epoch * steps + i >= fault[0]:
-                os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
-        loss_total, n, *spent = D.allreduce_sum([loss_sum, count, *busy.values()], cfg.comm_timeout_s,
+            if first:
+                first = False
+                ckpt.note_first_minibatch(out_dir)
+            if fault is not None and epoch * steps + i > fault[0]:
+                D.inject_fault(out_dir, fault[1], epoch, i)  # tests: die (or freeze) without a word
+            if ck is not None and cadence.due and i < steps and i - seg0 == cadence.count(steps - seg0):
+                seg_s = time.time() - t0
+                sums[2] += seg_s
+                held_s = ck.snapshot((epoch, i), part((epoch, i), sums))
+                sums[2:] = [sums[2] + held_s, sums[3] + held_s, sums[4] + 1]
+                cadence.measured(seg_s, i - seg0, ck, cfg.comm_timeout_s)
+                seg0, t0 = i, time.time()
+        loss_total, n, *spent = D.allreduce_sum([*sums[:2], *busy.values()], cfg.comm_timeout_s,
                                                 "end-of-epoch loss and time reduction")
-        epoch_time = time.time() - t0
+        sums[2] += time.time() - t0
+        epoch_time = sums[2]  # this rank's training seconds (rank 0 logs its own), checkpoint snapshots included
         model.eval()
         correct = counted = 0
         vloss, vn = 0.0, 0
         n_val = len(val_split) // cfg.batch_size
         with torch.no_grad():
-            for i in range(rank, n_val, world):
+            for k in range(rank, n_val, world):
                 x, y = (to_device(t, device)
-                        for t in val_split.batch(torch.arange(i * cfg.batch_size, (i + 1) * cfg.batch_size)))
+                        for t in val_split.batch(torch.arange(k * cfg.batch_size, (k + 1) * cfg.batch_size)))
                 out = call_model(model, x)
-                c, k = task.count_correct(out, y)
-                correct, counted = correct + c, counted + k
+                c, m = task.count_correct(out, y)
+                correct, counted = correct + c, counted + m
                 vloss += float(task.criterion(out, y)) * y.shape[0]
                 vn += y.shape[0]
         correct, counted, vloss, vn = D.allreduce_sum([correct, counted, vloss, vn], cfg.comm_timeout_s,
@@ -242,18 +294,24 @@ def train(cfg: TrainConfig) -> None:
             rec = meter.record()
             row["peak_memory_bytes_stage0"] = float(rec["peak_bytes"])
             row.update({f"peak_{c}_bytes_stage0": float(rec["breakdown"][c]) for c in CATEGORIES})
+        if ck is not None:
+            row.update(cadence.figures(sums[3], int(sums[4]), epoch_time))
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
             log.add(row)
         if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
-            wall0 += assemble.save_epoch(cfg.run_dir("dp"), 0, model, 1, epoch + 1, rank == 0, cfg.comm_timeout_s)
+            wall0 += assemble.save_epoch(out_dir, 0, model, 1, epoch + 1, rank == 0, cfg.comm_timeout_s)
+        if ck is not None:
+            ck.snapshot((epoch + 1, 0), part((epoch + 1, 0), []))
+    if ck is not None:
+        ck.wait()
     if bar is not None:
         bar.close()
     if rank == 0:
-        assemble.save_stage(cfg.run_dir("dp"), 0, model, 1)
+        assemble.save_stage(out_dir, 0, model, 1)
     if cfg.debug_dump:
-        path = cfg.run_dir("dp") / "debug" / f"rank{rank}.pt"
+        path = out_dir / "debug" / f"rank{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"first_loss": first_loss, "memory": meter.record() if meter is not None else None,
                     "params": {k: v.detach().cpu() for k, v in model.state_dict().items()}}, path)

@@ -52,6 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--experiment",
                      help=f"MLflow experiment (default: <model>/<cluster of the plan or cpuW>); the store: {STORE_HELP}")
     run.add_argument("--timeout-s", type=float, default=1800.0, help="limit for the whole run, s")
+    run.add_argument("--max-restarts", type=int, default=0,
+                     help="when a worker fails, restart the job up to this many times (torchrun's elastic agent); "
+                          "it resumes from the newest complete checkpoint (implies --checkpoint; see "
+                          "--checkpoint-every), each restart logged to MLflow")
     run.add_argument("--profile", type=Path,
                      help="the profile the plan came from (attached to the MLflow run; the epoch time is predicted "
                           "from it)")
@@ -82,7 +86,7 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     if args.mode != "pipedream":
         args.plan = None
-    if args.checkpoint_every is not None:
+    if args.checkpoint_every is not None or args.max_restarts:  # a restart resumes from a checkpoint
         args.checkpoint = True
     return from_args(args)
 
@@ -100,7 +104,9 @@ def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -
               "emulate_bandwidth_Bps": args.emulate_bandwidth_Bps or "none",
               "threshold": f"{args.threshold} {args.threshold_metric}" if args.threshold is not None else "none",
               "threads_per_worker": WORKER_THREADS, "host_cores": host_cores()}
-    params.update(lr_policy=args.lr_policy, lr_warmup_epochs=args.lr_warmup_epochs, clip_norm=args.clip_norm)
+    params.update(lr_policy=args.lr_policy, lr_warmup_epochs=args.lr_warmup_epochs, clip_norm=args.clip_norm,
+                  checkpoint_every=args.checkpoint_every or ("epoch" if args.checkpoint else "none"),
+                  max_restarts=args.max_restarts)
     if args.mode == "pipedream":
         from pipedream.runtime.lr import stage_lr_applies
 
@@ -198,13 +204,10 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.runtime.launch import check_nodes
 
     plan_file = Path(args.plan) if args.plan else None  # DP runs read only the cluster's name from it
-    if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0:
-        raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive")
+    if args.workers < 1 or args.nnodes < 1 or args.timeout_s <= 0 or args.max_restarts < 0:
+        raise PipeDreamError("--workers, --nnodes and --timeout-s must be positive, --max-restarts at least 0")
     check_nodes(args.workers, args.nnodes, args.rdzv_endpoint)
     worker_env()  # what the launcher will preload; a $PIPEDREAM_JEMALLOC that names no file: one line, before any worker
-    if args.mode == "dp" and (args.checkpoint or args.checkpoint_every is not None or args.resume):
-        raise PipeDreamError("--mode dp does not checkpoint: --checkpoint, --checkpoint-every and --resume are "
-                             "PipeDream options; leave them out of a data-parallel run")
     if args.mode == "dp" and args.recompute:
         raise PipeDreamError("--recompute is a PipeDream option (each stage's forward is recomputed in its "
                              "backward); the data-parallel baseline does not recompute: leave it out of --mode dp")
@@ -251,7 +254,7 @@ def _train(args: argparse.Namespace, cfg, plan_file: Path | None,  # type: ignor
 
     return api.train(args.model, plan_file, None, cfg, mode=args.mode, launcher="torchrun", workers=args.workers,
                      nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.timeout_s,
-                     on_epochs=on_epochs)
+                     on_epochs=on_epochs, max_restarts=args.max_restarts)
 
 
 def run_name(args: argparse.Namespace) -> str:
@@ -297,9 +300,17 @@ def _train_and_log(args: argparse.Namespace, cfg, plan, plan_file: Path | None, 
                 raise failed from None
             live = started.result()[0]
             if not live.ended:
+                _log_restarts(live, out_dir)
                 live.finish(status="KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED",
                             artifacts=[out_dir / "train.log"])
             raise
+
+
+def _log_restarts(live, out_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    """Log the job's restarts (``restarts.json``, written by the restarted workers) to its MLflow run, if any."""
+    path = out_dir / "restarts.json"
+    if path.is_file():
+        live.log_restarts(json.loads(path.read_text()))
 
 
 def _start_run(args: argparse.Namespace, cfg, plan, out_dir: Path, cluster: str, config: str,  # type: ignore[no-untyped-def]
@@ -344,6 +355,28 @@ def steady_epochs(epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return epochs[1:] if len(epochs) > 1 else epochs
 
 
+def checkpoint_check(args: argparse.Namespace, prediction: dict[str, Any],
+                     steady: list[dict[str, Any]]) -> dict[str, float]:
+    """The check of the checkpoints' cost (docs/checkpoints.md): the overhead measured in the run
+    (``checkpoint_overhead``, mean of ``steady``) beside the one predicted for its interval
+    (``predicted_checkpoint_overhead``): :func:`pipedream.costmodel.checkpoint_overhead` of the predicted
+    minibatch and flush seconds and the snapshot and persist seconds the run measured. Empty unless the run chose
+    its interval with ``--checkpoint-every auto`` and was predicted."""
+    from pipedream.costmodel import CheckpointCost, checkpoint_overhead
+
+    last = steady[-1]
+    flush, shape = prediction.get("checkpoint_flush_s"), prediction.get("shape")
+    if flush is None or shape is None or "checkpoint_overhead" not in last:
+        return {}
+    units = shape["minibatches"]  # the runtime's minibatches; DP's are its optimizer steps
+    if args.mode == "dp" and args.dp_batch == "per_worker":
+        units //= args.workers
+    cost = CheckpointCost(prediction["predicted_epoch_time_s"] / units, last["checkpoint_snapshot_s"],
+                          last["checkpoint_persist_s"], flush)
+    return {"checkpoint_overhead": sum(e["checkpoint_overhead"] for e in steady) / len(steady),
+            "predicted_checkpoint_overhead": checkpoint_overhead(cost, int(last["checkpoint_every"]))}
+
+
 def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, why_not: str | None,  # type: ignore[no-untyped-def,type-arg]
             plan_file: Path | None, out_dir: Path, final_dir: Path, config: str, cluster: str) -> int:
     """After the workers succeeded: score, log the final metrics, write ``run.json``, commit ``out_dir``."""
@@ -370,6 +403,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
     age = profile_age_s(args.profile, t0)
     if age is not None:
         final["profile_age_s"] = age
+    final.update(checkpoint_check(args, prediction, steady))
     predicted_wait = prediction.get("wait_s") or []
     for k, busy in enumerate(prediction.get("compute_s") or []):  # where the time goes, per stage
         measured = [e[f"compute_s_stage{k}"] for e in steady if f"compute_s_stage{k}" in e]
@@ -408,6 +442,7 @@ def _finish(args: argparse.Namespace, cfg, live, t0: float, prediction: dict, wh
                               args.batch_size)
     if metric is not None:  # the model's own quality metric on the reassembled model (top1, bleu, ...)
         final[f"final_{metric[0]}"] = metric[1]
+    _log_restarts(live, out_dir)
     own = [plan_file, args.profile] if args.mode == "pipedream" else []
     extra = [out_dir / "prediction.json"] if predicted is not None else []
     live.finish(final, final_tags, artifacts=[p for p in (*own, metrics_path, *extra) if p is not None])

@@ -111,10 +111,14 @@ class TrainConfig:
     bucket_bytes: int = _opt(DDP_BUCKET_CAP_BYTES, "gradient bucket cap in bytes (both modes; DDP's bucket_cap_mb in "
                                                    "bytes): replicas allreduce each bucket as soon as the backward "
                                                    "has produced its gradients, overlapping the rest of the backward")
-    checkpoint: bool = _opt(False, "save per-stage checkpoints every epoch")
-    checkpoint_every: int | None = _opt(None, "pipedream mode: also checkpoint every N minibatches inside an epoch (the "
-                                              "pipeline is flushed there, so 1F1B pays a drain every N); implies "
-                                              "--checkpoint")
+    checkpoint: bool = _opt(False, "checkpoint at the end of every epoch (both modes; docs/checkpoints.md)")
+    checkpoint_every: str | int | None = _opt(None, "also checkpoint every N minibatches inside an epoch (dp: N steps), "
+                                                    "or auto: the most frequent interval whose overhead stays within "
+                                                    "--checkpoint-overhead, from the snapshot and persist seconds "
+                                                    "measured in the first minibatches (CheckFreq); a pipeline is "
+                                                    "flushed there (1F1B and 2BW pay a drain); implies --checkpoint")
+    checkpoint_overhead: float = _opt(0.035, "--checkpoint-every auto: the largest share of the training time that "
+                                             "checkpoints may add (CheckFreq's 3.5%%)")
     resume: bool = _opt(False, "continue from the newest checkpoint in --out-dir")
     score_epochs: bool = _opt(False, "save the model at the end of every epoch and score each with the model's own "
                                      "metric (bleu, bleu4, ...) after training, logged per epoch (writing is excluded "
@@ -134,6 +138,10 @@ class TrainConfig:
         # 0 samples of a split means the whole split, as on the command line
         self.train_subset = self.train_subset or None
         self.val_subset = self.val_subset or None
+        if isinstance(self.checkpoint_every, str) and self.checkpoint_every.strip().isdigit():
+            self.checkpoint_every = int(self.checkpoint_every)
+        if self.checkpoint_every is not None:
+            self.checkpoint = True
 
     @property
     def warmup(self) -> str:
@@ -167,8 +175,12 @@ class TrainConfig:
                                      "(or give 0) for the whole split")
         if self.max_minibatches is not None and self.max_minibatches < 1:
             raise PipeDreamError("--max-minibatches must be a positive number of minibatches")
-        if self.checkpoint_every is not None and self.checkpoint_every < 1:
-            raise PipeDreamError("--checkpoint-every must be a positive number of minibatches")
+        every = self.checkpoint_every
+        if every is not None and every != "auto" and not (isinstance(every, int) and every >= 1):
+            raise PipeDreamError(f"--checkpoint-every {every!r} is neither a positive number of minibatches nor auto")
+        if not 0 < self.checkpoint_overhead < 1:
+            raise PipeDreamError(f"--checkpoint-overhead {self.checkpoint_overhead:g} is not a fraction between 0 and 1 "
+                                 "(0.035 is 3.5%)")
         if self.comm_timeout_s <= 0:
             raise PipeDreamError("--comm-timeout-s must be positive")
         if self.emulate_bandwidth_Bps is not None and self.emulate_bandwidth_Bps <= 0:

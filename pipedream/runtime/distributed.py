@@ -31,6 +31,7 @@ from pipedream.runtime.config import TrainConfig, add_arguments, from_args
 from pipedream.runtime.supervise import PEER_FAILED, die_with_parent
 
 FAULT_ENV = "PIPEDREAM_FAULT_KILL"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"  # set by torchrun's elastic agent: 0, then 1, 2, ... after each restart
 
 
 def uses_cuda() -> bool:
@@ -42,7 +43,10 @@ def uses_cuda() -> bool:
 def init(timeout_s: float) -> tuple[int, int, torch.device]:
     """Join the process group from the environment: gloo on CPU, NCCL when CUDA is available.
 
-    ``PIPEDREAM_FORCE_GLOO=1`` keeps a machine with GPUs on gloo and the CPU (the test suite sets it).
+    ``PIPEDREAM_FORCE_GLOO=1`` keeps a machine with GPUs on gloo and the CPU (the test suite sets it). Under
+    torchrun the process group's keys in the agent's store are prefixed by the attempt (``TORCHELASTIC_RESTART_COUNT``):
+    the agent keeps its store across ``--max-restarts`` restarts, and a restarted rank must not read the gloo
+    addresses the ranks of a failed attempt left there.
 
     Returns:
         (rank, world size, device of this rank).
@@ -60,7 +64,12 @@ def init(timeout_s: float) -> tuple[int, int, torch.device]:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        store = None
+        if RESTART_ENV in os.environ:  # torchrun's agent serves one store to every attempt: keep their keys apart
+            agent_store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+            store = dist.PrefixStore(f"attempt{restart_count()}/", agent_store)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout, store=store)
     return rank, world, device
 
 
@@ -71,6 +80,20 @@ def allreduce_sum(values: list[float], timeout_s: float, what: str, group: objec
         t = t.cuda()
     wait_or_raise(dist.all_reduce(t, group=group, async_op=True), timeout_s, what)  # type: ignore[arg-type]
     return t.cpu().tolist()
+
+
+def allreduce_max(values: list[float], timeout_s: float, what: str) -> list[float]:
+    """The largest of each of ``values`` over the ranks of the world, waiting at most ``timeout_s``."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    wait_or_raise(dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True), timeout_s, what)  # type: ignore[arg-type]
+    return t.cpu().tolist()
+
+
+def restart_count() -> int:
+    """How many times torchrun's elastic agent has restarted this job's workers (``--max-restarts``); 0 at first."""
+    return int(os.environ.get(RESTART_ENV, "0"))
 
 
 def barrier(timeout_s: float, what: str = "barrier") -> None:
@@ -99,12 +122,21 @@ class MetricsLog:
 
 def fault(rank: int) -> tuple[int, signal.Signals] | None:
     """``$PIPEDREAM_FAULT_KILL = "rank:minibatch[:SIGNAL]"`` (tests): ``(minibatch, signal)`` if it is for this
-    rank, which then sends itself the signal (default SIGKILL; ``STOP`` freezes it) after that minibatch."""
+    rank, which then sends itself the signal (default SIGKILL; ``STOP`` freezes it) after that minibatch of the run
+    (counted from 0 over all epochs; DP: that optimizer step) (:func:`inject_fault`), in the job's first attempt
+    only (a restarted job runs clean)."""
     spec = os.environ.get(FAULT_ENV)
-    if not spec:
+    if not spec or restart_count():
         return None
     r, m, *sig = spec.split(":")
     return (int(m), signal.Signals[f"SIG{sig[0] if sig else 'KILL'}"]) if int(r) == rank else None
+
+
+def inject_fault(out_dir: Path, sig: signal.Signals, epoch: int, minibatch: int) -> None:
+    """Note the fault (``<out_dir>/fault.json``: when, and after how many minibatches of which epoch), then send
+    ``sig`` to this process: how tests and ``benchmarks/checkpoint`` measure the recovery and the work lost."""
+    atomic_write_json(out_dir / "fault.json", {"unix_s": time.time(), "epoch": epoch, "minibatch": minibatch})
+    os.kill(os.getpid(), sig)
 
 
 class PeerFailed(PipeDreamError):
@@ -165,6 +197,8 @@ def worker_main(argv: list[str] | None, prog: str, doc: str | None, mode: str,
     add_arguments(parser)
     cfg = from_args(parser.parse_args(argv))
     rank = int(os.environ.get("RANK", "0"))
+    if restart_count():  # a failed attempt's reason is not this one's
+        (cfg.run_dir(mode) / "errors" / f"rank{rank}.txt").unlink(missing_ok=True)
     die_with_parent()
     keep_freed_memory()  # where the launcher did not preload jemalloc, glibc keeps freed memory (pipedream/allocator.py)
 

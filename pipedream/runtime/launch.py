@@ -51,11 +51,14 @@ PRELOAD = ["torch", "torch._dynamo", WORKER_MODULE]
 
 
 def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: int = 1,
-                     rdzv_endpoint: str | None = None, run_id: str = "pipedream") -> list[str]:
+                     rdzv_endpoint: str | None = None, run_id: str = "pipedream", max_restarts: int = 0) -> list[str]:
     """The torchrun command line that runs ``entry_module`` on ``workers`` processes in all.
 
     One node: ``--standalone``. Several nodes (the same command started once on each node, e.g. by
     ``srun``): ``workers / nnodes`` processes a node, c10d rendezvous at ``rdzv_endpoint`` (host:port).
+    ``max_restarts``: torchrun's ``--max-restarts``: when a worker fails, its elastic agent stops the others and
+    starts them all again, at most this many times; the workers then resume from the newest complete checkpoint
+    (:mod:`pipedream.runtime.checkpoint`).
 
     Raises:
         PipeDreamError: if ``workers`` is not a multiple of ``nnodes`` or the endpoint is missing.
@@ -67,7 +70,7 @@ def torchrun_command(entry_module: str, cfg: TrainConfig, workers: int, nnodes: 
     else:
         where = [f"--nnodes={nnodes}", per_node, "--rdzv_backend=c10d",
                  f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={run_id}"]
-    return [sys.executable, "-m", "torch.distributed.run", *where,
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--max-restarts={max_restarts}",
             "--monitor-interval=0.5", "-m", entry_module, *cfg.to_args()]
 
 
@@ -176,10 +179,11 @@ def workers_allocator() -> dict[str, str]:
     return env
 
 
-def run_torchrun(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
+def run_torchrun(cmd: list[str], out_dir: Path, timeout_s: float, max_restarts: int = 0) -> None:
     """Run the torchrun command ``cmd`` (:func:`torchrun_command`) and wait for it; the workers' stdout (progress)
     goes to stderr and ``out_dir/train.log``, everything else (warnings, tracebacks, torchrun's report) to
-    ``train.log`` only.
+    ``train.log`` only. While ``max_restarts`` (``cmd``'s ``--max-restarts``) are left, a failed worker is left to
+    torchrun's agent, which restarts the job.
 
     Whatever ends the run (a worker's failure, the timeout of ``timeout_s`` seconds, SIGINT/SIGTERM turned into
     :class:`~pipedream.runtime.supervise.Interrupted`), every process it started is SIGKILLed and gone, and
@@ -207,7 +211,7 @@ def run_torchrun(cmd: list[str], out_dir: Path, timeout_s: float) -> None:
             t.start()
         watch = S.Watch(proc.pid)
         try:
-            rc = S.supervise(watch, proc.poll, time.monotonic() + timeout_s)
+            rc = S.supervise(watch, proc.poll, time.monotonic() + timeout_s, max_restarts=max_restarts)
         finally:
             if rc is None:  # a failure torchrun is slow to end, the timeout, or an interrupt
                 watch.kill_all()

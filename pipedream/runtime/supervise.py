@@ -11,6 +11,10 @@ them. Three things make sure a run's processes end with it:
 * :meth:`Watch.kill_all` SIGKILLs torchrun's process group and every worker's session, and waits until they
   are gone.
 
+With torchrun's ``--max-restarts``, a failure is left to torchrun while restarts are left: its elastic agent
+stops the other workers and starts a new generation (``TORCHELASTIC_RESTART_COUNT`` in their environment), which
+:class:`Watch` then follows; a stopped worker, which torchrun's SIGTERM cannot end, is SIGKILLed first.
+
 Who failed first is read from the workers' own ends: a worker killed by a signal, or stopped (SIGSTOP), is
 the cause; one that exits with status 1 failed by itself (``pipedream.runtime.distributed.run_guarded``);
 one that exits with :data:`PEER_FAILED` gave up because a peer stopped answering. A worker's exit status is
@@ -133,6 +137,9 @@ def _zombie_status(pid: int) -> tuple[int | None, int | None] | None:
 POLL_S = 0.05  # between polls of torchrun and its workers: a dead worker is a zombie for at most torchrun's 0.5 s,
 # and a frozen one must be seen stopped before torchrun reacts to the others' ends
 FIND_S = 1.0  # between searches for new workers (psutil reads every process's /proc/<pid>/stat to find children)
+# how long torchrun may take from a worker's failure to a new generation of workers: its SIGTERM to the others and
+# their end (it waits up to 30 s for one that ignores SIGTERM), then the rendezvous and the start of new processes
+RESTART_S = 60.0
 
 
 class Watch:
@@ -146,8 +153,9 @@ class Watch:
     def __init__(self, agent_pid: int) -> None:
         self.agent_pid = agent_pid
         self._found_at = -FIND_S
-        self.workers: dict[int, psutil.Process] = {}  # rank -> process
+        self.workers: dict[int, psutil.Process] = {}  # rank -> process, of the newest generation
         self.ends: dict[int, End] = {}
+        self.restarts = 0  # the newest generation seen: torchrun's restarts so far
         self.failures_seen = False  # set by supervise(): it stopped waiting because workers ended or failed
 
     def _find(self) -> None:
@@ -163,11 +171,16 @@ class Watch:
             if p.pid in known:
                 continue
             try:
-                rank = p.environ().get("RANK")
+                env = p.environ()
             except psutil.Error:
                 continue
-            if rank is not None:
-                self.workers[int(rank)] = p
+            if env.get("RANK") is None:
+                continue
+            generation = int(env.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            if generation > self.restarts:  # torchrun restarted the job: follow the new workers
+                self.restarts, self.workers, self.ends = generation, {}, {}
+            if generation == self.restarts:
+                self.workers[int(env["RANK"])] = p
 
     def poll(self) -> None:
         """Find new workers and note every worker that has ended (with its status while it is a zombie)."""
@@ -200,6 +213,13 @@ class Watch:
                 e.status, e.signum = (None, -code) if code < 0 else (code, None)
         failed = [e for e in self.ends.values() if e.failed or (e.status is None and e.signum is None)]
         return min(failed, key=lambda e: (e.blame_order(), e.seen_s, e.rank), default=None)
+
+    def kill_stopped(self) -> None:
+        """SIGKILL the workers seen stopped (SIGSTOP), so that torchrun sees them fail."""
+        for rank, e in self.ends.items():
+            if e.stopped:
+                with contextlib.suppress(psutil.Error):
+                    self.workers[rank].kill()
 
     def kill_all(self, timeout_s: float = 5.0) -> list[int]:
         """SIGKILL torchrun's process group and every worker's session; wait until all are gone.
@@ -236,30 +256,42 @@ def torchrun_summary(log_text: str) -> dict[int, int]:
 
 
 def supervise(watch: Watch, poll: Callable[[], int | None], deadline_s: float, grace_s: float = 2.0,
-              unknown_grace_s: float = 5.0) -> int | None:
+              unknown_grace_s: float = 5.0, max_restarts: int = 0) -> int | None:
     """Poll torchrun (``poll``: its ``Popen.poll``) and its workers (``watch``) until torchrun exits, or it
     has not ended the job ``grace_s`` seconds after a worker failed (``unknown_grace_s`` after one ended with a
     status not seen: at the end of a good run all end together), or ``deadline_s`` (``time.monotonic()``) passes.
     A worker seen stopped (SIGSTOP) ends the wait at once: torchrun's SIGTERM cannot reach it, so torchrun
     would only wait out its own 30 s grace.
 
+    While fewer than ``max_restarts`` restarts have happened, a failure is torchrun's to handle: a stopped worker
+    is SIGKILLed, and the wait ends only if no new generation of workers follows within :data:`RESTART_S`.
+
     Returns:
         torchrun's exit status, or None if it is still running.
     """
     failed_at = ended_at = None
+    generation = 0
     while True:
         rc = poll()
         watch.poll()
         if rc is not None:
             return rc
         now = time.monotonic()
+        if watch.restarts != generation:  # a new generation of workers: its failures are counted afresh
+            generation, failed_at, ended_at = watch.restarts, None, None
         if failed_at is None and watch.failed():
             failed_at = now
         if ended_at is None and watch.ends:
             ended_at = now
         stopped = any(e.stopped for e in watch.ends.values())
-        late = stopped or (failed_at is not None and now - failed_at > grace_s) or (
-            ended_at is not None and now - ended_at > unknown_grace_s)
+        if watch.restarts < max_restarts:
+            if stopped:
+                watch.kill_stopped()
+            since = failed_at if failed_at is not None else ended_at
+            late = since is not None and now - since > RESTART_S
+        else:
+            late = stopped or (failed_at is not None and now - failed_at > grace_s) or (
+                ended_at is not None and now - ended_at > unknown_grace_s)
         if late or now > deadline_s:
             watch.failures_seen = late
             return None

@@ -2,7 +2,8 @@
 
 Each rank builds the whole model from the same seed (so every stage starts from the weights a
 single-process run would have), keeps the layers of its stage of the plan, and executes its action
-list of the schedule (:mod:`pipedream.schedules`) once per epoch. After every epoch the validation set
+list of the schedule (:mod:`pipedream.schedules`) once per epoch, in segments where it checkpoints
+(:mod:`pipedream.runtime.checkpoint`: the pipeline drains at a segment's end). After every epoch the validation set
 goes through the pipeline forward-only, the loss and accuracy are summed over all ranks, and rank 0
 appends the epoch to ``<out_dir>/metrics.json``; with ``score_epochs`` replica 0 of every stage then
 saves its stage of the epoch's model (:mod:`pipedream.runtime.assemble`), outside the wall time.
@@ -134,26 +135,20 @@ def minibatch_step(cfg: TrainConfig, replicas: list[int]) -> int:
     return math.lcm(*replicas) if cfg.schedule == "1f1b" else 1
 
 
-def segment_bounds(num_minibatches: int, every: int | None, step: int) -> list[tuple[int, int]]:
-    """``(first minibatch, count)`` of the schedule segments of one epoch, split for mid-epoch checkpoints.
-
-    Without ``every`` the epoch is one segment. Otherwise segments have ``every`` minibatches rounded
-    up to a multiple of ``step`` (the last one what is left); the pipeline drains at each boundary.
-    """
-    if not every:
-        return [(0, num_minibatches)]
-    every = math.ceil(every / step) * step
-    return [(m0, min(every, num_minibatches - m0)) for m0 in range(0, num_minibatches, every)]
-
-
 def train_schedules(cfg: TrainConfig, plan: Plan, num_minibatches: int) -> list[tuple[int, schedules.Schedule]]:
-    """The schedules one epoch runs: ``(first minibatch, schedule)`` per segment (:func:`segment_bounds`),
-    each built from the plan's placement, ``[s.ranks for s in plan.stages]`` (round-robin order), exactly
-    as the simulator builds it for the same plan (:func:`pipedream.sim.simulate_plan`)."""
+    """The schedules one epoch runs with a fixed ``--checkpoint-every`` (or none): ``(first minibatch, schedule)`` per
+    segment (:class:`pipedream.runtime.checkpoint.Cadence`), each built from the plan's placement,
+    ``[s.ranks for s in plan.stages]`` (round-robin order), exactly as the simulator builds it for the same plan
+    (:func:`pipedream.sim.simulate_plan`)."""
     stage_ranks = [list(s.ranks) for s in plan.stages]
-    step = minibatch_step(cfg, [s.replicas for s in plan.stages])
-    return [(m0, schedules.build(cfg.schedule, stage_ranks, count, cfg.microbatches, cfg.warmup))
-            for m0, count in segment_bounds(num_minibatches, cfg.checkpoint_every, step)]
+    every = None if cfg.checkpoint_every == "auto" else cfg.checkpoint_every
+    cadence = ckpt.Cadence(every, minibatch_step(cfg, [s.replicas for s in plan.stages]), 1, cfg.checkpoint_overhead)
+    out, m0 = [], 0
+    while m0 < num_minibatches:
+        n = cadence.count(num_minibatches - m0)
+        out.append((m0, schedules.build(cfg.schedule, stage_ranks, n, cfg.microbatches, cfg.warmup)))
+        m0 += n
+    return out
 
 
 def train(cfg: TrainConfig) -> None:
@@ -187,20 +182,31 @@ def train(cfg: TrainConfig) -> None:
 
     train_split, val_split = task.train, task.val
     nb = minibatches_per_epoch(cfg, len(train_split), replicas)
-    segments = train_schedules(cfg, plan, nb)
+    built: dict[int, schedules.Schedule] = {}  # the schedule of a segment of n minibatches
+
+    def segment(n: int) -> schedules.Schedule:
+        if n not in built:
+            built[n] = schedules.build(cfg.schedule, stage_ranks, n, cfg.microbatches, cfg.warmup)
+        return built[n]
+
     n_val = len(val_split) // micro
     eval_sched = schedules.forward_only(stage_ranks, n_val)
     is_reporter = rank == stage_ranks[-1][0]
-    backwards = sum(1 for _, sched in segments for a in sched.order[rank] if a.kind == schedules.Kind.B)
+    backwards = sum(1 for a in segment(nb).order[rank] if a.kind == schedules.Kind.B)
     bar = D.progress_bar(cfg, is_reporter, backwards)
     fault = D.fault(rank)
-    offset = 0  # first minibatch of the segment being run, within its epoch
+    offset, epoch = 0, 0  # first minibatch of the segment being run, within its epoch
+    restarted = D.restart_count() > 0
+    first: list[bool] = [rank == 0 and restarted]  # rank 0 notes the first minibatch after a restart
 
     def on_backward(m: int, j: int) -> None:
         if bar is not None:
             bar.update(1)
-        if fault is not None and offset + m >= fault[0]:
-            os.kill(os.getpid(), fault[1])  # fault injection for tests: die (or freeze) without a word
+        if first[0]:
+            first[0] = False
+            ckpt.note_first_minibatch(out_dir)
+        if fault is not None and epoch * nb + offset + m >= fault[0]:  # minibatches of the run
+            D.inject_fault(out_dir, fault[1], epoch, offset + m + 1)  # tests: die (or freeze) without a word
 
     lr_factor = lr.stage_lr_factor(cfg, replicas, s)
     executor = StageExecutor(s, len(plan.stages), module, versions, optimizer, p2p,
@@ -213,42 +219,62 @@ def train(cfg: TrainConfig) -> None:
                              memory_minibatches=memory_minibatches(len(plan.stages)),
                              recompute=cfg.recompute, shared=shared_grads)
 
+    flushes = cfg.schedule in ("1f1b", "2bw")  # GPipe and PipeDream-Flush drain at every minibatch anyway
+    cadence = ckpt.Cadence(cfg.checkpoint_every, minibatch_step(cfg, replicas), len(plan.stages) if flushes else 1,
+                           cfg.checkpoint_overhead)
+    ck = ckpt.Checkpointer(out_dir, rank, world, cfg.comm_timeout_s) if cfg.checkpoint else None
     (start_epoch, start_mb), rows, partial = (0, 0), [], []
-    if cfg.resume:
-        (start_epoch, start_mb), rows, partial = ckpt.load_stage(out_dir, s, rank, stage_ranks, module, optimizer,
-                                                                 versions)
+    if cfg.resume or restarted:
+        restore_unix_s = time.time()
+        got = ckpt.restore(out_dir, rank, (rank,), cfg.comm_timeout_s)
+        if got is not None:
+            (start_epoch, start_mb), (state,) = got
+            rows, partial = _load(state, s, stage_ranks, module, optimizer, versions, cadence)
+        if rank == 0 and restarted:
+            ckpt.note_restart(out_dir, None if got is None else got[0], restore_unix_s)
+
+    def part(position: tuple[int, int], rows: list[dict[str, float]], sums: list[float]) -> dict[str, Any]:
+        """This rank's state at ``position`` (references: the snapshot copies them)."""
+        return {"position": list(position), "stage": s, "stage_ranks": stage_ranks, "module": module.state_dict(),
+                "optimizer": optimizer.state_dict(), "versions": versions.state(), "rng": torch.get_rng_state(),
+                "rows": rows, "partial": sums, "cadence": cadence.state()}
+
     log = D.MetricsLog(out_dir, rows)
     wall0 = time.time() - (rows[-1]["wall_time_s"] if rows else 0.0)
     for epoch in range(start_epoch, cfg.epochs):
         order = fm.minibatch_indices(len(train_split), cfg.batch_size, cfg.seed, epoch)
         resumed = epoch == start_epoch and start_mb > 0
-        # this rank's running sums of the epoch: loss, loss count, samples, training seconds
-        sums = list(partial) if resumed else [0.0, 0.0, 0.0, 0.0]
+        # this rank's running sums of the epoch: loss, loss count, samples, training seconds (checkpoints included),
+        # seconds the loop was held by checkpoints, checkpoints
+        sums = list(partial) if resumed else [0.0] * 6
         busy = [0.0] * len(BUSY)  # this rank's compute and wait seconds of the epoch's training
         D.barrier(cfg.comm_timeout_s, f"start of epoch {epoch + 1}")
         if bar is not None:
             bar.reset(total=backwards)
             bar.set_description(f"epoch {epoch + 1}/{cfg.epochs}")
+            if resumed:
+                bar.update(sum(1 for a in segment(start_mb).order[rank] if a.kind == schedules.Kind.B))
         module.train()
         if executor.memory is not None:
             executor.memory.reset()
-        for k, (m0, sched) in enumerate(segments):
-            if resumed and m0 < start_mb:
-                if bar is not None:
-                    bar.update(sum(1 for a in sched.order[rank] if a.kind == schedules.Kind.B))
-                continue
-            offset, t0 = m0, time.time()
-            batches = Batches(train_split, order[m0:], micro)  # the segment's minibatches, numbered from 0
+        offset = start_mb if resumed else 0
+        while offset < nb:
+            n, t0 = cadence.count(nb - offset), time.time()
+            sched = segment(n)
+            batches = Batches(train_split, order[offset:], micro)  # the segment's minibatches, numbered from 0
             stats = executor.run(sched.order[rank], sched, StageData(batches.inputs, batches.labels), micro,
-                                 minibatch_offset=epoch * nb + m0)
-            sums = [a + b for a, b in zip(sums, [stats.loss_sum, stats.loss_count, stats.samples, 0.0], strict=True)]
-            sums[3] += time.time() - t0
+                                 minibatch_offset=epoch * nb + offset)
+            seg_s = time.time() - t0
+            sums = [a + b for a, b in zip(sums, [stats.loss_sum, stats.loss_count, stats.samples, seg_s, 0, 0],
+                                          strict=True)]
             busy = [b + getattr(stats, name) for b, name in zip(busy, BUSY, strict=True)]
-            if cfg.checkpoint_every and k + 1 < len(segments):
-                ckpt.save_stage(out_dir, (epoch, segments[k + 1][0]), s, rank, stage_ranks, module, optimizer,
-                                versions, log.rows, sums)
-        loss_sum, loss_n, samples, _ = D.allreduce_sum(sums, cfg.comm_timeout_s, "end-of-epoch loss reduction")
-        epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint writes excluded
+            offset += n
+            if ck is not None and cadence.due and offset < nb:
+                held_s = ck.snapshot((epoch, offset), part((epoch, offset), log.rows, sums))
+                sums[3:] = [sums[3] + held_s, sums[4] + held_s, sums[5] + 1]
+                cadence.measured(seg_s, n, ck, cfg.comm_timeout_s)
+        loss_sum, loss_n, samples, *_ = D.allreduce_sum(sums[:3], cfg.comm_timeout_s, "end-of-epoch loss reduction")
+        epoch_time = sums[3]  # this rank's training seconds (rank 0 logs its own), checkpoint snapshots included
         per_stage = _stage_row(executor, busy, rank, world, stage_ranks, cfg.comm_timeout_s)
         module.eval()
         val = Batches(val_split, [torch.arange(i * micro, (i + 1) * micro) for i in range(n_val)], micro)
@@ -261,6 +287,8 @@ def train(cfg: TrainConfig) -> None:
                "wall_time_s": time.time() - wall0, "train_samples": samples,
                "bytes_sent_rank0": float(p2p.bytes_sent), "throttle_s_rank0": p2p.throttle_s,
                "max_weight_versions": float(versions.max_alive), **per_stage}
+        if ck is not None:
+            row.update(cadence.figures(sums[4], int(sums[5]), epoch_time))
         if bar is not None:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
         if rank == 0:
@@ -268,8 +296,10 @@ def train(cfg: TrainConfig) -> None:
         if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
             wall0 += assemble.save_epoch(out_dir, s, module, len(plan.stages) if rank == 0 else None, epoch + 1,
                                          rank == stage_ranks[s][0], cfg.comm_timeout_s)
-        if cfg.checkpoint:
-            ckpt.save_stage(out_dir, (epoch + 1, 0), s, rank, stage_ranks, module, optimizer, versions, log.rows)
+        if ck is not None:
+            ck.snapshot((epoch + 1, 0), part((epoch + 1, 0), log.rows, []))
+    if ck is not None:
+        ck.wait()
     if bar is not None:
         bar.close()
     if rank == stage_ranks[s][0]:
@@ -277,6 +307,25 @@ def train(cfg: TrainConfig) -> None:
     if cfg.debug_dump:
         _dump(out_dir, rank, s, executor, versions, p2p)
     D.barrier(cfg.comm_timeout_s, "end of training")
+
+
+def _load(state: dict[str, Any], stage: int, stage_ranks: list[list[int]], module: torch.nn.Module,
+          optimizer: torch.optim.Optimizer, versions: WeightVersions, cadence: ckpt.Cadence
+          ) -> tuple[list[dict[str, float]], list[float]]:
+    """Restore this rank from its part of a checkpoint; returns the metrics rows and the partial sums of the epoch.
+
+    Raises:
+        PipeDreamError: the checkpoint was written for another plan.
+    """
+    if state["stage"] != stage or state["stage_ranks"] != stage_ranks:
+        raise PipeDreamError(f"the checkpoint is for stage {state['stage']} of {state['stage_ranks']}, not stage "
+                             f"{stage} of {stage_ranks}; resume with the same plan or start a fresh --out-dir")
+    module.load_state_dict(state["module"])
+    optimizer.load_state_dict(state["optimizer"])
+    versions.load_state(state["versions"])
+    torch.set_rng_state(state["rng"])
+    cadence.load_state(state["cadence"])
+    return list(state["rows"]), [float(x) for x in state["partial"]]
 
 
 def _stage_row(ex: StageExecutor, busy: list[float], rank: int, world: int, stage_ranks: list[list[int]],

@@ -85,6 +85,8 @@ class Prediction:
         sim: the simulated run (its trace kept).
         memory: per stage, the bytes one replica holds at its peak by kind and in total
             (:func:`pipedream.memory.plan_memory`, as dicts); empty when not predicted.
+        checkpoint_flush_s: the seconds a checkpoint's flush adds (:func:`checkpoint_flush_s`); None when the run
+            does not checkpoint inside its epochs.
     """
 
     epoch_s: float
@@ -96,12 +98,13 @@ class Prediction:
     sim_kwargs: dict[str, Any] = field(default_factory=dict)
     sim: SimResult | None = field(default=None, repr=False)
     memory: list[dict[str, float]] = field(default_factory=list)
+    checkpoint_flush_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (without the simulator's result)."""
         return {"predicted_epoch_time_s": self.epoch_s, "cores": self.cores, "shape": dataclasses.asdict(self.shape),
                 "cluster": self.cluster.describe(), "sim_kwargs": self.sim_kwargs, "memory_bytes": self.memory,
-                "compute_s": self.compute_s, "wait_s": self.wait_s}
+                "compute_s": self.compute_s, "wait_s": self.wait_s, "checkpoint_flush_s": self.checkpoint_flush_s}
 
 
 def emulated_cluster(cluster: Cluster, bandwidth_Bps: float | None) -> Cluster:
@@ -165,3 +168,22 @@ def predict_epoch(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: 
                                   "ranks_per_host": None if host is None else host.ranks_per_host},
                       sim=res)
 
+
+
+def checkpoint_flush_s(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]], cluster: Cluster,
+                       pred: Prediction, costs: RunCosts) -> float:
+    """The seconds a checkpoint adds to an epoch by flushing the pipeline (its drain and refill): a segment of ``n``
+    minibatches (``2 x stages``, at least 4, in rounds of the replicas: the probe of ``--checkpoint-every auto``)
+    simulated alone, less ``n`` minibatches at the epoch's steady rate (the epoch ``pred`` predicted, less that
+    segment, over its other minibatches). 0 where the schedule drains at every minibatch anyway (GPipe,
+    PipeDream-Flush) and for data parallelism, as the simulation finds; :func:`pipedream.costmodel.checkpoint_overhead`
+    turns it into the overhead of an interval."""
+    shape = pred.shape
+    round_ = max(len(rs) for rs in stage_ranks)
+    n = -(-max(4, 2 * len(stage_nodes)) // round_) * round_
+    if n >= shape.minibatches:  # an epoch no longer than the segment: a checkpoint inside it would flush nothing new
+        return 0.0
+    segment = dataclasses.replace(shape, minibatches=n, dataset_size=n * shape.batch_size * shape.microbatches)
+    alone = predict_epoch(graph, stage_nodes, stage_ranks, cluster, segment, costs).epoch_s
+    steady_s = (pred.epoch_s - alone) / (shape.minibatches - n)
+    return max(0.0, alone - n * steady_s)

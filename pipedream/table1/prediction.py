@@ -6,7 +6,9 @@ predicted_epoch_s, ratio``, ratio = measured / predicted); the report plots pred
 paper's real-versus-predicted figure) and summarises the ratios: the median ``|ratio - 1|`` against
 :data:`MEDIAN_GOAL` and how many runs lie within :data:`BAND` of their prediction, beside the host's run-to-run
 noise (:data:`NOISE_FLOOR`). Beside them: the first epoch's time (``first_epoch_s``; the check uses the epochs
-after it) and how long before the run its profile ended (``profile_age_s``).
+after it), how long before the run its profile ended (``profile_age_s``) and, for a run with ``--checkpoint-every
+auto``, the checkpoints' overhead measured beside the one predicted for its interval (``checkpoint_overhead``,
+``predicted_checkpoint_overhead``: :func:`pipedream.commands.train.checkpoint_check`).
 ``results/compute_check.csv`` has, per stage of every run, its measured compute and wait seconds beside the
 predicted ones: they tell which stage the model got wrong, on any hardware.
 """
@@ -33,7 +35,7 @@ MEDIAN_GOAL = 0.10
 NOISE_FLOOR = 0.12
 PROFILE_FLOOR = 0.18
 COLUMNS = ["model", "mode", "config", "measured_epoch_s", "predicted_epoch_s", "ratio", "first_epoch_s",
-           "profile_age_s"]
+           "profile_age_s", "checkpoint_overhead", "predicted_checkpoint_overhead"]
 CSV_NAME = "prediction_check.csv"
 COMPUTE_COLUMNS = ["model", "mode", "stage", "measured_compute_s", "predicted_compute_s", "ratio", "wait_s",
                    "predicted_wait_s"]
@@ -59,7 +61,9 @@ def prediction_rows(results: Path, models: list[str]) -> pd.DataFrame:
         rows.append({"model": model, "mode": mode, "config": str(run.get("config", "")),
                      "measured_epoch_s": measured, "predicted_epoch_s": predicted, "ratio": ratio,
                      "first_epoch_s": _number(run.get("first_epoch_time_s")),
-                     "profile_age_s": _number(run.get("profile_age_s"))})
+                     "profile_age_s": _number(run.get("profile_age_s")),
+                     "checkpoint_overhead": _number(run.get("checkpoint_overhead")),
+                     "predicted_checkpoint_overhead": _number(run.get("predicted_checkpoint_overhead"))})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
