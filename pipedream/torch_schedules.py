@@ -1,7 +1,8 @@
 """torch.distributed.pipelining's seven schedules as our action lists: converted from torch's own, not re-derived.
 
 ``torch.distributed.pipelining._schedule_visualizer.get_schedule_ops(cls, p, m, v)`` gives each of ``p`` ranks its
-compute actions for ``m`` microbatches and ``v`` stages (model chunks) per rank without starting a process.
+compute actions for ``m`` microbatches and ``v`` stages (model chunks) per rank without starting a process
+(:func:`torch_ops` reads the same list faster).
 :func:`from_torch` turns them into a :class:`pipedream.schedules.Schedule` that the simulator times:
 
 * torch's ``F``, ``B`` (full backward), ``I`` (input gradient) and ``W`` (weight gradient) become ours, with the same
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
 
 from pipedream.errors import PipeDreamError
 from pipedream.schedules import BACKWARDS, Action, Kind, Schedule
@@ -70,36 +73,63 @@ def chunks_of(name: str, chunks: int | None = None) -> int:
     return chunks
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=1024)
 def torch_ops(name: str, n_ranks: int, n_microbatches: int, chunks: int) -> tuple[tuple[tuple[int, str, int], ...], ...]:
     """Per rank, torch's compute actions ``(stage, "F" | "B" | "I" | "W", microbatch)`` in order, idle slots
     dropped and an ``OVERLAP_F_B`` replaced by its sub-actions (cached: they depend on the counts only).
+
+    The schedule's ``pipeline_order`` is read as ``get_schedule_ops`` reads it (stub stages of ``n_ranks`` ranks and
+    ``chunks`` stages a rank, without ``with_comms``), but the constructor's own preparation of the list with
+    transfers, which that list leaves out, is skipped: the same list, in a fraction of the time (the conversion
+    test compares with ``get_schedule_ops`` itself).
 
     Raises:
         PipeDreamError: counts torch refuses (its message, e.g. microbatches not a multiple of the rounds).
     """
     from torch.distributed.pipelining import schedules as ts
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
     cls = getattr(ts, TORCH_CLASSES[name])
+    listed = type(cls.__name__, (cls,), {"_prepare_schedule_with_comms": lambda self, *args, **kwargs: None})
+    stage = {"group_rank": 0, "group_size": n_ranks, "num_stages": n_ranks * chunks, "submod": None}
+    single = issubclass(cls, ts.PipelineScheduleSingle)
     try:
-        ops = get_schedule_ops(cls, n_ranks, n_microbatches, chunks)
-    except (ValueError, AssertionError, RuntimeError) as e:
+        order = listed(SimpleNamespace(**stage) if single else [SimpleNamespace(**stage) for _ in range(chunks)],
+                       n_microbatches).pipeline_order
+        ops = [order[r] for r in range(n_ranks)]
+    except (ValueError, AssertionError, RuntimeError, KeyError, IndexError, ZeroDivisionError) as e:
         raise PipeDreamError(f"torch's {cls.__name__} refuses {n_ranks} ranks, {n_microbatches} microbatches and "
                              f"{chunks} chunks per rank: {e}") from None
 
-    def flat(a: object) -> list[tuple[int, str, int]]:
-        subs = getattr(a, "sub_actions", None)
-        if subs:
-            return [x for s in subs for x in flat(s)]
-        kind = a.computation_type.value  # type: ignore[attr-defined]
-        if kind in _DROPPED:
-            return []
-        if kind not in _KINDS:
-            raise PipeDreamError(f"torch's {cls.__name__} has an action {a} of kind {kind}, which has no meaning here")
-        return [(int(a.stage_index), kind, int(a.microbatch_index))]  # type: ignore[attr-defined]
+    def flat(rank: list[Any]) -> tuple[tuple[int, str, int], ...]:
+        out = []
+        for a in rank:
+            for b in (a.sub_actions or (a,)) if a is not None else ():
+                kind = b.computation_type.value
+                if kind in _KINDS:
+                    out.append((b.stage_index, kind, b.microbatch_index))
+                elif kind not in _DROPPED:
+                    raise PipeDreamError(f"torch's {cls.__name__} has an action {b} of kind {kind}, which has no "
+                                         "meaning here")
+        return tuple(out)
 
-    return tuple(tuple(x for a in rank if a is not None for x in flat(a)) for rank in ops)
+    return tuple(flat(rank) for rank in ops)
+
+
+@functools.lru_cache(maxsize=256)
+def positions(name: str, n_ranks: int, chunks: int) -> tuple[int, ...]:
+    """Per stage, the pipeline position (rank ``0 .. n_ranks - 1``) torch's lists run it on (:func:`torch_ops` at
+    ``2 n_ranks`` microbatches, a count all seven take; the placement does not depend on it).
+
+    Raises:
+        PipeDreamError: a list that does not place every stage.
+    """
+    where: dict[int, int] = {}
+    for q, rank_ops in enumerate(torch_ops(name, n_ranks, 2 * n_ranks, chunks)):
+        for s, _, _ in rank_ops:
+            where.setdefault(s, q)
+    if sorted(where) != list(range(n_ranks * chunks)):
+        raise PipeDreamError(f"torch's {TORCH_CLASSES[name]} does not place stages 0..{n_ranks * chunks - 1} on its ranks")
+    return tuple(where[s] for s in range(n_ranks * chunks))
 
 
 def iteration_defect(ops: Sequence[Sequence[tuple[int, str, int]]], stages: int, microbatches: int) -> str | None:

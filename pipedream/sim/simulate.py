@@ -211,10 +211,10 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
     if len(stage_ranks) % p:
         raise PipeDreamError(f"schedule {name}: {len(stage_ranks)} stages do not divide evenly over {p} ranks")
     v = len(stage_ranks) // p
-    where = torch_schedules.from_torch(name, p, microbatches, v).stage_ranks  # stage -> pipeline position
+    where = torch_schedules.positions(name, p, v)
     position_rank: dict[int, int] = {}
     for s, rs in enumerate(stage_ranks):
-        if position_rank.setdefault(where[s][0], rs[0]) != rs[0]:
+        if position_rank.setdefault(where[s], rs[0]) != rs[0]:
             raise PipeDreamError(f"schedule {name} runs stage {s} on the rank of stage {where.index(where[s])} "
                                  "(torch's placement); place the stages as pipedream.sim.torch_stage_ranks does")
     return torch_schedules.from_torch(name, p, microbatches, v, minibatches=minibatches,
@@ -230,7 +230,7 @@ def torch_stage_ranks(kind: str, ranks: list[int], chunks: int | None = None) ->
     """
     name = torch_schedules.schedule_name(kind)
     p, v = len(ranks), torch_schedules.chunks_of(name, chunks)
-    return [[ranks[q[0]]] for q in torch_schedules.from_torch(name, p, 2 * p * v, v).stage_ranks]
+    return [[ranks[q]] for q in torch_schedules.positions(name, p, v)]
 
 
 def run_minibatches(stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster, minibatches: int,
