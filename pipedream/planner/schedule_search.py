@@ -23,9 +23,10 @@ stage's step first allreduces its gradient buckets over the ``w`` replicas of th
 (d x iteration)``; each rank's peak memory is :func:`pipedream.memory.rank_memory` over its list, and a candidate
 whose largest exceeds the device does not fit.
 
-Search (:func:`search`). Per schedule, candidates are simulated in increasing order of a lower bound of their
-iteration (per rank, the forwards of the stages before its first one plus all its compute and steps), skipping those
-whose bound is no better than the schedule's best so far; the result is every schedule's best, fastest fitting first.
+Search (:func:`search`). Per schedule, candidates are taken in increasing order of a lower bound of their iteration
+(:func:`lower_bound_s`) and simulated unless the bound is no better than the schedule's best that fits so far, or
+the candidate does not fit the memory while an earlier one was simulated (of those that do not fit, the one of the
+least bound stands for the schedule until one fits); the result is every schedule's best, fastest fitting first.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, Stage
 from pipedream.planner.core import PlanOptions, plan_pipeline
-from pipedream.schedules import COMPUTE, Kind, Schedule
+from pipedream.schedules import COMPUTE, Action, Kind, Schedule
 from pipedream.sim import DEFAULT_ALLREDUCE, build_schedule, torch_stage_ranks
 from pipedream.sim.costs import StageCost, stage_costs
 from pipedream.sim.engine import run
@@ -121,18 +122,18 @@ class Option:
 
 def chunk_counts(schedule: str, depth: int, layers: int) -> list[int]:
     """Chunks per rank to try for ``schedule`` at ``depth``: its fixed count, else :data:`LOOPED_CHUNKS`; at most one
-    layer a stage."""
-    return [v for v in CHUNKS.get(schedule, LOOPED_CHUNKS) if depth * v <= layers]
+    layer a stage; none for several chunks on one rank (no pipeline: GPipe's and 1F1B's depth 1 is that)."""
+    return [v for v in CHUNKS.get(schedule, LOOPED_CHUNKS) if depth * v <= layers and (v == 1 or depth > 1)]
 
 
 @dataclass(frozen=True)
 class _Shape:
     """What the bounds and the memory check need of a schedule's action lists, whatever the costs: per stage the
     most microbatches in flight on it at once (forwards without their ``B`` or ``I``), and per pipeline position its
-    compute actions in order, ``(stage, kind)``."""
+    compute actions in order."""
 
     held: list[int]
-    compute: list[list[tuple[int, Kind]]]
+    compute: list[list[Action]]
 
 
 @functools.lru_cache(maxsize=512)
@@ -145,19 +146,19 @@ def shape_of(schedule: str, depth: int, microbatches: int, chunks: int) -> _Shap
     """
     if schedule in TORCH_CLASSES and chunks > 1:
         kinds = {k.value: k for k in COMPUTE}
-        compute = [[(s, kinds[k]) for s, k, _ in acts] for acts in torch_ops(schedule, depth, microbatches, chunks)]
+        compute = [[Action(s, kinds[k], 0, j) for s, k, j in acts] for acts in torch_ops(schedule, depth, microbatches, chunks)]
     else:
         order = pipeline(schedule, depth, microbatches, chunks).order
-        compute = [[(a.stage, a.kind) for a in order[q] if a.kind in COMPUTE] for q in range(depth)]
+        compute = [[a for a in order[q] if a.kind in COMPUTE] for q in range(depth)]
     held = [0] * (depth * chunks)
     most = [0] * (depth * chunks)
     for acts in compute:
-        for s, k in acts:
-            if k == Kind.F:
-                held[s] += 1
-                most[s] = max(most[s], held[s])
-            elif k in (Kind.B, Kind.I):
-                held[s] -= 1
+        for a in acts:
+            if a.kind == Kind.F:
+                held[a.stage] += 1
+                most[a.stage] = max(most[a.stage], held[a.stage])
+            elif a.kind in (Kind.B, Kind.I):
+                held[a.stage] -= 1
     return _Shape(most, compute)
 
 
@@ -174,14 +175,19 @@ def _ranks(schedule: str, ranks: list[int], chunks: int) -> list[list[int]]:
 
 @dataclass
 class _Layers:
-    """The profile in topological order at one microbatch size: per compute layer its forward + backward seconds,
-    parameter and output bytes, and per cut after layer ``k`` (``k = 0 .. L``) the bytes crossing it."""
+    """The profile in topological order at its minibatch size: per compute layer its forward + backward seconds, its
+    forward, backward and input-gradient seconds apart (:meth:`pipedream.graph.LayerGraph.backward_split`), parameter
+    and output bytes, and per cut after layer ``k`` (``k = 0 .. L``) the bytes crossing it and those whose gradient
+    comes back (not the data's)."""
 
     ids: list[list[str]]  # per compute layer, its node ids (the inputs ride with the first layer)
     compute_s: np.ndarray
     param_bytes: np.ndarray
     output_bytes: np.ndarray
     cut_bytes: np.ndarray
+    parts_s: np.ndarray  # [layer, (F, B, I, W)]
+    grad_cut_bytes: np.ndarray
+    splits: dict[tuple[Any, ...], list[int]] = field(default_factory=dict, repr=False)  # cut_points without a limit
 
 
 def _layers(graph: LayerGraph) -> _Layers:
@@ -200,12 +206,15 @@ def _layers(graph: LayerGraph) -> _Layers:
     member = np.arange(len(order))[None, :] <= np.array(last_of)[:, None]
     crosses = crossing(member, [[index[d] for d in graph.successors(n)] for n in order])
     out = np.array([graph.nodes[n].output_bytes for n in order])
+    grad = np.array([0.0 if graph.nodes[n].is_input else graph.nodes[n].output_bytes for n in order])
     cut = np.concatenate([[0.0], crosses.astype(float) @ out])
-    cut[-1] = 0.0
+    grad_cut = np.concatenate([[0.0], crosses.astype(float) @ grad])
+    cut[-1] = grad_cut[-1] = 0.0
     nodes = [[graph.nodes[n] for n in group] for group in ids]
-    return _Layers(ids, np.array([sum(n.fwd_s + n.bwd_s for n in g) for g in nodes]),
-                   np.array([graph.param_bytes_of(group) for group in ids]),
-                   np.array([sum(n.output_bytes for n in g) for g in nodes]), cut)
+    parts = np.array([[sum(x) for x in zip(*([n.fwd_s, n.bwd_s, *graph.backward_split(n.node_id)] for n in g),
+                                           strict=True)] for g in nodes])
+    return _Layers(ids, parts[:, 0] + parts[:, 1], np.array([graph.param_bytes_of(group) for group in ids]),
+                   np.array([sum(n.output_bytes for n in g) for g in nodes]), cut, parts, grad_cut)
 
 
 @dataclass(frozen=True)
@@ -224,7 +233,8 @@ class MemoryLimit:
 
 
 def cut_points(layers: _Layers, stages: int, scale: float, *, partitioner: str = "balanced",
-               links_Bps: list[float] | None = None, latency_s: float = 0.0, limit: MemoryLimit | None = None) -> list[int]:
+               links_Bps: list[float] | None = None, latency_s: float = 0.0, limit: MemoryLimit | None = None,
+               owners: list[int] | None = None) -> list[int]:
     """Stage ends (layer counts, the last ``L``) of ``stages`` contiguous stages of ``layers`` at ``scale`` times
     the profiled batch (module docstring: ``balanced``, ``compute``, ``equal``).
 
@@ -237,6 +247,9 @@ def cut_points(layers: _Layers, stages: int, scale: float, *, partitioner: str =
             stage's; ``inf`` on one rank), bytes/s; None: no transfers.
         latency_s: ``balanced``: the latency of a transfer, seconds.
         limit: ``balanced``: what each stage may hold (None: no memory check).
+        owners: ``balanced``: per stage its rank; where a rank runs several stages, the dynamic program's cuts
+            (which balance stages) are then moved one layer at a time while that lowers the larger of the busiest
+            rank's compute and the slowest stage's cost.
     Raises:
         PipeDreamError: more stages than layers, an unknown partitioner, or no split fits the memory.
     """
@@ -247,22 +260,47 @@ def cut_points(layers: _Layers, stages: int, scale: float, *, partitioner: str =
         return [round((k + 1) * n / stages) for k in range(stages)]
     if partitioner not in PARTITIONERS:
         raise PipeDreamError(f"unknown partitioner {partitioner!r}; use one of {', '.join(PARTITIONERS)}")
+    key = (stages, scale, partitioner, tuple(links_Bps or ()), latency_s, tuple(owners or ()))
+    if key not in layers.splits:  # the split without the memory limit, shared by the schedules of one placement
+        layers.splits[key] = _cut(layers, stages, scale, partitioner, links_Bps, latency_s, None, owners)
+    free = layers.splits[key]
+    if partitioner != "balanced" or limit is None or _holds(layers, free, scale, limit):
+        return list(free)
+    return _cut(layers, stages, scale, partitioner, links_Bps, latency_s, limit, owners)
+
+
+def _stage_bytes(layers: _Layers, scale: float, states: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[i, j]``: what a stage of layers ``i .. j - 1`` holds whatever its microbatches (weights, gradients and
+    optimizer state), and per microbatch in flight (outputs, its input and its sent output and gradient buffer)."""
+    p_pre = np.concatenate([[0.0], np.cumsum(layers.param_bytes)])
+    a_pre = np.concatenate([[0.0], np.cumsum(layers.output_bytes)]) * scale
+    fixed = (2 + states) * (p_pre[None, :] - p_pre[:, None])
+    act = (a_pre[None, :] - a_pre[:, None]) + (layers.cut_bytes[:, None] + 2 * layers.cut_bytes[None, :]) * scale
+    return fixed, act
+
+
+def _holds(layers: _Layers, ends: list[int], scale: float, limit: MemoryLimit) -> bool:
+    """Every stage of the split ``ends`` fits ``limit``."""
+    fixed, act = _stage_bytes(layers, scale, limit.states)
+    return all(fixed[a, z] + h * act[a, z] <= limit.capacity_bytes
+               for a, z, h in zip([0, *ends[:-1]], ends, limit.held, strict=True))
+
+
+def _cut(layers: _Layers, stages: int, scale: float, partitioner: str, links_Bps: list[float] | None,  # noqa: PLR0913
+         latency_s: float, limit: MemoryLimit | None, owners: list[int] | None) -> list[int]:
+    """:func:`cut_points`' dynamic program (and the moves of single cuts where a rank runs several stages)."""
+    n = len(layers.compute_s)
     pre = np.concatenate([[0.0], np.cumsum(layers.compute_s)]) * scale
     span = pre[None, :] - pre[:, None]  # [i, j]: layers i..j-1
     by_bw = {bw: costmodel.transfer_s_array(layers.cut_bytes * scale, bw, latency_s) for bw in set(links_Bps or [])}
     links = [] if partitioner != "balanced" or links_Bps is None else [by_bw[bw] for bw in links_Bps]
     valid = np.triu(np.ones_like(span, dtype=bool), k=1)
     cost = np.where(valid, span, np.inf)
-    mem = None
-    if partitioner == "balanced" and limit is not None:
-        p_pre = np.concatenate([[0.0], np.cumsum(layers.param_bytes)])
-        a_pre = np.concatenate([[0.0], np.cumsum(layers.output_bytes)]) * scale
-        fixed = (2 + limit.states) * (p_pre[None, :] - p_pre[:, None])
-        act = (a_pre[None, :] - a_pre[:, None]) + (layers.cut_bytes[:, None] + 2 * layers.cut_bytes[None, :]) * scale
-        mem = (fixed, act)
+    mem = _stage_bytes(layers, scale, limit.states) if partitioner == "balanced" and limit is not None else None
     best = np.full(n + 1, np.inf)
     best[0] = 0.0
     back = np.zeros((stages, n + 1), dtype=int)
+    costs = []  # per stage, its cost of every span (transfers and memory included)
     for k in range(stages):
         c = cost if mem is None or limit is None else np.where(mem[0] + limit.held[k] * mem[1] <= limit.capacity_bytes,
                                                                cost, np.inf)
@@ -270,6 +308,7 @@ def cut_points(layers: _Layers, stages: int, scale: float, *, partitioner: str =
             c = np.maximum(c, links[k - 1][:, None])
         if k < stages - 1 and links:  # sending its output and receiving its gradient over the link after it
             c = np.maximum(c, links[k][None, :])
+        costs.append(c)
         cand = np.maximum(best[:, None], c)
         back[k] = np.argmin(cand, axis=0)
         best = cand[back[k], np.arange(n + 1)]
@@ -281,10 +320,31 @@ def cut_points(layers: _Layers, stages: int, scale: float, *, partitioner: str =
     for k in range(stages - 1, -1, -1):
         ends.append(j)
         j = int(back[k][j])
-    return ends[::-1]
+    ends.reverse()
+    if partitioner != "balanced" or owners is None or len(set(owners)) == len(owners):
+        return ends
+    # several stages a rank: move single cuts while the busiest rank's compute (or the slowest stage) gets lighter
+    rank = np.array(owners)
+
+    def worst(e: list[int]) -> float:
+        starts = [0, *e[:-1]]
+        stage = [float(c[a, z]) for c, a, z in zip(costs, starts, e, strict=True)]
+        load = np.bincount(rank, weights=[span[a, z] for a, z in zip(starts, e, strict=True)])
+        return max(float(load.max()), max(stage)) if np.isfinite(max(stage)) else math.inf
+
+    now = worst(ends)
+    moved = True
+    while moved:
+        moved = False
+        for k in range(stages - 1):
+            for step in (-1, 1):
+                e = [*ends[:k], ends[k] + step, *ends[k + 1:]]
+                if (e[k - 1] if k else 0) < e[k] < e[k + 1] and (t := worst(e)) < now * (1 - 1e-12):
+                    ends, now, moved = e, t, True
+    return ends
 
 
-def lower_bound_s(costs: list[StageCost], shape: _Shape, forward_s: list[float], backward_s: list[float]) -> float:
+def lower_bound_s(times: np.ndarray, shape: _Shape, forward_s: list[float], backward_s: list[float]) -> float:
     """A lower bound on the iteration, no less than any of:
 
     * per rank, ``a + max(busy, before + e)``: ``a`` the forwards of the stages before the rank's first and the
@@ -292,20 +352,26 @@ def lower_bound_s(costs: list[StageCost], shape: _Shape, forward_s: list[float],
       ``before`` its compute up to its last ``B`` or ``I`` of its first stage and ``e`` the ``B`` or ``I`` and the
       gradient transfers of every stage before that one, which that microbatch's backward still runs after it (exact
       for GPipe and 1F1B with equal stages and free transfers);
-    * per boundary and direction, the link busy with every microbatch's transfer (``forward_s[k]``: stage ``k``'s
-      output to stage ``k + 1``, ``backward_s[k]``: the gradient back, seconds each; links carry one at a time).
+    * per rank, its port busy with every microbatch's transfers out of it (``forward_s[k]``: stage ``k``'s output to
+      stage ``k + 1``, ``backward_s[k]``: the gradient back, seconds each, 0 between stages of one rank; a port sends
+      one at a time, :mod:`pipedream.sim.network`).
+
+    ``times[s]``: stage ``s``'s ``F``, ``B``, ``I``, ``W`` and step seconds (no more than the simulation charges).
     """
-    m = sum(1 for s, k in shape.compute[0] if s == 0 and k == Kind.F)  # stage 0 runs on position 0
-    ahead = np.concatenate([[0.0], np.cumsum([c.fwd_s + t for c, t in zip(costs, [*forward_s, 0.0], strict=True)])])
-    back = np.concatenate([[0.0], np.cumsum([min(c.bwd_s, c.split_s[0]) + t
-                                             for c, t in zip(costs, [*backward_s, 0.0], strict=True)])])
-    best = m * max([*forward_s, *backward_s, 0.0])
-    seconds = [{Kind.F: c.fwd_s, Kind.B: c.bwd_s, Kind.I: c.split_s[0], Kind.W: c.split_s[1]} for c in costs]
+    m = sum(1 for a in shape.compute[0] if a.stage == 0 and a.kind == Kind.F)  # stage 0 runs on position 0
+    ahead = np.concatenate([[0.0], np.cumsum(times[:, 0] + [*forward_s, 0.0])])
+    back = np.concatenate([[0.0], np.cumsum(np.minimum(times[:, 1], times[:, 2]) + [*backward_s, 0.0])])
+    best = 0.0
+    for acts in shape.compute:  # a rank's port sends one transfer at a time
+        mine = {a.stage for a in acts}
+        best = max(best, m * sum(forward_s[s] for s in mine if s < len(forward_s))
+                   + m * sum(backward_s[s - 1] for s in mine if s > 0))
+    seconds = [dict(zip((Kind.F, Kind.B, Kind.I, Kind.W), row[:4], strict=True)) for row in times.tolist()]
     for acts in shape.compute:
-        first = min(s for s, _ in acts)
-        work = [seconds[s][k] for s, k in acts]
-        last = max(i for i, (s, k) in enumerate(acts) if s == first and k in (Kind.B, Kind.I))
-        steps = sum(costs[s].step_s for s in {s for s, _ in acts})
+        first = min(a.stage for a in acts)
+        work = [seconds[a.stage][a.kind] for a in acts]
+        last = max(i for i, a in enumerate(acts) if a.stage == first and a.kind in (Kind.B, Kind.I))
+        steps = sum(times[s, 4] for s in {a.stage for a in acts})
         busy = sum(work) + steps
         best = max(best, float(ahead[first]) + max(busy, sum(work[: last + 1]) + float(back[first])))
     return best
@@ -344,10 +410,14 @@ def search(graph: LayerGraph, cluster: Cluster, settings: SearchSettings) -> lis
                         cands.append(_candidate(graph, layers, cluster, settings, (schedule, d, v, m), states))
                     except PipeDreamError as e:
                         errors.append(str(e))
-        for c, costs in sorted(cands, key=lambda t: t[0].bound_s):
-            if schedule in best and c.bound_s >= best[schedule].iteration_s and best[schedule].fits:
-                continue
-            simulate_option(c, costs, graph, cluster, settings)
+        for c in sorted(cands, key=lambda o: o.bound_s):
+            held = best.get(schedule)
+            if held is not None and held.fits and c.bound_s >= held.iteration_s:
+                continue  # it cannot be faster
+            fit(c, graph, cluster, settings)
+            if held is not None and not c.fits:
+                continue  # nor the first that fits (of those that do not, the one of the least bound is shown)
+            simulate_option(c, stage_costs_of(c, graph, cluster, settings), cluster)
             if schedule not in best or (c.fits, -c.iteration_s) > (best[schedule].fits, -best[schedule].iteration_s):
                 best[schedule] = c
     if not best:
@@ -365,9 +435,10 @@ def _microbatch_counts(settings: SearchSettings, width: int, depth: int) -> list
 
 
 def _candidate(graph: LayerGraph, layers: _Layers, cluster: Cluster, settings: SearchSettings,
-               key: tuple[str, int, int, int], states: int, ends: list[int] | None = None) -> tuple[Option, list[StageCost]]:
-    """One candidate's cut points (``ends`` where given), stage costs (allreduce over the replicas in the step) and
-    lower bound."""
+               key: tuple[str, int, int, int], states: int, ends: list[int] | None = None) -> Option:
+    """One candidate's cut points (``ends`` where given) and lower bound (:func:`lower_bound_s`, from the layers'
+    sums; each step no more than its optimizer step over the stage's bytes without per-tensor costs, and its
+    allreduce as one collective, not buckets)."""
     schedule, d, v, m = key
     w = cluster.workers // d
     b = settings.batch_size // (w * m)
@@ -378,26 +449,39 @@ def _candidate(graph: LayerGraph, layers: _Layers, cluster: Cluster, settings: S
         links = [net.path(a[0], b[0])[1] for a, b in zip(ranks, ranks[1:], strict=False)]
         limit = MemoryLimit(shape_of(schedule, d, m, v).held, cluster.device_memory_bytes / v, states)
         cut = functools.partial(cut_points, layers, d * v, scale, partitioner=settings.partitioner, links_Bps=links,
-                                latency_s=cluster.latency_s)
+                                latency_s=cluster.latency_s, owners=[q[0] for q in ranks])
         try:
             ends = cut(limit=limit if settings.memory_limit else None)
         except PipeDreamError:  # nothing fits: the fastest split regardless, which the simulation marks as not fitting
             if not settings.memory_limit:
                 raise
             ends = cut()
-    stages = [[n for group in layers.ids[a:e] for n in group] for a, e in zip([0, *ends[:-1]], ends, strict=True)]
+    starts = [0, *ends[:-1]]
+    stages = [[n for group in layers.ids[a:e] for n in group] for a, e in zip(starts, ends, strict=True)]
     stage_ranks = [[q[0] + i * d for i in range(w)] for q in ranks]
-    costs = stage_costs(graph, stages, b, step=settings.step)
-    if w > 1:
-        net = Network(cluster, DEFAULT_ALLREDUCE)
-        costs = [replace(c, step_s=c.step_s + sum(net.allreduce_time(rs, nbytes) for _, nbytes in c.buckets))
-                 for c, rs in zip(costs, stage_ranks, strict=True)]
-    net = Network(cluster)
-    forward_s = [net.transfer_time(a[0], z[0], c.send_fwd_bytes) for a, z, c in zip(ranks, ranks[1:], costs, strict=False)]
-    backward_s = [net.transfer_time(z[0], a[0], c.send_bwd_bytes) for a, z, c in zip(ranks, ranks[1:], costs[1:], strict=False)]
-    option = Option(schedule, d, w, v, m, b, stages, stage_ranks,
-                    bound_s=lower_bound_s(costs, shape_of(schedule, d, m, v), forward_s, backward_s))
-    return option, costs
+    pre = np.concatenate([np.zeros((1, 4)), np.cumsum(layers.parts_s, axis=0)]) * scale
+    params = np.array([graph.param_bytes_of(nodes) for nodes in stages])
+    net = Network(cluster, DEFAULT_ALLREDUCE)
+    steps = (settings.step or costmodel.StepRates()).seconds_array(params, 0.0) + np.array(
+        [net.allreduce_time(rs, p) if w > 1 else 0.0 for rs, p in zip(stage_ranks, params.tolist(), strict=True)])
+    times = np.column_stack([pre[ends] - pre[starts], steps])
+    forward_s = [net.transfer_time(a[0], z[0], layers.cut_bytes[e] * scale)
+                 for a, z, e in zip(ranks, ranks[1:], ends, strict=False)]
+    backward_s = [net.transfer_time(z[0], a[0], layers.grad_cut_bytes[e] * scale)
+                  for a, z, e in zip(ranks, ranks[1:], ends, strict=False)]
+    return Option(schedule, d, w, v, m, b, stages, stage_ranks,
+                  bound_s=lower_bound_s(times, shape_of(schedule, d, m, v), forward_s, backward_s))
+
+
+def stage_costs_of(option: Option, graph: LayerGraph, cluster: Cluster, settings: SearchSettings) -> list[StageCost]:
+    """What the simulation charges ``option``'s stages (:func:`pipedream.sim.costs.stage_costs` at its microbatch),
+    each step after the allreduce of the stage's gradient buckets over its replicas."""
+    costs = stage_costs(graph, option.stages, option.microbatch_size, step=settings.step)
+    if option.width == 1:
+        return costs
+    net = Network(cluster, DEFAULT_ALLREDUCE)
+    return [replace(c, step_s=c.step_s + sum(net.allreduce_time(rs, nbytes) for _, nbytes in c.buckets))
+            for c, rs in zip(costs, option.stage_ranks, strict=True)]
 
 
 def evaluate(graph: LayerGraph, cluster: Cluster, settings: SearchSettings, schedule: str, depth: int, chunks: int,
@@ -414,23 +498,29 @@ def evaluate(graph: LayerGraph, cluster: Cluster, settings: SearchSettings, sche
                              f"{settings.batch_size} into {microbatches} whole microbatches")
     layers = _layers(graph)
     states = memory.optimizer_states((settings.step or costmodel.StepRates()).optimizer)
-    option, costs = _candidate(graph, layers, cluster, settings, (schedule, depth, chunks, microbatches), states, ends)
-    simulate_option(option, costs, graph, cluster, settings)
+    option = _candidate(graph, layers, cluster, settings, (schedule, depth, chunks, microbatches), states, ends)
+    fit(option, graph, cluster, settings)
+    simulate_option(option, stage_costs_of(option, graph, cluster, settings), cluster)
     return option
 
 
-def simulate_option(option: Option, costs: list[StageCost], graph: LayerGraph, cluster: Cluster,
-                    settings: SearchSettings) -> None:
-    """Fill in ``option``'s iteration, bubble, peak memory per rank and fit (module docstring, "Timing")."""
+def fit(option: Option, graph: LayerGraph, cluster: Cluster, settings: SearchSettings) -> None:
+    """Fill in ``option``'s peak memory per rank (:func:`pipedream.memory.rank_memory` over its lists) and whether it
+    fits the device (always, without the memory limit)."""
+    at_batch = graph.scaled(option.microbatch_size)
+    step = settings.step or costmodel.StepRates()
+    chunks = dict(enumerate(memory.chunk_bytes(at_batch, option.stages, optimizer=step.optimizer)))
+    shape = shape_of(option.schedule, option.depth, option.microbatches, option.chunks)
+    option.peak_bytes = [memory.rank_memory(acts, chunks).total for acts in shape.compute]
+    option.fits = not settings.memory_limit or max(option.peak_bytes) <= cluster.device_memory_bytes
+
+
+def simulate_option(option: Option, costs: list[StageCost], cluster: Cluster) -> None:
+    """Fill in ``option``'s iteration and bubble (module docstring, "Timing")."""
     sched = pipeline(option.schedule, option.depth, option.microbatches, option.chunks)
     tr = run(sched, costs, Network(cluster, DEFAULT_ALLREDUCE), record=False)
     option.iteration_s = tr.makespan_s
     option.bubble = 1 - sum(tr.busy_s.values()) / (option.depth * tr.makespan_s) if tr.makespan_s > 0 else 0.0
-    at_batch = graph.scaled(option.microbatch_size)
-    step = settings.step or costmodel.StepRates()
-    chunks = dict(enumerate(memory.chunk_bytes(at_batch, option.stages, optimizer=step.optimizer)))
-    option.peak_bytes = [memory.rank_memory(sched.order[r], chunks).total for r in sorted(sched.order)]
-    option.fits = not settings.memory_limit or max(option.peak_bytes) <= cluster.device_memory_bytes
 
 
 def pipedream_plan(graph: LayerGraph, cluster: Cluster, *, model: str, step: costmodel.StepRates | None = None,
