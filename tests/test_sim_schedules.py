@@ -13,6 +13,7 @@ from pipedream.sim import SimOptions, simulate_stages, torch_stage_ranks
 from pipedream.sim.costs import stage_costs, uniform_costs
 from pipedream.sim.engine import run
 from pipedream.sim.network import Network
+from pipedream.tied import Tied
 from pipedream.topology import Cluster
 from pipedream.torch_schedules import from_torch
 
@@ -137,3 +138,16 @@ def test_peak_memory_of_zbv_by_hand() -> None:
     assert [str(a) for a in from_torch("zbv", 2, 4).order[0] if a.kind in (Kind.F, Kind.I)][:8] == [
         "0F0.0", "0F0.1", "0F0.2", "3F0.0", "3I0.0", "3F0.1", "3I0.1", "0F0.3"]
     assert res.peak_memory_bytes[0] == pytest.approx(9e6)
+
+
+def test_a_tied_tensor_on_two_chunks_of_one_rank_is_summed_there() -> None:
+    """ZBV puts the first and the last stage on rank 0; a tensor both use (tied embeddings) is summed by rank 0 alone,
+    at no cost, instead of waiting for a second member that never comes."""
+    g = chain(4, param_bytes=1e6)
+    g.tied = [Tied("embed.weight", ("n0", "n3"), 1e6)]
+    nodes = [["n0"], ["n1"], ["n2"], ["n3"]]
+    tied_off = simulate_stages(chain(4, param_bytes=1e6), nodes, torch_stage_ranks("zbv", [0, 1]), flat(2),
+                               SimOptions(schedule="zbv", microbatches=4, dataset_size=64))
+    res = simulate_stages(g, nodes, torch_stage_ranks("zbv", [0, 1]), flat(2),
+                          SimOptions(schedule="zbv", microbatches=4, dataset_size=64))
+    assert res.time_per_minibatch_s == pytest.approx(tied_off.time_per_minibatch_s, rel=1e-6)

@@ -276,7 +276,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 tied_count[(r, stages)] = k + 1
                 members = tied_groups.setdefault((stages, k), {})
                 members[r] = t
-                if len(members) == sum(len(schedule.stage_ranks[s]) for s in stages):
+                if len(members) == len({q for s in stages for q in schedule.stage_ranks[s]}):  # a rank joins once
                     del tied_groups[(stages, k)]
                     finish_tied_sum(stages, nbytes, members)
                 break
