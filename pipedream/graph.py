@@ -84,6 +84,8 @@ class LayerGraph:
             times inside whole steps (:mod:`pipedream.in_situ`).
         tensors: per node, how many parameter tensors that require a gradient it holds (a tied tensor in each of
             its users' counts): what an optimizer step walks one by one (:func:`pipedream.costmodel.optimizer_step_s`).
+        split: per node, its backward's two halves timed apart, ``(I, W)`` seconds per minibatch: the gradient of
+            its inputs and that of its weights (zero-bubble schedules run them apart; :meth:`backward_split`).
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -95,6 +97,20 @@ class LayerGraph:
     hidden: dict[str, float] = field(default_factory=dict)
     isolated: dict[str, tuple[float, float]] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=dict)
+    split: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def backward_split(self, node_id: str) -> tuple[float, float]:
+        """``(I, W)`` seconds per minibatch of a node's backward: the halves our profiler timed apart (:attr:`split`),
+        scaled by the node's ``bwd_s`` over its backward timed alone where the profile keeps the times inside whole
+        steps (:attr:`isolated`); without them (the release's profiles) :func:`split_fallback`. Raises KeyError for
+        an unknown id."""
+        node = self.nodes[node_id]
+        if node_id not in self.split:
+            return split_fallback(node.bwd_s, node.param_bytes > 0)
+        alone = self.isolated.get(node_id, (0.0, node.bwd_s))[1]
+        scale = node.bwd_s / alone if alone > 0 else 1.0
+        i, w = self.split[node_id]
+        return i * scale, w * scale
 
     def add_node(self, node: Node) -> None:
         """Add ``node``; raises :class:`PipeDreamError` if its id is already present."""
@@ -200,6 +216,7 @@ class LayerGraph:
         out.tied = list(self.tied)
         out.hidden = dict(self.hidden)
         out.tensors = dict(self.tensors)
+        out.split = {k: (i * f, w * f) for k in self.split for i, w in [self.backward_split(k)]}
         return out
 
     # ----------------------------------------------------------------------------------- I/O
@@ -232,6 +249,10 @@ class LayerGraph:
                     graph.hidden[n["id"]] = float(n["hidden_bytes"])
                 if "param_tensors" in n and n.get("id") in graph.nodes:
                     graph.tensors[n["id"]] = int(n["param_tensors"])
+                if "input_grad_s" in n and "weight_grad_s" in n and n.get("id") in graph.nodes:
+                    graph.split[n["id"]] = (float(n["input_grad_s"]), float(n["weight_grad_s"]))
+                if "isolated_bwd_s" in n and n.get("id") in graph.nodes:
+                    graph.isolated[n["id"]] = (float(n.get("isolated_fwd_s", 0.0)), float(n["isolated_bwd_s"]))
             graph.tied = [Tied.from_json(t, graph.nodes) for t in doc.get("tied", [])]
         return graph
 
@@ -292,6 +313,14 @@ class LayerGraph:
         from pipedream.io import atomic_write_text
 
         atomic_write_text(Path(path), self.to_text())
+
+
+def split_fallback(bwd_s: float, has_weights: bool) -> tuple[float, float]:
+    """``(I, W)`` of a backward of ``bwd_s`` seconds that was not timed in halves (the release's profiles, ours
+    before they recorded them): half each for a layer with weights, all ``I`` for one without (no weight gradient).
+    The zero-bubble paper's own assumption, F = I = W with B = 2F (Qi et al., ICLR'24, section 2), gives the same
+    halves."""
+    return (bwd_s / 2, bwd_s / 2) if has_weights else (bwd_s, 0.0)
 
 
 def read_meta(profile_path: str | Path) -> dict[str, Any]:

@@ -25,13 +25,13 @@ Allocator slack, workspace and the transient copies of an update are not counted
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, warmup_count
+from pipedream.schedules import DEFAULT_WARMUP, WARMUPS, Action, Kind, warmup_count
 
 if TYPE_CHECKING:  # numpy only for annotations: stashing_total takes the planner's arrays, this module needs no numpy
     import numpy as np
@@ -39,7 +39,10 @@ if TYPE_CHECKING:  # numpy only for annotations: stashing_total takes the planne
 # state tensors of the weights' size per optimizer, (per hidden matrix, per other parameter): SGD its momentum, Adam
 # its two moments, Muon a momentum buffer per hidden matrix and Adam's two moments for the rest
 OPTIMIZER_STATES = {"sgd": (1, 1), "adam": (2, 2), "muon": (1, 2)}
-SCHEDULES = ("1f1b", "vertical", "gpipe", "2bw", "pipedream_flush", "dp")
+# torch.distributed.pipelining's flush schedules with several chunks or a split backward (pipedream.torch_schedules):
+# one weight copy; what they hold in flight is counted by walking their action lists (rank_memory)
+TORCH_FLUSH = ("interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
+SCHEDULES = ("1f1b", "vertical", "gpipe", "2bw", "pipedream_flush", "dp", *TORCH_FLUSH)
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ def in_flight(schedule: str, replicas: Sequence[int], stage: int, microbatches: 
         return min(math.ceil(microbatches / replicas[stage]), warmup_count(replicas, stage))
     if schedule == "dp":
         return 1
+    if schedule in TORCH_FLUSH:  # at most every microbatch; the exact count: rank_memory over the action list
+        return microbatches
     raise PipeDreamError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}")
 
 
@@ -134,7 +139,7 @@ def weight_copies(schedule: str, in_flight_count: int) -> int:
     Raises:
         PipeDreamError: an unknown schedule.
     """
-    if schedule in ("gpipe", "pipedream_flush", "dp"):
+    if schedule in ("gpipe", "pipedream_flush", "dp", *TORCH_FLUSH):
         return 1
     if schedule == "2bw":
         return 2
@@ -247,6 +252,79 @@ def _activation_and_buffer_bytes(graph: LayerGraph, s: int, nodes: Sequence[str]
         acts += own + (graph.nodes[n].output_bytes if held and n not in sent else 0.0)
         resaved += graph.nodes[n].output_bytes if held and n in sent else 0.0
     return acts, acts + resaved, kept + 2 * sent_bytes, posted
+
+
+@dataclass(frozen=True)
+class ChunkBytes:
+    """What one stage (a chunk) holds on its rank under a flush schedule, bytes: ``fixed``, its weights (one copy),
+    gradients, optimizer state and posted receive buffers (a :class:`StageMemory` without activations), and per
+    (micro)batch in flight its activations ``A``, buffers ``I`` and, between its ``I`` and ``W``, the stash ``S``."""
+
+    fixed: StageMemory
+    activation_bytes: float
+    buffer_bytes: float
+    stash_bytes: float
+
+
+def chunk_bytes(graph: LayerGraph, stages: Sequence[Sequence[str]], *, optimizer: str = "sgd",
+                momentum: float = 0.9) -> list[ChunkBytes]:
+    """:class:`ChunkBytes` of each stage of a pipeline (node ids per stage), ``graph`` at the (micro)batch size.
+
+    ``A``, ``I`` and the posted buffers as :func:`plan_memory` counts them. ``S``, what a split backward keeps from
+    its ``I`` to its ``W`` (the inputs of every layer with weights and the gradients of their outputs, which the
+    weight gradient multiplies; the rest of ``A`` is freed by ``I``, as torch's ``stage_backward_input`` frees it):
+    per layer with parameters its input bytes plus its output bytes.
+
+    Raises:
+        PipeDreamError: an unknown optimizer, or Muon on a profile without hidden-matrix bytes.
+    """
+    where = {n: s for s, nodes in enumerate(stages) for n in nodes}
+    consumers: dict[str, list[str]] = {}
+    producers: dict[str, list[str]] = {}
+    for a, b in graph.edges:
+        consumers.setdefault(a, []).append(b)
+        producers.setdefault(b, []).append(a)
+    out = []
+    for s, nodes in enumerate(stages):
+        acts, _, inputs, posted = _activation_and_buffer_bytes(graph, s, nodes, where, consumers, last=s == len(stages) - 1)
+        fixed = stage_memory(graph.param_bytes_of(nodes), 0.0, 0.0, schedule="gpipe", in_flight_count=0,
+                             optimizer=optimizer, momentum=momentum, posted_bytes=posted,
+                             hidden_bytes=graph.hidden_bytes_of(nodes))
+        stash = sum(graph.nodes[n].output_bytes + sum(graph.nodes[p].output_bytes for p in producers.get(n, []))
+                    for n in nodes if graph.nodes[n].param_bytes > 0)
+        out.append(ChunkBytes(fixed, acts, inputs, stash))
+    return out
+
+
+def rank_memory(actions: Sequence[Action], chunks: Mapping[int, ChunkBytes]) -> StageMemory:
+    """Bytes one rank holds at its peak while it runs ``actions`` (its list of a flush schedule, one weight copy) for
+    the stages ``chunks`` describes (stage index -> :class:`ChunkBytes`): the ``fixed`` bytes of every stage it runs,
+    plus the most that its (micro)batches in flight hold at once, walking the list: ``F`` adds ``A + I``; ``B``
+    frees them; ``I`` frees them and keeps ``S`` until the ``W`` of the same (micro)batch frees it.
+
+    Raises:
+        KeyError: an action of a stage ``chunks`` lacks.
+    """
+    mine = sorted({a.stage for a in actions if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W)})
+    acts = bufs = peak_acts = peak_bufs = 0.0
+    for a in actions:
+        c = chunks[a.stage] if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W) else None
+        if c is None:
+            continue
+        if a.kind == Kind.F:
+            acts, bufs = acts + c.activation_bytes, bufs + c.buffer_bytes
+        elif a.kind == Kind.B:
+            acts, bufs = acts - c.activation_bytes, bufs - c.buffer_bytes
+        elif a.kind == Kind.I:
+            acts, bufs = acts - c.activation_bytes + c.stash_bytes, bufs - c.buffer_bytes
+        else:
+            acts -= c.stash_bytes
+        if acts + bufs > peak_acts + peak_bufs:
+            peak_acts, peak_bufs = acts, bufs
+    fixed = [chunks[s].fixed for s in mine]
+    return StageMemory(weights=sum(f.weights for f in fixed), gradients=sum(f.gradients for f in fixed),
+                       optimizer=sum(f.optimizer for f in fixed), activations=peak_acts,
+                       buffers=peak_bufs + sum(f.buffers for f in fixed))
 
 
 def stashing_total(param_bytes: float | np.ndarray, activation_bytes: float | np.ndarray, input_bytes: float | np.ndarray,

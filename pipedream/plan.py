@@ -92,8 +92,20 @@ class Plan:
         value = self.extra.get("optimizer")
         return value if isinstance(value, str) else None
 
+    @property
+    def chunks(self) -> int:
+        """Stages (model chunks) each rank runs: ``extra["chunks"]`` of a plan for an interleaved or V-shaped
+        schedule (:mod:`pipedream.planner.schedule_search`), else 1."""
+        value = self.extra.get("chunks", 1)
+        return value if isinstance(value, int) and value > 1 else 1
+
     def stage_of_rank(self, rank: int) -> int:
-        """Index of the stage that global ``rank`` runs; raises PipeDreamError if none does."""
+        """Index of the stage that global ``rank`` runs; raises PipeDreamError if none does, or if ranks run several
+        (a plan for torch's interleaved or V-shaped schedules, which this runtime does not run)."""
+        if self.chunks > 1:
+            raise PipeDreamError(f"plan runs {self.chunks} stages a rank for schedule {self.extra.get('schedule')!r}, "
+                                 "which torch.distributed.pipelining runs and this runtime does not; plan without "
+                                 "--schedule (PipeDream's 1F1B) or with --schedule gpipe or pipedream_flush")
         for i, s in enumerate(self.stages):
             if rank in s.ranks:
                 return i
@@ -124,10 +136,11 @@ class Plan:
 
         Every stage has layers and ``replicas`` ranks (``len(ranks) == replicas``, in round-robin order:
         replica ``i`` takes minibatches ``m % replicas == i``); together the stages use the ranks
-        ``0 .. workers - 1`` each exactly once. A plan written before the placement moved into
-        ``Stage.ranks`` (it has ``extra["placement_rank_map"]``) is refused: its stages' ranks are not the
-        placement its estimate assumed. ``allow_empty_stages`` lets the planner's compat mode return the
-        release's answer when that has a stage without layers (it cannot be run, nor loaded from a file).
+        ``0 .. workers - 1`` each exactly once (:attr:`chunks` times in a plan for several stages a rank). A plan
+        written before the placement moved into ``Stage.ranks`` (it has ``extra["placement_rank_map"]``) is refused:
+        its stages' ranks are not the placement its estimate assumed. ``allow_empty_stages`` lets the planner's compat
+        mode return the release's answer when that has a stage without layers (it cannot be run, nor loaded from a
+        file).
         """
         if not self.stages:
             raise PipeDreamError("plan has no stages; regenerate it with `pipedream plan`")
@@ -135,6 +148,7 @@ class Plan:
             raise PipeDreamError("plan has extra.placement_rank_map, the placement of an older planner that its "
                                  "stages' ranks do not follow; regenerate it with `pipedream plan`")
         owner: dict[int, int] = {}
+        uses: dict[int, int] = {}
         for i, s in enumerate(self.stages):
             if not s.nodes and not allow_empty_stages:
                 raise PipeDreamError(f"plan stage {i} has no layers; give it layers or remove the stage")
@@ -145,11 +159,12 @@ class Plan:
                 if not isinstance(r, int) or not 0 <= r < self.workers:
                     raise PipeDreamError(f"plan stage {i}: rank {r!r} is not one of 0..{self.workers - 1} "
                                          f"(workers={self.workers}); use ranks 0..{self.workers - 1}")
-                if r in owner:
+                uses[r] = uses.get(r, 0) + 1
+                if r in owner and (owner[r] == i or uses[r] > self.chunks):
                     where = "twice" if owner[r] == i else f"also by stage {owner[r]}"
                     raise PipeDreamError(f"plan stage {i}: rank {r} is used {where}; give every rank to one "
-                                         "replica of one stage")
-                owner[r] = i
+                                         f"replica of {'one stage' if self.chunks == 1 else f'{self.chunks} stages'}")
+                owner.setdefault(r, i)
         if len(owner) != self.workers:
             missing = sorted(set(range(self.workers)) - set(owner))
             raise PipeDreamError(f"plan uses {len(owner)} ranks but says workers={self.workers} (ranks {missing} "

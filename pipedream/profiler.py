@@ -13,6 +13,9 @@ Each node is then timed in isolation on its recorded inputs:
   the same way (the graph is rebuilt by an untimed forward before each timed backward). As in training,
   only what depends on a parameter gets a gradient: a layer fed by the model's input does not compute
   the gradient of that input;
+- the backward's two halves (:attr:`LayerGraph.split`), timed the same way and apart, as zero-bubble schedules run
+  them: ``I``, ``torch.autograd.grad`` of the outputs with respect to the node's inputs only, and ``W``, with
+  respect to its weights only (0 for a layer without weights, or whose inputs need no gradient);
 - the loss: with ``loss`` given, its forward and backward on the model's output are timed the same way and
   added to the node that produces the output, since the runtime's last stage computes the loss in its
   forward and starts its backward from it;
@@ -244,6 +247,7 @@ def profile_module(model: nn.Module, example_input: Any, settings: ProfileSettin
         spread: list[float] = []
         fwd_s = _timed(lambda r=run, a=args, k=kwargs: r(*a, **k), settings, spread=spread) if node.op != "get_attr" else 0.0
         bwd_s = _backward_time(run, args, kwargs, settings, spread)
+        graph.split[ids[node]] = _split_times(run, args, kwargs, _held(gm, node), settings) if bwd_s else (0.0, 0.0)
         graph.spread[ids[node]] = (spread[0] if fwd_s else 0.0, spread[-1] if bwd_s else 0.0)
         acts = tuple(float(t.numel() * t.element_size()) for t in tensors(out)) or (0.0,)
         param_bytes = float(sum(t.numel() * t.element_size() for t in _held(gm, node)))
@@ -259,6 +263,8 @@ def profile_module(model: nn.Module, example_input: Any, settings: ProfileSettin
             fwd_s, bwd_s = profile_loss(fx.node.map_arg(output.args[0], lambda a: values[a]), loss, settings)
             sink = graph.nodes[ids[sinks[-1]]]
             graph.nodes[sink.node_id] = dataclasses.replace(sink, fwd_s=sink.fwd_s + fwd_s, bwd_s=sink.bwd_s + bwd_s)
+            i_s, w_s = graph.split[sink.node_id]  # the loss's backward is the gradient of the output: I's
+            graph.split[sink.node_id] = (i_s + bwd_s, w_s)
     if settings.in_situ and not settings.device.startswith("cuda"):
         _time_in_situ(gm, {n: ids[n] for n in ops}, inputs, loss, settings, graph)
     # after the layers ran one by one, so that a layer that fails is named (a whole forward would not say which);
@@ -356,6 +362,28 @@ def _backward_time(run: Callable[..., Any], args: Any, kwargs: Any, settings: Pr
     return _timed(lambda og: torch.autograd.backward(og[0], og[1]), settings, prepare, spread)
 
 
+def _split_times(run: Callable[..., Any], args: Any, kwargs: Any, weights: list[torch.Tensor],
+                 settings: ProfileSettings) -> tuple[float, float]:
+    """``(I, W)``: median seconds of one node's backward to its inputs alone and to its weights alone
+    (``torch.autograd.grad`` with ``inputs=`` those, on a graph rebuilt before each call); 0 for a half with nothing
+    to differentiate."""
+
+    def prepare() -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        a, k = _fresh(args), _fresh(kwargs)
+        outs = [t for t in tensors(run(*a, **k)) if t.requires_grad]
+        return outs, [torch.randn_like(t) for t in outs], [t for t in tensors((a, k)) if t.requires_grad]
+
+    _, _, inputs = prepare()
+    trained = [w for w in weights if w.requires_grad]
+
+    def grad(og: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]], wrt: list[torch.Tensor]) -> None:
+        torch.autograd.grad(og[0], wrt, og[1], allow_unused=True)
+
+    i_s = _timed(lambda og: grad(og, og[2]), settings, prepare) if inputs else 0.0
+    w_s = _timed(lambda og: grad(og, trained), settings, prepare) if trained else 0.0
+    return i_s, w_s
+
+
 def data_load_s(load: Callable[[], Any], settings: ProfileSettings) -> float:
     """Median seconds of ``load()``, collating one profiled minibatch from the data set (``meta.json``
     ``data_s``): the first stage of a pipeline, and every DP worker, does it before each forward, on the CPU."""
@@ -376,8 +404,9 @@ def whole_step_s(step: Callable[[], Any], settings: ProfileSettings) -> float:
 
 def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> None:
     """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes, hidden-matrix bytes, parameter
-    tensors and what it saves; the edges; the tied parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`;
-    and ``meta``) and ``meta.json`` (minibatch size, device, ...) into ``out_dir``."""
+    tensors, what it saves and its backward's halves ``input_grad_s`` and ``weight_grad_s``; the edges; the tied
+    parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`; and ``meta``) and ``meta.json`` (minibatch size,
+    device, ...) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
@@ -386,7 +415,8 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
          "activation_bytes": list(n.activation_bytes), "param_bytes": n.param_bytes,
          **({"hidden_bytes": graph.hidden[n.node_id]} if n.node_id in graph.hidden else {}),
          **({"param_tensors": graph.tensors[n.node_id]} if n.node_id in graph.tensors else {}),
-         **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False))}
+         **dict(zip(("saved_bytes", "saves_input", "saves_output"), graph.saved.get(n.node_id, ()), strict=False)),
+         **dict(zip(("input_grad_s", "weight_grad_s"), graph.split.get(n.node_id, ()), strict=False))}
         for n in graph.nodes.values()
     ]
     atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges,

@@ -8,7 +8,11 @@ compact text form such as ``"1F3"``), written here for PipeDream's mechanisms.
 Semantics every consumer relies on:
 
 * ``F``/``B``: forward/backward of one (micro)batch on the stage; the last stage's ``F`` includes the
-  loss and its ``B`` starts from it.
+  loss and its ``B`` starts from it. Zero-bubble schedules split ``B`` in two (Qi et al., ICLR'24): ``I``, the
+  gradient of the stage's input (what the previous stage waits for, sent after it), and ``W``, the gradient of
+  its weights (needed only by the step), after ``I`` of the same (micro)batch on the same rank.
+* A rank may run several stages (model chunks, virtual stages: interleaved and V-shaped schedules); ``stage``
+  is the chunk's index in the pipeline, the rank the key of ``order`` (:mod:`pipedream.torch_schedules`).
 * ``SEND_F(s, m)`` sends stage ``s``'s output of ``m`` to stage ``s + 1``; it matches
   ``RECV_F(s + 1, m)``. ``SEND_B(s, m)`` sends the gradient of stage ``s``'s input to stage ``s - 1``;
   it matches ``RECV_B(s - 1, m)``. Sends are asynchronous (never block); receives block until the
@@ -47,6 +51,8 @@ class Kind(StrEnum):
 
     F = "F"
     B = "B"
+    I = "I"  # noqa: E741 (the field's name: the input-gradient half of a backward)
+    W = "W"
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
@@ -55,7 +61,8 @@ class Kind(StrEnum):
     STEP = "STEP"
 
 
-COMPUTE = (Kind.F, Kind.B)
+COMPUTE = (Kind.F, Kind.B, Kind.I, Kind.W)
+BACKWARDS = (Kind.B, Kind.I)  # what sends the input's gradient back
 _ACTION_RE = re.compile(r"^(\d+)([A-Z_]+?)(\d+)(?:\.(\d+))?$")
 
 
@@ -429,7 +436,7 @@ def build(name: str, stage_ranks: Sequence[Sequence[int]], num_minibatches: int,
 
 
 def dry_run(schedule: Schedule, backward_cost: int = 1) -> dict[int, list[int]]:
-    """Execute the lists with unit-time forwards (``backward_cost`` for backwards), zero-time rest.
+    """Execute the lists with unit-time ``F``, ``I`` and ``W`` (``backward_cost`` for a whole ``B``), zero-time rest.
 
     Receives wait for their matching send, allreduces for all replicas of the stage; sends never block.
 
@@ -468,7 +475,7 @@ def dry_run(schedule: Schedule, backward_cost: int = 1) -> dict[int, list[int]]:
                 times[r].append(t)
                 if a.kind in (Kind.SEND_F, Kind.SEND_B):
                     sent[(a.kind, a.stage, a.minibatch, a.microbatch)] = t
-                clock[r] = t + (1 if a.kind == Kind.F else backward_cost if a.kind == Kind.B else 0)
+                clock[r] = t + (backward_cost if a.kind == Kind.B else 1 if a.kind in COMPUTE else 0)
                 pos[r] += 1
                 progress = True
     stuck = {r: str(acts[pos[r]]) for r, acts in order.items() if pos[r] < len(acts)}

@@ -252,3 +252,53 @@ def test_the_spread_of_timed_calls_is_kept_and_noisy_layers_are_named() -> None:
     assert "node2" in dict(profiler.noisy_layers(g))
     message = profiler.noise_warning(g)
     assert message is not None and "node2 (Jittery()) " in message and "profile on a quiet machine" in message
+
+
+class _SleepBack(torch.autograd.Function):
+    """The identity, whose backward sleeps ``seconds``."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, seconds: float) -> torch.Tensor:  # type: ignore[override]
+        ctx.seconds = seconds
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+class _Split(nn.Module):
+    """``x + w``, whose backward to ``x`` sleeps 40 ms and to ``w`` 20 ms (autograd runs only the branch asked for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SleepBack.apply(x, 0.04) + _SleepBack.apply(self.w, 0.02)
+
+
+def test_the_backward_halves_are_timed_apart_and_kept_in_graph_json(tmp_path) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), _Split(), nn.ReLU())
+    g = profile_module(model, torch.randn(8, 4), ProfileSettings(warmup=1, iters=3, in_situ=False))
+    i1, w1 = g.split["node1"]
+    assert i1 == 0.0 and w1 > 0.0  # fed by the data: no input gradient, only the weights'
+    i2, w2 = g.split["node2"]
+    assert 0.04 <= i2 < 0.06 and 0.02 <= w2 < 0.04  # the sleeps of each half alone (20 ms of margin for noise)
+    assert g.nodes["node2"].bwd_s >= 0.06  # the whole backward does both
+    i3, w3 = g.split["node3"]
+    assert w3 == 0.0 and i3 > 0.0  # no weights
+    write_profile(g, tmp_path, {})
+    back = LayerGraph.read(tmp_path / "graph.txt")
+    assert back.split == g.split
+    assert back.backward_split("node2") == pytest.approx((i2, w2))
+    # a graph.json without the halves (older profiles) loads, and the halves fall back to B / 2 each for a layer
+    # with weights and all of B for one without
+    doc = (tmp_path / "graph.json").read_text().replace('"input_grad_s"', '"x"')
+    (tmp_path / "graph.json").write_text(doc)
+    old = LayerGraph.read(tmp_path / "graph.txt")
+    assert not old.split
+    b2, b3 = old.nodes["node2"].bwd_s, old.nodes["node3"].bwd_s
+    assert old.backward_split("node2") == pytest.approx((b2 / 2, b2 / 2))
+    assert old.backward_split("node3") == pytest.approx((b3, 0.0))

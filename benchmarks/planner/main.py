@@ -4,6 +4,7 @@ Usage (from the repository root):
 
     .venv/bin/python benchmarks/planner/main.py                      # the hierarchical and flat cases of the brief
     .venv/bin/python benchmarks/planner/main.py --all --repeats 3    # every profile on A_4x4, B_2x8 and the flat 16s
+    .venv/bin/python benchmarks/planner/main.py --schedules          # the schedule search: 100 layers, 64 ranks
 
 Prints, per case, the best wall-clock and CPU (process) seconds over the repeats, the config string and
 the predicted time per sample. CPU seconds are what the planner itself costs; wall seconds also count
@@ -22,9 +23,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pipedream.graph import LayerGraph, profiled_batch  # noqa: E402
+from pipedream.graph import LayerGraph, Node, profiled_batch  # noqa: E402
 from pipedream.planner import PlanOptions, plan_pipeline  # noqa: E402
+from pipedream.planner.schedule_search import SearchSettings, pipedream_plan, pipeline, search, shape_of  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
+from pipedream.torch_schedules import positions, torch_ops  # noqa: E402
 
 MODELS = ("alexnet", "vgg16", "resnet50", "gnmt", "gnmt_large")  # release profiles (meta.json: profiled batch)
 # The release's optimizer on the same profiles: hierarchical clusters (brief), and the flat 16-worker runs of
@@ -52,12 +55,53 @@ def time_case(model: str, cluster_name: str, repeats: int, compat: bool) -> tupl
     return min(walls), min(cpus), plan
 
 
+def synthetic_chain(layers: int = 100, batch: int = 8) -> LayerGraph:
+    """A chain of ``layers`` uneven layers (forward 1-7 ms, backward twice that, 1-3 MB of activations, 4-16 MB of
+    parameters, in repeating patterns) profiled at ``batch`` samples."""
+    g = LayerGraph(minibatch_size=batch)
+    g.add_node(Node("node0", "Input", 0.0, 0.0, (1e6,), 0.0))
+    for i in range(1, layers + 1):
+        fwd = (1 + i % 7) / 1e3
+        g.add_node(Node(f"node{i}", "Layer", fwd, 2 * fwd, ((1 + i % 3) * 1e6,), (1 + i % 4) * 4e6))
+        g.add_edge(f"node{i - 1}", f"node{i}")
+    return g
+
+
+def time_schedules(repeats: int) -> None:
+    """`--schedule auto`'s two parts for a 100-layer model on 64 ranks (B_8x8): the search over the seven flush
+    schedules and PipeDream's 1F1B plan (on more than 16 workers the dynamic program's, not re-ranked)."""
+    graph = synthetic_chain()
+    cluster = get_cluster("B_8x8", REPO / "experiments" / "clusters.yaml")
+    settings = SearchSettings(batch_size=graph.minibatch_size * cluster.workers)
+    for label, run in (("search, 7 schedules", lambda: search(graph, cluster, settings)),
+                       ("PipeDream 1F1B plan", lambda: pipedream_plan(graph, cluster, model="chain100"))):
+        walls, cpus = [], []
+        for _ in range(repeats):
+            for cached in (shape_of, pipeline, torch_ops, positions):  # every repeat converts torch's lists anew
+                cached.cache_clear()
+            wall, cpu = time.perf_counter(), time.process_time()
+            out = run()
+            cpus.append(time.process_time() - cpu)
+            walls.append(time.perf_counter() - wall)
+        best = out[0] if isinstance(out, list) else out
+        what = (f"{best.schedule} {best.depth}x{best.width} v{best.chunks} m{best.microbatches}"  # type: ignore[union-attr]
+                if isinstance(out, list) else f"1f1b {best.config}")  # type: ignore[union-attr]
+        print(f"{label:<22} {min(walls):8.2f} {min(cpus):8.2f}  target 10 s (both together)  best: {what}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="every profile on A_4x4, B_2x8, A_flat16 and B_flat16")
     parser.add_argument("--repeats", type=int, default=3, help="runs per case; the best is printed")
     parser.add_argument("--default-mode", action="store_true", help="time the default (fixed) mode instead of --compat")
+    parser.add_argument("--schedules", action="store_true",
+                        help="time the schedule search (plan --schedule auto): a 100-layer model on 64 ranks")
     args = parser.parse_args(argv)
+    if args.schedules:
+        print(f"schedule search, 100 layers on 64 ranks (B_8x8), best of {args.repeats}, {os.cpu_count()} CPUs")
+        print(f"{'':<22} {'wall s':>8} {'cpu s':>8}")
+        time_schedules(args.repeats)
+        return 0
     clusters = ("A_4x4", "B_2x8", "A_flat16", "B_flat16")
     cases = list(RELEASE_S) if not args.all else [(m, c) for m in MODELS for c in clusters]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -19,6 +19,8 @@ import argparse
 from pipedream.paths import CLUSTERS
 
 HELP = "partition a profile into pipeline stages for a cluster (PipeDream's planner)"
+SCHEDULE_CHOICES = ("auto", "1f1b", "2bw", "gpipe", "pipedream_flush", "interleaved_1f1b", "looped_bfs", "interleaved_zb",
+                    "zbv", "dualpipev")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,10 +54,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--flops", metavar="MODEL",
                    help="instead of --profile: MODEL's full preset (gpt, gpt_2.2b, gpt_3.8b, bert) costed from FLOP "
                         "counts on a V100 (assumed 30%% of 125 TFLOP/s)")
-    g.add_argument("--batch-size", type=int, help="samples per update over all pipelines, B = b w d g (required)")
-    g.add_argument("--schedule", default="2bw", choices=("2bw", "gpipe", "pipedream_flush"),
-                   help="the schedule to plan for (gpipe and pipedream_flush flush every batch); pipedream_flush "
-                        "where this checkout has it")
+    g.add_argument("--batch-size", type=int,
+                   help="samples per update over all pipelines, B = b w d g (required with --planner 2bw; with "
+                        "--schedule default: the profiled minibatch times the workers)")
+    g.add_argument("--schedule", default=None, choices=SCHEDULE_CHOICES,
+                   help="--planner 2bw: 2bw (default), gpipe or pipedream_flush. PipeDream's planner: auto searches "
+                        "every schedule (PipeDream's 1F1B with replicated stages, and straight pipelines of GPipe, "
+                        "1F1B and torch's interleaved, zero-bubble and V-shaped schedules) for the fastest simulated "
+                        "iteration of --batch-size samples that fits the device; a name plans that one "
+                        "(docs/schedules.md); default: 1f1b")
+    g.add_argument("--max-microbatches", type=int, default=64,
+                   help="with --schedule: the most microbatches an iteration is cut into")
     g.add_argument("--max-microbatch", type=int, default=64, help="largest microbatch tried (powers of two)")
     g.add_argument("--depth", type=int, nargs="+", help="only these depths")
     g.add_argument("--microbatch", type=int, nargs="+", help="only these microbatch sizes")
@@ -77,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.planner == "2bw":
         return _run_2bw(args)
+    if args.schedule not in (None, "1f1b"):
+        return _run_schedules(args)
     if args.profile is None or args.flops:
         raise PipeDreamError("PipeDream's planner needs --profile (--flops is for --planner 2bw)")
     if args.activation_compression_ratio is not None and args.activation_compression_ratio <= 0:
@@ -115,6 +126,10 @@ def _run_2bw(args: argparse.Namespace) -> int:
     if args.batch_size is None or args.batch_size < 1 or args.max_microbatch < 1:
         raise PipeDreamError("--planner 2bw needs --batch-size B (samples per update, a multiple of the workers) and "
                              "a positive --max-microbatch")
+    args.schedule = args.schedule or "2bw"
+    if args.schedule not in ("2bw", "gpipe", "pipedream_flush"):
+        raise PipeDreamError(f"--planner 2bw plans 2bw, gpipe or pipedream_flush, not --schedule {args.schedule}; "
+                             "drop --planner 2bw to search the others")
     cluster = get_cluster(args.cluster, args.clusters)
     args.optimizer = args.optimizer or "adam"
     step = StepRates(args.optimizer)  # memory bound on a V100: a FLOP model has no measured rates
@@ -143,5 +158,51 @@ def _run_2bw(args: argparse.Namespace) -> int:
         plan.extra["flops_model"] = args.flops
     plan.save(args.out)
     print(format_2bw(plan))
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+def _run_schedules(args: argparse.Namespace) -> int:
+    """``--schedule auto`` or a named schedule (:mod:`pipedream.planner.schedule_search`): search, write the plan,
+    print it and every schedule's best (all of them with --explain); returns 0."""
+    from pipedream.errors import PipeDreamError
+    from pipedream.graph import LayerGraph, profiled_batch, read_meta
+    from pipedream.paths import shipped
+    from pipedream.planner.explain import format_plan
+    from pipedream.planner.schedule_search import (
+        SEARCHED,
+        SearchSettings,
+        format_schedules,
+        pipedream_plan,
+        search,
+        to_plan,
+    )
+    from pipedream.sim.profiled import step_rates
+    from pipedream.topology import get_cluster
+
+    if args.profile is None or args.flops or args.compat:
+        raise PipeDreamError("--schedule needs --profile (not --flops or --compat)")
+    if args.max_microbatches < 1:
+        raise PipeDreamError("--max-microbatches must be positive")
+    profile = shipped(args.profile)
+    graph = LayerGraph.read(profile)
+    graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
+    cluster = get_cluster(args.cluster, args.clusters)
+    step = step_rates(read_meta(profile), args.optimizer or "sgd")
+    batch = args.batch_size or graph.minibatch_size * cluster.workers
+    settings = SearchSettings(batch_size=batch, schedules=SEARCHED if args.schedule == "auto" else (args.schedule,),
+                              memory_limit=args.memory_limit is not False, step=step,
+                              max_microbatches=args.max_microbatches)
+    model = args.model or profile.resolve().parent.name
+    options = search(graph, cluster, settings)
+    pipedream = pipedream_plan(graph, cluster, model=model, step=step, memory_limit=args.memory_limit)
+    dp_s = pipedream.dp_time_per_sample_s
+    plan = to_plan(options, graph, cluster, settings, model=model, pipedream=pipedream if args.schedule == "auto" else None,
+                   dp_time_per_sample_s=dp_s)
+    plan.save(args.out)
+    print(format_plan(plan))
+    rows = plan.extra["schedules"]
+    print()
+    print(format_schedules(rows if args.explain else rows[:1]))
     print(f"\nwrote {args.out}")
     return 0

@@ -154,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
     write_profile(graph, args.out_dir, meta)
     print(f"{args.model}: {len(graph.nodes)} nodes, fwd {t['fwd_s'] * 1e3:.1f} ms + bwd {t['bwd_s'] * 1e3:.1f} ms "
           f"per minibatch of {args.profiled_batch}, {t['param_bytes'] / 2**20:.2f} MiB parameters -> {args.out_dir}/graph.txt")
+    if t["bwd_s"] > 0:
+        halves = sum(sum(graph.backward_split(n)) for n in graph.nodes)
+        print(f"{args.model}: the backward's halves timed apart, I + W = {halves / t['bwd_s']:.2f} x the whole "
+              "backward (per layer in graph.json: input_grad_s, weight_grad_s)")
     print(f"{args.model}: profiled in {sum(phases.values()):.0f} s after loading ("
           + ", ".join(f"{name} {s:.1f} s" for name, s in phases.items()) + ")")
     return 0

@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plots", action="store_true", help="skip the plots")
     g.add_argument("--jobs", type=int, default=1,
                    help="processes that predict the table's rows in parallel (default 1; the table is the same)")
+    g.add_argument("--schedules", action="store_true",
+                   help="also the what-if of every pipeline schedule at paper scale, schedules_whatif.{csv,md} "
+                        "(docs/schedules.md): the --models of Table 1, or every model and PipeDream-2BW's GPTs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -48,6 +51,13 @@ def run(args: argparse.Namespace) -> int:
                    Path(args.plans_dir) if args.plans_dir else None, args.models, args.cluster, not args.no_plots,
                    max(1, args.jobs))
         print(df.to_string(index=False))
+        if args.schedules and not args.cluster:
+            from pipedream.table1 import schedules
+
+            chosen = tuple(m for m in args.models if m in schedules.TABLE1_MODELS) if args.models else (
+                schedules.TABLE1_MODELS + schedules.GPT_MODELS)
+            if chosen:
+                schedules.write(Path(args.out_dir), shipped(args.clusters), chosen, jobs=max(1, args.jobs))
         return 0
     from pipedream.table1.measured import write_speedup
 

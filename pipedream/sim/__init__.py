@@ -1,4 +1,5 @@
-"""The cluster simulator: time PipeDream, GPipe, 2BW, PipeDream-Flush and data parallelism on a modelled cluster.
+"""The cluster simulator: time PipeDream, GPipe, 2BW, PipeDream-Flush, data parallelism and torch's schedules (interleaved,
+zero-bubble, V-shaped: :mod:`pipedream.torch_schedules`) on a modelled cluster.
 
 Public API (from :mod:`.simulate`): :func:`simulate_plan`, :func:`simulate_dp`, :func:`simulate_stages`,
 :func:`run_minibatches`, :class:`SimOptions`, :class:`SimResult`. Its parts: links with per-level bandwidth, latency and
@@ -20,7 +21,8 @@ from pipedream.sim.simulate import (
     simulate_dp,
     simulate_plan,
     simulate_stages,
+    torch_stage_ranks,
 )
 
 __all__ = ["DEFAULT_ALLREDUCE", "IMAGENET_TRAIN_SAMPLES", "SCHEDULES", "SimOptions", "SimResult", "build_schedule", "extrapolate",
-           "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages"]
+           "run_minibatches", "simulate_dp", "simulate_plan", "simulate_stages", "torch_stage_ranks"]

@@ -28,7 +28,7 @@ import numpy as np
 from pipedream import costmodel, tied
 from pipedream.cuts import crossing
 from pipedream.errors import PipeDreamError
-from pipedream.graph import LayerGraph
+from pipedream.graph import LayerGraph, split_fallback
 
 
 @dataclass
@@ -47,6 +47,9 @@ class StageCost:
         tied_sums: the gradient sums of tied tensors this stage holds with other stages, each ``(the holding
             stages, bytes)``: before each ``STEP`` one collective of those bytes over every rank of those stages
             (:func:`pipedream.tied.gradient_sums`, as :class:`pipedream.runtime.shared.SharedGrads` runs it).
+        input_grad_s, weight_grad_s: the two halves of a backward a zero-bubble schedule runs apart (``I`` and
+            ``W``, seconds; :meth:`pipedream.graph.LayerGraph.backward_split`); None: split by
+            :func:`pipedream.graph.split_fallback` as one layer with weights when ``param_bytes`` > 0.
     """
 
     fwd_s: float
@@ -57,6 +60,15 @@ class StageCost:
     buckets: list[tuple[float, float]] = field(default_factory=list)
     step_s: float = 0.0
     tied_sums: list[tuple[tuple[int, ...], float]] = field(default_factory=list)
+    input_grad_s: float | None = None
+    weight_grad_s: float | None = None
+
+    @property
+    def split_s(self) -> tuple[float, float]:
+        """``(I, W)`` seconds of one (micro)batch: the given halves, else :func:`pipedream.graph.split_fallback`."""
+        if self.input_grad_s is not None and self.weight_grad_s is not None:
+            return self.input_grad_s, self.weight_grad_s
+        return split_fallback(self.bwd_s, self.param_bytes > 0)
 
 
 def assign_stages(graph: LayerGraph, stage_nodes: list[list[str]]) -> dict[str, int]:
@@ -172,6 +184,7 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
         grads: list[tuple[float, float]] = []  # (ready into the backward, bytes) per layer, backward order
         again = _tied_again(graph, [n.node_id for n in compute])
         elapsed = 0.0
+        halves = [graph.backward_split(n.node_id) for n in compute]
         for node in reversed(compute):
             elapsed += node.bwd_s * scale
             nbytes = node.param_bytes - again.get(node.node_id, 0.0)
@@ -188,6 +201,8 @@ def stage_costs(graph: LayerGraph, stage_nodes: list[list[str]], samples: float,
             step_s=optimizer_step(param_bytes, rates, copy_on_write=s < len(copies_on_write) and copies_on_write[s],
                                   tensors=graph.param_tensors_of(n.node_id for n in compute)),
             tied_sums=[(stages, nbytes) for stages, nbytes in sums if s in stages],
+            input_grad_s=sum(i for i, _ in halves) * scale,
+            weight_grad_s=sum(w for _, w in halves) * scale,
         ))
     # boundary s: outputs of nodes in stages <= s with a consumer in a later stage (pipedream.cuts, the
     # definition the planner's states use too); an input's bytes go forward, no gradient comes back
@@ -214,9 +229,11 @@ def recomputed(costs: list[StageCost]) -> list[StageCost]:
 
     With a backward twice its forward this is PipeDream-2BW's figure (Narayanan et al., ICML 2021, as
     transcribed: recomputation costs about 1/3 more compute, its planner's ``c_extra = 4/3``):
-    ``(f + 2f + f) / (f + 2f) = 4/3``; here the profile's own forward and backward times give the ratio.
+    ``(f + 2f + f) / (f + 2f) = 4/3``; here the profile's own forward and backward times give the ratio. Split in
+    two (``I`` then ``W``), the recomputation goes before ``I``.
     """
-    return [replace(c, bwd_s=c.bwd_s + c.fwd_s, buckets=[(t + c.fwd_s, b) for t, b in c.buckets])
+    return [replace(c, bwd_s=c.bwd_s + c.fwd_s, buckets=[(t + c.fwd_s, b) for t, b in c.buckets],
+                    input_grad_s=c.split_s[0] + c.fwd_s, weight_grad_s=c.split_s[1])
             for c in costs]
 
 

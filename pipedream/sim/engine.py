@@ -1,7 +1,9 @@
 """Event-driven execution of per-rank action lists (pipedream.schedules) on a simulated cluster.
 
 Each rank runs its list in order, like the runtime does: ``F``/``B`` occupy the rank for the stage's compute
-time; ``SEND_*`` are asynchronous and occupy links (:mod:`pipedream.sim.network`); ``RECV_*`` block until the
+time, and so do the two halves of a split backward, ``I`` and ``W`` (:attr:`pipedream.sim.costs.StageCost.split_s`);
+a rank may run several stages (chunks), each priced by its own costs; ``SEND_*`` are asynchronous and occupy links
+(:mod:`pipedream.sim.network`); ``RECV_*`` block until the
 matching transfer has arrived; the k-th ``ALLREDUCE`` of every replica of a stage reduces the stage's gradient
 buckets (:mod:`pipedream.sim.costs`) and ends when the slowest replica's gradients have been reduced; ``STEP``
 occupies the rank for the stage's optimizer step, after the sums of its tied tensors' gradients (the k-th
@@ -29,7 +31,7 @@ import heapq
 from dataclasses import dataclass, field
 
 from pipedream.errors import PipeDreamError
-from pipedream.schedules import Action, Kind, Schedule
+from pipedream.schedules import COMPUTE, Action, Kind, Schedule
 from pipedream.sim.cores import Cores
 from pipedream.sim.costs import StageCost
 from pipedream.sim.network import Network
@@ -53,11 +55,11 @@ class Trace:
 
     Attributes:
         makespan_s: time at which the last action ended, seconds.
-        busy_s: rank -> seconds spent in ``F``/``B``.
+        busy_s: rank -> seconds spent in ``F``/``B``/``I``/``W``.
         recv_wait_s: rank -> seconds blocked in ``RECV_*``.
         allreduce_wait_s: rank -> seconds blocked in ``ALLREDUCE`` (communication stall after its backward).
         step_s: rank -> seconds in ``STEP`` (optimizer steps).
-        compute: rank -> ``F``/``B`` spans in order.
+        compute: rank -> ``F``/``B``/``I``/``W`` spans in order.
         steps: ``STEP`` spans (``rank`` the rank stepping).
         transfers: point-to-point transfers (``rank`` sender, ``peer`` receiver).
         collectives: allreduce pieces (``rank`` = first rank of the group).
@@ -219,8 +221,9 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
             a = acts[pos[r]]
             t = clock[r]
             cost = costs[a.stage]
-            if a.kind in (Kind.F, Kind.B):
-                compute(r, cost.fwd_s if a.kind == Kind.F else cost.bwd_s, t)
+            if a.kind in COMPUTE:
+                work = {Kind.F: cost.fwd_s, Kind.B: cost.bwd_s}.get(a.kind)
+                compute(r, work if work is not None else cost.split_s[a.kind == Kind.W], t)
                 break
             if a.kind in (Kind.SEND_F, Kind.SEND_B):
                 nbytes = cost.send_fwd_bytes if a.kind == Kind.SEND_F else cost.send_bwd_bytes
@@ -273,7 +276,7 @@ def run(schedule: Schedule, costs: list[StageCost], network: Network, overlap: b
                 tied_count[(r, stages)] = k + 1
                 members = tied_groups.setdefault((stages, k), {})
                 members[r] = t
-                if len(members) == sum(len(schedule.stage_ranks[s]) for s in stages):
+                if len(members) == len({q for s in stages for q in schedule.stage_ranks[s]}):  # a rank joins once
                     del tied_groups[(stages, k)]
                     finish_tied_sum(stages, nbytes, members)
                 break

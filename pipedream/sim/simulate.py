@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from pipedream import costmodel, memory, schedules, tied
+from pipedream import costmodel, memory, schedules, tied, torch_schedules
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan, config_string
@@ -41,8 +41,11 @@ from pipedream.topology import Cluster
 
 # command-line name -> pipedream.schedules name ("pipedream" is the old name of 1f1b, still accepted)
 SCHEDULES = {"pipedream": "1f1b", "1f1b": "1f1b", "gpipe": "gpipe", "2bw": "2bw", "pipedream_flush": "pipedream_flush",
-             "dp": "dp"}
-MICROBATCHED = ("gpipe", "2bw", "pipedream_flush")  # schedules whose minibatches are split into microbatches
+             "dp": "dp", **{name: name for name in memory.TORCH_FLUSH}}
+# schedules whose minibatches are split into microbatches
+MICROBATCHED = ("gpipe", "2bw", "pipedream_flush", *memory.TORCH_FLUSH)
+# flush schedules with one weight copy: each rank's peak memory walks its action list (pipedream.memory.rank_memory)
+FLUSH = ("gpipe", "pipedream_flush", *memory.TORCH_FLUSH)
 # The allreduce `pipedream simulate`, the planner's re-ranking and the predicted Table 1 assume unless told:
 # a flat ring through all ranks, as NCCL 2.4 (PyTorch 1.1, the paper's DDP) ran it (see
 # pipedream.table1.predicted); "hierarchical" is the alternative.
@@ -141,6 +144,9 @@ class SimResult:
         cluster: cluster name.
         steady_state_converged: whether the short runs reached a periodic steady state (else the epoch
             time extrapolates from the longest runs tried).
+        peak_memory_bytes: per rank (sorted), the bytes it holds at its peak (:func:`pipedream.memory.rank_memory`),
+            for the flush schedules (:data:`FLUSH`); empty for the others (:func:`pipedream.memory.plan_memory`
+            counts theirs per stage).
     """
 
     schedule: str
@@ -165,6 +171,7 @@ class SimResult:
     allreduce: str
     cluster: str
     steady_state_converged: bool = True
+    peak_memory_bytes: list[float] = field(default_factory=list)
     trace: Trace | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -184,11 +191,46 @@ def build_schedule(kind: str, stage_ranks: list[list[int]], minibatches: int, mi
                    warmup: str = DEFAULT_WARMUP) -> schedules.Schedule:
     """The :mod:`pipedream.schedules` action lists for ``kind`` (a key or value of :data:`SCHEDULES`), built by
     :func:`pipedream.schedules.build` as the runtime builds them; ``warmup`` picks 1F1B's warm-up counts
-    (``consistent``, the runtime's default, or ``release``)."""
+    (``consistent``, the runtime's default, or ``release``). torch's schedules (:data:`pipedream.memory.TORCH_FLUSH`)
+    come from torch's lists (:func:`pipedream.torch_schedules.from_torch`), on the ranks ``stage_ranks`` gives each
+    stage: one rank a stage, the same ``len(stage_ranks) / ranks`` stages on every rank, where torch places them
+    (:func:`torch_stage_ranks`).
+
+    Raises:
+        PipeDreamError: an unknown schedule, or the checks of the builder.
+    """
     name = SCHEDULES.get(kind)
     if name is None:
-        raise PipeDreamError(f"unknown schedule {kind!r}; use 1f1b, gpipe, 2bw, pipedream_flush or dp")
-    return schedules.build(name, stage_ranks, minibatches, microbatches, warmup)
+        raise PipeDreamError(f"unknown schedule {kind!r}; use one of {', '.join(SCHEDULES)}")
+    if name not in memory.TORCH_FLUSH:
+        return schedules.build(name, stage_ranks, minibatches, microbatches, warmup)
+    if any(len(rs) != 1 for rs in stage_ranks):
+        raise PipeDreamError(f"schedule {name} runs a straight pipeline (one rank a stage), not stages on {stage_ranks}")
+    ranks = sorted({rs[0] for rs in stage_ranks})
+    p = len(ranks)
+    if len(stage_ranks) % p:
+        raise PipeDreamError(f"schedule {name}: {len(stage_ranks)} stages do not divide evenly over {p} ranks")
+    v = len(stage_ranks) // p
+    where = torch_schedules.positions(name, p, v)
+    position_rank: dict[int, int] = {}
+    for s, rs in enumerate(stage_ranks):
+        if position_rank.setdefault(where[s], rs[0]) != rs[0]:
+            raise PipeDreamError(f"schedule {name} runs stage {s} on the rank of stage {where.index(where[s])} "
+                                 "(torch's placement); place the stages as pipedream.sim.torch_stage_ranks does")
+    return torch_schedules.from_torch(name, p, microbatches, v, minibatches=minibatches,
+                                      ranks=[position_rank[q] for q in range(p)])
+
+
+def torch_stage_ranks(kind: str, ranks: list[int], chunks: int | None = None) -> list[list[int]]:
+    """Per stage its rank, for torch's schedule ``kind`` of ``chunks`` stages per rank on ``ranks`` (pipeline
+    positions in order): loop placement (stage ``s`` on ``ranks[s % p]``) or V placement (ZBV, DualPipeV).
+
+    Raises:
+        PipeDreamError: not one of torch's schedules, or a chunk count it does not take.
+    """
+    name = torch_schedules.schedule_name(kind)
+    p, v = len(ranks), torch_schedules.chunks_of(name, chunks)
+    return [[ranks[q]] for q in torch_schedules.positions(name, p, v)]
 
 
 def run_minibatches(stage_ranks: list[list[int]], costs: list[StageCost], cluster: Cluster, minibatches: int,
@@ -307,8 +349,28 @@ def simulate_stages(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks
         allreduce=o.allreduce,
         cluster=cluster.name,
         steady_state_converged=converged,
+        peak_memory_bytes=rank_peak_bytes(graph, stage_nodes, stage_ranks, o) if kind in FLUSH else [],
         trace=first if o.keep_trace else None,
     )
+
+
+def rank_peak_bytes(graph: LayerGraph, stage_nodes: list[list[str]], stage_ranks: list[list[int]],
+                    options: SimOptions) -> list[float]:
+    """Per rank (sorted), the bytes it holds at its peak in one minibatch of the flush schedule ``options.schedule``
+    (:func:`pipedream.memory.rank_memory` over its action list; the optimizer's state as ``options.step`` names it,
+    SGD with momentum by default), activations at ``options.batch_size`` samples a (micro)batch.
+
+    Raises:
+        PipeDreamError: a schedule outside :data:`FLUSH`, or those of :func:`pipedream.memory.chunk_bytes`.
+    """
+    kind = SCHEDULES.get(options.schedule)
+    if kind not in FLUSH:
+        raise PipeDreamError(f"peak memory per rank walks the action lists of {', '.join(FLUSH)}, not {kind!r}")
+    batch = options.batch_size or graph.minibatch_size
+    at_batch = graph if batch == graph.minibatch_size else graph.scaled(int(batch))
+    chunks = memory.chunk_bytes(at_batch, stage_nodes, optimizer=options.step.optimizer if options.step else "sgd")
+    sched = build_schedule(kind, stage_ranks, 1, options.microbatches_run)
+    return [memory.rank_memory(sched.order[r], dict(enumerate(chunks))).total for r in sorted(sched.order)]
 
 
 def _steady_state(sim: Callable[[int], Trace], n0: int, first: Trace) -> tuple[int, int, Trace, Trace, bool]:

@@ -21,7 +21,7 @@ import pandas as pd
 from pipedream.errors import PipeDreamError
 from pipedream.io import atomic_write_text
 from pipedream.paths import shipped
-from pipedream.table1 import plots
+from pipedream.table1 import plots, schedules_html
 from pipedream.table1.html import html_report, row_label
 from pipedream.table1.measured import MODES, measured_speedup, mlflow_runs, read_metrics, run_threshold
 from pipedream.table1.memory_check import write_memory_check
@@ -198,6 +198,6 @@ def write_report(cfg: dict[str, Any], config_path: str | None = None) -> pd.Data
     page = html_report(df, notes(cfg), results, provenance=collect(cfg, config_path),
                        explanations=read_explanations(results), calibration=read_calibration(results),
                        runs={m: mlflow_runs(results / "runs" / m) for m in cfg["models"]}, prediction_check=check,
-                       sections=(section(results),))
+                       sections=(schedules_html.section(results), section(results)))
     atomic_write_text(results / "report.html", page)
     return df

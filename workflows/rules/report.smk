@@ -18,7 +18,8 @@ rule speedup:
 
 
 rule predicted:
-    """Table 1 predicted at paper scale: V100 profiles -> planner -> simulator (clusters A, B, C)."""
+    """Table 1 predicted at paper scale: V100 profiles -> planner -> simulator (clusters A, B, C); and every pipeline
+    schedule's best at paper scale (schedules_whatif.csv, docs/schedules.md)."""
     input:
         paper=config["paper_table"],
         clusters=config.get("clusters_file", "experiments/clusters.yaml"),
@@ -39,7 +40,7 @@ rule predicted:
     # its rows in parallel (every model's plan, re-ranking and simulations on every cluster)
     threads: workflow.cores
     shell:
-        "{params.pd} report --predicted --out-dir {params.out_dir} --paper-table {input.paper} "
+        "{params.pd} report --predicted --schedules --out-dir {params.out_dir} --paper-table {input.paper} "
         "--clusters {input.clusters} --profiles-dir {params.out_dir}/profiles --jobs {threads} {params.models} "
         "> {log} 2>&1"
 
