@@ -292,7 +292,8 @@ def _cut(layers: _Layers, stages: int, scale: float, partitioner: str, links_Bps
     n = len(layers.compute_s)
     pre = np.concatenate([[0.0], np.cumsum(layers.compute_s)]) * scale
     span = pre[None, :] - pre[:, None]  # [i, j]: layers i..j-1
-    by_bw = {bw: costmodel.transfer_s_array(layers.cut_bytes * scale, bw, latency_s) for bw in set(links_Bps or [])}
+    by_bw = {bw: np.asarray(costmodel.transfer_s_array(layers.cut_bytes * scale, bw, latency_s))
+             for bw in set(links_Bps or [])}
     links = [] if partitioner != "balanced" or links_Bps is None else [by_bw[bw] for bw in links_Bps]
     valid = np.triu(np.ones_like(span, dtype=bool), k=1)
     cost = np.where(valid, span, np.inf)
