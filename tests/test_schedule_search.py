@@ -13,18 +13,9 @@ from pipedream.cli import main
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.plan import Plan
-from pipedream.planner.schedule_search import (
-    SEARCHED,
-    MemoryLimit,
-    SearchSettings,
-    _layers,
-    _microbatch_counts,
-    chunk_counts,
-    cut_points,
-    evaluate,
-    search,
-    to_plan,
-)
+from pipedream.planner.schedule_choice import to_plan
+from pipedream.planner.schedule_search import SEARCHED, SearchSettings, _microbatch_counts, chunk_counts, evaluate, search
+from pipedream.planner.stage_cuts import MemoryLimit, cut_points, layers_of
 from pipedream.topology import Cluster
 
 
@@ -43,15 +34,15 @@ def flat(workers: int, bw: float = 1e9, memory: float = 16e9) -> Cluster:
 
 
 def test_cut_points_by_hand() -> None:
-    layers = _layers(chain([1, 1, 1, 1, 4]))
+    layers = layers_of(chain([1, 1, 1, 1, 4]))
     assert cut_points(layers, 2, 1.0, partitioner="compute") == [4, 5]  # 4 ms against 4 ms
     assert cut_points(layers, 2, 1.0, partitioner="equal") == [2, 5]
     assert cut_points(layers, 5, 1.0) == [1, 2, 3, 4, 5]
     # a boundary whose transfer is slower than any stage's compute is avoided where another cut is as good
     g = chain([1, 1, 1, 1])
     g.nodes["node2"] = Node("node2", "Linear", 1e-3, 2e-3, (1e9,), 1e6)  # 1 s on 1 GB/s after layer 2
-    assert cut_points(_layers(g), 2, 1.0, partitioner="compute") == [2, 4]
-    assert cut_points(_layers(g), 2, 1.0, links_Bps=[1e9]) in ([1, 4], [3, 4])
+    assert cut_points(layers_of(g), 2, 1.0, partitioner="compute") == [2, 4]
+    assert cut_points(layers_of(g), 2, 1.0, links_Bps=[1e9]) in ([1, 4], [3, 4])
     # memory: a stage holds (2 + 1) x its parameters (weights, gradients, momentum) and its activations and buffers;
     # 4 layers of 1 MB do not fit in 12 MB, so the first stage takes 3 (9 ms + 15 ms beats 6 ms + 18 ms)
     assert cut_points(layers, 2, 1.0, limit=MemoryLimit([1, 1], 12e6)) == [3, 5]
@@ -64,7 +55,7 @@ def test_cut_points_by_hand() -> None:
 def exhaustive(graph: LayerGraph, cluster: Cluster, settings: SearchSettings, schedule: str) -> float:
     """The fastest fitting iteration of ``schedule`` over every depth, chunk count and microbatch count the search
     tries and every split of the layers (all compositions)."""
-    n = len(_layers(graph).compute_s)
+    n = len(layers_of(graph).compute_s)
     best = float("inf")
     for d in (d for d in range(1, cluster.workers + 1) if cluster.workers % d == 0):
         for v in chunk_counts(schedule, d, n):

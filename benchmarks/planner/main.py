@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO))
 
 from pipedream.graph import LayerGraph, Node, profiled_batch  # noqa: E402
 from pipedream.planner import PlanOptions, plan_pipeline  # noqa: E402
-from pipedream.planner.schedule_search import SearchSettings, pipedream_plan, pipeline, search, shape_of  # noqa: E402
+from pipedream.planner.schedule_choice import pipedream_plan  # noqa: E402
+from pipedream.planner.schedule_search import SearchSettings, pipeline, search, shape_of  # noqa: E402
 from pipedream.topology import get_cluster  # noqa: E402
 from pipedream.torch_schedules import positions, torch_ops  # noqa: E402
 

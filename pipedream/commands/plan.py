@@ -169,14 +169,8 @@ def _run_schedules(args: argparse.Namespace) -> int:
     from pipedream.graph import LayerGraph, profiled_batch, read_meta
     from pipedream.paths import shipped
     from pipedream.planner.explain import format_plan
-    from pipedream.planner.schedule_search import (
-        SEARCHED,
-        SearchSettings,
-        format_schedules,
-        pipedream_plan,
-        search,
-        to_plan,
-    )
+    from pipedream.planner.schedule_choice import format_schedules, pipedream_plan, to_plan
+    from pipedream.planner.schedule_search import SEARCHED, SearchSettings, search
     from pipedream.sim.profiled import step_rates
     from pipedream.topology import get_cluster
 

@@ -7,14 +7,8 @@ chunks per rank where the schedule runs several (:func:`pipedream.torch_schedule
 4). An iteration is ``B`` samples, ``B / w`` a pipeline, in ``m`` microbatches of ``b = B / (w m)`` samples; ``m``
 runs over ``d``, ``2d``, ``4d`` and ``8d`` (at most ``max_microbatches``, ``b`` whole).
 
-Cut points (:func:`cut_points`). ``"balanced"``, ours: the topological order of the profile is cut into ``d v`` stages
-minimising the slowest stage's time per microbatch, the larger of its forward and backward at ``b`` and the transfer
-over either of its boundaries (:func:`pipedream.costmodel.transfer_s` on the link between the two stages' ranks, the
-network's :meth:`~pipedream.sim.network.Network.path`), such that each
-stage's weights, gradients, optimizer state and the activations and buffers of as many microbatches as the schedule
-holds at once on it (counted on its action list) fit ``1 / v`` of the device; a dynamic program over stage ends
-(numpy, ``O(d v L^2)`` for ``L`` layers). ``"compute"`` balances forward and backward alone (the cost-based partitioner
-proposed upstream for torch.distributed.pipelining), ``"equal"`` cuts equal numbers of layers (torchtitan's default).
+Cut points (:func:`pipedream.planner.stage_cuts.cut_points`): ``"balanced"`` (ours: compute, transfers on the links
+between the stages' ranks, memory; a rank's chunks balanced together), ``"compute"`` or ``"equal"``.
 
 Timing (:func:`simulate_option`). One iteration of one pipeline on the event simulator (:mod:`pipedream.sim.engine`,
 the network's links and latency): the iteration time is its makespan, the optimizer steps included; with ``w > 1`` each
@@ -39,11 +33,9 @@ from typing import Any
 import numpy as np
 
 from pipedream import costmodel, memory
-from pipedream.cuts import crossing
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
-from pipedream.plan import Plan, Stage
-from pipedream.planner.core import PlanOptions, plan_pipeline
+from pipedream.planner.stage_cuts import Layers, MemoryLimit, cut_points, layers_of
 from pipedream.schedules import COMPUTE, Action, Kind, Schedule
 from pipedream.sim import DEFAULT_ALLREDUCE, build_schedule, torch_stage_ranks
 from pipedream.sim.costs import StageCost, stage_costs
@@ -54,9 +46,7 @@ from pipedream.torch_schedules import CHUNKS, TORCH_CLASSES, torch_ops
 
 SEARCHED = ("gpipe", "pipedream_flush", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
 LOOPED_CHUNKS = (2, 4)
-PARTITIONERS = ("balanced", "compute", "equal")
 MICROBATCH_FACTORS = (1, 2, 4, 8)  # microbatches per iteration: these multiples of the depth
-RERANK_WORKERS = 16  # up to this many workers, auto weighs PipeDream's re-ranked (simulated) plan (pipedream_plan)
 
 
 @dataclass(frozen=True)
@@ -173,178 +163,6 @@ def _ranks(schedule: str, ranks: list[int], chunks: int) -> list[list[int]]:
     return torch_stage_ranks(schedule, ranks, chunks) if chunks > 1 else [[r] for r in ranks]
 
 
-@dataclass
-class _Layers:
-    """The profile in topological order at its minibatch size: per compute layer its forward + backward seconds, its
-    forward, backward and input-gradient seconds apart (:meth:`pipedream.graph.LayerGraph.backward_split`), parameter
-    and output bytes, and per cut after layer ``k`` (``k = 0 .. L``) the bytes crossing it and those whose gradient
-    comes back (not the data's)."""
-
-    ids: list[list[str]]  # per compute layer, its node ids (the inputs ride with the first layer)
-    compute_s: np.ndarray
-    param_bytes: np.ndarray
-    output_bytes: np.ndarray
-    cut_bytes: np.ndarray
-    parts_s: np.ndarray  # [layer, (F, B, I, W)]
-    grad_cut_bytes: np.ndarray
-    splits: dict[tuple[Any, ...], list[int]] = field(default_factory=dict, repr=False)  # cut_points without a limit
-
-
-def _layers(graph: LayerGraph) -> _Layers:
-    """:class:`_Layers` of ``graph`` at its own minibatch size."""
-    order = graph.topological_order()
-    index = {n: i for i, n in enumerate(order)}
-    compute = [i for i, n in enumerate(order) if not graph.nodes[n].is_input]
-    if not compute:
-        raise PipeDreamError("the profile has no layers to cut into stages")
-    ids = [[order[i]] for i in compute]
-    ids[0] = [n for n in order[: compute[0] + 1]]
-    for i, n in enumerate(order):  # inputs after the first layer ride with the layer after them
-        if graph.nodes[n].is_input and i > compute[0]:
-            ids[next(k for k, c in enumerate(compute) if c > i)].insert(0, n)
-    last_of = [index[group[-1]] for group in ids]
-    member = np.arange(len(order))[None, :] <= np.array(last_of)[:, None]
-    crosses = crossing(member, [[index[d] for d in graph.successors(n)] for n in order])
-    out = np.array([graph.nodes[n].output_bytes for n in order])
-    grad = np.array([0.0 if graph.nodes[n].is_input else graph.nodes[n].output_bytes for n in order])
-    cut = np.concatenate([[0.0], crosses.astype(float) @ out])
-    grad_cut = np.concatenate([[0.0], crosses.astype(float) @ grad])
-    cut[-1] = grad_cut[-1] = 0.0
-    nodes = [[graph.nodes[n] for n in group] for group in ids]
-    parts = np.array([[sum(x) for x in zip(*([n.fwd_s, n.bwd_s, *graph.backward_split(n.node_id)] for n in g),
-                                           strict=True)] for g in nodes])
-    return _Layers(ids, parts[:, 0] + parts[:, 1], np.array([graph.param_bytes_of(group) for group in ids]),
-                   np.array([sum(n.output_bytes for n in g) for g in nodes]), cut, parts, grad_cut)
-
-
-@dataclass(frozen=True)
-class MemoryLimit:
-    """What each stage of a split may hold (:func:`cut_points`).
-
-    Attributes:
-        held: per stage, microbatches in flight at its peak.
-        capacity_bytes: bytes one stage may hold.
-        states: the optimizer's state tensors of a parameter's size (:func:`pipedream.memory.optimizer_states`).
-    """
-
-    held: list[int]
-    capacity_bytes: float
-    states: int = 1
-
-
-def cut_points(layers: _Layers, stages: int, scale: float, *, partitioner: str = "balanced",
-               links_Bps: list[float] | None = None, latency_s: float = 0.0, limit: MemoryLimit | None = None,
-               owners: list[int] | None = None) -> list[int]:
-    """Stage ends (layer counts, the last ``L``) of ``stages`` contiguous stages of ``layers`` at ``scale`` times
-    the profiled batch (module docstring: ``balanced``, ``compute``, ``equal``).
-
-    Args:
-        layers: the profile in topological order.
-        stages: how many stages.
-        scale: the microbatch over the profiled minibatch.
-        partitioner: ``"balanced"`` (compute, transfers, memory), ``"compute"`` or ``"equal"``.
-        links_Bps: ``balanced``: the bandwidth after each stage but the last (between its rank and the next
-            stage's; ``inf`` on one rank), bytes/s; None: no transfers.
-        latency_s: ``balanced``: the latency of a transfer, seconds.
-        limit: ``balanced``: what each stage may hold (None: no memory check).
-        owners: ``balanced``: per stage its rank; where a rank runs several stages, the dynamic program's cuts
-            (which balance stages) are then moved one layer at a time while that lowers the larger of the busiest
-            rank's compute and the slowest stage's cost.
-    Raises:
-        PipeDreamError: more stages than layers, an unknown partitioner, or no split fits the memory.
-    """
-    n = len(layers.compute_s)
-    if stages > n:
-        raise PipeDreamError(f"{stages} stages for {n} layers; use a shallower pipeline or fewer chunks")
-    if partitioner == "equal":
-        return [round((k + 1) * n / stages) for k in range(stages)]
-    if partitioner not in PARTITIONERS:
-        raise PipeDreamError(f"unknown partitioner {partitioner!r}; use one of {', '.join(PARTITIONERS)}")
-    key = (stages, scale, partitioner, tuple(links_Bps or ()), latency_s, tuple(owners or ()))
-    if key not in layers.splits:  # the split without the memory limit, shared by the schedules of one placement
-        layers.splits[key] = _cut(layers, stages, scale, partitioner, links_Bps, latency_s, None, owners)
-    free = layers.splits[key]
-    if partitioner != "balanced" or limit is None or _holds(layers, free, scale, limit):
-        return list(free)
-    return _cut(layers, stages, scale, partitioner, links_Bps, latency_s, limit, owners)
-
-
-def _stage_bytes(layers: _Layers, scale: float, states: int) -> tuple[np.ndarray, np.ndarray]:
-    """``[i, j]``: what a stage of layers ``i .. j - 1`` holds whatever its microbatches (weights, gradients and
-    optimizer state), and per microbatch in flight (outputs, its input and its sent output and gradient buffer)."""
-    p_pre = np.concatenate([[0.0], np.cumsum(layers.param_bytes)])
-    a_pre = np.concatenate([[0.0], np.cumsum(layers.output_bytes)]) * scale
-    fixed = (2 + states) * (p_pre[None, :] - p_pre[:, None])
-    act = (a_pre[None, :] - a_pre[:, None]) + (layers.cut_bytes[:, None] + 2 * layers.cut_bytes[None, :]) * scale
-    return fixed, act
-
-
-def _holds(layers: _Layers, ends: list[int], scale: float, limit: MemoryLimit) -> bool:
-    """Every stage of the split ``ends`` fits ``limit``."""
-    fixed, act = _stage_bytes(layers, scale, limit.states)
-    return all(fixed[a, z] + h * act[a, z] <= limit.capacity_bytes
-               for a, z, h in zip([0, *ends[:-1]], ends, limit.held, strict=True))
-
-
-def _cut(layers: _Layers, stages: int, scale: float, partitioner: str, links_Bps: list[float] | None,  # noqa: PLR0913
-         latency_s: float, limit: MemoryLimit | None, owners: list[int] | None) -> list[int]:
-    """:func:`cut_points`' dynamic program (and the moves of single cuts where a rank runs several stages)."""
-    n = len(layers.compute_s)
-    pre = np.concatenate([[0.0], np.cumsum(layers.compute_s)]) * scale
-    span = pre[None, :] - pre[:, None]  # [i, j]: layers i..j-1
-    by_bw = {bw: np.asarray(costmodel.transfer_s_array(layers.cut_bytes * scale, bw, latency_s))
-             for bw in set(links_Bps or [])}
-    links = [] if partitioner != "balanced" or links_Bps is None else [by_bw[bw] for bw in links_Bps]
-    valid = np.triu(np.ones_like(span, dtype=bool), k=1)
-    cost = np.where(valid, span, np.inf)
-    mem = _stage_bytes(layers, scale, limit.states) if partitioner == "balanced" and limit is not None else None
-    best = np.full(n + 1, np.inf)
-    best[0] = 0.0
-    back = np.zeros((stages, n + 1), dtype=int)
-    costs = []  # per stage, its cost of every span (transfers and memory included)
-    for k in range(stages):
-        c = cost if mem is None or limit is None else np.where(mem[0] + limit.held[k] * mem[1] <= limit.capacity_bytes,
-                                                               cost, np.inf)
-        if k > 0 and links:  # receiving its input and sending back its gradient over the link before it
-            c = np.maximum(c, links[k - 1][:, None])
-        if k < stages - 1 and links:  # sending its output and receiving its gradient over the link after it
-            c = np.maximum(c, links[k][None, :])
-        costs.append(c)
-        cand = np.maximum(best[:, None], c)
-        back[k] = np.argmin(cand, axis=0)
-        best = cand[back[k], np.arange(n + 1)]
-    if not np.isfinite(best[n]):
-        raise PipeDreamError(f"no split of the model into {stages} stages fits "
-                             f"{memory.format_bytes(limit.capacity_bytes if limit else math.inf)} a "
-                             "stage; use more ranks, more microbatches or recomputation")
-    ends, j = [], n
-    for k in range(stages - 1, -1, -1):
-        ends.append(j)
-        j = int(back[k][j])
-    ends.reverse()
-    if partitioner != "balanced" or owners is None or len(set(owners)) == len(owners):
-        return ends
-    # several stages a rank: move single cuts while the busiest rank's compute (or the slowest stage) gets lighter
-    rank = np.array(owners)
-
-    def worst(e: list[int]) -> float:
-        starts = [0, *e[:-1]]
-        stage = [float(c[a, z]) for c, a, z in zip(costs, starts, e, strict=True)]
-        load = np.bincount(rank, weights=[span[a, z] for a, z in zip(starts, e, strict=True)])
-        return max(float(load.max()), max(stage)) if np.isfinite(max(stage)) else math.inf
-
-    now = worst(ends)
-    moved = True
-    while moved:
-        moved = False
-        for k in range(stages - 1):
-            for step in (-1, 1):
-                e = [*ends[:k], ends[k] + step, *ends[k + 1:]]
-                if (e[k - 1] if k else 0) < e[k] < e[k + 1] and (t := worst(e)) < now * (1 - 1e-12):
-                    ends, now, moved = e, t, True
-    return ends
-
-
 def lower_bound_s(times: np.ndarray, shape: _Shape, forward_s: list[float], backward_s: list[float]) -> float:
     """A lower bound on the iteration, no less than any of:
 
@@ -396,7 +214,7 @@ def search(graph: LayerGraph, cluster: Cluster, settings: SearchSettings) -> lis
     n = cluster.workers
     if settings.batch_size < n:
         raise PipeDreamError(f"--batch-size {settings.batch_size} is less than one sample per worker ({n} workers)")
-    layers = _layers(graph)
+    layers = layers_of(graph)
     step = settings.step or costmodel.StepRates()
     states = memory.optimizer_states(step.optimizer)
     depths = [d for d in range(1, n + 1) if n % d == 0 and (settings.depths is None or d in settings.depths)]
@@ -435,7 +253,7 @@ def _microbatch_counts(settings: SearchSettings, width: int, depth: int) -> list
     return ms or [m for m in (per_pipeline,) if m <= settings.max_microbatches]
 
 
-def _candidate(graph: LayerGraph, layers: _Layers, cluster: Cluster, settings: SearchSettings,
+def _candidate(graph: LayerGraph, layers: Layers, cluster: Cluster, settings: SearchSettings,
                key: tuple[str, int, int, int], states: int, ends: list[int] | None = None) -> Option:
     """One candidate's cut points (``ends`` where given) and lower bound (:func:`lower_bound_s`, from the layers'
     sums; each step no more than its optimizer step over the stage's bytes without per-tensor costs, and its
@@ -497,7 +315,7 @@ def evaluate(graph: LayerGraph, cluster: Cluster, settings: SearchSettings, sche
     if cluster.workers % depth or settings.batch_size % (cluster.workers // depth * microbatches):
         raise PipeDreamError(f"{cluster.workers} workers in pipelines of {depth} do not split --batch-size "
                              f"{settings.batch_size} into {microbatches} whole microbatches")
-    layers = _layers(graph)
+    layers = layers_of(graph)
     states = memory.optimizer_states((settings.step or costmodel.StepRates()).optimizer)
     option = _candidate(graph, layers, cluster, settings, (schedule, depth, chunks, microbatches), states, ends)
     fit(option, graph, cluster, settings)
@@ -522,86 +340,3 @@ def simulate_option(option: Option, costs: list[StageCost], cluster: Cluster) ->
     tr = run(sched, costs, Network(cluster, DEFAULT_ALLREDUCE), record=False)
     option.iteration_s = tr.makespan_s
     option.bubble = 1 - sum(tr.busy_s.values()) / (option.depth * tr.makespan_s) if tr.makespan_s > 0 else 0.0
-
-
-def pipedream_plan(graph: LayerGraph, cluster: Cluster, *, model: str, step: costmodel.StepRates | None = None,
-                   memory_limit: bool | None = None) -> Plan:
-    """PipeDream's own plan (1F1B-RR with replicated stages) as ``--schedule auto`` weighs it: the default planner's,
-    re-ranked by simulation (:mod:`pipedream.planner.rerank`), on up to :data:`RERANK_WORKERS` workers; on more, the
-    dynamic program's plan and estimate (§3.1's cost model), since the re-ranking simulates for minutes there.
-
-    Raises:
-        PipeDreamError: those of :func:`pipedream.planner.plan_pipeline`.
-    """
-    rerank = cluster.workers <= RERANK_WORKERS
-    return plan_pipeline(graph, cluster, model=model, minibatch_size=graph.minibatch_size, step=step,
-                         options=PlanOptions(memory_limit=memory_limit, rerank=rerank))
-
-
-def pipedream_row(plan: Plan, batch_size: int) -> dict[str, Any]:
-    """The record of :meth:`Option.summary` for PipeDream's own plan (1F1B-RR with replicated stages, asynchronous:
-    no flush): its simulated time per sample times ``batch_size``, its steady bubble from its stages' compute
-    (``1 - sum of compute / (workers x time per minibatch)``) and each rank's stage memory."""
-    period = float(plan.extra.get("bottleneck_time_per_minibatch_s") or plan.time_per_sample_s * plan.minibatch_size)
-    busy = sum(s.compute_s for s in plan.stages)
-    per_rank = {r: s.memory_bytes for s in plan.stages for r in s.ranks}
-    iteration = plan.time_per_sample_s * batch_size
-    return {"schedule": "1f1b", "depth": len(plan.stages), "width": None, "chunks": 1, "config": plan.config,
-            "microbatches": None, "microbatch_size": plan.minibatch_size, "iteration_s": iteration,
-            "samples_per_s": batch_size / iteration, "bubble": max(0.0, 1 - busy / (plan.workers * period)),
-            "peak_memory_bytes": [per_rank[r] for r in sorted(per_rank)], "fits": True,
-            "estimate": "simulated" if plan.extra.get("estimate") == "simulated" else "the dynamic program's"}
-
-
-def to_plan(options: list[Option], graph: LayerGraph, cluster: Cluster, settings: SearchSettings, *, model: str,
-            pipedream: Plan | None = None, dp_time_per_sample_s: float = math.nan) -> Plan:
-    """The plan of the fastest fitting choice: PipeDream's own plan (``pipedream``, 1F1B-RR) where it is faster, else
-    the best :class:`Option` as stages of ``w`` replicas (one per pipeline; ``extra["chunks"]`` stages a rank). Every
-    schedule's best is in ``extra["schedules"]``, fastest first.
-
-    Raises:
-        PipeDreamError: nothing fits the device memory.
-    """
-    rows = [o.summary(settings.batch_size) for o in options]
-    if pipedream is not None:
-        rows.append(pipedream_row(pipedream, settings.batch_size))
-    rows.sort(key=lambda r: (not r["fits"], r["iteration_s"]))
-    if not rows or not rows[0]["fits"]:
-        raise PipeDreamError(f"no schedule fits {memory.format_bytes(cluster.device_memory_bytes)} a device of "
-                             f"{cluster.name}; use more workers or a smaller --batch-size")
-    record = {"schedule_search": {"batch_size": settings.batch_size, "partitioner": settings.partitioner,
-                                  "memory_limit": settings.memory_limit}, "schedules": rows}
-    if rows[0]["schedule"] == "1f1b" and pipedream is not None:
-        pipedream.extra.update({"schedule": "1f1b", **record})
-        return pipedream
-    best = next(o for o in options if o.schedule == rows[0]["schedule"])
-    stages = [Stage(nodes=nodes, replicas=best.width, ranks=ranks,
-                    compute_s=sum(graph.nodes[n].fwd_s + graph.nodes[n].bwd_s for n in nodes if not graph.nodes[n].is_input),
-                    memory_bytes=best.peak_bytes[ranks[0]])
-              for nodes, ranks in zip(best.stages, best.stage_ranks, strict=True)]
-    plan = Plan(model=model, cluster=cluster.name, workers=cluster.workers, stages=stages,
-                minibatch_size=graph.minibatch_size, time_per_sample_s=best.iteration_s / settings.batch_size,
-                dp_time_per_sample_s=dp_time_per_sample_s,
-                extra={"schedule": best.schedule, "chunks": best.chunks, "microbatches": best.microbatches,
-                       "microbatch_size": best.microbatch_size, "depth": best.depth, "width": best.width,
-                       "iteration_s": best.iteration_s, "bubble": best.bubble, "device_memory_bytes":
-                       cluster.device_memory_bytes, "estimate": "simulated", **record})
-    plan.validate()
-    return plan
-
-
-def format_schedules(rows: list[dict[str, Any]]) -> str:
-    """Every schedule's best, one line each as ``extra["schedules"]`` holds them (best first): the shape, the
-    iteration, samples per second, the bubble and the peak memory per rank."""
-    lines = [f"{'schedule':<17} {'depth x width':<13} {'chunks':>6} {'microbatches':>12} {'iteration':>11} "
-             f"{'samples/s':>10} {'bubble':>7}  peak memory per rank"]
-    for r in rows:
-        shape = f"{r['depth']} x {r['width']}" if r["width"] else str(r.get("config"))
-        micro = f"{r['microbatches']} of {r['microbatch_size']}" if r["microbatches"] else f"- of {r['microbatch_size']}"
-        peaks = r["peak_memory_bytes"]
-        mem = " ".join(memory.format_bytes(b) for b in peaks[:8]) + (" ..." if len(peaks) > 8 else "")
-        note = ("" if r["fits"] else "  (does not fit)") + (f"  ({r['estimate']} estimate)" if r.get("estimate") not in
-                                                             (None, "simulated") else "")
-        lines.append(f"{r['schedule']:<17} {shape:<13} {r['chunks']:>6} {micro:>12} {r['iteration_s'] * 1e3:>9.2f}ms "
-                     f"{r['samples_per_s']:>10.1f} {r['bubble']:>7.1%}  max {memory.format_bytes(max(peaks))}: {mem}{note}")
-    return "\n".join(lines)
