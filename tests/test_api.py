@@ -116,7 +116,7 @@ def test_the_cli_trains_through_the_api(mlflow_store: Path, monkeypatch: pytest.
     assert config.out_dir == str(Path("run.partial"))  # the run's staging folder, committed after success
     assert {k: v for k, v in kw.items() if k != "on_epochs"} == {
         "mode": "pipedream", "launcher": "torchrun", "workers": 2, "nnodes": 1, "rdzv_endpoint": None,
-        "timeout_s": 77.0}
+        "timeout_s": 77.0, "max_restarts": 0}
     run = json.loads((mlflow_store / "run" / "run.json").read_text())
     assert run["epochs"] == 1 and run["final_train_loss"] == 1.5 and not (mlflow_store / "run.partial").exists()
     (logged,) = load_runs("tiny/api")

@@ -115,7 +115,8 @@ def test_killed_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path: Pat
         spawn_local(cfg("resumed"), 2, env={FAULT_ENV: "1:10"})
     assert time.monotonic() - t0 < 60
     complete = complete_positions(tmp_path / "resumed")
-    assert complete in ([(0, 6), (0, 3)], [(0, 9), (0, 6)])
+    # the newest two are kept; the kill may end rank 0 after the newest's COMPLETE and before it removes the oldest
+    assert complete[:2] in ([(0, 6), (0, 3)], [(0, 9), (0, 6)]) and set(complete) <= {(0, 3), (0, 6), (0, 9)}
     newest = tmp_path / "resumed" / "checkpoints" / f"e0-m{complete[0][1]}" / "rank1.pt"
     newest.write_bytes(newest.read_bytes()[:100])  # truncated: resume falls back to the one before on every rank
     spawn_local(cfg("resumed", resume=True), 2)
