@@ -41,6 +41,7 @@ import torch
 from torch import fx, nn
 from torch.utils import _pytree as pytree
 
+from pipedream.capture_fixes import fix_for
 from pipedream.errors import PipeDreamError
 
 PREFIX = "model"  # the wrapper's attribute holding the user's model (stripped from every name)
@@ -372,7 +373,7 @@ def capture_ops(model: nn.Module, example: Any, training: bool = True) -> tuple[
 
     Raises:
         PipeDreamError: no capture worked; one line with each one's reason (the layer and the failing line of
-            the model's code where there is one) and the fix (:func:`fix_for`).
+            the model's code where there is one) and the fix (:func:`pipedream.capture_fixes.fix_for`).
     """
     turn_off_kv_cache(model)
     args, kwargs = call_args(example)
@@ -397,29 +398,6 @@ def capture_ops(model: nn.Module, example: Any, training: bool = True) -> tuple[
         model.train(was_training)
     raise PipeDreamError(f"cannot capture {type(model).__name__} as a graph ({'; '.join(failures)}); "
                          f"fix: {fix_for(failures)}")
-
-
-_FIXES = (  # (words of a tracer's reason, what the user can do), the first that matches
-    (("data-dependent", "control flow", "guard on"),
-     "make that code traceable: no Python branch on a tensor's value (torch.where instead of if), or a config option "
-     "that skips it"),
-    (("lifted_tensor",),
-     "that layer builds a tensor from Python values while it runs (a cache, torch.tensor(...)): make it a buffer "
-     "(register_buffer) or turn off the config option that builds it"),
-    (("dtype", "scalar type", "shape", "size of tensor", "mat1", "expected"),
-     "check the data against the model: the inputs' shapes and dtypes (token ids are int64)"),
-)
-
-
-def fix_for(failures: list[str]) -> str:
-    """What a user can do about the tracers' reasons ``failures``: make the code traceable (a branch on a tensor's
-    value), fix the data (a shape or dtype error), else make it traceable or hand over the layers."""
-    text = " ".join(failures).lower()
-    for words, fix in _FIXES:
-        if any(w in text for w in words):
-            return fix
-    return ("make that code traceable (no Python branch on a tensor's value, no Python object built from one), or "
-            "return an nn.Sequential of layers")
 
 
 def _clean(gm: fx.GraphModule, out_spec: pytree.TreeSpec | None, model: nn.Module) -> fx.GraphModule:

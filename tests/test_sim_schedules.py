@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipedream import memory, schedules
-from pipedream.graph import LayerGraph, Node
+from pipedream.graph import Node
 from pipedream.memory import ChunkBytes, StageMemory, chunk_bytes, rank_memory
 from pipedream.schedules import Action, Kind
 from pipedream.sim import SimOptions, simulate_stages, torch_stage_ranks
@@ -16,17 +16,7 @@ from pipedream.sim.network import Network
 from pipedream.tied import Tied
 from pipedream.topology import Cluster
 from pipedream.torch_schedules import from_torch
-
-
-def chain(layers: int, fwd_s: float = 0.001, bwd_s: float = 0.002, act_bytes: float = 0.0, param_bytes: float = 0.0,
-          batch: int = 8) -> LayerGraph:
-    """A chain of identical layers profiled at ``batch`` samples."""
-    g = LayerGraph(minibatch_size=batch)
-    for i in range(layers):
-        g.add_node(Node(f"n{i}", "Linear", fwd_s, bwd_s, (act_bytes,), param_bytes))
-        if i:
-            g.add_edge(f"n{i - 1}", f"n{i}")
-    return g
+from tests.test_simulator import chain
 
 
 def flat(workers: int) -> Cluster:

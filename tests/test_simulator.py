@@ -22,7 +22,7 @@ from tests.conftest import PROFILES
 GB = 1e9
 
 
-def chain(layers: int, fwd_s: float, bwd_s: float, act_bytes: float = 0.0, param_bytes: float = 0.0,
+def chain(layers: int, fwd_s: float = 0.001, bwd_s: float = 0.002, act_bytes: float = 0.0, param_bytes: float = 0.0,
           batch: int = 8) -> LayerGraph:
     """A chain of identical layers profiled at ``batch`` samples."""
     g = LayerGraph(minibatch_size=batch)
