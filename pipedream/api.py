@@ -209,6 +209,10 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
     if plan is None and cfg.plan:
         plan = cfg.plan
     plan_obj = Plan.load(Path(plan)) if isinstance(plan, (str, Path)) else plan
+    if plan_obj is not None:
+        from pipedream.runtime.config import plan_schedule
+
+        plan_schedule(cfg, plan_obj.extra)  # --runtime torch: the plan's schedule and microbatches by default
     count = workers if workers is not None else plan_obj.workers if plan_obj is not None else 1
     if count < 1 or timeout_s <= 0:
         raise PipeDreamError(f"workers ({count}) and timeout_s ({timeout_s:g}) must be positive")
@@ -232,13 +236,15 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
     metrics = out_dir / "metrics.json"
     with L.following(metrics, on_epochs):
         if launcher == "torchrun":
-            entry = L.WORKER_MODULE if mode == "pipedream" else L.DP_MODULE
+            entry = L.DP_MODULE if mode == "dp" else L.TORCH_WORKER_MODULE if cfg.runtime == "torch" else L.WORKER_MODULE
             cmd = L.torchrun_command(entry, cfg, count, nnodes, rdzv_endpoint, run_id=cfg.model,
                                      max_restarts=max_restarts)
             L.run_torchrun(cmd, out_dir, timeout_s, max_restarts)
         else:
             if mode == "dp":
                 from pipedream.baselines.ddp import train as fn
+            elif cfg.runtime == "torch":
+                from pipedream.runtime.torch_worker import train as fn
             else:
                 from pipedream.runtime.worker import train as fn
             L.spawn_local(cfg, count, fn=fn, timeout_s=timeout_s)

@@ -104,8 +104,8 @@ class Plan:
         (a plan for torch's interleaved or V-shaped schedules, which this runtime does not run)."""
         if self.chunks > 1:
             raise PipeDreamError(f"plan runs {self.chunks} stages a rank for schedule {self.extra.get('schedule')!r}, "
-                                 "which torch.distributed.pipelining runs and this runtime does not; plan without "
-                                 "--schedule (PipeDream's 1F1B) or with --schedule gpipe or pipedream_flush")
+                                 "which torch.distributed.pipelining runs and this runtime does not; train it with "
+                                 "--runtime torch")
         for i, s in enumerate(self.stages):
             if rank in s.ranks:
                 return i

@@ -82,13 +82,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from pipedream.plan import Plan
     from pipedream.runtime.config import from_args
 
     if args.mode != "pipedream":
+        if args.runtime != "pipedream":
+            raise PipeDreamError("--runtime chooses the pipeline's runtime; leave it out of --mode dp")
         args.plan = None
     if args.checkpoint_every is not None or args.max_restarts:  # a restart resumes from a checkpoint
         args.checkpoint = True
-    return from_args(args)
+    cfg = from_args(args, Plan.load(args.plan).extra if args.plan and args.runtime == "torch" else None)
+    args.schedule, args.microbatches = cfg.schedule, cfg.microbatches  # --runtime torch: the plan's by default
+    return cfg
 
 
 def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -> tuple[dict, dict]:  # type: ignore[no-untyped-def,type-arg]
@@ -110,7 +115,8 @@ def _params_and_tags(args: argparse.Namespace, cfg, config: str, cluster: str) -
     if args.mode == "pipedream":
         from pipedream.runtime.lr import stage_lr_applies
 
-        params.update(schedule=args.schedule, microbatches=args.microbatches, weight_sync=args.weight_sync,
+        params.update(runtime=args.runtime, schedule=args.schedule, microbatches=args.microbatches,
+                      weight_sync=args.weight_sync,
                       compat=args.compat, recompute=args.recompute,
                       stage_lr="x replicas(s) / replicas(0)" if stage_lr_applies(cfg) else "uniform")
     else:  # the DP semantics in force (pipedream.baselines.ddp)
@@ -258,9 +264,12 @@ def _train(args: argparse.Namespace, cfg, plan_file: Path | None,  # type: ignor
 
 
 def run_name(args: argparse.Namespace) -> str:
-    """The MLflow run's name: the mode, and a PipeDream schedule other than 1F1B after it (``pipedream-2bw``), so
+    """The MLflow run's name: the mode, and a PipeDream schedule other than 1F1B after it (``pipedream-2bw``; on
+    torch's runtime ``pipedream-torch-<schedule>``), so
     that runs of several schedules share an experiment without one retiring another (a rerun retires the earlier
     runs of the same experiment and name, :class:`pipedream.tracking.LiveRun`)."""
+    if args.runtime == "torch":
+        return f"{args.mode}-torch-{args.schedule}"
     return args.mode if args.mode == "dp" or args.schedule == "1f1b" else f"{args.mode}-{args.schedule}"
 
 

@@ -21,7 +21,10 @@ from pipedream.errors import PipeDreamError
 if TYPE_CHECKING:
     from torch import nn
 
-SCHEDULES = ("1f1b", "gpipe", "2bw", "pipedream_flush")
+SCHEDULES = ("1f1b", "gpipe", "2bw", "pipedream_flush")  # our runtime's
+# torch.distributed.pipelining's, by our names (pipedream.torch_schedules.TORCH_CLASSES): --runtime torch runs them
+TORCH_SCHEDULES = ("gpipe", "pipedream_flush", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
+RUNTIMES = ("pipedream", "torch")
 WEIGHT_SYNC = ("stash", "vertical")
 OPTIMIZERS = ("sgd", "adam", "muon")
 LR_POLICIES = ("constant", "polynomial", "step")
@@ -62,8 +65,14 @@ class TrainConfig:
                                   "layers into a straight pipeline)")
     schedule: str = _opt("1f1b", "pipedream mode: 1F1B-RR with weight stashing, GPipe, PipeDream-2BW, or "
                                  "PipeDream-Flush (1F1B over each minibatch's microbatches, then a flush: one "
-                                 "weight version)", SCHEDULES)
-    microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw, pipedream_flush)")
+                                 "weight version); with --runtime torch one of torch's: gpipe, pipedream_flush "
+                                 "(Schedule1F1B), interleaved_1f1b, looped_bfs, interleaved_zb, zbv, dualpipev "
+                                 "(default there: the plan's)", tuple(dict.fromkeys(SCHEDULES + TORCH_SCHEDULES)))
+    runtime: str = _opt("pipedream", "pipedream mode: our runtime (PipeDream's schedules, weight stashing, vertical "
+                                     "sync, 2BW) or torch: torch.distributed.pipelining's schedule classes run the "
+                                     "plan's stages (docs/torch-runtime.md)", RUNTIMES)
+    microbatches: int = _opt(1, "microbatches per minibatch (gpipe, 2bw, pipedream_flush; with --runtime torch per "
+                                "pipeline, default there: the plan's)")
     recompute: bool = _opt(False, "pipedream mode: recompute each stage's forward in its backward "
                                   "(torch.utils.checkpoint, non-reentrant): a stage keeps only its inputs per "
                                   "microbatch in flight, at the cost of one more forward per backward")
@@ -165,6 +174,15 @@ class TrainConfig:
         if self.batch_size % self.microbatches:
             raise PipeDreamError(f"--batch-size {self.batch_size} is not a multiple of --microbatches "
                                  f"{self.microbatches}")
+        if self.runtime == "torch" and self.schedule not in TORCH_SCHEDULES:
+            raise PipeDreamError(f"--runtime torch runs torch's schedules, not --schedule {self.schedule}; give one of "
+                                 f"{', '.join(TORCH_SCHEDULES)}, or a plan from `pipedream plan --runtime torch`")
+        if self.runtime == "torch" and (self.recompute or self.weight_sync != "stash" or self.compat):
+            raise PipeDreamError("--recompute, --weight-sync and --compat are options of our runtime; leave them out "
+                                 "with --runtime torch")
+        if self.runtime == "pipedream" and self.schedule not in SCHEDULES:
+            raise PipeDreamError(f"--schedule {self.schedule} is one of torch's schedules: add --runtime torch "
+                                 "(torch.distributed.pipelining runs it)")
         if self.schedule == "1f1b" and self.microbatches != 1:
             raise PipeDreamError("--microbatches applies to --schedule gpipe, 2bw or pipedream_flush; 1F1B uses "
                                  "whole minibatches")
@@ -231,11 +249,24 @@ def add_arguments(parser: argparse.ArgumentParser, hide: tuple[str, ...] = NOT_C
             parser.add_argument(flag, type=kind, default=default, choices=f.metadata.get("choices"), help=help_)
 
 
-def from_args(ns: argparse.Namespace) -> TrainConfig:
-    """Build and validate a config from parsed arguments (those of :func:`add_arguments`)."""
+def from_args(ns: argparse.Namespace, plan_extra: dict[str, Any] | None = None) -> TrainConfig:
+    """Build and validate a config from parsed arguments (those of :func:`add_arguments`); ``plan_extra``: the run's
+    plan's ``extra``, whose schedule ``--runtime torch`` takes by default (:func:`plan_schedule`)."""
     cfg = TrainConfig(**{f.name: getattr(ns, f.name) for f in fields(TrainConfig) if hasattr(ns, f.name)})
+    plan_schedule(cfg, plan_extra or {})
     cfg.validate()
     return cfg
+
+
+def plan_schedule(cfg: TrainConfig, extra: dict[str, Any]) -> None:
+    """With ``runtime == "torch"`` and a schedule torch does not have (the default, 1f1b): take the plan's schedule
+    and, where ``microbatches`` is left at 1, its microbatches (``extra``: a plan's ``extra``, as ``pipedream plan
+    --runtime torch`` or ``--schedule`` writes it). Changes ``cfg`` in place."""
+    if cfg.runtime != "torch" or cfg.schedule in TORCH_SCHEDULES or extra.get("schedule") not in TORCH_SCHEDULES:
+        return
+    cfg.schedule = str(extra["schedule"])
+    if cfg.microbatches == 1 and isinstance(extra.get("microbatches"), int):
+        cfg.microbatches = int(extra["microbatches"])
 
 
 def flags_from_experiment(train: dict[str, Any]) -> str:

@@ -41,6 +41,7 @@ from pipedream.runtime.config import TrainConfig
 
 WORKER_MODULE = "pipedream.runtime.worker"
 DP_MODULE = "pipedream.baselines.ddp"
+TORCH_WORKER_MODULE = "pipedream.runtime.torch_worker"  # --runtime torch
 LAUNCHERS = ("local", "torchrun")
 START_METHOD = "forkserver"
 # OMP_NUM_THREADS of every worker: W workers want W x this many cores (pipedream.sim.predict models sharing)
