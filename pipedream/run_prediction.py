@@ -35,7 +35,9 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
     """The epoch the run's workers train, from the same functions the workers call.
 
     PipeDream: :func:`pipedream.runtime.worker.minibatches_per_epoch` minibatches of ``cfg.batch_size``
-    (GPipe, 2BW and PipeDream-Flush: ``cfg.microbatches`` microbatches of ``batch_size / microbatches`` each). DP
+    (GPipe, 2BW and PipeDream-Flush: ``cfg.microbatches`` microbatches of ``batch_size / microbatches`` each; on
+    torch's runtime, :mod:`pipedream.runtime.torch_worker`, one of the ``w = replicas[0]`` pipelines, which takes
+    ``batch_size / w`` samples of each minibatch in ``cfg.microbatches`` microbatches). DP
     (:func:`pipedream.baselines.ddp.minibatches_per_epoch`): ``per_worker``, each worker takes whole
     minibatches of ``cfg.batch_size`` in turn; ``global``, every minibatch is split over the workers, so the
     simulator's round robin deals ``workers`` shares of ``batch_size / workers`` per minibatch.
@@ -50,6 +52,10 @@ def epoch_shape(cfg: TrainConfig, mode: str, num_samples: int, workers: int, rep
     if mode != "pipedream":
         raise PipeDreamError(f"unknown mode {mode!r}; use pipedream or dp")
     nb = worker.minibatches_per_epoch(cfg, num_samples, replicas)
+    if cfg.runtime == "torch":  # w pipelines share each minibatch; one pipeline's epoch is simulated
+        w = replicas[0]
+        return EpochShape(cfg.schedule, cfg.batch_size // (w * cfg.microbatches), cfg.microbatches, nb,
+                          nb * cfg.batch_size // w)
     m = cfg.microbatches if cfg.schedule in MICROBATCHED else 1
     return EpochShape(cfg.schedule, cfg.batch_size // m, m, nb, nb * cfg.batch_size, cfg.recompute)
 
@@ -81,6 +87,8 @@ def predict_run(cfg: TrainConfig, mode: str, plan: Plan, profile: Path, clusters
     else:
         plan.validate()
         stage_nodes, stage_ranks = [s.nodes for s in plan.stages], [list(s.ranks) for s in plan.stages]
+        if cfg.runtime == "torch":  # the first of the w parallel pipelines (their gradient average is not timed)
+            stage_ranks = [ranks[:1] for ranks in stage_ranks]
     meta = read_meta(profile)
     costs = RunCosts(host=host, step=step_rates(meta, cfg.optimizer), bucket_bytes=cfg.bucket_bytes,
                      warmup=cfg.warmup if mode == "pipedream" else None, data_s=profiled_data_s(meta),

@@ -8,13 +8,14 @@ plain SGD on the whole minibatches in one process (:func:`tests.test_runtime_pip
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
 from pipedream.errors import PipeDreamError
-from pipedream.runtime.config import TORCH_SCHEDULES, TrainConfig
+from pipedream.runtime.config import TORCH_SCHEDULES
 from pipedream.runtime.stage import straight_plan
 from pipedream.runtime.torch_layout import layout, place
 from pipedream.runtime.torch_worker import train as torch_train
@@ -52,3 +53,41 @@ def test_each_torch_schedule_equals_one_process(tmp_path: Path, schedule: str) -
     assert [d["stages"] for d in dumps] == ([[0], [1]] if schedule in ("gpipe", "pipedream_flush") else
                                             [[0, 3], [1, 2]] if schedule in ("zbv", "dualpipev") else [[0, 2], [1, 3]])
     _check(tmp_path, dumps, 4)
+
+
+@pytest.mark.slow
+def test_two_pipelines_average_their_gradients_and_validate_every_sample(tmp_path: Path) -> None:
+    """4 ranks as 2 pipelines of 2 stages (Schedule1F1B): each pipeline trains half of every minibatch in 2
+    microbatches, the replicas average their gradients, and validation covers the 32 samples once (loss and accuracy
+    as one process computes them with the final weights)."""
+    plan = straight_plan("tiny", 8, [4, 4], replicas=[2, 2])  # stage 0 on ranks 0 and 1, stage 1 on 2 and 3
+    assert layout(plan, "pipedream_flush").pipelines == [[0, 2], [1, 3]]
+    dumps = run(tmp_path, 4, plan=plan, fn=torch_train, runtime="torch", schedule="pipedream_flush", microbatches=2,
+                max_minibatches=MINIBATCHES, momentum=0.9, weight_decay=5e-4)
+    _check(tmp_path, dumps, 4)
+    model, _ = reference(reference_batches(tmp_path / "data", 8, 0, 0), MINIBATCHES, "sgd", 0.1, 0.9, 5e-4,
+                         factory=tiny_model, microbatches=4)
+    from pipedream.data import fashion_mnist as fm
+
+    _, val = fm.datasets(tmp_path / "data", None, None, 0)
+    x, y = val.batch(torch.arange(len(val)))
+    with torch.no_grad():
+        out = model(x)
+    (row,) = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert row["val_loss"] == pytest.approx(float(torch.nn.functional.cross_entropy(out, y)), rel=1e-5)
+    assert row["val_accuracy"] == pytest.approx(float((out.argmax(1) == y).float().mean()))
+    assert row["train_samples"] == 8 * MINIBATCHES and row["iteration_s"] > 0
+
+
+def test_layout_refuses_what_torch_cannot_run() -> None:
+    with pytest.raises(PipeDreamError, match="unevenly"):
+        layout(straight_plan("t", 8, [4, 4], replicas=[2, 1]), "gpipe")
+    with pytest.raises(PipeDreamError, match="puts it on position"):  # loop placement on V-placed ranks
+        layout(place(straight_plan("t", 8, [2, 2, 2, 2]), "zbv", 2), "interleaved_1f1b")
+    with pytest.raises(PipeDreamError, match="increasing order"):
+        plan = straight_plan("t", 8, [4, 4])
+        plan.stages[0].ranks, plan.stages[1].ranks = [1], [0]
+        layout(plan, "gpipe")
+    v = layout(place(straight_plan("t", 8, [2, 2, 2, 2]), "dualpipev", 2), "ScheduleDualPipeV")
+    assert (v.position, v.stages_of(0), v.stages_of(1), v.torch_class) == ([0, 1, 1, 0], [0, 3], [1, 2],
+                                                                             "ScheduleDualPipeV")

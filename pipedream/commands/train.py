@@ -85,10 +85,8 @@ def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from pipedream.plan import Plan
     from pipedream.runtime.config import from_args
 
-    if args.mode != "pipedream":
-        if args.runtime != "pipedream":
-            raise PipeDreamError("--runtime chooses the pipeline's runtime; leave it out of --mode dp")
-        args.plan = None
+    if args.mode != "pipedream":  # DP runs take neither a plan's stages nor a pipeline runtime
+        args.plan, args.runtime = None, "pipedream"
     if args.checkpoint_every is not None or args.max_restarts:  # a restart resumes from a checkpoint
         args.checkpoint = True
     cfg = from_args(args, Plan.load(args.plan).extra if args.plan and args.runtime == "torch" else None)

@@ -14,8 +14,9 @@ learning-rate policy, clipping (over this rank's parameters) and the optimizer s
 process group's timeout (``--comm-timeout-s``).
 
 The rest is the PipeDream worker's (:mod:`pipedream.runtime.worker`): the same data order, progress bar, checkpoints
-(every minibatch ends in a flush, so a checkpoint may follow any), fault injection, validation (forward only, stage after stage: :func:`forward_only`)
-and ``metrics.json`` rows, with ``iteration_s``, the mean seconds of one minibatch.
+(every minibatch ends in a flush, so a checkpoint may follow any), fault injection, validation (forward only, one
+stage after another: :func:`forward_only`) and ``metrics.json`` rows, with ``iteration_s``, the mean seconds of one
+minibatch.
 """
 
 from __future__ import annotations

@@ -65,6 +65,15 @@ def run_optimizer(model):
     return config["models"][model].get("train", {}).get("optimizer", TrainConfig().optimizer)
 
 
+def plan_runtime_args(model):
+    """`pipedream plan` flags of ``model``'s runtime: with ``train.runtime: torch``, a plan of torch's schedules for
+    the run's minibatch (docs/torch-runtime.md); nothing for ours."""
+    train = config["models"][model].get("train", {})
+    if train.get("runtime", "pipedream") != "torch":
+        return ""
+    return f"--runtime torch --batch-size {train['batch_size']}"
+
+
 def profile_optimizers(model):
     """The optimizers whose step `pipedream profile --optimizers` times for ``model``: those its runs train with
     (its ``train.optimizer``, TrainConfig's default where unset, and the 2BW loss check's for the 2BW model). The

@@ -10,6 +10,7 @@ rule plan:
     params:
         pd=PD,
         optimizer=lambda w: run_optimizer(w.model),  # the plan charges the step of the optimizer the runs use
+        runtime=lambda w: plan_runtime_args(w.model),
     conda:
         "../../environment.yml"
     threads: 1
@@ -17,4 +18,4 @@ rule plan:
     priority: PRIORITY["plan"]
     shell:
         "{params.pd} plan --profile {input.graph} --clusters {input.clusters} --cluster {wildcards.cluster} "
-        "--model {wildcards.model} --optimizer {params.optimizer} --out {output} > {log} 2>&1"
+        "--model {wildcards.model} --optimizer {params.optimizer} {params.runtime} --out {output} > {log} 2>&1"
