@@ -28,21 +28,24 @@ pytestmark = pytest.mark.slow
 MODEL = "tests.tiny:tiny_dropout_model"  # dropout: the RNG must be restored too
 # (mode, --checkpoint-every, fault "rank:minibatch of the run"), in epoch 2 (epoch 1 is logged by then): PipeDream
 # checkpoints after minibatches 3 and 6 of 8 and rank 1 dies in minibatch 4; DP (2 workers, 4 steps an epoch) after
-# every step and rank 1 dies after step 2
-CASES = [("pipedream", 3, "1:11"), ("dp", 1, "1:5")]
+# every step and rank 1 dies after step 2; torch's runtime (interleaved 1F1B, 4 stages on 2 ranks) as PipeDream
+CASES = [("pipedream", 3, "1:11"), ("dp", 1, "1:5"), ("torch", 3, "1:11")]
 
 
-def _config(tmp_path: Path, out: str, every: int) -> TrainConfig:
+def _config(tmp_path: Path, out: str, every: int, mode: str) -> TrainConfig:
+    torch_runtime = {"runtime": "torch", "schedule": "interleaved_1f1b", "microbatches": 2} if mode == "torch" else {}
     return TrainConfig(model=MODEL, data_dir=str(tmp_path / "data"), epochs=2, batch_size=8, max_minibatches=8,
-                       checkpoint_every=every, out_dir=str(tmp_path / out), progress=False, comm_timeout_s=30)
+                       checkpoint_every=every, out_dir=str(tmp_path / out), progress=False, comm_timeout_s=30,
+                       **torch_runtime)  # type: ignore[arg-type]
 
 
 def _reference(tmp_path: Path, mode: str, every: int) -> Path:
     """The uninterrupted run of the same settings, started in-process."""
     from pipedream.baselines import ddp
-    from pipedream.runtime import worker
+    from pipedream.runtime import torch_worker, worker
 
-    spawn_local(_config(tmp_path, "reference", every), 2, fn=ddp.train if mode == "dp" else worker.train)
+    fn = {"dp": ddp.train, "torch": torch_worker.train}.get(mode, worker.train)
+    spawn_local(_config(tmp_path, "reference", every, mode), 2, fn=fn)
     return tmp_path / "reference"
 
 
@@ -63,8 +66,8 @@ def test_a_killed_worker_restarts_the_job_which_ends_as_an_uninterrupted_run(
     else:
         monkeypatch.setenv("PYTHONPATH", str(REPO))
         monkeypatch.setenv(FAULT_ENV, fault)
-        api.train(MODEL, None, None, _config(tmp_path, "run", every), mode=mode, launcher="torchrun", workers=2,
-                  max_restarts=1, timeout_s=300)
+        api.train(MODEL, None, None, _config(tmp_path, "run", every, mode), mode="dp" if mode == "dp" else "pipedream",
+                  launcher="torchrun", workers=2, max_restarts=1, timeout_s=300)
         monkeypatch.delenv(FAULT_ENV)
     run = tmp_path / "run"
     killed = json.loads((run / "fault.json").read_text())
