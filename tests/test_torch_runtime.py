@@ -21,7 +21,7 @@ from pipedream.runtime.torch_layout import layout, place
 from pipedream.runtime.torch_worker import train as torch_train
 from pipedream.torch_schedules import TORCH_CLASSES
 from tests.test_runtime_pipeline import reference, run
-from tests.tiny import reference_batches, tiny_model
+from tests.tiny import reference_batches, tied_model, tiny_model
 
 MINIBATCHES = 3
 
@@ -91,3 +91,20 @@ def test_layout_refuses_what_torch_cannot_run() -> None:
     v = layout(place(straight_plan("t", 8, [2, 2, 2, 2]), "dualpipev", 2), "ScheduleDualPipeV")
     assert (v.position, v.stages_of(0), v.stages_of(1), v.torch_class) == ([0, 1, 1, 0], [0, 3], [1, 2],
                                                                              "ScheduleDualPipeV")
+
+
+@pytest.mark.slow
+def test_tied_weights_on_two_ranks_take_the_one_weights_step(tmp_path: Path) -> None:
+    """Interleaved 1F1B on 2 ranks with layer 3's weight tied to layer 5's: stage 1 (rank 1) and stage 2 (rank 0)
+    hold a copy each; summing their gradients before every step keeps both where one process puts the weight."""
+    plan = place(straight_plan("t", 8, [2, 2, 2, 2]), "interleaved_1f1b", 2)
+    dumps = run(tmp_path, 2, factory=tied_model, plan=plan, fn=torch_train, runtime="torch",
+                schedule="interleaved_1f1b", microbatches=4, max_minibatches=MINIBATCHES, momentum=0.9,
+                weight_decay=5e-4)
+    model, _ = reference(reference_batches(tmp_path / "data", 8, 0, 0), MINIBATCHES, "sgd", 0.1, 0.9, 5e-4,
+                         factory=tied_model, microbatches=4)
+    ref = dict(model.named_parameters(remove_duplicate=False))
+    held = {n: p for d in dumps for n, p in d["params"].items()}
+    assert {"3.weight", "5.weight"} <= held.keys() and sorted(held) == sorted(ref)
+    for n, p in held.items():
+        torch.testing.assert_close(p, ref[n].detach(), rtol=1e-5, atol=1e-6)

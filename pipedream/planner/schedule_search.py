@@ -61,6 +61,8 @@ class SearchSettings:
             memory bound on a V100: :class:`pipedream.costmodel.StepRates`).
         max_microbatches: the most microbatches an iteration is cut into.
         depths: only these pipeline depths (None: every divisor of the workers).
+        microbatches: only this many microbatches an iteration (None: the counts of the module docstring), e.g. to
+            run at the microbatch size a profile was taken at.
         partitioner: ``"balanced"``, ``"compute"`` or ``"equal"`` (module docstring).
     """
 
@@ -70,6 +72,7 @@ class SearchSettings:
     step: costmodel.StepRates | None = None
     max_microbatches: int = 64
     depths: tuple[int, ...] | None = None
+    microbatches: int | None = None
     partitioner: str = "balanced"
 
 
@@ -249,6 +252,8 @@ def _microbatch_counts(settings: SearchSettings, width: int, depth: int) -> list
     per_pipeline = settings.batch_size // width
     if settings.batch_size % width:
         return []
+    if settings.microbatches is not None:
+        return [settings.microbatches] if per_pipeline % settings.microbatches == 0 else []
     ms = [f * depth for f in MICROBATCH_FACTORS if f * depth <= settings.max_microbatches and per_pipeline % (f * depth) == 0]
     return ms or [m for m in (per_pipeline,) if m <= settings.max_microbatches]
 

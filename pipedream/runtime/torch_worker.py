@@ -284,7 +284,7 @@ def train(cfg: TrainConfig) -> None:
                 lr.before_step(cfg, optimizer, params, epoch + kk / nb)
                 optimizer.step()
                 if last:
-                    sums[0] += float(torch.stack(losses).sum()) * micro
+                    sums[0] += float(torch.stack(losses).detach().sum()) * micro
                     sums[1] += micro * len(losses)
                     sums[2] += micro * len(losses)
                 if bar is not None:
