@@ -42,7 +42,7 @@ from pipedream.runtime.stage import Boundary, build_stages
 from pipedream.runtime.task import load_task
 from pipedream.runtime.torch_layout import TorchLayout, layout, place
 from pipedream.runtime.worker import Batches, load_plan, minibatches_per_epoch
-from pipedream.torch_schedules import chunks_of
+from pipedream.torch_schedules import chunks_of, torch_ops
 
 
 def torch_plan(cfg: TrainConfig, model: nn.Module, world: int, example: Any) -> Plan:
@@ -119,19 +119,44 @@ class GradSync:
             self._allreduce(group, params, 1.0, "sum of the gradients of a parameter several stages hold")
 
 
+class FreshOutputs(nn.Module):
+    """A stage whose boundary outputs are copies: torch's split backward (the I of the zero-bubble and DualPipeV
+    schedules, ``stage_backward_input``) detaches a stage's outputs in place once it has their input gradients, and a
+    tensor that its own operation saved for the backward then fails the W that follows ("a saved tensor that has been
+    detached in-place"). A copy is saved by nothing."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args: Any) -> Any:
+        out = self.inner(*args)
+        fresh = [t.clone() if isinstance(t, torch.Tensor) and t.requires_grad else t for t in Boundary.unpack(out)]
+        return tuple(fresh) if isinstance(out, tuple | list) else fresh[0]
+
+
+def split_backward(lay: TorchLayout, microbatches: int) -> bool:
+    """Whether torch's schedule of ``lay`` runs the backward as I and W apart (its lists have an ``I``)."""
+    ops = torch_ops(lay.schedule, lay.depth, microbatches, lay.chunks)
+    return any(kind == "I" for rank in ops for _, kind, _ in rank)
+
+
 def _pipeline_stages(lay: TorchLayout, modules: dict[int, nn.Module], boundaries: list[Boundary], example: Any,
-                     micro: int, device: torch.device, group: Any) -> list[Any]:
-    """This rank's ``PipelineStage`` objects, stages in increasing order, with the boundary shapes of a microbatch."""
+                     micro: int, microbatches: int, device: torch.device, group: Any) -> list[Any]:
+    """This rank's ``PipelineStage`` objects, stages in increasing order, with the boundary shapes of a microbatch
+    (modules that are not the last wrapped in :class:`FreshOutputs` where the backward is split)."""
     from torch.distributed.pipelining import PipelineStage
 
     out = []
+    fresh = split_backward(lay, microbatches)
     for s, module in modules.items():
         if s == 0:
             args = tuple(t[:1].expand(micro, *t.shape[1:]).contiguous().to(device) for t in flat_inputs(example))
         else:
             args = tuple(torch.empty(shape, dtype=dtype, device=device).requires_grad_(dtype.is_floating_point)
                          for shape, dtype in boundaries[s - 1].batched(micro))
-        out.append(PipelineStage(module, s, lay.stages, device, input_args=args, group=group))
+        wrapped = FreshOutputs(module) if fresh and s + 1 < lay.stages else module
+        out.append(PipelineStage(wrapped, s, lay.stages, device, input_args=args, group=group))
     return out
 
 
@@ -195,7 +220,7 @@ def train(cfg: TrainConfig) -> None:
     groups = [dist.new_group(ranks) if lay.width > 1 else None for ranks in lay.pipelines]  # same order everywhere
     sync = GradSync(lay, split.shared, modules, cfg.comm_timeout_s)
     boundaries = split.boundaries
-    stages = _pipeline_stages(lay, modules, boundaries, example, micro, device, groups[pipe])
+    stages = _pipeline_stages(lay, modules, boundaries, example, micro, m, device, groups[pipe])
     del model, split
     sched = _schedule(lay, stages, m, task.criterion)
     params = list({id(p): p for s in mine for p in modules[s].parameters()}.values())  # a tied one once
