@@ -21,9 +21,13 @@ from pipedream.runtime.torch_layout import layout, place
 from pipedream.runtime.torch_worker import train as torch_train
 from pipedream.torch_schedules import TORCH_CLASSES
 from tests.test_runtime_pipeline import reference, run
-from tests.tiny import reference_batches, tied_model, tiny_model
+from tests.tiny import SkipNet, op_plan, reference_batches, tied_model, tiny_model
 
 MINIBATCHES = 3
+# SkipNet's skip value `a` (tanh of fc1) leaves stage 1 for stage 3, and fc2, in stage 1 too, saves it for its weight
+# gradient
+STAGES_OF_A_SAVED_OUTPUT = [["conv", "relu", "flatten"], ["fc1", "tanh", "fc2"], ["tanh_1", "fc3", "tanh_2"],
+                            ["add", "head"]]
 
 
 def _check(tmp_path: Path, dumps: list[dict], microbatches: int) -> None:
@@ -108,3 +112,20 @@ def test_tied_weights_on_two_ranks_take_the_one_weights_step(tmp_path: Path) -> 
     assert {"3.weight", "5.weight"} <= held.keys() and sorted(held) == sorted(ref)
     for n, p in held.items():
         torch.testing.assert_close(p, ref[n].detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["zbv", "interleaved_zb"])
+def test_split_backward_of_a_stage_whose_output_it_saved(tmp_path: Path, schedule: str) -> None:
+    """The skip value of :class:`tests.tiny.SkipNet` leaves stage 1 for stage 3 and feeds stage 1's fc2, which saves
+    it for its weight gradient: torch's I detaches a stage's outputs in place, so without the copy of
+    :class:`pipedream.runtime.torch_worker.FreshOutputs` the W after it fails."""
+    plan = place(op_plan(SkipNet(), STAGES_OF_A_SAVED_OUTPUT), schedule, 2)
+    dumps = run(tmp_path, 2, factory=SkipNet, plan=plan, fn=torch_train, runtime="torch", schedule=schedule,
+                microbatches=4, max_minibatches=MINIBATCHES, momentum=0.9, weight_decay=5e-4)
+    model, _ = reference(reference_batches(tmp_path / "data", 8, 0, 0), MINIBATCHES, "sgd", 0.1, 0.9, 5e-4,
+                         factory=SkipNet, microbatches=4)
+    held = {n: p for d in dumps for n, p in d["params"].items()}
+    assert sorted(held) == sorted(n for n, _ in model.named_parameters())
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(held[n], p.detach(), rtol=1e-5, atol=1e-6)
