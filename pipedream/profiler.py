@@ -51,8 +51,8 @@ from pipedream.capture import batch_size, describe, first_line, flat_inputs, sha
 from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.in_situ import in_situ_times
-from pipedream.layers import module_name
 from pipedream.io import atomic_write_json
+from pipedream.layers import module_name
 from pipedream.runtime.optim import hidden_matrices
 from pipedream.runtime.split import OPS, node_ids, trace
 from pipedream.tied import Tied
