@@ -149,7 +149,7 @@ def test_plan_runtime_torch_writes_the_torch_section_and_the_csv(profile: Path, 
     csv_path = tmp_path / "plan.schedule.csv"
     assert str(csv_path) in capsys.readouterr().out
     extra = json.loads(out.read_text())["extra"]
-    assert extra["runtime"] == "torch"
+    assert extra["runtime"] == "torch" and extra["granularity"] == "layer"
     assert "1f1b" not in {r["schedule"] for r in extra["schedules"]}  # PipeDream's replicated 1F1B is not torch's
     t = extra["torch"]
     assert t["schedule_class"] == TORCH_CLASSES[extra["schedule"]]

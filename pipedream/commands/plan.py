@@ -217,7 +217,8 @@ def _run_schedules(args: argparse.Namespace) -> int:
     graph = LayerGraph.read(profile)
     graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
     cluster = get_cluster(args.cluster, args.clusters)
-    step = step_rates(read_meta(profile), args.optimizer or "sgd")
+    meta = read_meta(profile)
+    step = step_rates(meta, args.optimizer or "sgd")
     batch = args.batch_size or graph.minibatch_size * cluster.workers
     settings = SearchSettings(batch_size=batch, schedules=SEARCHED if args.schedule == "auto" else (args.schedule,),
                               memory_limit=args.memory_limit is not False, step=step,
@@ -229,11 +230,13 @@ def _run_schedules(args: argparse.Namespace) -> int:
     weigh = args.schedule == "auto" and args.runtime != "torch"  # PipeDream's own plan runs on our runtime only
     plan = to_plan(options, graph, cluster, settings, model=model, pipedream=pipedream if weigh else None,
                    dp_time_per_sample_s=dp_s)
+    if "granularity" in meta:  # the runtime cuts the model at the granularity the node ids were profiled at
+        plan.extra["granularity"] = str(meta["granularity"])
     csv_path = None
     if args.runtime == "torch":
         from pipedream.torch_export import torch_section, write_schedule_csv
 
-        modules = read_meta(profile).get("modules", {})
+        modules = meta.get("modules", {})
         if not isinstance(modules, dict):
             raise PipeDreamError(f"'modules' in the meta.json beside {profile} is not an object; profile the model again")
         plan.extra.update({"runtime": "torch", "torch": torch_section(plan, graph, modules)})
