@@ -64,16 +64,23 @@ def _profile(model: nn.Module, x: Any, out: Path) -> tuple[LayerGraph, dict[str,
     return graph, json.loads((out / "meta.json").read_text())["modules"]
 
 
-def test_meta_json_names_the_modules_of_the_model(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def resnet(tmp_path_factory: pytest.TempPathFactory) -> tuple[nn.Module, torch.Tensor, LayerGraph, dict[str, str]]:
+    """torchvision's ResNet-18 (captured: not an nn.Sequential), an input of 2 samples, its profile and module names."""
+    torch.manual_seed(0)
+    model, x = torchvision.models.resnet18(num_classes=10), torch.randn(2, 3, 32, 32)
+    return model, x, *_profile(model, x, tmp_path_factory.mktemp("resnet"))
+
+
+def test_meta_json_names_the_modules_of_the_model(tmp_path: Path, resnet: tuple[Any, ...]) -> None:
     seq = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     _, names = _profile(seq, torch.randn(2, 4), tmp_path / "seq")
     assert names == {"node1": "0", "node2": "1", "node3": "2"}
     gpt = build_model("gpt")
     _, names = _profile(gpt, example_input("gpt", 2), tmp_path / "gpt")
     assert names == {f"node{k + 1}": str(k) for k in range(len(gpt))}
-    resnet = torchvision.models.resnet18(num_classes=10)
-    graph, names = _profile(resnet, torch.randn(2, 3, 32, 32), tmp_path / "resnet")
-    assert set(names.values()) <= dict(resnet.named_modules()).keys()
+    model, _, graph, names = resnet
+    assert set(names.values()) <= dict(model.named_modules()).keys()
     assert {"conv1", "layer1.0", "layer2.1", "layer3.0.conv2", "layer4.1.bn2", "fc"} <= set(names.values())
     functions = {n for n, node in graph.nodes.items() if node.desc.startswith("ops ")}  # glue: the adds, the flatten
     assert len(functions) == 5
@@ -115,11 +122,8 @@ def test_split_spec_gives_our_stages_of_a_sequential(tmp_path: Path) -> None:
     assert ours[1] == ["1.bias", "1.weight"]
 
 
-def test_split_spec_gives_our_stages_of_a_captured_resnet(tmp_path: Path) -> None:
-    torch.manual_seed(0)
-    model = torchvision.models.resnet18(num_classes=10)
-    x = torch.randn(2, 3, 32, 32)
-    graph, names = _profile(model, x, tmp_path / "resnet")
+def test_split_spec_gives_our_stages_of_a_captured_resnet(resnet: tuple[Any, ...]) -> None:
+    model, x, graph, names = resnet
     # stage 1 at a block, stage 2 inside one (its skip connection crosses), stage 3 at the flatten before fc
     plan = _plan([7, 12, 42], 44)
     section = torch_section(plan, graph, names)
