@@ -86,6 +86,9 @@ class LayerGraph:
             its users' counts): what an optimizer step walks one by one (:func:`pipedream.costmodel.optimizer_step_s`).
         split: per node, its backward's two halves timed apart, ``(I, W)`` seconds per minibatch: the gradient of
             its inputs and that of its weights (zero-bubble schedules run them apart; :meth:`backward_split`).
+        modules: per node that calls a module, the module's fully qualified name in the model (``"0"``, ``"layer1.0"``;
+            none for function nodes): our profiler's, which it writes to ``meta.json`` (``"modules"``, :func:`read_meta`)
+            and :meth:`read` does not read back.
     """
 
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -98,6 +101,7 @@ class LayerGraph:
     isolated: dict[str, tuple[float, float]] = field(default_factory=dict)
     tensors: dict[str, int] = field(default_factory=dict)
     split: dict[str, tuple[float, float]] = field(default_factory=dict)
+    modules: dict[str, str] = field(default_factory=dict)
 
     def backward_split(self, node_id: str) -> tuple[float, float]:
         """``(I, W)`` seconds per minibatch of a node's backward: the halves our profiler timed apart (:attr:`split`),

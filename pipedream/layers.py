@@ -98,6 +98,7 @@ def group_layers(ops: fx.GraphModule, model: nn.Module) -> fx.GraphModule:
         fused = _fuse(ops, members, inputs, outs, name)
         fused._pd_desc = (f"{type(get_path(model, path)).__name__} {path}" if kind == "layer"
                           else f"ops {', '.join(_op_name(n) for n in members)[:100]}")
+        fused._pd_path = path if kind == "layer" and path else None  # the layer's qualified name (module_name)
         root[name] = fused
         call = g.call_module(name, tuple(value(a) for a in inputs))
         if len(outs) == 1:
@@ -154,6 +155,15 @@ def _fuse(ops: fx.GraphModule, members: list[fx.Node], inputs: list[fx.Node], ou
 def is_layer(module: Any) -> bool:
     """Whether ``module`` is a fused layer of :func:`group_layers` (which :func:`inline` opens)."""
     return isinstance(module, fx.GraphModule) and getattr(module, "_pd_layer", False)
+
+
+def module_name(gm: fx.GraphModule, node: fx.Node) -> str | None:
+    """Fully qualified name in the model of the module ``node`` of a traced or captured graph calls (e.g.
+    ``layer1.0``, ``0``), or None: a function or method node, a fused run of glue ops, or a module capture added."""
+    if node.op != "call_module" or str(node.target).startswith(_OWN):
+        return None
+    target = gm.get_submodule(str(node.target))
+    return getattr(target, "_pd_path", None) if is_layer(target) else str(node.target)
 
 
 def inline(g: fx.Graph, layer: fx.GraphModule, args: tuple[Any, ...], root: dict[str, Any]) -> Any:

@@ -24,6 +24,8 @@ Each node is then timed in isolation on its recorded inputs:
   of theirs and recorded once in :attr:`LayerGraph.tied` (:func:`tied_parameters`);
 - hidden-matrix bytes (:attr:`LayerGraph.hidden`): those of the node's parameters that Muon updates
   (:func:`pipedream.runtime.optim.hidden_matrices`, decided on the whole model).
+- module names (:attr:`LayerGraph.modules`): the fully qualified name of the module a node calls
+  (:func:`pipedream.layers.module_name`), which a plan's ``split_spec`` for torch.distributed.pipelining names.
 
 On CUDA every timed region is bracketed by ``torch.cuda.synchronize`` (public APIs only). Node ids follow the
 original format (:func:`pipedream.runtime.split.node_ids`): ``node0`` is the input, then ``node1``, ``node2``, ...
@@ -50,6 +52,7 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph, Node
 from pipedream.in_situ import in_situ_times
 from pipedream.io import atomic_write_json
+from pipedream.layers import module_name
 from pipedream.runtime.optim import hidden_matrices
 from pipedream.runtime.split import OPS, node_ids, trace
 from pipedream.tied import Tied
@@ -253,6 +256,8 @@ def profile_module(model: nn.Module, example_input: Any, settings: ProfileSettin
         param_bytes = float(sum(t.numel() * t.element_size() for t in _held(gm, node)))
         graph.add_node(Node(ids[node], describe(gm, node), fwd_s, bwd_s, acts, param_bytes))
         graph.saved[ids[node]] = _saved(run, args, kwargs, params)
+        if (fqn := module_name(gm, node)) is not None:
+            graph.modules[ids[node]] = fqn
         for src in node.all_input_nodes:
             graph.add_edge(ids[src], ids[node])
     graph.tied = tied_parameters(gm, ids)
@@ -406,7 +411,7 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
     """Write ``graph.txt``, ``graph.json`` (per node its times, spreads, bytes, hidden-matrix bytes, parameter
     tensors, what it saves and its backward's halves ``input_grad_s`` and ``weight_grad_s``; the edges; the tied
     parameters, ``"tied"``: :meth:`pipedream.tied.Tied.to_json`; and ``meta``) and ``meta.json`` (minibatch size,
-    device, ...) into ``out_dir``."""
+    the module each node calls, ``"modules"``: :attr:`LayerGraph.modules`, device, ...) into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     nodes = [
         {"id": n.node_id, "desc": n.desc, "fwd_s": n.fwd_s, "bwd_s": n.bwd_s,
@@ -421,5 +426,5 @@ def write_profile(graph: LayerGraph, out_dir: Path, meta: dict[str, Any]) -> Non
     ]
     atomic_write_json(out_dir / "graph.json", {"nodes": nodes, "edges": graph.edges,
                                                "tied": [t.to_json() for t in graph.tied], **meta})
-    atomic_write_json(out_dir / "meta.json", {"minibatch_size": graph.minibatch_size, **meta})
+    atomic_write_json(out_dir / "meta.json", {"minibatch_size": graph.minibatch_size, "modules": graph.modules, **meta})
     graph.write(out_dir / "graph.txt")  # last: the Snakemake output that marks completion

@@ -73,15 +73,11 @@ def chunks_of(name: str, chunks: int | None = None) -> int:
     return chunks
 
 
-@functools.lru_cache(maxsize=1024)
-def torch_ops(name: str, n_ranks: int, n_microbatches: int, chunks: int) -> tuple[tuple[tuple[int, str, int], ...], ...]:
-    """Per rank, torch's compute actions ``(stage, "F" | "B" | "I" | "W", microbatch)`` in order, idle slots
-    dropped and an ``OVERLAP_F_B`` replaced by its sub-actions (cached: they depend on the counts only).
-
-    The schedule's ``pipeline_order`` is read as ``get_schedule_ops`` reads it (stub stages of ``n_ranks`` ranks and
-    ``chunks`` stages a rank, without ``with_comms``), but the constructor's own preparation of the list with
-    transfers, which that list leaves out, is skipped: the same list, in a fraction of the time (the conversion
-    test compares with ``get_schedule_ops`` itself).
+def torch_schedule(name: str, n_ranks: int, n_microbatches: int, chunks: int) -> Any:
+    """torch's schedule class of ``name`` built on stub stages of rank 0 (``n_ranks`` ranks, ``chunks`` stages a rank,
+    no process group), as ``get_schedule_ops`` builds it, but for the constructor's preparation of the list with
+    transfers, which is skipped: its ``pipeline_order`` (per rank, torch's actions with ``None`` for idle slots) in
+    a fraction of the time. Its ``_load_csv`` reads a list in the same way.
 
     Raises:
         PipeDreamError: counts torch refuses (its message, e.g. microbatches not a multiple of the rounds).
@@ -93,12 +89,30 @@ def torch_ops(name: str, n_ranks: int, n_microbatches: int, chunks: int) -> tupl
     stage = {"group_rank": 0, "group_size": n_ranks, "num_stages": n_ranks * chunks, "submod": None}
     single = issubclass(cls, ts.PipelineScheduleSingle)
     try:
-        order = listed(SimpleNamespace(**stage) if single else [SimpleNamespace(**stage) for _ in range(chunks)],
-                       n_microbatches).pipeline_order
-        ops = [order[r] for r in range(n_ranks)]
+        out = listed(SimpleNamespace(**stage) if single else [SimpleNamespace(**stage) for _ in range(chunks)],
+                     n_microbatches)
+        if sorted(out.pipeline_order) != list(range(n_ranks)):
+            raise KeyError(f"pipeline_order lists ranks {sorted(out.pipeline_order)}")
     except (ValueError, AssertionError, RuntimeError, KeyError, IndexError, ZeroDivisionError) as e:
         raise PipeDreamError(f"torch's {cls.__name__} refuses {n_ranks} ranks, {n_microbatches} microbatches and "
                              f"{chunks} chunks per rank: {e}") from None
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def torch_ops(name: str, n_ranks: int, n_microbatches: int, chunks: int) -> tuple[tuple[tuple[int, str, int], ...], ...]:
+    """Per rank, torch's compute actions ``(stage, "F" | "B" | "I" | "W", microbatch)`` in order, idle slots
+    dropped and an ``OVERLAP_F_B`` replaced by its sub-actions (cached: they depend on the counts only).
+
+    The schedule's ``pipeline_order`` is read from :func:`torch_schedule` (the conversion test compares with
+    ``get_schedule_ops`` itself).
+
+    Raises:
+        PipeDreamError: counts torch refuses (its message, e.g. microbatches not a multiple of the rounds).
+    """
+    order = torch_schedule(name, n_ranks, n_microbatches, chunks).pipeline_order
+    ops = [order[r] for r in range(n_ranks)]
+    cls_name = TORCH_CLASSES[name]
 
     def flat(rank: list[Any]) -> tuple[tuple[int, str, int], ...]:
         out = []
@@ -108,7 +122,7 @@ def torch_ops(name: str, n_ranks: int, n_microbatches: int, chunks: int) -> tupl
                 if kind in _KINDS:
                     out.append((b.stage_index, kind, b.microbatch_index))
                 elif kind not in _DROPPED:
-                    raise PipeDreamError(f"torch's {cls.__name__} has an action {b} of kind {kind}, which has no "
+                    raise PipeDreamError(f"torch's {cls_name} has an action {b} of kind {kind}, which has no "
                                          "meaning here")
         return tuple(out)
 

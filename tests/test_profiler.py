@@ -59,7 +59,8 @@ def test_vgg16_reduced_profile_matches_layers(tmp_path) -> None:
     write_profile(g, tmp_path, {"model": "vgg16"})
     back = LayerGraph.read(tmp_path / "graph.txt")
     assert back.totals()["param_bytes"] == g.totals()["param_bytes"]
-    assert read_meta(tmp_path / "graph.txt") == {"minibatch_size": 4, "model": "vgg16"}
+    assert read_meta(tmp_path / "graph.txt") == {"minibatch_size": 4, "model": "vgg16",
+                                                 "modules": {layer_node_id(i): str(i) for i in range(len(model))}}
 
 
 def test_hidden_matrix_bytes_are_recorded_per_layer_and_read_back(tmp_path) -> None:

@@ -15,6 +15,7 @@ best shapes simulated; --flops MODEL plans MODEL's full preset from FLOP counts 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipedream.paths import CLUSTERS
 
@@ -47,6 +48,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the profile's meta.json measured where it has them, else memory-bound (muon: Muon on the "
                         "hidden matrices, Adam on the rest; default: sgd, the paper's, or adam with --planner 2bw; "
                         "ignored with --compat, whose release optimizer charges no step)")
+    p.add_argument("--runtime", choices=("pipedream", "torch"), default=None,
+                   help="the runtime the plan is for: torch plans only torch.distributed.pipelining's seven schedules "
+                        "(--schedule auto over them unless one is named) and writes extra.torch: the split_spec, the "
+                        "stage-to-rank map, the schedule class and the microbatch count (default: pipedream)")
+    p.add_argument("--export", choices=("torch",), default=None,
+                   help="torch: also write the schedule's action lists beside the plan, <plan stem>.schedule.csv, as "
+                        "torch's _load_csv reads them (implies --runtime torch)")
     g = p.add_argument_group("PipeDream-2BW's planner (--planner 2bw)")
     g.add_argument("--planner", choices=("pipedream", "2bw"), default="pipedream",
                    help="PipeDream's dynamic program, or PipeDream-2BW's search over width x depth x microbatch x "
@@ -84,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     from pipedream.planner.explain import format_plan
     from pipedream.topology import get_cluster
 
+    if args.export == "torch" or args.runtime == "torch":
+        _torch_runtime(args)
     if args.planner == "2bw":
         return _run_2bw(args)
     if args.schedule not in (None, "1f1b"):
@@ -110,6 +120,31 @@ def run(args: argparse.Namespace) -> int:
         print(plan.extra["explanation"])
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _torch_runtime(args: argparse.Namespace) -> None:
+    """Check the options of ``--runtime torch`` (or ``--export torch``) and default ``--schedule`` to ``auto``.
+
+    Raises:
+        PipeDreamError: ``--export torch`` with ``--runtime pipedream``, ``--planner 2bw``, or a schedule of
+            PipeDream's own runtime (``1f1b``, ``2bw``).
+    """
+    from pipedream.errors import PipeDreamError
+
+    if args.runtime == "pipedream":
+        raise PipeDreamError("--export torch writes torch.distributed.pipelining's schedule, which a plan for "
+                             "--runtime pipedream does not run; pass --runtime torch or drop --export")
+    args.runtime = "torch"
+    if args.planner == "2bw":
+        raise PipeDreamError("--runtime torch plans torch.distributed.pipelining's schedules, and --planner 2bw plans "
+                             "PipeDream-2BW's; drop --planner 2bw (--schedule gpipe or pipedream_flush plans those "
+                             "for torch)")
+    if args.schedule in ("1f1b", "2bw"):
+        raise PipeDreamError(f"--schedule {args.schedule} runs on PipeDream's runtime only (torch has no "
+                             f"{'weight stashing' if args.schedule == '1f1b' else 'double-buffered weights'}); "
+                             "with --runtime torch pass --schedule auto or one of gpipe, pipedream_flush, "
+                             "interleaved_1f1b, looped_bfs, interleaved_zb, zbv, dualpipev")
+    args.schedule = args.schedule or "auto"
 
 
 def _run_2bw(args: argparse.Namespace) -> int:
@@ -182,7 +217,8 @@ def _run_schedules(args: argparse.Namespace) -> int:
     graph = LayerGraph.read(profile)
     graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
     cluster = get_cluster(args.cluster, args.clusters)
-    step = step_rates(read_meta(profile), args.optimizer or "sgd")
+    meta = read_meta(profile)
+    step = step_rates(meta, args.optimizer or "sgd")
     batch = args.batch_size or graph.minibatch_size * cluster.workers
     settings = SearchSettings(batch_size=batch, schedules=SEARCHED if args.schedule == "auto" else (args.schedule,),
                               memory_limit=args.memory_limit is not False, step=step,
@@ -191,12 +227,29 @@ def _run_schedules(args: argparse.Namespace) -> int:
     options = search(graph, cluster, settings)
     pipedream = pipedream_plan(graph, cluster, model=model, step=step, memory_limit=args.memory_limit)
     dp_s = pipedream.dp_time_per_sample_s
-    plan = to_plan(options, graph, cluster, settings, model=model, pipedream=pipedream if args.schedule == "auto" else None,
+    weigh = args.schedule == "auto" and args.runtime != "torch"  # PipeDream's own plan runs on our runtime only
+    plan = to_plan(options, graph, cluster, settings, model=model, pipedream=pipedream if weigh else None,
                    dp_time_per_sample_s=dp_s)
+    if "granularity" in meta:  # the runtime cuts the model at the granularity the node ids were profiled at
+        plan.extra["granularity"] = str(meta["granularity"])
+    csv_path = None
+    if args.runtime == "torch":
+        from pipedream.torch_export import torch_section, write_schedule_csv
+
+        modules = meta.get("modules", {})
+        if not isinstance(modules, dict):
+            raise PipeDreamError(f"'modules' in the meta.json beside {profile} is not an object; profile the model again")
+        plan.extra.update({"runtime": "torch", "torch": torch_section(plan, graph, modules)})
+        if args.export == "torch":
+            csv_path = Path(args.out).with_name(Path(args.out).stem + ".schedule.csv")
+            write_schedule_csv(plan.extra["torch"], csv_path)
     plan.save(args.out)
     print(format_plan(plan))
     rows = plan.extra["schedules"]
     print()
     print(format_schedules(rows if args.explain else rows[:1]))
-    print(f"\nwrote {args.out}")
+    note = plan.extra.get("torch", {}).get("split_spec_note")
+    if note:
+        print(f"\n{note}")
+    print(f"\nwrote {args.out}" + (f" and {csv_path}" if csv_path else ""))
     return 0
