@@ -74,7 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-microbatches", type=int, default=64,
                    help="with --schedule: the most microbatches an iteration is cut into")
     g.add_argument("--max-microbatch", type=int, default=64, help="largest microbatch tried (powers of two)")
-    g.add_argument("--depth", type=int, nargs="+", help="only these depths")
+    g.add_argument("--depth", type=int, nargs="+", help="only these depths (--planner 2bw, --schedule)")
+    g.add_argument("--microbatches", type=int, default=None,
+                   help="with --schedule: exactly this many microbatches an iteration on each pipeline (e.g. "
+                        "--batch-size / the profiled minibatch, so the runs compute at the profiled size)")
     g.add_argument("--microbatch", type=int, nargs="+", help="only these microbatch sizes")
     g.add_argument("--recompute", choices=("search", "on", "off"), default="search",
                    help="activation recomputation: try both, or only on or off")
@@ -211,8 +214,8 @@ def _run_schedules(args: argparse.Namespace) -> int:
 
     if args.profile is None or args.flops or args.compat:
         raise PipeDreamError("--schedule needs --profile (not --flops or --compat)")
-    if args.max_microbatches < 1:
-        raise PipeDreamError("--max-microbatches must be positive")
+    if args.max_microbatches < 1 or (args.microbatches is not None and args.microbatches < 1):
+        raise PipeDreamError("--max-microbatches and --microbatches must be positive")
     profile = shipped(args.profile)
     graph = LayerGraph.read(profile)
     graph.minibatch_size = profiled_batch(profile, args.profiled_batch)
@@ -222,7 +225,8 @@ def _run_schedules(args: argparse.Namespace) -> int:
     batch = args.batch_size or graph.minibatch_size * cluster.workers
     settings = SearchSettings(batch_size=batch, schedules=SEARCHED if args.schedule == "auto" else (args.schedule,),
                               memory_limit=args.memory_limit is not False, step=step,
-                              max_microbatches=args.max_microbatches)
+                              max_microbatches=args.max_microbatches, depths=tuple(args.depth) if args.depth else None,
+                              microbatches=args.microbatches)
     model = args.model or profile.resolve().parent.name
     options = search(graph, cluster, settings)
     pipedream = pipedream_plan(graph, cluster, model=model, step=step, memory_limit=args.memory_limit)
