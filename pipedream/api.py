@@ -160,7 +160,7 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
           workers: int | None = None, nnodes: int = 1, rdzv_endpoint: str | None = None,
           criterion: Callable[[Any, torch.Tensor], torch.Tensor] | None = None, timeout_s: float = 1800.0,
           on_epochs: Callable[[list[dict[str, float]]], None] | None = None,
-          max_restarts: int = 0) -> list[dict[str, float]]:
+          max_restarts: int = 0, runtime: str | None = None) -> list[dict[str, float]]:
     """Train ``model`` with PipeDream (``plan``'s pipeline) or data parallelism on worker processes; wait for them.
 
     ``pipedream train`` is this function with ``launcher="torchrun"`` and MLflow around it.
@@ -194,6 +194,9 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
         max_restarts: torchrun only: restart the job up to this many times when a worker fails (torchrun's
             ``--max-restarts``); it resumes from the newest complete checkpoint (``config.checkpoint``;
             docs/checkpoints.md), each restart noted in ``<out_dir>/restarts.json``.
+        runtime: the pipeline's runtime, ``"pipedream"`` (ours) or ``"torch"`` (torch.distributed.pipelining's schedule
+            classes on the plan's stages, docs/torch-runtime.md; the plan's schedule and microbatches unless
+            ``config`` names one of torch's); None: ``config.runtime``.
     Returns:
         one row per epoch (``train_loss``, ``val_accuracy``, ``epoch_time_s``, ...), as in ``metrics.json``
         (empty on a node of a multi-node run that does not see rank 0's ``metrics.json``).
@@ -206,6 +209,7 @@ def train(model: nn.Module | str, plan: Plan | str | Path | None, datasets: tupl
     if mode not in ("pipedream", "dp"):
         raise PipeDreamError(f"unknown mode {mode!r}; use 'pipedream' or 'dp'")
     cfg = _worker_config(model, datasets, config or TrainConfig(), criterion, launcher, nnodes)
+    cfg.runtime = runtime or cfg.runtime
     if plan is None and cfg.plan:
         plan = cfg.plan
     plan_obj = Plan.load(Path(plan)) if isinstance(plan, (str, Path)) else plan
