@@ -116,14 +116,21 @@ def predicted_s(cfg: TrainConfig, plan: Plan, path: Path, setup: Setup) -> float
     return pred.epoch_s / setup.minibatches
 
 
-def measured_s(cfg: TrainConfig, plan: Plan, setup: Setup) -> list[float]:
-    """The second epoch's seconds per minibatch of ``setup.repeats`` runs under torchrun."""
+def measured_once(cfg: TrainConfig, plan: Plan, setup: Setup) -> float:
+    """The second epoch's seconds per minibatch of one run under torchrun."""
     from pipedream import api
 
-    out = []
+    rows = api.train(cfg.model, plan, None, cfg, launcher="torchrun", timeout_s=900)
+    return float(rows[-1]["epoch_time_s"]) / setup.minibatches
+
+
+def measured_s(runs: dict[str, tuple[TrainConfig, Plan]], setup: Setup) -> dict[str, list[float]]:
+    """Every run of ``runs`` ``setup.repeats`` times, in rounds (each round runs each once), so that a slow spell of
+    the host falls on every configuration alike."""
+    out: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(setup.repeats):
-        rows = api.train(cfg.model, plan, None, cfg, launcher="torchrun", timeout_s=900)
-        out.append(rows[-1]["epoch_time_s"] / setup.minibatches)
+        for name, (cfg, plan) in runs.items():
+            out[name].append(measured_once(cfg, plan, setup))
     return out
 
 
@@ -131,55 +138,66 @@ def _spread(values: list[float]) -> str:
     return f"±{(max(values) - min(values)) / 2 / statistics.median(values):.0%}" if len(values) > 1 else ""
 
 
+def _ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.1f}ms {_spread(values)}".strip()
+
+
 def bench_model(model: str, setup: Setup, schedules: tuple[str, ...]) -> dict[str, Any]:
-    """Every schedule of ``model``: predicted and measured (median) seconds per minibatch, and ours against torch's
-    1F1B on the pipedream_flush plan."""
+    """Every schedule of ``model`` on torch's runtime and our PipeDream-Flush on the pipedream_flush plan: predicted
+    and measured seconds per minibatch, Kendall's tau, the predicted best against the measured best, ours over
+    torch's 1F1B."""
     from scipy.stats import kendalltau
 
     path = profile(model, setup)
-    rows: dict[str, Any] = {}
+    plans = {s: plan_for(model, path, s, setup) for s in (*schedules, "pipedream_flush")}
+    runs = {s: (config(model, setup, "torch", s, s), plans[s]) for s in schedules}
+    runs["ours"] = (config(model, setup, "pipedream", "pipedream_flush", "ours_pipedream_flush"), plans["pipedream_flush"])
+    if "pipedream_flush" not in runs:
+        runs["pipedream_flush"] = (config(model, setup, "torch", "pipedream_flush", "pipedream_flush"),
+                                   plans["pipedream_flush"])
+    predicted = {s: predicted_s(runs[s][0], plans[s], path, setup) for s in schedules}
+    measured = measured_s(runs, setup)
     print(f"\n{model}: {setup.batch_size} samples a minibatch in {setup.microbatches} microbatches, 2 ranks "
-          f"({setup.cluster})\n{'schedule':<17} {'predicted':>10} {'measured':>10} {'spread':>7} {'ratio':>6}")
-    for schedule in schedules:
-        plan = plan_for(model, path, schedule, setup)
-        cfg = config(model, setup, "torch", schedule, schedule)
-        pred, meas = predicted_s(cfg, plan, path, setup), measured_s(cfg, plan, setup)
-        rows[schedule] = {"predicted_s": pred, "measured_s": meas, "cut": [len(s.nodes) for s in plan.stages]}
-        med = statistics.median(meas)
-        print(f"{schedule:<17} {pred * 1e3:>8.1f}ms {med * 1e3:>8.1f}ms {_spread(meas):>7} {med / pred:>6.2f}", flush=True)
-    names = list(rows)
-    pred = [rows[s]["predicted_s"] for s in names]
-    meas = [statistics.median(rows[s]["measured_s"]) for s in names]
+          f"({setup.cluster})\n{'schedule':<17} {'predicted':>10} {'measured':>16} {'ratio':>6}")
+    for s in schedules:
+        print(f"{s:<17} {predicted[s] * 1e3:>8.1f}ms {_ms(measured[s]):>16} "
+              f"{statistics.median(measured[s]) / predicted[s]:>6.2f}")
+    names = list(schedules)
+    pred = [predicted[s] for s in names]
+    meas = [statistics.median(measured[s]) for s in names]
     tau = float(kendalltau(pred, meas).statistic) if len(names) > 1 else float("nan")
     best_pred = names[pred.index(min(pred))]
-    regret = statistics.median(rows[best_pred]["measured_s"]) / min(meas)
-    plan = plan_for(model, path, "pipedream_flush", setup)
-    ours = measured_s(config(model, setup, "pipedream", "pipedream_flush", "ours_pipedream_flush"), plan, setup)
-    theirs = rows["pipedream_flush"]["measured_s"] if "pipedream_flush" in rows else measured_s(
-        config(model, setup, "torch", "pipedream_flush", "pipedream_flush"), plan, setup)
-    speed = statistics.median(theirs) / statistics.median(ours)
+    regret = statistics.median(measured[best_pred]) / min(meas)
+    speed = statistics.median(measured["pipedream_flush"]) / statistics.median(measured["ours"])
     print(f"Kendall tau {tau:.2f}; predicted best {best_pred}: {regret:.3f}x the measured best "
-          f"({names[meas.index(min(meas))]}); ours (PipeDream-Flush) {statistics.median(ours) * 1e3:.1f}ms "
-          f"{_spread(ours)} against torch's Schedule1F1B {statistics.median(theirs) * 1e3:.1f}ms: {speed:.2f}x")
+          f"({names[meas.index(min(meas))]}); ours (PipeDream-Flush) {_ms(measured['ours'])} against torch's "
+          f"Schedule1F1B {_ms(measured['pipedream_flush'])}: {speed:.2f}x")
+    rows = {s: {"predicted_s": predicted[s], "measured_s": measured[s], "cut": [len(st.nodes) for st in plans[s].stages]}
+            for s in schedules}
     return {"schedules": rows, "kendall_tau": tau, "predicted_best": best_pred, "predicted_best_over_measured_best":
-            regret, "ours_pipedream_flush_s": ours, "ours_over_torch_1f1b": speed}
+            regret, "ours_pipedream_flush_s": measured["ours"], "torch_1f1b_s": measured["pipedream_flush"],
+            "ours_over_torch_1f1b": speed}
 
 
 def bench_chosen(model: str, setup: Setup, chosen: str) -> dict[str, Any]:
     """Our chosen plan (``chosen``: the schedule of the least prediction, our cut points) against an equal split of
-    layers with Schedule1F1B, both on torch's runtime."""
+    layers with Schedule1F1B, both on torch's runtime; and our cut points with Schedule1F1B, the split alone."""
     path = profile(model, setup)
-    ours_plan = plan_for(model, path, chosen, setup)
-    equal_plan = plan_for(model, path, "pipedream_flush", setup, partitioner="equal")
-    ours = measured_s(config(model, setup, "torch", chosen, f"chosen_{chosen}"), ours_plan, setup)
-    equal = measured_s(config(model, setup, "torch", "pipedream_flush", "equal_1f1b"), equal_plan, setup)
-    speedup = statistics.median(equal) / statistics.median(ours)
-    print(f"\n{model}: our plan ({chosen}, layers a stage {[len(s.nodes) for s in ours_plan.stages]}) "
-          f"{statistics.median(ours) * 1e3:.1f}ms {_spread(ours)} against an equal split with Schedule1F1B (layers a "
-          f"stage {[len(s.nodes) for s in equal_plan.stages]}) {statistics.median(equal) * 1e3:.1f}ms {_spread(equal)}: "
-          f"{speedup:.2f}x")
-    return {"chosen": chosen, "chosen_s": ours, "equal_1f1b_s": equal, "speedup": speedup,
-            "chosen_cut": [len(s.nodes) for s in ours_plan.stages], "equal_cut": [len(s.nodes) for s in equal_plan.stages]}
+    plans = {"chosen": plan_for(model, path, chosen, setup),
+             "ours_1f1b": plan_for(model, path, "pipedream_flush", setup),
+             "equal_1f1b": plan_for(model, path, "pipedream_flush", setup, partitioner="equal")}
+    schedule = {"chosen": chosen, "ours_1f1b": "pipedream_flush", "equal_1f1b": "pipedream_flush"}
+    runs = {k: (config(model, setup, "torch", schedule[k], f"{k}_{schedule[k]}"), plan) for k, plan in plans.items()}
+    got = measured_s(runs, setup)
+    cut = {k: [len(s.nodes) for s in plan.stages] for k, plan in plans.items()}
+    equal = statistics.median(got["equal_1f1b"])
+    print(f"\n{model}, against an equal split of layers with Schedule1F1B (layers a stage {cut['equal_1f1b']}, "
+          f"{_ms(got['equal_1f1b'])}):\n  our chosen plan ({chosen}, layers a stage {cut['chosen']}) "
+          f"{_ms(got['chosen'])}: {equal / statistics.median(got['chosen']):.2f}x\n  our split with Schedule1F1B "
+          f"(layers a stage {cut['ours_1f1b']}) {_ms(got['ours_1f1b'])}: {equal / statistics.median(got['ours_1f1b']):.2f}x")
+    return {"chosen": chosen, "measured_s": got, "cuts": cut,
+            "speedup": equal / statistics.median(got["chosen"]),
+            "split_alone_speedup": equal / statistics.median(got["ours_1f1b"])}
 
 
 def main(argv: list[str] | None = None) -> int:
