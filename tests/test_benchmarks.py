@@ -36,8 +36,9 @@ def test_every_benchmark_explains_itself(name: str) -> None:
 
 
 def test_the_benchmarks_are_found() -> None:
-    """Eight benchmarks, each a main.py beside a README.md that says what it compares and how to rerun it."""
-    assert BENCHMARKS == ["checkpoint", "cores", "launch", "memory", "partitioners", "planner", "runtime", "simulator"]
+    """Nine benchmarks, each a main.py beside a README.md that says what it compares and how to rerun it."""
+    assert BENCHMARKS == ["checkpoint", "cores", "launch", "memory", "partitioners", "planner", "runtime", "simulator",
+                          "torch_runtime"]
     folders = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if p.is_dir() and p.name != "__pycache__")
     assert folders == BENCHMARKS
     for name in BENCHMARKS:

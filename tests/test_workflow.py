@@ -75,6 +75,21 @@ def test_the_predicted_table_covers_the_configs_models(models: list[str] | None,
     assert given == expected
 
 
+def test_a_model_on_torchs_runtime_is_planned_and_trained_for_it(tmp_path: Path) -> None:
+    """``train: {runtime: torch}``: the plan rule plans torch's schedules at the run's minibatch and the PipeDream run
+    trains on torch's runtime; the other model and the DP runs are as before."""
+    cfg = yaml.safe_load((REPO / "experiments" / "ci.yaml").read_text())
+    cfg["models"] = {m: cfg["models"][m] for m in ("vgg16", "resnet50")}
+    cfg["models"]["vgg16"]["train"]["runtime"] = "torch"
+    proc = _dry_run(cfg, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [line for line in proc.stdout.splitlines() if "pipedream.cli " in line]
+    plans = {m: line for line in lines for m in ("vgg16", "resnet50") if " plan " in line and f"--model {m} " in line}
+    assert "--runtime torch --batch-size 32" in plans["vgg16"] and "--runtime" not in plans["resnet50"]
+    trains = [line for line in lines if " train " in line and "--mode pipedream" in line]
+    assert [("--runtime torch" in line) for line in sorted(trains)] == [False, True]  # resnet50's, then vgg16's
+
+
 @pytest.mark.parametrize("config", ["experiments/ci.yaml", "experiments/2bw.yaml"])
 def test_profiles_time_only_the_optimizers_their_runs_train_with(config: str, tmp_path: Path) -> None:
     """Each profile times the optimizer step of its model's runs (train.optimizer, sgd where unset) and of the

@@ -16,17 +16,19 @@ For each model (the reduced GPT, the reduced VGG-16 and torchvision's ResNet-18 
    (:func:`pipedream.run_prediction.predict_run`: the simulator on the profile, with the host's cores) of the epoch,
    over its minibatches;
 3. training with ``pipedream.train(..., runtime="torch")`` under torchrun, as ``pipedream train`` runs it: 2 epochs of
-   ``--minibatches`` minibatches, ``--repeats`` times; the measured iteration is the second epoch's time over its
-   minibatches (the first pays the start-up), the median over the repeats;
-4. our runtime's PipeDream-Flush against torch's ``Schedule1F1B`` on the same plan (the pipedream_flush one), both
-   measured here.
+   ``--minibatches`` minibatches; the measured iteration is the second epoch's time over its minibatches (the first
+   pays the start-up), the median of ``--repeats`` runs taken in rounds (each configuration once a round, so a slow
+   spell of the host falls on all alike);
+4. our runtime's PipeDream-Flush against torch's ``Schedule1F1B`` on the same plan (the pipedream_flush one), in the
+   same rounds.
 
 Printed per model: predicted and measured iteration and their ratio per schedule; Kendall's tau between the ranking
 by prediction and by measurement (``scipy.stats.kendalltau``) and the measured time of the predicted best over the
 measured best; ours over torch's 1F1B. Then, on ``--uneven`` (VGG-16: its convolutions and its classifier differ by
-far per layer), our chosen plan (the fastest predicted of the schedules above) against an equal split of layers with
-``Schedule1F1B`` (``partitioner="equal"``), both trained on torch's runtime. The spread of the repeats (the run-to-run
-floor of this host) is printed beside every measured number. ``--out`` writes every number as JSON.
+far per layer), our chosen plan (the schedule of the least prediction, our cut points) and our cut points with
+``Schedule1F1B`` against an equal split of layers with ``Schedule1F1B`` (``partitioner="equal"``), all on torch's
+runtime. The spread of the repeats (half the range over the median: the run-to-run floor of this host) is printed
+beside every measured number. ``--out`` writes every number as JSON. The defaults take about 25 minutes on 2 cores.
 """
 
 from __future__ import annotations
