@@ -74,6 +74,11 @@ class GradSync:
     """The gradient sums after torch's step: each local stage's gradients averaged over its replicas, then the
     parameters that stages on several ranks of one pipeline hold summed over those ranks.
 
+    Args:
+        lay: the plan's layout on torch's pipelines.
+        held: every parameter several stages hold (:func:`pipedream.runtime.shared.find`), the same list everywhere.
+        modules: this rank's stage modules by stage index.
+        timeout_s: longest wait for one allreduce, s.
     Every rank constructs it in the same order (``torch.distributed.new_group`` is collective).
     """
 
