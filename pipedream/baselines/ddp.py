@@ -146,7 +146,7 @@ def minibatches_per_epoch(cfg: TrainConfig, num_samples: int, world: int) -> tup
 def train(cfg: TrainConfig) -> None:
     """Train data-parallel on this rank (inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    device = D.run_device()
     task = load_task(cfg)
     hidden = hidden_matrices(task.model, task.example) if cfg.optimizer == "muon" else []  # Muon's matrices
     model = task.model.to(device)
@@ -296,10 +296,7 @@ def train(cfg: TrainConfig) -> None:
             row.update({f"peak_{c}_bytes_stage0": float(rec["breakdown"][c]) for c in CATEGORIES})
         if ck is not None:
             row.update(cadence.figures(sums[3], int(sums[4]), epoch_time))
-        if bar is not None:
-            bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
-        if rank == 0:
-            log.add(row)
+        D.log_epoch(row, log, rank == 0, bar)
         if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
             wall0 += assemble.save_epoch(out_dir, 0, model, 1, epoch + 1, rank == 0, cfg.comm_timeout_s)
         if ck is not None:

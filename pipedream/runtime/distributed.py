@@ -19,6 +19,7 @@ import traceback
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -118,6 +119,20 @@ class MetricsLog:
     def add(self, row: dict[str, float]) -> None:
         self.rows.append(row)
         atomic_write_json(self.path, self.rows)
+
+
+def run_device() -> torch.device:
+    """This rank's device: the CPU on gloo, the current CUDA device on NCCL."""
+    return torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+
+
+def log_epoch(row: dict[str, float], log: MetricsLog, writes: bool, bar: Any) -> None:
+    """The end of an epoch: the progress bar (None: none) shows its loss and accuracy; where ``writes`` (rank 0),
+    ``row`` is appended to ``metrics.json``."""
+    if bar is not None:
+        bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
+    if writes:
+        log.add(row)
 
 
 def fault(rank: int) -> tuple[int, signal.Signals] | None:

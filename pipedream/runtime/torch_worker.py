@@ -207,7 +207,7 @@ def train(cfg: TrainConfig) -> None:
     """Run the whole training on this rank (call inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = cfg.run_dir("pipedream")
-    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    device = D.run_device()
     task = load_task(cfg)
     model = task.model
     m = cfg.microbatches
@@ -347,10 +347,7 @@ def train(cfg: TrainConfig) -> None:
                "wall_time_s": time.time() - wall0, "train_samples": samples}
         if ck is not None:
             row.update(cadence.figures(sums[4], int(sums[5]), epoch_time))
-        if bar is not None:
-            bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
-        if rank == 0:
-            log.add(row)
+        D.log_epoch(row, log, rank == 0, bar)
         if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
             t0 = time.time()
             for s in mine if pipe == 0 else []:

@@ -155,7 +155,7 @@ def train(cfg: TrainConfig) -> None:
     """Run the whole training on this rank (call inside an initialised process group)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     out_dir = cfg.run_dir("pipedream")
-    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    device = D.run_device()
     task = load_task(cfg)
     model = task.model
     micro = cfg.batch_size // cfg.microbatches
@@ -289,10 +289,7 @@ def train(cfg: TrainConfig) -> None:
                "max_weight_versions": float(versions.max_alive), **per_stage}
         if ck is not None:
             row.update(cadence.figures(sums[4], int(sums[5]), epoch_time))
-        if bar is not None:
-            bar.set_postfix(loss=f"{row['train_loss']:.3f}", acc=f"{row['val_accuracy']:.3f}")
-        if rank == 0:
-            log.add(row)
+        D.log_epoch(row, log, rank == 0, bar)
         if cfg.score_epochs:  # this epoch's model, for the launcher to score after training (not timed)
             wall0 += assemble.save_epoch(out_dir, s, module, len(plan.stages) if rank == 0 else None, epoch + 1,
                                          rank == stage_ranks[s][0], cfg.comm_timeout_s)
