@@ -34,7 +34,8 @@ from pipedream.errors import PipeDreamError
 from pipedream.graph import LayerGraph
 from pipedream.plan import Plan
 from pipedream.schedules import COMPUTE, pipedream_flush
-from pipedream.torch_schedules import TORCH_CLASSES, iteration_defect, positions, torch_ops, torch_schedule, torch_text
+from pipedream.torch_layout import layout
+from pipedream.torch_schedules import TORCH_CLASSES, iteration_defect, torch_ops, torch_schedule, torch_text
 
 SPLIT_POINT = "BEGINNING"  # torch.distributed.pipelining.SplitPoint's name: a stage begins at the module
 
@@ -77,29 +78,19 @@ def torch_section(plan: Plan, graph: LayerGraph, modules: Mapping[str, str]) -> 
     seven schedules, whose stages' node ids are those of ``graph`` and ``modules`` (the profile's meta.json).
 
     Raises:
-        PipeDreamError: the plan's schedule is not one of torch's, or its stages are not on the ranks torch's lists
-            put them on.
+        PipeDreamError: the plan's schedule is not one of torch's, or its stages are not where torch's lists put them
+            (:func:`pipedream.torch_layout.layout`).
     """
     name = plan.extra.get("schedule")
     if name not in TORCH_CLASSES:
         raise PipeDreamError(f"schedule {name!r} is not one of torch.distributed.pipelining's; plan with --schedule "
                              f"auto or one of {', '.join(TORCH_CLASSES)}")
-    depth, chunks, width = int(plan.extra["depth"]), int(plan.extra["chunks"]), int(plan.extra["width"])
-    where = positions(name, depth, chunks)
-    if len(plan.stages) != len(where):
-        raise PipeDreamError(f"the plan has {len(plan.stages)} stages, not {depth} ranks x {chunks} chunks")
-    pipelines: list[list[int | None]] = [[None] * depth for _ in range(width)]
-    for s, stage in enumerate(plan.stages):
-        for i, rank in enumerate(stage.ranks):
-            if pipelines[i][where[s]] not in (None, rank):
-                raise PipeDreamError(f"stage {s} is on rank {rank}, but torch's {TORCH_CLASSES[name]} puts it with "
-                                     f"the stages of rank {pipelines[i][where[s]]}; re-plan with --schedule")
-            pipelines[i][where[s]] = rank
+    lay = layout(plan, name)
     names, note = first_modules(plan, graph, modules)
     refused = note is not None and note.startswith("no ")
-    return {"schedule_class": TORCH_CLASSES[name], "n_microbatches": int(plan.extra["microbatches"]),
-            "microbatch_size": int(plan.extra["microbatch_size"]), "stages_per_rank": chunks,
-            "stage_to_rank": list(where), "pipelines": pipelines, "first_modules": names,
+    return {"schedule_class": lay.torch_class, "n_microbatches": int(plan.extra["microbatches"]),
+            "microbatch_size": int(plan.extra["microbatch_size"]), "stages_per_rank": lay.chunks,
+            "stage_to_rank": lay.position, "pipelines": lay.pipelines, "first_modules": names,
             "split_spec": None if refused else {n: SPLIT_POINT for n in names[1:]},
             **({"split_spec_note": note} if note else {})}
 

@@ -267,3 +267,25 @@ def test_a_device_smaller_than_the_weights_gets_no_plan(tmp_path: Path) -> None:
     # 4 bytes each, times weights + gradients + momentum = 703,573,728 bytes
     _assert_clean_error(proc, "holds 704 MB of weights, gradients and optimizer state")
     assert not out.exists()
+
+
+def test_train_on_torchs_runtime_takes_the_plans_schedule_or_refuses_ours() -> None:
+    """``--runtime torch`` without a schedule of torch's takes the plan's schedule and microbatches; with our 1F1B and
+    no such plan it is one ``error:`` line; a DP run ignores it."""
+    from pipedream.commands.train import _config, add_arguments
+    from pipedream.errors import PipeDreamError
+    from pipedream.plan import Plan, Stage
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    plan = Plan("vgg16", "2:1e9", 2, [Stage(["node1"], 1, [0]), Stage(["node2"], 1, [1]), Stage(["node3"], 1, [1]),
+                                      Stage(["node4"], 1, [0])], 8, 1.0, 1.0,
+                extra={"schedule": "zbv", "microbatches": 4, "chunks": 2})
+    args = parser.parse_args(["--mode", "pipedream", "--runtime", "torch", "--model", "vgg16", "--plan", "p.json"])
+    cfg = _config(args, plan)
+    assert (cfg.runtime, cfg.schedule, cfg.microbatches, args.schedule) == ("torch", "zbv", 4, "zbv")
+    args = parser.parse_args(["--mode", "pipedream", "--runtime", "torch", "--model", "vgg16"])
+    with pytest.raises(PipeDreamError, match="--runtime torch runs torch's schedules, not --schedule 1f1b"):
+        _config(args, None)
+    args = parser.parse_args(["--mode", "dp", "--runtime", "torch", "--model", "vgg16"])
+    assert _config(args, None).runtime == "pipedream"

@@ -17,9 +17,8 @@ import torch
 from pipedream.errors import PipeDreamError
 from pipedream.runtime.config import TORCH_SCHEDULES
 from pipedream.runtime.stage import straight_plan
-from pipedream.runtime.torch_layout import layout, place
 from pipedream.runtime.torch_worker import train as torch_train
-from pipedream.torch_schedules import TORCH_CLASSES
+from pipedream.torch_layout import layout, place
 from tests.test_runtime_pipeline import reference, run
 from tests.tiny import SkipNet, op_plan, reference_batches, tied_model, tiny_model
 
@@ -41,10 +40,6 @@ def _check(tmp_path: Path, dumps: list[dict], microbatches: int) -> None:
     assert sorted(got) == sorted(ref)
     for n, p in ref.items():
         torch.testing.assert_close(got[n], p, rtol=1e-5, atol=1e-6)
-
-
-def test_the_config_names_torchs_seven() -> None:
-    assert TORCH_SCHEDULES == tuple(TORCH_CLASSES)
 
 
 @pytest.mark.slow

@@ -39,7 +39,7 @@ import os
 import statistics
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.uneven:
         got = result["models"].get(args.uneven) or bench_model(args.uneven, setup, schedules)
         chosen = min(got["schedules"], key=lambda s: got["schedules"][s]["predicted_s"])
-        result["chosen"] = bench_chosen(args.uneven, replace(setup), chosen)
+        result["chosen"] = bench_chosen(args.uneven, setup, chosen)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))

@@ -81,15 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_train_arguments(parser.add_argument_group("training (the same options as the workers')"), hide=CLI_HIDDEN)
 
 
-def _config(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from pipedream.plan import Plan
+def _config(args: argparse.Namespace, plan):  # type: ignore[no-untyped-def]
+    """The run's TrainConfig from the options; ``plan`` (None: none) gives --runtime torch its schedule by default."""
     from pipedream.runtime.config import from_args
 
     if args.mode != "pipedream":  # DP runs take neither a plan's stages nor a pipeline runtime
         args.plan, args.runtime = None, "pipedream"
     if args.checkpoint_every is not None or args.max_restarts:  # a restart resumes from a checkpoint
         args.checkpoint = True
-    cfg = from_args(args, Plan.load(args.plan).extra if args.plan and args.runtime == "torch" else None)
+    cfg = from_args(args, plan.extra if plan is not None and args.runtime == "torch" else None)
     args.schedule, args.microbatches = cfg.schedule, cfg.microbatches  # --runtime torch: the plan's by default
     return cfg
 
@@ -219,8 +219,8 @@ def run(args: argparse.Namespace) -> int:
 
     # an unknown model or a user's function that does not import: one line, before any worker
     _check_scoring(args, get_spec(args.model))
-    cfg = _config(args)
     plan = Plan.load(plan_file) if plan_file else None
+    cfg = _config(args, plan)
     if plan is not None and plan.workers != args.workers:
         raise PipeDreamError(f"plan {plan_file} is for {plan.workers} workers, not --workers {args.workers}; "
                              f"pass --workers {plan.workers} or plan for a cluster of {args.workers} workers")

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from pipedream.costmodel import DDP_BUCKET_CAP_BYTES
 from pipedream.errors import PipeDreamError
+from pipedream.torch_schedules import TORCH_CLASSES
 
 if TYPE_CHECKING:
     from torch import nn
 
 SCHEDULES = ("1f1b", "gpipe", "2bw", "pipedream_flush")  # our runtime's
-# torch.distributed.pipelining's, by our names (pipedream.torch_schedules.TORCH_CLASSES): --runtime torch runs them
-TORCH_SCHEDULES = ("gpipe", "pipedream_flush", "interleaved_1f1b", "looped_bfs", "interleaved_zb", "zbv", "dualpipev")
+TORCH_SCHEDULES = tuple(TORCH_CLASSES)  # torch.distributed.pipelining's, by our names: --runtime torch runs them
 RUNTIMES = ("pipedream", "torch")
 WEIGHT_SYNC = ("stash", "vertical")
 OPTIMIZERS = ("sgd", "adam", "muon")

@@ -2,7 +2,7 @@
 (``python -m pipedream.runtime.torch_worker``, ``pipedream train --runtime torch``).
 
 Each rank builds the whole model from the same seed, cuts it into the plan's stages as our runtime does
-(:func:`pipedream.runtime.stage.build_stages`), keeps the ``v`` chunks it runs (:mod:`pipedream.runtime.torch_layout`)
+(:func:`pipedream.runtime.stage.build_stages`), keeps the ``v`` chunks it runs (:mod:`pipedream.torch_layout`)
 and wraps each in a ``torch.distributed.pipelining.PipelineStage`` on its pipeline's process group, with the boundary
 shapes known from the split (no shape inference at the first step). torch's schedule class
 (:data:`pipedream.torch_schedules.TORCH_CLASSES`) runs each minibatch: ``schedule.step`` on the minibatch's ``m``
@@ -40,14 +40,14 @@ from pipedream.runtime.config import TrainConfig
 from pipedream.runtime.optim import hidden_matrices, make_optimizer
 from pipedream.runtime.stage import Boundary, build_stages
 from pipedream.runtime.task import load_task
-from pipedream.runtime.torch_layout import TorchLayout, layout, place
 from pipedream.runtime.worker import Batches, load_plan, minibatches_per_epoch
+from pipedream.torch_layout import TorchLayout, layout, place
 from pipedream.torch_schedules import chunks_of, torch_ops
 
 
 def torch_plan(cfg: TrainConfig, model: nn.Module, world: int, example: Any) -> Plan:
     """The run's plan: ``cfg.plan``, or an even split of the layers into ``world x v`` stages placed as torch's
-    schedule places them (:func:`pipedream.runtime.torch_layout.place`).
+    schedule places them (:func:`pipedream.torch_layout.place`).
 
     Raises:
         PipeDreamError: the checks of :func:`pipedream.runtime.worker.load_plan`.
